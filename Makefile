@@ -1,0 +1,31 @@
+# Two commands on a fresh clone: `make demo` and `make test`. Both build .venv first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test bench samples clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[tpu,dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/tpuprof memory sample_profiles/dumps/conv18_f32_v5e
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_memory.py
+
+# Regenerates the committed sample dumps with libtpu (compile-only, no TPU needed).
+samples: $(STAMP)
+	$(BIN)/python sample_profiles/generate.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,3 @@
+from tpuprof.cli import main
+
+main()

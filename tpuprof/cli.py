@@ -1,0 +1,76 @@
+"""The `tpuprof` command line. Options and help only: each command hands its arguments to
+`tpuprof.commands.<name>.run`, which does the work. Imports stay inside the commands so that
+`tpuprof --help` starts instantly and no command pays for another's dependencies.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from tpuprof.errors import UserError
+
+app = typer.Typer(
+    name="tpuprof",
+    help="Will my model fit in TPU HBM, why not, and why is my step slow?",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+JSON_HELP = "Print one JSON document on stdout instead of tables."
+
+
+@app.command()
+def memory(
+    path: Path = typer.Argument(..., help="XLA dump folder, *.hlo.pb (HloProto), *-buffer-assignment.txt or HLO text."),
+    module: Optional[str] = typer.Option(None, "--module", "-m", help="Analyse only this module of a dump folder (name or substring)."),
+    target: Optional[str] = typer.Option(None, "--target", help="TPU generation (v2 v3 v4 v5e v5p v6e) for HLO without TPU layouts, and for the HBM capacity."),
+    compile_: bool = typer.Option(False, "--compile", help="Recompile HLO text with libtpu for --target to get the real layouts."),
+    top: int = typer.Option(15, "--top", help="Rows in the buffer and op tables."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Padded vs unpadded HBM per buffer and per framework op, the peak, and the fixes."""
+    from tpuprof.commands import memory as command
+
+    command.run(path, module=module, target=target, compile_=compile_, top=top, as_json=as_json)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Console entry point: bad input is one sentence on stderr and exit code 2, never a traceback."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except UserError as error:
+        print(f"tpuprof: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)
+    except KeyboardInterrupt:
+        print("tpuprof: interrupted.", file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:
+        # `tpuprof ... | head` closed the pipe: not an error worth a word.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+    except Exception as error:  # noqa: BLE001 - the last line of defence against tracebacks
+        import click
+
+        if isinstance(error, click.exceptions.Exit):
+            sys.exit(error.exit_code)
+        if isinstance(error, click.ClickException):
+            error.show()
+            sys.exit(2)
+        if isinstance(error, click.exceptions.Abort):
+            sys.exit(130)
+        if os.environ.get("TPUPROF_DEBUG"):
+            raise
+        print(f"tpuprof: internal error: {type(error).__name__}: {error} "
+              "(set TPUPROF_DEBUG=1 for the traceback).", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

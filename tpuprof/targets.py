@@ -1,0 +1,55 @@
+"""TPU generations: the HBM the XLA:TPU compiler offers one device, and published per-chip figures.
+
+`compiler_hbm_bytes` is what libtpu 0.0.42.1 states as "available HBM (X)" for one compile-only
+device of the topology (a TensorCore on v2-v4 and v5p, a chip on v5e and v6e); it is below the
+published size because the runtime reserves part of HBM. Sources: Cloud TPU docs and real compiles
+(see shared reference tpu-facts.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpuprof.errors import UserError
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str  # v5e
+    topology: str  # v5e:2x2, the smallest topology libtpu compiles for
+    device: str  # what one compile-only device is
+    compiler_hbm_bytes: int  # HBM available to one device's program, as the compiler states it
+    published_hbm_bytes: int  # per device, from the Cloud TPU docs
+    peak_bf16_tflops: float  # per chip
+    hbm_gbps: float  # per chip
+    # Second-minor tile for 32/16/8-bit types in the default TPU layouts (minor dim tiles to 128).
+    second_minor_tile: tuple[int, int, int] = (8, 16, 32)
+
+
+def _g(value: float) -> int:
+    return int(round(value * GiB))
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target("v2", "v2:2x2", "one TensorCore", _g(7.48), 8 * GiB, 46, 716),
+        Target("v3", "v3:2x2", "one TensorCore", _g(15.48), 16 * GiB, 123, 900),
+        Target("v4", "v4:2x2x1", "one TensorCore", _g(15.25), 16 * GiB, 275, 1200),
+        Target("v5e", "v5e:2x2", "one chip", _g(15.75), 16 * 10**9, 197, 819),
+        Target("v5p", "v5p:2x2x1", "one TensorCore", _g(95.74), 95 * 10**9, 459, 2765),
+        Target("v6e", "v6e:2x2", "one chip", _g(31.25), 32 * 10**9, 918, 1638),
+    )
+}
+ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e", "v5": "v5p"}
+
+
+def get(name: str) -> Target:
+    """Look up a generation by name (`v5e`) or topology (`v5e:2x2`)."""
+    key = name.strip().lower().split(":")[0].split("-")[0]
+    key = ALIASES.get(key, key)
+    if key not in TARGETS:
+        raise UserError(f"unknown TPU target {name!r}: use one of {', '.join(TARGETS)}.")
+    return TARGETS[key]
