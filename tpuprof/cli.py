@@ -26,6 +26,11 @@ app = typer.Typer(
 JSON_HELP = "Print one JSON document on stdout instead of tables."
 
 
+@app.callback()
+def _root() -> None:
+    """Will my model fit in TPU HBM, why not, and why is my step slow?"""
+
+
 @app.command()
 def memory(
     path: Path = typer.Argument(..., help="XLA dump folder, *.hlo.pb (HloProto), *-buffer-assignment.txt or HLO text."),
