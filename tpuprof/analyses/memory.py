@@ -1,0 +1,370 @@
+"""HBM use of a compiled XLA module: per buffer, per framework op, and at the peak.
+
+From an HloProto the padded sizes are the compiler's own (buffer assignment), and the peak is found
+by replaying the heap-simulator trace exactly as XProf's memory viewer does, so the two agree to the
+byte: peak = the largest sum of live temporaries in the trace + every allocation with an indefinite
+lifetime (parameters, outputs, constants). XProf adds that indefinite (padded) total
+to the unpadded peak too; we keep its definition so the figures compare.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from tpuprof.errors import UserError
+from tpuprof.models import shape as shapes
+from tpuprof.models.memory import (
+    CONSTANT, OUTPUT, PARAMETER, TEMP, THREAD_LOCAL, Buffer, ModuleMemory, OpTotal,
+)
+from tpuprof.sources import hlo_dump
+
+HBM = 0  # memory color of HBM in TPU buffer assignments
+
+
+def analyze_path(path: Path, module: str | None = None, target: str | None = None) -> list[ModuleMemory]:
+    """Analyse every module under PATH (or the one named), largest first."""
+    results = []
+    for file in hlo_dump.discover(path, module):
+        results.append(analyze_file(file, target))
+    return results
+
+
+def analyze_file(file: hlo_dump.DumpFile, target: str | None = None) -> ModuleMemory:
+    if file.kind == "hlo_proto":
+        proto = hlo_dump.read_hlo_proto(file.path)
+        if proto.HasField("buffer_assignment") and proto.buffer_assignment.logical_buffers:
+            result = from_hlo_proto(proto, str(file.path))
+        else:
+            from tpuprof.analyses import hlo_estimate
+
+            result = hlo_estimate.from_module_proto(proto.hlo_module, str(file.path), target)
+    elif file.kind == "buffer_assignment":
+        from tpuprof.analyses import buffer_assignment_text
+
+        result = buffer_assignment_text.analyze(file.path)
+    else:
+        from tpuprof.analyses import hlo_estimate
+
+        result = hlo_estimate.from_text(hlo_dump.read_text(file.path), str(file.path), target)
+    result.target = result.target or target
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# HloProto with buffer assignment
+# ---------------------------------------------------------------------------------------------
+
+def _allocation_type(allocation) -> str:
+    if allocation.is_entry_computation_parameter:
+        return PARAMETER
+    if allocation.maybe_live_out:
+        return OUTPUT
+    if allocation.is_thread_local:
+        return THREAD_LOCAL
+    if allocation.is_constant:
+        return CONSTANT
+    return TEMP
+
+
+def _is_indefinite(allocation) -> bool:
+    """Live for the whole program. Thread-local scratch (scalars of reducer computations) is not
+    counted: XProf 2.24 leaves it out of the peak, and it is not program HBM."""
+    return bool(allocation.is_entry_computation_parameter or allocation.is_constant
+                or allocation.maybe_live_out)
+
+
+class _Instructions:
+    """Instruction lookup by id, with the module's stack frames for source lines."""
+
+    def __init__(self, module):
+        self.by_id = {}
+        for computation in module.computations:
+            for instruction in computation.instructions:
+                self.by_id[instruction.id] = instruction
+        self._frames = module.stack_frame_index
+
+    def source_line(self, instruction) -> str:
+        metadata = instruction.metadata
+        if metadata.source_file:
+            return f"{metadata.source_file}:{metadata.source_line}"
+        frame_id = metadata.stack_frame_id
+        index = self._frames
+        if frame_id and 0 < frame_id <= len(index.stack_frames):
+            location_id = index.stack_frames[frame_id - 1].file_location_id
+            if 0 < location_id <= len(index.file_locations):
+                location = index.file_locations[location_id - 1]
+                if 0 < location.file_name_id <= len(index.file_names):
+                    return f"{index.file_names[location.file_name_id - 1]}:{location.line}"
+        return ""
+
+
+def _resolve_shape_proto(shape_proto, shape_index):
+    """The ShapeProto of one tuple element. Like XProf, a shape index selects by its LAST entry
+    (nested indices are rare in HBM buffers and XProf reports them this way)."""
+    if shape_index:
+        i = shape_index[-1]
+        if i < len(shape_proto.tuple_shapes):
+            return shape_proto.tuple_shapes[i]
+    return shape_proto
+
+
+_TUPLE = None
+_ELEMENT_BYTES: dict[int, int] = {}
+
+
+def _unpadded_from_proto(shape_proto) -> int:
+    """Dense bytes of a ShapeProto without building a Shape (the hot loop of large modules)."""
+    global _TUPLE
+    if not _ELEMENT_BYTES:
+        from tpuprof import protos
+
+        enum = protos.xla_data_pb2().PrimitiveType
+        for name, number in enum.items():
+            bits = shapes.ELEMENT_BITS.get(name.lower())
+            _ELEMENT_BYTES[number] = bits if bits is not None else 0
+        _TUPLE = enum.Value("TUPLE")
+    element_type = shape_proto.element_type
+    if element_type == _TUPLE:
+        return shapes.POINTER_BYTES * len(shape_proto.tuple_shapes)
+    bits = _ELEMENT_BYTES.get(element_type, 0)
+    return math.ceil(math.prod(shape_proto.dimensions) * bits / 8)
+
+
+def from_hlo_proto(proto, source: str) -> ModuleMemory:
+    module = proto.hlo_module
+    assignment = proto.buffer_assignment
+    instructions = _Instructions(module)
+    logical = {lb.id: lb for lb in assignment.logical_buffers}
+
+    # Which allocation holds each logical buffer, and its offset there.
+    allocation_of: dict[int, object] = {}
+    for allocation in assignment.buffer_allocations:
+        for assigned in allocation.assigned:
+            if assigned.logical_buffer_id in logical:
+                allocation_of[assigned.logical_buffer_id] = allocation
+
+    unpadded_cache: dict[int, int] = {}
+
+    def unpadded(buffer_id: int) -> int:
+        value = unpadded_cache.get(buffer_id)
+        if value is None:
+            lb = logical[buffer_id]
+            instruction = instructions.by_id.get(lb.defined_at.instruction_id)
+            if instruction is None:
+                value = lb.size
+            else:
+                value = _unpadded_from_proto(_resolve_shape_proto(instruction.shape, lb.defined_at.shape_index))
+            unpadded_cache[buffer_id] = value
+        return value
+
+    result = ModuleMemory(name=module.name, source=source, source_kind="hlo_proto")
+    replay = _replay_heap_trace(assignment, logical, allocation_of, unpadded)
+
+    # Allocations of indefinite lifetime count at every point of the program.
+    indefinite_bytes = 0
+    indefinite_buffers: list[int] = []
+    for allocation in assignment.buffer_allocations:
+        space = allocation.color
+        if space != HBM:
+            result.other_memory_spaces[space] = result.other_memory_spaces.get(space, 0) + allocation.size
+            continue
+        if allocation.is_entry_computation_parameter:
+            result.argument_bytes += allocation.size
+        if allocation.maybe_live_out:
+            result.output_bytes += allocation.size
+        if not _is_indefinite(allocation):
+            result.temp_bytes += allocation.size
+        if _is_indefinite(allocation):
+            indefinite_bytes += allocation.size
+            # XProf shows the largest logical buffer of the allocation.
+            best, best_size = None, 0
+            for assigned in allocation.assigned:
+                lb = logical.get(assigned.logical_buffer_id)
+                if lb is not None and lb.size > best_size:
+                    best, best_size = lb.id, lb.size
+            if best is not None:
+                indefinite_buffers.append(best)
+
+    result.peak_heap_bytes = replay.peak + indefinite_bytes
+    result.peak_unpadded_heap_bytes = replay.peak_unpadded + indefinite_bytes
+    result.heap_timeline = [v + indefinite_bytes for v in replay.timeline]
+    result.unpadded_timeline = [v + indefinite_bytes for v in replay.unpadded_timeline]
+    result.peak_position = replay.peak_position
+    live_at_peak = set(replay.peak_buffers) | set(indefinite_buffers)
+
+    # Every HBM logical buffer becomes a Buffer; heavy details only for the ones we show.
+    for lb in assignment.logical_buffers:
+        if lb.color != HBM:
+            continue
+        allocation = allocation_of.get(lb.id)
+        instruction = instructions.by_id.get(lb.defined_at.instruction_id)
+        if allocation is None or instruction is None:
+            continue
+        index = list(lb.defined_at.shape_index)
+        name = instruction.name + ("{" + ",".join(map(str, index)) + "}" if index else "")
+        result.buffers.append(Buffer(
+            id=lb.id,
+            instruction=name,
+            opcode=instruction.opcode,
+            shape="",  # filled in by describe() for the buffers that are shown
+            size_bytes=lb.size,
+            unpadded_bytes=unpadded(lb.id),
+            allocation_type=_allocation_type(allocation),
+            op_name=instruction.metadata.op_name,
+            memory_space=lb.color,
+            live_at_peak=lb.id in live_at_peak,
+        ))
+    result.buffers.sort(key=lambda b: (-b.size_bytes, -b.padding_bytes, b.id))
+    result._shape_source = (instructions, logical)  # type: ignore[attr-defined]
+    result.ops, result.ops_scope = aggregate_ops(result.buffers, has_peak=bool(live_at_peak))
+    return result
+
+
+def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
+    """Fill shape text, padded dims and source lines for the buffers about to be shown."""
+    source = getattr(result, "_shape_source", None)
+    if source is None:
+        return
+    instructions, logical = source
+    for buffer in buffers:
+        if buffer.shape:
+            continue
+        lb = logical[buffer.id]
+        instruction = instructions.by_id[lb.defined_at.instruction_id]
+        shape = shapes.from_proto(instruction.shape).subshape(list(lb.defined_at.shape_index))
+        fill_shape_details(buffer, shape)
+        buffer.source_line = instructions.source_line(instruction)
+
+
+def fill_shape_details(buffer: Buffer, shape: shapes.Shape) -> None:
+    buffer.shape = shape.text()
+    buffer.padded_dims = shape.padded_dims()
+    if shape.layout is not None and not shape.is_tuple:
+        buffer.minor_to_major = shape.layout.minor_to_major
+        buffer.tile = shape.layout.tiles[0] if shape.layout.tiles else ()
+
+
+def aggregate_ops(buffers: list[Buffer], has_peak: bool) -> tuple[list[OpTotal], str]:
+    """Totals per framework op over the buffers live at the peak (or over all, with no peak)."""
+    scope = "peak" if has_peak else "all"
+    totals: dict[str, OpTotal] = {}
+    for buffer in buffers:
+        if has_peak and not buffer.live_at_peak:
+            continue
+        key = buffer.op_name or f"({buffer.opcode} without op_name)"
+        total = totals.get(key)
+        if total is None:
+            total = totals[key] = OpTotal(key)
+        total.size_bytes += buffer.size_bytes
+        total.unpadded_bytes += buffer.unpadded_bytes
+        total.buffers += 1
+        if buffer.padding_bytes > total.worst_padding_bytes:
+            total.worst_padding_bytes = buffer.padding_bytes
+            total.worst_buffer = buffer.instruction
+    ops = sorted(totals.values(), key=lambda t: (-t.size_bytes, t.op_name))
+    return ops, scope
+
+
+# ---------------------------------------------------------------------------------------------
+# Heap-simulator replay (XProf memory_viewer's algorithm)
+# ---------------------------------------------------------------------------------------------
+
+class _Replay:
+    def __init__(self):
+        self.peak = 0
+        self.peak_unpadded = 0
+        self.peak_position = 0
+        self.peak_buffers: list[int] = []
+        self.timeline: list[int] = []
+        self.unpadded_timeline: list[int] = []
+
+
+def _pick_trace(assignment, logical, allocation_of) -> int:
+    """The heap-simulator trace of HBM temporaries, chosen as XProf chooses it."""
+    traces = assignment.heap_simulator_traces
+    trace_of_allocation = {}
+    for i, trace in enumerate(traces):
+        if not trace.events:
+            continue
+        allocation = allocation_of.get(trace.events[0].buffer_id)
+        if allocation is not None:
+            trace_of_allocation[allocation.index] = i
+    for allocation in assignment.buffer_allocations:
+        if allocation.color == HBM and not _is_indefinite(allocation) and allocation.index in trace_of_allocation:
+            return trace_of_allocation[allocation.index]
+    best, best_count = -1, 0
+    for i, trace in enumerate(traces):
+        count = sum(1 for e in trace.events if e.buffer_id in logical and logical[e.buffer_id].color == HBM)
+        if count > best_count:
+            best, best_count = i, count
+    return best
+
+
+def _replay_heap_trace(assignment, logical, allocation_of, unpadded) -> _Replay:
+    replay = _Replay()
+    trace_id = _pick_trace(assignment, logical, allocation_of)
+    if trace_id < 0:
+        replay.timeline, replay.unpadded_timeline = [0], [0]
+        return replay
+    trace = assignment.heap_simulator_traces[trace_id]
+    kinds = type(trace.events[0]) if trace.events else None
+    alloc_kind = kinds.ALLOC if kinds else 0
+    free_kind = kinds.FREE if kinds else 1
+    share_kind = kinds.SHARE_WITH if kinds else 2
+
+    canonical: dict[int, int] = {}  # buffer -> the buffer it shares memory with
+    refcount: dict[int, int] = {}
+    live: dict[int, None] = {}  # insertion-ordered set: program order of the live buffers
+    heap = heap_unpadded = 0
+    timeline, unpadded_timeline = replay.timeline, replay.unpadded_timeline
+
+    def root(buffer_id: int) -> int:
+        while buffer_id in canonical:
+            buffer_id = canonical[buffer_id]
+        return buffer_id
+
+    def grow(buffer_id: int) -> None:
+        nonlocal heap, heap_unpadded
+        live[buffer_id] = None
+        heap += logical[buffer_id].size
+        heap_unpadded += unpadded(buffer_id)
+        if heap > replay.peak:
+            replay.peak = heap
+            replay.peak_unpadded = heap_unpadded
+            replay.peak_position = len(timeline) - 1
+            replay.peak_buffers = list(live)
+
+    for event in trace.events:
+        timeline.append(heap)
+        unpadded_timeline.append(heap_unpadded)
+        buffer_id = event.buffer_id
+        if buffer_id not in logical:
+            continue
+        kind = event.kind
+        if kind == alloc_kind:
+            key = root(buffer_id)
+            refcount[key] = refcount.get(key, 0) + 1
+            grow(buffer_id)
+        elif kind == free_kind:
+            key = root(buffer_id)
+            refcount[key] = refcount.get(key, 0) - 1
+            if refcount[key] < 0:
+                raise UserError(f"the heap trace frees buffer {buffer_id} twice: the HloProto is inconsistent.")
+            if refcount[key] == 0:
+                live.pop(key, None)
+                heap -= logical[key].size
+                heap_unpadded -= unpadded(key)
+        elif kind == share_kind:
+            target = event.share_with_canonical_id
+            if target not in logical:
+                continue
+            canonical[buffer_id] = target
+            key = root(target)
+            refcount[key] = refcount.get(key, 0) + 1
+            if refcount[key] == 1:  # memory of a freed buffer taken up again
+                grow(key)
+    timeline.append(heap)
+    unpadded_timeline.append(heap_unpadded)
+    return replay
+

@@ -1,0 +1,49 @@
+"""`tpuprof memory`: dump files -> per-buffer/op analysis and peak -> fixes -> tables or JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tpuprof import targets
+from tpuprof.advice import memory as advice
+from tpuprof.analyses import memory as analysis
+from tpuprof.errors import UserError
+from tpuprof.models.memory import ModuleMemory
+
+
+def analyze(path: Path, module: str | None = None, target: str | None = None, top: int = 15,
+            compile_: bool = False) -> list[ModuleMemory]:
+    """The whole memory pipeline, for other commands (oom --dump, preflight, report) too."""
+    generation = targets.get(target) if target else None
+    if compile_:
+        if generation is None:
+            raise UserError("--compile needs --target (the TPU generation to compile for).")
+        from tpuprof.analyses import hlo_estimate
+
+        results = hlo_estimate.compile_with_libtpu(path, module, generation.name)
+    else:
+        results = analysis.analyze_path(path, module, generation.name if generation else None)
+    for result in results:
+        if generation is None and result.target:
+            generation = targets.get(result.target)
+        if generation is not None:
+            result.target = result.target or generation.name
+            result.hbm_capacity_bytes = targets.get(result.target).compiler_hbm_bytes
+        # Shapes and source lines are filled only for what is shown or advised on (large modules).
+        analysis.describe(result, result.buffers[: max(top, 0) or len(result.buffers)])
+        analysis.describe(result, [b for b in result.buffers if b.padding_bytes >= advice.MIN_PADDING_BYTES])
+        analysis.describe(result, [b for b in result.buffers if b.live_at_peak])
+        result.suggestions = advice.suggest(result)
+    return results
+
+
+def run(path: Path, module: str | None, target: str | None, compile_: bool, top: int, as_json: bool) -> None:
+    from tpuprof.renderers import memory as render
+
+    results = analyze(path, module, target, top, compile_)
+    if as_json:
+        from tpuprof.renderers.output import print_json
+
+        print_json(render.to_json(results, top))
+    else:
+        render.print_tables(results, top)

@@ -1,0 +1,87 @@
+"""What the memory analysis produces: buffers, per-op totals, the peak, and suggestions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Allocation kinds, in XProf's precedence order (an entry parameter that is also live-out is a parameter).
+PARAMETER, OUTPUT, THREAD_LOCAL, CONSTANT, TEMP = "parameter", "output", "thread-local", "constant", "temp"
+
+
+@dataclass
+class Buffer:
+    """One logical buffer (an HLO value): what the compiler allocates for one instruction output."""
+
+    id: int
+    instruction: str  # name, with the shape index for a tuple element: "fusion.3{1}"
+    opcode: str
+    shape: str  # with layout, as XLA prints it
+    size_bytes: int  # padded: what the compiler reserves
+    unpadded_bytes: int  # dense: what the data needs
+    allocation_type: str
+    op_name: str = ""  # framework op from metadata
+    source_line: str = ""  # file:line from metadata
+    memory_space: int = 0  # 0 is HBM
+    live_at_peak: bool = False
+    # (dimension index, size, padded size) for each dim the first tile rounds up.
+    padded_dims: list[tuple[int, int, int]] = field(default_factory=list)
+    minor_to_major: tuple[int, ...] = ()
+    tile: tuple[int, ...] = ()
+
+    @property
+    def padding_bytes(self) -> int:
+        return max(0, self.size_bytes - self.unpadded_bytes)
+
+    @property
+    def expansion(self) -> float:
+        return self.size_bytes / self.unpadded_bytes if self.unpadded_bytes else 1.0
+
+
+@dataclass
+class OpTotal:
+    op_name: str
+    size_bytes: int = 0
+    unpadded_bytes: int = 0
+    buffers: int = 0
+    worst_buffer: str = ""
+    worst_padding_bytes: int = -1
+
+    @property
+    def padding_bytes(self) -> int:
+        return max(0, self.size_bytes - self.unpadded_bytes)
+
+
+@dataclass
+class Suggestion:
+    kind: str  # padding | one_hot | bf16 | batch_size | capacity | more_detail
+    message: str
+    saving_bytes: int = 0
+
+
+@dataclass
+class ModuleMemory:
+    name: str
+    source: str  # the file it was read from
+    source_kind: str  # hlo_proto | buffer_assignment | hlo_text
+    target: str | None = None  # TPU generation, when known
+    estimated: bool = False  # True when sizes are simulated TPU tilings, not the compiler's
+    notes: list[str] = field(default_factory=list)
+    buffers: list[Buffer] = field(default_factory=list)  # HBM buffers, largest first
+    ops: list[OpTotal] = field(default_factory=list)
+    ops_scope: str = "all"  # "peak": ops over the buffers live at the peak; "all": over every buffer
+    peak_heap_bytes: int | None = None
+    peak_unpadded_heap_bytes: int | None = None
+    argument_bytes: int = 0
+    output_bytes: int = 0
+    temp_bytes: int = 0
+    hbm_capacity_bytes: int | None = None
+    other_memory_spaces: dict[int, int] = field(default_factory=dict)  # memory space -> bytes
+    # Heap over program order (padded, unpadded), indefinite allocations included, as XProf plots it.
+    heap_timeline: list[int] = field(default_factory=list)
+    unpadded_timeline: list[int] = field(default_factory=list)
+    peak_position: int = 0
+    suggestions: list[Suggestion] = field(default_factory=list)
+
+    @property
+    def padding_at_peak_bytes(self) -> int:
+        return sum(b.padding_bytes for b in self.buffers if b.live_at_peak)

@@ -1,0 +1,133 @@
+"""Memory analysis as a JSON document (the contract other tools read) and as rich tables."""
+
+from __future__ import annotations
+
+from tpuprof.advice.memory import fmt_bytes
+from tpuprof.models.memory import ModuleMemory
+
+
+def to_json(results: list[ModuleMemory], top: int) -> dict:
+    return {"modules": [_module_json(m, top) for m in results]}
+
+
+def _module_json(m: ModuleMemory, top: int) -> dict:
+    buffers = m.buffers if top <= 0 else m.buffers[:top]
+    ops = m.ops if top <= 0 else m.ops[:top]
+    return {
+        "name": m.name,
+        "source": m.source,
+        "source_kind": m.source_kind,
+        "target": m.target,
+        "estimated": m.estimated,
+        "notes": m.notes,
+        "peak_heap_bytes": m.peak_heap_bytes,
+        "peak_unpadded_heap_bytes": m.peak_unpadded_heap_bytes,
+        "argument_bytes": m.argument_bytes,
+        "output_bytes": m.output_bytes,
+        "temp_bytes": m.temp_bytes,
+        "hbm_capacity_bytes": m.hbm_capacity_bytes,
+        "padding_at_peak_bytes": m.padding_at_peak_bytes,
+        "other_memory_spaces": {str(k): v for k, v in sorted(m.other_memory_spaces.items())},
+        "buffer_count": len(m.buffers),
+        "buffers": [
+            {
+                "instruction": b.instruction,
+                "shape": b.shape,
+                "size_bytes": b.size_bytes,
+                "unpadded_bytes": b.unpadded_bytes,
+                "padding_bytes": b.padding_bytes,
+                "expansion": round(b.expansion, 3),
+                "allocation_type": b.allocation_type,
+                "op_name": b.op_name,
+                "source_line": b.source_line,
+                "live_at_peak": b.live_at_peak,
+            }
+            for b in buffers
+        ],
+        "ops_scope": m.ops_scope,
+        "ops": [
+            {
+                "op_name": o.op_name,
+                "size_bytes": o.size_bytes,
+                "unpadded_bytes": o.unpadded_bytes,
+                "padding_bytes": o.padding_bytes,
+                "buffers": o.buffers,
+                "worst_buffer": o.worst_buffer,
+            }
+            for o in ops
+        ],
+        "suggestions": [
+            {"kind": s.kind, "message": s.message, "saving_bytes": int(s.saving_bytes)} for s in m.suggestions
+        ],
+    }
+
+
+def print_tables(results: list[ModuleMemory], top: int) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from tpuprof.renderers.output import console
+
+    out = console()
+    for m in results:
+        title = f"[bold]{escape(m.name)}[/bold]  ({m.source_kind}: {escape(m.source)})"
+        out.print(title)
+        if m.estimated:
+            out.print(f"[yellow]Estimate:[/yellow] simulated default TPU tilings for {m.target or 'TPU'}; "
+                      "compile with libtpu for the real layouts.")
+        for note in m.notes:
+            out.print(f"[dim]{escape(note)}[/dim]")
+        summary = Table(show_header=False, box=None, pad_edge=False)
+        summary.add_column(style="bold")
+        summary.add_column(justify="right")
+        summary.add_column()
+        if m.peak_heap_bytes is not None:
+            capacity = ""
+            if m.hbm_capacity_bytes:
+                share = m.peak_heap_bytes / m.hbm_capacity_bytes
+                verdict = "[red]does not fit[/red]" if share > 1 else "[green]fits[/green]"
+                capacity = f"{share:.1%} of {fmt_bytes(m.hbm_capacity_bytes)} HBM ({m.target}): {verdict}"
+            summary.add_row("peak HBM (padded)", fmt_bytes(m.peak_heap_bytes), capacity)
+            summary.add_row("peak HBM (unpadded)", fmt_bytes(m.peak_unpadded_heap_bytes),
+                            "as XProf counts it: the temporaries unpadded, the arguments/outputs as allocated")
+            summary.add_row("padding live at the peak", fmt_bytes(m.padding_at_peak_bytes), "")
+        summary.add_row("arguments", fmt_bytes(m.argument_bytes), "")
+        summary.add_row("outputs", fmt_bytes(m.output_bytes), "")
+        summary.add_row("temporaries", fmt_bytes(m.temp_bytes), "")
+        for space, size in sorted(m.other_memory_spaces.items()):
+            summary.add_row(f"memory space S({space})", fmt_bytes(size), "not HBM (VMEM/SMEM...)")
+        out.print(summary)
+
+        shown = m.buffers[:top] if top > 0 else m.buffers
+        table = Table(title=f"Largest HBM buffers ({len(shown)} of {len(m.buffers)})", title_justify="left")
+        for column, justify in (("instruction", "left"), ("shape", "left"), ("padded", "right"),
+                                ("unpadded", "right"), ("padding", "right"), ("x", "right"),
+                                ("kind", "left"), ("peak", "center"), ("framework op", "left")):
+            table.add_column(column, justify=justify, overflow="fold")
+        for b in shown:
+            table.add_row(escape(b.instruction), escape(b.shape), fmt_bytes(b.size_bytes), fmt_bytes(b.unpadded_bytes),
+                          fmt_bytes(b.padding_bytes), f"{b.expansion:.1f}", b.allocation_type,
+                          "*" if b.live_at_peak else "", escape(_short(b.op_name)))
+        out.print(table)
+
+        ops = m.ops[:top] if top > 0 else m.ops
+        scope = "live at the peak" if m.ops_scope == "peak" else "all buffers"
+        op_table = Table(title=f"By framework op ({scope})", title_justify="left")
+        for column, justify in (("framework op", "left"), ("padded", "right"), ("unpadded", "right"),
+                                ("padding", "right"), ("buffers", "right"), ("worst buffer", "left")):
+            op_table.add_column(column, justify=justify, overflow="fold")
+        for o in ops:
+            op_table.add_row(escape(_short(o.op_name, 70)), fmt_bytes(o.size_bytes), fmt_bytes(o.unpadded_bytes),
+                             fmt_bytes(o.padding_bytes), str(o.buffers), escape(o.worst_buffer))
+        out.print(op_table)
+
+        if m.suggestions:
+            out.print("[bold]What to change[/bold]")
+            for i, s in enumerate(m.suggestions, 1):
+                saving = f" [dim](saves ~{fmt_bytes(s.saving_bytes)})[/dim]" if s.saving_bytes else ""
+                out.print(f"{i}. [{s.kind}] {escape(s.message)}{saving}")
+        out.print()
+
+
+def _short(text: str, width: int = 48) -> str:
+    return text if len(text) <= width else "…" + text[-(width - 1):]

@@ -1,0 +1,39 @@
+"""Shared output helpers: one JSON document on stdout, and a rich console only when tables are asked for."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+
+def print_json(document) -> None:
+    sys.stdout.write(json.dumps(document, indent=2, sort_keys=False))
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def console():
+    from rich.console import Console
+
+    out = Console(highlight=False, soft_wrap=False)
+    if not out.is_terminal:
+        out.width = max(out.width, 160)  # pipes and CI logs: do not fold tables to 80 columns
+    return out
+
+
+def write_atomically(path: Path, data: bytes | str) -> None:
+    """Write to a temporary file beside PATH and rename: a crash never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = "wb" if isinstance(data, bytes) else "w"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,149 @@
+"""Find and read XLA dumps: HloProto (`*.hlo.pb`), buffer-assignment text, HLO text.
+
+A dump folder from `--xla_dump_to` holds many files per module; we pick, per module, the most
+informative one: the after-optimizations HloProto (buffer assignment and heap trace), else the
+buffer-assignment text, else the after-optimizations HLO text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpuprof.errors import UserError
+
+PROTO_SUFFIXES = (".hlo.pb", ".hlo_proto.pb")
+BUFFER_ASSIGNMENT_SUFFIX = "-buffer-assignment.txt"
+
+
+@dataclass
+class DumpFile:
+    module: str  # module name as the dump names it, e.g. module_0003.jit_train_step
+    path: Path
+    kind: str  # hlo_proto | buffer_assignment | hlo_text
+
+    @property
+    def size(self) -> int:
+        return self.path.stat().st_size
+
+
+def _module_key(name: str) -> str:
+    """`module_0001.jit_f.cl_123.after_optimizations.hlo.pb` -> `module_0001.jit_f.cl_123`."""
+    for marker in (".after_optimizations", ".before_optimizations", ".after_codegen", ".hlo_proto.pb",
+                   ".hlo.pb", "-buffer-assignment.txt", ".txt"):
+        index = name.find(marker)
+        if index > 0:
+            return name[:index]
+    return name
+
+
+def classify(path: Path) -> tuple[str, int] | None:
+    """(kind, rank) of a dump file, lower rank preferred within a module; None if not a memory source."""
+    name = path.name
+    if name.endswith(PROTO_SUFFIXES):
+        # Protos from before buffer assignment carry no heap trace: not a memory source.
+        if "before_optimizations" in name or "before_buffer_assignment" in name:
+            return None
+        if name.endswith((".after_optimizations.hlo.pb", ".hlo_proto.pb")):
+            return "hlo_proto", 0
+        return "hlo_proto", 1 if "after_buffer_assignment" in name else 2
+    if name.endswith(BUFFER_ASSIGNMENT_SUFFIX):
+        return "buffer_assignment", 3
+    if name.endswith(("-memory-usage-report.txt", "-live-range.txt", "-buffer-assignment-values.txt")):
+        return None
+    if name.endswith(".after_optimizations.txt"):
+        return "hlo_text", 4
+    if name.endswith((".txt", ".hlo")) and "optimizations" not in name and "codegen" not in name:
+        # Dump folders hold many other .txt files (flags, configs): only HLO modules count.
+        with open(path, "rb") as handle:
+            if handle.read(64).lstrip().startswith(b"HloModule"):
+                return "hlo_text", 5
+    return None
+
+
+def discover(path: Path, module: str | None = None) -> list[DumpFile]:
+    """The files to analyse under PATH, one per module, largest module first."""
+    if not path.exists():
+        raise UserError(f"{path} does not exist.")
+    if path.is_file():
+        classified = classify(path)
+        kind = classified[0] if classified else _sniff(path)
+        return [DumpFile(_module_key(path.name), path, kind)]
+    candidates: dict[str, tuple[int, DumpFile]] = {}
+    for file in sorted(path.iterdir()):
+        classified = classify(file) if file.is_file() else None
+        if classified is None:
+            continue
+        kind, rank = classified
+        key = _module_key(file.name)
+        if key not in candidates or rank < candidates[key][0]:
+            candidates[key] = (rank, DumpFile(key, file, kind))
+    if not candidates:
+        if not any(path.iterdir()):
+            raise UserError(f"{path} is empty: point tpuprof at an XLA dump folder (--xla_dump_to).")
+        raise UserError(
+            f"{path} holds no XLA dumps (*.hlo.pb, *-buffer-assignment.txt or HLO text): dump them with "
+            "XLA_FLAGS='--xla_dump_to=DIR --xla_dump_hlo_as_proto --xla_dump_hlo_as_text'."
+        )
+    files = sorted((f for _, f in candidates.values()), key=lambda f: f.size, reverse=True)
+    if module:
+        chosen = [f for f in files if f.module == module] or [f for f in files if module in f.module]
+        if not chosen:
+            names = ", ".join(f.module for f in files[:8])
+            raise UserError(f"no module matching {module!r} in {path}; modules: {names}.")
+        files = chosen
+    return files
+
+
+def _sniff(path: Path) -> str:
+    """Guess the kind of a single file whose name does not say."""
+    with open(path, "rb") as handle:
+        head = handle.read(4096)
+    if b"\0" in head or not head:
+        if not head:
+            raise UserError(f"{path} is empty.")
+        return "hlo_proto"
+    text = head.decode("utf-8", "replace")
+    if text.lstrip().startswith("BufferAssignment") or re.search(r"^allocation \d+: size", text, re.M):
+        return "buffer_assignment"
+    if "HloModule" in text or re.search(r"\bENTRY\b", text):
+        return "hlo_text"
+    raise UserError(f"{path} is not an XLA dump (HloProto, buffer-assignment text or HLO text).")
+
+
+def read_hlo_proto(path: Path):
+    """Parse an HloProto file; a truncated or foreign file is a UserError."""
+    from google.protobuf.message import DecodeError
+
+    from tpuprof import protos
+
+    data = path.read_bytes()
+    if not data:
+        raise UserError(f"{path} is empty.")
+    hlo_pb2 = protos.hlo_pb2()
+    proto = hlo_pb2.HloProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, ValueError, RuntimeError):
+        raise UserError(f"{path} is not a readable HloProto (truncated or another kind of file).") from None
+    if not proto.hlo_module.computations:
+        # An HloModuleProto on its own (e.g. from TF's compiler IR) parses as a different message.
+        module = hlo_pb2.HloModuleProto()
+        try:
+            module.ParseFromString(data)
+        except (DecodeError, ValueError, RuntimeError):
+            module = None
+        if module is not None and module.computations and module.name:
+            proto = hlo_pb2.HloProto()
+            proto.hlo_module.CopyFrom(module)
+        else:
+            raise UserError(f"{path} is not an HloProto: it holds no HLO module (truncated or another kind of file).")
+    return proto
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not text: expected HLO or buffer-assignment text.") from None
