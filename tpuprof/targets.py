@@ -53,3 +53,26 @@ def get(name: str) -> Target:
     if key not in TARGETS:
         raise UserError(f"unknown TPU target {name!r}: use one of {', '.join(TARGETS)}.")
     return TARGETS[key]
+
+
+# libtpu's chip codenames in a dump's `*.target_arguments.txt` (tpu_topology_args.version / variant).
+_CODENAMES = {
+    ("TPU_VERSION_JELLYFISH", ""): "v2",
+    ("TPU_VERSION_DRAGONFISH", ""): "v3",
+    ("TPU_VERSION_PUFFERFISH", ""): "v4",
+    ("TPU_VERSION_VIPERFISH", "lite"): "v5e",
+    ("TPU_VERSION_VIPERFISH", ""): "v5p",
+    ("TPU_VERSION_GHOSTLITE", ""): "v6e",
+    ("TPU_VERSION_GHOSTLITE", "lite"): "v6e",
+}
+
+
+def from_target_arguments(text: str) -> str | None:
+    """The generation a dump was compiled for, from its target_arguments.txt; None if unknown."""
+    import re
+
+    version = re.search(r"version:\s*(TPU_VERSION_\w+)", text)
+    variant = re.search(r'variant:\s*"(\w*)"', text)
+    if not version:
+        return None
+    return _CODENAMES.get((version.group(1), variant.group(1) if variant else ""))

@@ -47,7 +47,7 @@ def analyze_file(file: hlo_dump.DumpFile, target: str | None = None) -> ModuleMe
         from tpuprof.analyses import hlo_estimate
 
         result = hlo_estimate.from_text(hlo_dump.read_text(file.path), str(file.path), target)
-    result.target = result.target or target
+    result.target = target or result.target or hlo_dump.detect_target(file)
     return result
 
 

@@ -178,6 +178,11 @@ def parse_shape(text: str) -> Shape:
     return shape
 
 
+def parse_shape_prefix(text: str, pos: int = 0) -> tuple[Shape, int]:
+    """Parse the shape that starts at POS (e.g. after `%x = ` in an HLO line); return it and where it ends."""
+    return _parse_at(text, pos)
+
+
 def _parse_at(text: str, pos: int) -> tuple[Shape, int]:
     while pos < len(text) and text[pos] == " ":
         pos += 1

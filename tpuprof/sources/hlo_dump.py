@@ -147,3 +147,15 @@ def read_text(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{path} is not text: expected HLO or buffer-assignment text.") from None
+
+
+def detect_target(file: DumpFile) -> str | None:
+    """The TPU generation of a dump, from the `<module>.target_arguments.txt` libtpu writes beside it."""
+    from tpuprof import targets
+
+    for candidate in file.path.parent.glob(file.module + "*target_arguments.txt"):
+        try:
+            return targets.from_target_arguments(candidate.read_text(errors="replace"))
+        except OSError:
+            return None
+    return None
