@@ -28,7 +28,7 @@ ELEMENT_BITS: dict[str, int] = {
     "c64": 64, "c128": 128,
 }
 # Types that hold no array data of their own.
-NON_ARRAY_TYPES = {"token", "opaque", "tuple"}
+NON_ARRAY_TYPES = {"token", "opaque", "tuple", "buffer"}
 POINTER_BYTES = 8  # a tuple is a table of pointers to its elements
 
 # ShapeProto.element_type enum numbers -> names; filled from xla_data_pb2 on first use.
@@ -166,12 +166,13 @@ def _round_up(value: int, multiple: int) -> int:
 # ---------------------------------------------------------------------------------------------
 
 _ARRAY_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
+_COMMENT_RE = re.compile(r"/\*.*?\*/")
 _LAYOUT_ITEM_RE = re.compile(r"([A-Z]+)\(([^()]*)\)")
 
 
 def parse_shape(text: str) -> Shape:
     """Parse an HLO shape string, layout included. Raises UserError on anything unknown."""
-    text = text.strip()
+    text = _COMMENT_RE.sub("", text).strip()  # long tuples carry /*index=5*/ markers
     shape, rest = _parse_at(text, 0)
     if text[rest:].strip():
         raise UserError(f"cannot read the shape {text!r}: unexpected text after position {rest}.")

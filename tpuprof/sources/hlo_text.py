@@ -76,7 +76,11 @@ def parse(text: str, source: str = "HLO text") -> TextModule:
     return module
 
 
+_COMMENT_RE = re.compile(r"/\*.*?\*/")
+
+
 def _parse_instruction(line: str, computation: str, source: str) -> TextInstruction | None:
+    line = _COMMENT_RE.sub("", line)  # long tuples carry /*index=5*/ markers
     match = _INSTRUCTION_RE.match(line)
     if not match:
         return None

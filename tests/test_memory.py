@@ -1,0 +1,159 @@
+"""`tpuprof memory` on real libtpu dumps, checked against XProf 2.24's memory viewer."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import DUMPS, ROOT, hlo_pb, sample_dump
+from xprof_oracle import memory_viewer
+
+from tpuprof.analyses import memory as analysis
+from tpuprof.commands import memory as command
+
+MiB = 1 << 20
+SMALL = 16 * 1024  # XProf folds buffers under 16 KiB into one "small" heap object
+PROTO_SAMPLES = sorted(p.parent.name for p in DUMPS.glob("*/*.after_optimizations.hlo.pb"))
+
+
+@pytest.mark.parametrize("name", PROTO_SAMPLES)
+def test_peak_and_max_heap_equal_xprof_memory_viewer(name, tmp_path):
+    pb = hlo_pb(name)
+    xprof = memory_viewer(pb, tmp_path)
+    ours = analysis.analyze_path(pb)[0]
+
+    assert ours.peak_heap_bytes == round(xprof["peakHeapMib"] * MiB)
+    assert ours.peak_unpadded_heap_bytes == round(xprof["peakUnpaddedHeapMib"] * MiB)
+    theirs = sorted(
+        (o["logicalBufferId"], round(o["logicalBufferSizeMib"] * MiB), round(o["unpaddedShapeMib"] * MiB))
+        for o in xprof["maxHeap"] if o["logicalBufferId"] != -1
+    )
+    mine = sorted((b.id, b.size_bytes, b.unpadded_bytes) for b in ours.buffers
+                  if b.live_at_peak and b.size_bytes >= SMALL)
+    assert mine == theirs
+    small = sum(round(o["logicalBufferSizeMib"] * MiB) for o in xprof["maxHeap"] if o["logicalBufferId"] == -1)
+    assert sum(b.size_bytes for b in ours.buffers if b.live_at_peak and b.size_bytes < SMALL) == small
+
+
+def test_transformer_peak_includes_hbm_temporaries():
+    """The bf16 transformer's activations do not fit in VMEM: the heap trace must be replayed."""
+    result = command.analyze(sample_dump("transformer_bf16_v6e"))[0]
+    assert result.target == "v6e" or result.target is None
+    indefinite = result.argument_bytes + result.output_bytes
+    assert result.peak_heap_bytes > indefinite + 10 * MiB
+    assert max(result.heap_timeline) == result.peak_heap_bytes
+    assert result.heap_timeline[result.peak_position] <= result.peak_heap_bytes
+
+
+def test_json_contract(cli):
+    out = cli("memory", sample_dump("transformer_bf16_v6e"), "--json", "--target", "v6e")
+    assert out.returncode == 0, out.stderr
+    document = json.loads(out.stdout)
+    module = document["modules"][0]
+    for key in ("name", "source", "target", "peak_heap_bytes", "peak_unpadded_heap_bytes", "argument_bytes",
+                "output_bytes", "temp_bytes", "hbm_capacity_bytes", "buffers", "ops", "suggestions"):
+        assert key in module
+    assert module["target"] == "v6e" and module["hbm_capacity_bytes"] == round(31.25 * (1 << 30))
+    buffer = module["buffers"][0]
+    assert set(buffer) >= {"instruction", "shape", "size_bytes", "unpadded_bytes", "padding_bytes", "expansion",
+                           "allocation_type", "op_name", "source_line"}
+    assert all(isinstance(b["size_bytes"], int) for b in module["buffers"])
+    assert buffer["padding_bytes"] == buffer["size_bytes"] - buffer["unpadded_bytes"]
+    op = module["ops"][0]
+    assert set(op) >= {"op_name", "size_bytes", "unpadded_bytes", "padding_bytes", "buffers"}
+    # Ops over the peak add up to the peak.
+    if module["ops_scope"] == "peak":
+        total = sum(o.size_bytes for o in analysis_ops(sample_dump("transformer_bf16_v6e")))
+        assert total == module["peak_heap_bytes"]
+
+
+def analysis_ops(path):
+    return command.analyze(path, top=0)[0].ops
+
+
+def test_tables_name_the_framework_ops(cli):
+    out = cli("memory", sample_dump("transformer_bf16_v6e"))
+    assert out.returncode == 0, out.stderr
+    assert "Largest HBM buffers" in out.stdout and "By framework op" in out.stdout
+    assert "jit(train_step)" in out.stdout
+
+
+def test_buffer_assignment_text_agrees_with_the_proto():
+    folder = sample_dump("transformer_bf16_v6e")
+    text = next(folder.glob("*-buffer-assignment.txt"))
+    from_text = command.analyze(text, top=0)[0]
+    from_proto = command.analyze(hlo_pb("transformer_bf16_v6e"), top=0)[0]
+    assert from_text.argument_bytes == from_proto.argument_bytes
+    assert from_text.output_bytes == from_proto.output_bytes
+    by_name = {b.instruction: b.size_bytes for b in from_proto.buffers}
+    for buffer in from_text.buffers[:20]:
+        assert by_name[buffer.instruction] == buffer.size_bytes
+    # Allocation sizes include fragmentation: never below the simulated peak.
+    assert from_text.peak_heap_bytes >= from_proto.peak_heap_bytes
+
+
+def test_hlo_text_with_tpu_layouts_is_exact_per_buffer():
+    folder = sample_dump("transformer_bf16_v6e")
+    text = next(folder.glob("*.after_optimizations.txt"))
+    result = command.analyze(text, top=0)[0]
+    assert not result.estimated
+    assert result.argument_bytes == command.analyze(hlo_pb("transformer_bf16_v6e"))[0].argument_bytes
+
+
+# ---- bad input: one sentence on stderr, exit code 2 ------------------------------------------
+
+def _assert_clean_failure(out, needle):
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert needle in out.stderr
+    assert out.stdout == ""
+
+
+def test_truncated_hlo_pb(cli, tmp_path):
+    data = hlo_pb("transformer_bf16_v6e").read_bytes()
+    bad = tmp_path / "module.after_optimizations.hlo.pb"
+    bad.write_bytes(data[: len(data) // 3])
+    _assert_clean_failure(cli("memory", bad, "--json"), "not a readable HloProto")
+
+
+def test_jpeg_renamed_hlo_pb(cli, tmp_path):
+    bad = tmp_path / "photo.after_optimizations.hlo.pb"
+    shutil.copy(ROOT / "tests" / "fixtures" / "memory" / "photo.jpg", bad)
+    _assert_clean_failure(cli("memory", bad), "HloProto")
+
+
+def test_empty_folder(cli, tmp_path):
+    _assert_clean_failure(cli("memory", tmp_path), "is empty")
+
+
+def test_folder_without_dumps(cli, tmp_path):
+    (tmp_path / "notes.txt").write_text("hello\n")
+    _assert_clean_failure(cli("memory", tmp_path), "holds no XLA dumps")
+
+
+def test_unknown_dtype_in_hlo_text(cli, tmp_path):
+    bad = tmp_path / "broken.txt"
+    bad.write_text("HloModule broken\n\nENTRY %main (p: q7[4]) -> q7[4] {\n"
+                   "  ROOT %p = q7[4]{0} parameter(0)\n}\n")
+    _assert_clean_failure(cli("memory", bad), "unknown element type 'q7'")
+
+
+def test_missing_path_and_unknown_target(cli, tmp_path):
+    _assert_clean_failure(cli("memory", tmp_path / "nope"), "does not exist")
+    _assert_clean_failure(cli("memory", sample_dump("int8_matmul_v5e"), "--target", "v9"), "unknown TPU target")
+
+
+def test_no_tensorflow_or_jax_import(tmp_path):
+    """`tpuprof memory` stays light: no TensorFlow or JAX in the process."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from tpuprof.cli import main\n"
+            "try:\n    main(['memory', sys.argv[1], '--json'])\nexcept SystemExit:\n    pass\n"
+            "heavy = [m for m in ('tensorflow', 'jax', 'tensorflow.python') if m in sys.modules]\n"
+            "sys.stderr.write('HEAVY=' + ','.join(heavy))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(hlo_pb("int8_matmul_v5e"))],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert "HEAVY=" in out.stderr and out.stderr.strip().endswith("HEAVY="), out.stderr[-500:]
