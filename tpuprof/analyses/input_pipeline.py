@@ -1,0 +1,71 @@
+"""tf.data stages from the iterator events (`Iterator::Root::Prefetch::BatchV2::...::Map`).
+
+Each stage's events nest on the thread that runs them (a stage calls its input's GetNext), so the
+time a stage spends itself is its duration minus its nested stages'. Python inside a map
+(`tf.py_function`) runs on tf.data's private threads as `EagerPyFunc` events; we credit that time to
+the map stages that were running meanwhile.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from tpuprof.analyses.timeline import Line, Spans, self_times
+from tpuprof.models.profile import Stage
+
+ITERATOR = "Iterator::"
+PY_FUNCTION = re.compile(r"^EagerPyFunc|^PyFunc")
+# Stages whose own time is waiting for the stages below them, never the bottleneck itself.
+WAITING_KINDS = {"Root", "Prefetch", "PrefetchDataset", "ModelDataset", "MaxIntraOpParallelism",
+                 "PrivateThreadPool", "Options"}
+FILE_KINDS = re.compile(r"TFRecord|TextLine|FixedLengthRecord|SSTable|ParallelInterleave|Interleave|FlatMap|ArrayRecord")
+
+
+def stage_kind(name: str) -> str:
+    return re.sub(r"\[\d+\]$", "", name.rsplit("::", 1)[-1])
+
+
+def stages(plane, lines: list[Line]) -> list[Stage]:
+    iterator_ids = {k for k, m in plane.event_metadata.items() if m.name.startswith(ITERATOR)}
+    py_ids = {k for k, m in plane.event_metadata.items() if PY_FUNCTION.match(m.name)}
+    if not iterator_ids:
+        return []
+    py_parts = []
+    for line in lines:
+        idx = line.select(py_ids)
+        if len(idx):
+            py_parts.append((line.start[idx], line.end[idx]))
+    py_spans = Spans(np.concatenate([p[0] for p in py_parts]), np.concatenate([p[1] for p in py_parts])) \
+        if py_parts else Spans.empty()
+
+    totals: dict[int, list[int]] = {}  # metadata id -> [count, total, self, python]
+    for line in lines:
+        idx = line.select(iterator_ids)
+        if not len(idx):
+            continue
+        start, end, mid = line.start[idx], line.end[idx], line.mid[idx]
+        own = self_times(start, end)
+        python = py_spans.measure(start, end)
+        for key in np.unique(mid).tolist():
+            mask = mid == key
+            entry = totals.setdefault(key, [0, 0, 0, 0])
+            entry[0] += int(mask.sum())
+            entry[1] += int((end[mask] - start[mask]).sum())
+            entry[2] += int(own[mask].sum())
+            entry[3] += int(python[mask].sum())
+    result = []
+    for key, (count, total, own, python) in totals.items():
+        name = plane.event_metadata[key].name
+        kind = stage_kind(name)
+        result.append(Stage(name=name, kind=kind, count=count, total_ps=total, self_ps=own,
+                            py_function_ps=python if "Map" in kind else 0))
+    result.sort(key=lambda s: s.self_ps, reverse=True)
+    return result
+
+
+def bottleneck(all_stages: list[Stage]) -> Stage | None:
+    """The stage that spends the most time itself (waiting stages such as Prefetch excluded)."""
+    candidates = [s for s in all_stages if s.kind not in WAITING_KINDS and s.self_ps > 0]
+    return max(candidates, key=lambda s: s.self_ps) if candidates else None

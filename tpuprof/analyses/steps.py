@@ -1,0 +1,374 @@
+"""Steps and where their time goes, for one host's XSpace.
+
+Two ways to find steps:
+
+- TPU device planes (`/device:TPU:N`): the `Steps` line (one event per step), else the executions of
+  the busiest program on the `XLA Modules` line. Inside a step period, time on `XLA Ops` is compute,
+  infeed ops are input, and device idle time (no program running) is the host's: input when the host
+  was waiting for data at that moment, host overhead otherwise. This is XProf's TPU model.
+- Host-only captures (CPU jobs, or GPU without device steps), where XProf answers "No step time
+  measured": step markers on the host, in order of trust: explicit `StepTraceAnnotation` /
+  `tf.profiler.experimental.Trace(..., step_num=)` events, Keras' compiled step function
+  (`multi_step_on_iterator`, ...), then the busiest jitted function (`PjitFunction(...)`).
+
+A step period runs from one step's start to the next step's start, so the time between steps (the
+host's Python loop) belongs to it. Within it, with this priority:
+  compile  - tracing/compiling events;
+  input    - the training thread blocked on the tf.data iterator (`IteratorGetNext...`);
+  compute  - the step function running, or any executor thread running ops;
+  the rest - host time outside the step. When the capture shows the input pipeline (tf.data), the rest is
+             host overhead (the framework's per-step Python). When it does not (a JAX process records
+             only jaxlib's events, never the Python data loader), idle time with no traced event is the
+             host preparing data (input), and traced host work outside the step is host overhead.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from tpuprof.analyses import input_pipeline, top_ops
+from tpuprof.analyses.timeline import Line, Spans, read_line, top_level
+from tpuprof.models.profile import HostProfile, Step
+
+TPU_PLANE = re.compile(r"^/device:TPU:(\d+)$")
+GPU_PLANE = re.compile(r"^/device:GPU:(\d+)$")
+HOST_PLANE = "/host:CPU"
+
+# Explicit step markers, as XProf recognises them (IsExplicitHostStepMarker).
+EXPLICIT_MARKER = re.compile(r"^(train|test|TraceContext)[^/]*$")
+# Keras 3 / TF2 compiled step functions (python-level tf.function call events).
+TF_STEP_FUNCTIONS = ("multi_step_on_iterator", "one_step_on_iterator", "one_step_on_data",
+                     "one_step_on_data_distributed", "multi_step_on_data", "train_function",
+                     "distributed_train_step", "train_step")
+TF_INFERENCE = re.compile(r"^__inference_(\w+?)_\d+$")
+PJIT = re.compile(r"^PjitFunction\((.*)\)$")
+GET_NEXT = re.compile(r"^(IteratorGetNext|[^ ]*:IteratorGetNext(AsOptional)?$)")
+COMPILE = re.compile(r"(?i)(compile|pjit_lower|lower_sharding|trace_to_jaxpr|TfFunctionTrac|^Tracing)")
+COMPILE_EXCLUDE = re.compile(r"^XlaCompile|:XlaCompile$")  # TF's per-step cache lookup op, not a compile
+# Host lines that run the program's ops (TF executor, XLA:CPU thunks, Eigen pools).
+EXEC_LINE = re.compile(r"^(tf_Compute|tf_XLA|tf_inter_op|tf_numa|tf_pjrt|tf_Eigen|XLA)", re.I)
+# Bookkeeping events on executor lines that do not mean the program is running.
+NOT_WORK = re.compile(r"^(ThreadpoolListener|MutexLock|end: |Memory(Allocation|Deallocation)|SlinkyThreadPool::Await)")
+
+
+def _stat_names(plane) -> dict[int, str]:
+    return {key: meta.name for key, meta in plane.stat_metadata.items()}
+
+
+def _stat(plane, stat, names):
+    """A stat's value as a Python value (ref values resolve to the referenced string)."""
+    kind = stat.WhichOneof("value")
+    if kind == "ref_value":
+        return names.get(stat.ref_value, "")
+    if kind == "bytes_value":
+        return stat.bytes_value
+    return getattr(stat, kind) if kind else None
+
+
+def _ids(plane, predicate) -> set[int]:
+    return {key for key, meta in plane.event_metadata.items() if predicate(meta.name)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Splitting step periods into categories.
+
+
+def _periods(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Step i's period is [start_i, start_{i+1}); the last one ends with its marker."""
+    order = np.argsort(starts)
+    starts, ends = starts[order], ends[order]
+    period_end = np.empty_like(ends)
+    period_end[:-1] = starts[1:]
+    period_end[-1] = ends[-1]
+    return starts, np.maximum(period_end, starts)
+
+
+def _split(a, b, layers: list[tuple[str, Spans]], rest: str | None) -> dict[str, np.ndarray]:
+    """Time of [a, b) per category: each layer takes what the layers before it did not."""
+    result: dict[str, np.ndarray] = {}
+    covered = Spans.empty()
+    previous = np.zeros(len(a), dtype=np.int64)
+    for category, spans in layers:
+        covered = covered | spans
+        now = covered.measure(a, b)
+        result[category] = result.get(category, 0) + (now - previous)
+        previous = now
+    if rest:
+        result[rest] = result.get(rest, 0) + ((b - a) - previous)
+    return result
+
+
+def _make_steps(a, b, parts: dict[str, np.ndarray], numbers=None, batches=None) -> list[Step]:
+    steps = []
+    for i in range(len(a)):
+        values = {f"{k}_ps": int(max(v[i], 0)) for k, v in parts.items()}
+        steps.append(Step(number=int(numbers[i]) if numbers is not None else i, start_ps=int(a[i]),
+                          duration_ps=int(b[i] - a[i]), batches=int(batches[i]) if batches is not None else 1,
+                          **values))
+    return steps
+
+
+# --------------------------------------------------------------------------------------------------
+# Host planes.
+
+
+class HostView:
+    """The host plane's lines, with the spans the step split needs."""
+
+    def __init__(self, plane):
+        self.plane = plane
+        self.lines = [read_line(line) for line in plane.lines if len(line.events)]
+        meta = plane.event_metadata
+        self.name = {key: m.name for key, m in meta.items()}
+        get_next = _ids(plane, GET_NEXT.match)
+        compile_ids = _ids(plane, lambda n: bool(COMPILE.search(n)) and not COMPILE_EXCLUDE.search(n))
+        not_work = _ids(plane, NOT_WORK.match)
+        self.input_visible = bool(get_next) or any(m.name.startswith("Iterator::") for m in meta.values())
+        wait, comp, work = [], [], []
+        for line in self.lines:
+            idx = line.select(get_next)
+            wait.append((line.start[idx], line.end[idx]))
+            idx = line.select(compile_ids)
+            comp.append((line.start[idx], line.end[idx]))
+            if EXEC_LINE.match(line.name):
+                keep = ~np.isin(line.mid, list(not_work)) if not_work else np.ones(len(line.mid), bool)
+                work.append((line.start[keep], line.end[keep]))
+        self.get_next_ids = get_next
+        self.input_wait = _spans(wait)
+        self.compile = _spans(comp)
+        self.work = _spans(work)
+
+    def markers(self):
+        """(line, event indices, description) of the best step markers, or None."""
+        meta = self.plane.event_metadata
+        explicit = _ids(self.plane, EXPLICIT_MARKER.match)
+        tf_step = _ids(self.plane, lambda n: n in TF_STEP_FUNCTIONS)
+        tf_inference = _ids(self.plane, lambda n: bool(TF_INFERENCE.match(n))
+                            and TF_INFERENCE.match(n).group(1) in TF_STEP_FUNCTIONS)
+        pjit = _ids(self.plane, PJIT.match)
+        for ids, label in ((explicit, "step markers"), (tf_step, "TF step function"),
+                           (tf_inference, "TF step function"), (pjit, "jitted function")):
+            best = None
+            for line in self.lines:
+                for key in ids:
+                    idx = line.select({key})
+                    if len(idx) < 2:
+                        continue
+                    idx = idx[top_level(line.start[idx], line.end[idx])]
+                    total = int((line.end[idx] - line.start[idx]).sum())
+                    if best is None or total > best[0]:
+                        best = (total, line, idx, key)
+            if best is not None:
+                _, line, idx, key = best
+                return line, idx, f"{label} `{meta[key].name}` on thread `{line.name}`"
+        return None
+
+    def main_thread_spans(self, line: Line) -> Spans:
+        return Spans(line.start, line.end)
+
+    def step_numbers(self, line: Line, idx: np.ndarray) -> np.ndarray | None:
+        names = _stat_names(self.plane)
+        numbers = []
+        for i in idx.tolist():
+            value = None
+            for stat in line.events[i].stats:
+                if names.get(stat.metadata_id) in ("step_num", "iter_num"):
+                    value = _stat(self.plane, stat, names)
+            if not isinstance(value, int):
+                return None
+            numbers.append(value)
+        return np.array(numbers)
+
+    def batches_per_step(self, a, b) -> np.ndarray | None:
+        """How many iterator GetNext calls each step made (Keras steps_per_execution), if visible."""
+        starts = []
+        for line in self.lines:
+            idx = line.select(self.get_next_ids)
+            if len(idx):
+                idx = idx[top_level(line.start[idx], line.end[idx])]
+                starts.append(line.start[idx])
+        if not starts:
+            return None
+        # The GetNext events of one call appear on a few lines; count each line's calls, keep the most.
+        counts = [np.searchsorted(np.sort(s), b) - np.searchsorted(np.sort(s), a) for s in starts]
+        return np.max(np.vstack(counts), axis=0)
+
+
+def _spans(pairs) -> Spans:
+    if not pairs:
+        return Spans.empty()
+    return Spans(np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs]))
+
+
+def host_steps(view: HostView, profile: HostProfile) -> None:
+    found = view.markers()
+    if found is None:
+        profile.notes.append("no step markers on the host (no StepTraceAnnotation, Keras step function or "
+                             "jitted function ran twice or more in the capture)")
+        return
+    line, idx, description = found
+    start, end = line.start[idx], line.end[idx]
+    order = np.argsort(start)
+    idx, start, end = idx[order], start[order], end[order]
+    a, b = _periods(start, end)
+    markers = Spans(start, end)
+    profile.step_source = description
+    profile.input_visible = view.input_visible
+    if view.input_visible:
+        layers = [("compile", view.compile), ("input", view.input_wait), ("compute", markers | view.work)]
+        parts = _split(a, b, layers, rest="host_overhead")
+    else:
+        # No input pipeline in the trace: untraced host time is the Python data loader's.
+        profile.untraced_input = True
+        traced_host = view.main_thread_spans(line)
+        layers = [("compile", view.compile), ("input", view.input_wait), ("compute", markers | view.work),
+                  ("host_overhead", traced_host)]
+        parts = _split(a, b, layers, rest="input")
+    numbers = view.step_numbers(line, idx)
+    batches = view.batches_per_step(start, end)
+    profile.steps = _make_steps(a, b, parts, numbers, batches)
+
+
+# --------------------------------------------------------------------------------------------------
+# TPU device planes.
+
+
+def _category_ids(plane, categories: tuple[str, ...], name_pattern: re.Pattern) -> set[int]:
+    names = _stat_names(plane)
+    result = set()
+    for key, meta in plane.event_metadata.items():
+        category = ""
+        for stat in meta.stats:
+            if names.get(stat.metadata_id) == "hlo_category":
+                category = str(_stat(plane, stat, names)).lower()
+        if category in categories or name_pattern.search(meta.name):
+            result.add(key)
+    return result
+
+
+INFEED = re.compile(r"(?i)infeed|host-to-device|recv-done")
+OUTFEED = re.compile(r"(?i)outfeed|device-to-host|send-done")
+
+
+def device_steps(plane, host_wait: Spans) -> tuple[list[Step], str] | None:
+    """Steps of one TPU core, or None when the plane has no steps or programs."""
+    lines = {line.name: line for line in plane.lines if len(line.events)}
+    ops_line = lines.get("XLA Ops")
+    modules_line = lines.get("XLA Modules")
+    if ops_line is None and modules_line is None:
+        return None
+    ops = read_line(ops_line) if ops_line is not None else None
+    modules = read_line(modules_line) if modules_line is not None else None
+    steps_line = lines.get("Steps")
+    if steps_line is not None:
+        marker = read_line(steps_line)
+        start, end = marker.start, marker.end
+        source = "the device `Steps` line"
+    elif modules is not None:
+        # The training program is the one that takes the most device time.
+        totals: dict[int, int] = {}
+        for mid, duration in zip(modules.mid.tolist(), (modules.end - modules.start).tolist()):
+            totals[mid] = totals.get(mid, 0) + duration
+        busiest = max(totals, key=totals.get)
+        idx = np.flatnonzero(modules.mid == busiest)
+        start, end = modules.start[idx], modules.end[idx]
+        source = f"executions of program `{plane.event_metadata[busiest].name}`"
+    else:
+        return None
+    if len(start) < 1:
+        return None
+    a, b = _periods(start, end)
+    if ops is not None:
+        infeed = ops.select(_category_ids(plane, ("infeed",), INFEED))
+        outfeed = ops.select(_category_ids(plane, ("outfeed",), OUTFEED))
+        infeed_spans = Spans(ops.start[infeed], ops.end[infeed])
+        outfeed_spans = Spans(ops.start[outfeed], ops.end[outfeed])
+        op_spans = Spans(ops.start, ops.end)
+    else:
+        infeed_spans = outfeed_spans = Spans.empty()
+        op_spans = Spans(modules.start, modules.end)
+    program = Spans(modules.start, modules.end) if modules is not None else op_spans
+    # Device idle (no program running) while the host was blocked on input is input; else host overhead.
+    idle_waiting = _complement_within(program | op_spans, host_wait, a, b)
+    layers = [("input", infeed_spans), ("other", outfeed_spans), ("compute", op_spans),
+              ("other", program), ("input", idle_waiting)]
+    parts = _split(a, b, layers, rest="host_overhead")
+    return _make_steps(a, b, parts), source
+
+
+def _complement_within(busy: Spans, wanted: Spans, a, b) -> Spans:
+    """The parts of WANTED that fall where BUSY is not, clipped to the step periods."""
+    if not len(wanted.starts) or not len(a):
+        return Spans.empty()
+    lo, hi = int(np.min(a)), int(np.max(b))
+    gap_starts = np.concatenate([[lo], busy.ends])
+    gap_ends = np.concatenate([busy.starts, [hi]])
+    gaps = Spans(gap_starts, gap_ends)
+    # Intersection of two unions: |A ∩ B| spans, built from the pieces of B clipped to gaps of A.
+    starts, ends = [], []
+    for s, e in zip(wanted.starts.tolist(), wanted.ends.tolist()):
+        i = np.searchsorted(gaps.ends, s, side="right")
+        while i < len(gaps.starts) and gaps.starts[i] < e:
+            starts.append(max(s, int(gaps.starts[i])))
+            ends.append(min(e, int(gaps.ends[i])))
+            i += 1
+    return Spans(starts, ends)
+
+
+def _mean_steps(per_core: list[list[Step]]) -> list[Step]:
+    """Average the cores' steps position by position (cores of one host run the same steps)."""
+    count = min(len(steps) for steps in per_core)
+    result = []
+    for i in range(count):
+        group = [steps[i] for steps in per_core]
+        mean = lambda attr: int(round(sum(getattr(s, attr) for s in group) / len(group)))  # noqa: E731
+        result.append(Step(number=group[0].number, start_ps=group[0].start_ps, duration_ps=mean("duration_ps"),
+                           compute_ps=mean("compute_ps"), input_ps=mean("input_ps"),
+                           host_overhead_ps=mean("host_overhead_ps"), compile_ps=mean("compile_ps"),
+                           other_ps=mean("other_ps")))
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def analyze_xspace(space, host: str, path: str = "") -> HostProfile:
+    planes = list(space.planes)
+    host_plane = next((p for p in planes if p.name == HOST_PLANE), None)
+    tpu_planes = sorted((p for p in planes if TPU_PLANE.match(p.name)), key=lambda p: int(TPU_PLANE.match(p.name)[1]))
+    gpu_planes = [p for p in planes if GPU_PLANE.match(p.name)]
+    platform = "tpu" if tpu_planes else "gpu" if gpu_planes else "cpu"
+    profile = HostProfile(host=host, path=path, platform=platform, step_source="")
+    view = HostView(host_plane) if host_plane is not None else None
+    if view is not None:
+        profile.input_visible = view.input_visible
+
+    per_core, source = [], ""
+    for plane in tpu_planes:
+        found = device_steps(plane, view.input_wait if view is not None else Spans.empty())
+        if found:
+            per_core.append(found[0])
+            source = found[1]
+    if per_core and all(per_core):
+        profile.steps = _mean_steps(per_core)
+        profile.step_source = f"{source} of {len(per_core)} TPU core(s)"
+    elif view is not None:
+        host_steps(view, profile)
+    else:
+        profile.notes.append("the capture has neither a host plane nor TPU steps")
+
+    if view is not None:
+        profile.stages = input_pipeline.stages(view.plane, view.lines)
+    profile.ops = top_ops.device_ops(tpu_planes) + (top_ops.host_ops(view.plane, view.lines) if view else [])
+    profile.matmul_ps, profile.matmul_f32_ps = top_ops.matmul_precision(tpu_planes)
+    return profile
+
+
+def analyze_file(path: str) -> HostProfile:
+    """Read and analyse one host file (runs in a worker process when there are several hosts)."""
+    from tpuprof.sources import xplane
+
+    space = xplane.read_xspace(path)
+    return analyze_xspace(space, xplane.host_name(path), path)

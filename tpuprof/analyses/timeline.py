@@ -1,0 +1,119 @@
+"""Timeline arithmetic on XPlane events: lines as numpy arrays, unions of time spans, self times.
+
+An XPlane line stores events as (offset_ps from the line's timestamp_ns, duration_ps, metadata_id);
+names live once per plane in `event_metadata`. We turn each line into three int64 arrays once and
+select events by metadata id (few distinct names), so a capture of millions of events is scanned in
+numpy rather than event by event in Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Line:
+    name: str
+    start: np.ndarray  # absolute ps
+    end: np.ndarray
+    mid: np.ndarray  # event metadata ids
+    events: object  # the proto's repeated events, for the rare look at stats
+
+    def select(self, ids) -> np.ndarray:
+        """Indices of the events whose metadata id is in IDS."""
+        if not len(ids) or not len(self.mid):
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(np.isin(self.mid, np.fromiter(ids, np.int64, len(ids))))
+
+
+def read_line(line) -> Line:
+    events = line.events
+    n = len(events)
+    offset = np.fromiter((e.offset_ps for e in events), np.int64, n)
+    duration = np.fromiter((e.duration_ps for e in events), np.int64, n)
+    mid = np.fromiter((e.metadata_id for e in events), np.int64, n)
+    start = offset + np.int64(line.timestamp_ns) * 1000
+    return Line(line.name or line.display_name or str(line.id), start, start + duration, mid, events)
+
+
+class Spans:
+    """A union of [start, end) spans; `measure(a, b)` is how much of [a, b) it covers (vectorised)."""
+
+    def __init__(self, starts, ends):
+        starts = np.asarray(starts, dtype=np.int64)
+        ends = np.asarray(ends, dtype=np.int64)
+        keep = ends > starts
+        starts, ends = starts[keep], ends[keep]
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], ends[order]
+        if len(starts):
+            # Merge overlaps: a span starts a new group when it begins after every earlier end.
+            running_end = np.maximum.accumulate(ends)
+            new_group = np.empty(len(starts), dtype=bool)
+            new_group[0] = True
+            new_group[1:] = starts[1:] > running_end[:-1]
+            group = np.cumsum(new_group) - 1
+            merged_starts = starts[new_group]
+            merged_ends = np.zeros(len(merged_starts), dtype=np.int64)
+            np.maximum.at(merged_ends, group, ends)
+            starts, ends = merged_starts, merged_ends
+        self.starts, self.ends = starts, ends
+        lengths = ends - starts
+        self._before = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+    @classmethod
+    def empty(cls) -> "Spans":
+        return cls([], [])
+
+    def __or__(self, other: "Spans") -> "Spans":
+        return Spans(np.concatenate([self.starts, other.starts]), np.concatenate([self.ends, other.ends]))
+
+    @property
+    def total(self) -> int:
+        return int(self._before[-1])
+
+    def _covered_until(self, t: np.ndarray) -> np.ndarray:
+        index = np.searchsorted(self.starts, t, side="right") - 1
+        safe = np.maximum(index, 0)
+        inside = np.minimum(t - self.starts[safe], self.ends[safe] - self.starts[safe]) if len(self.starts) else 0
+        value = self._before[safe] + inside
+        return np.where(index >= 0, value, 0)
+
+    def measure(self, a, b) -> np.ndarray:
+        a = np.asarray(a, dtype=np.int64)
+        b = np.asarray(b, dtype=np.int64)
+        if not len(self.starts):
+            return np.zeros(np.shape(a), dtype=np.int64)
+        return self._covered_until(b) - self._covered_until(a)
+
+
+def self_times(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Duration minus the time of directly nested events (events on one line nest like a call stack)."""
+    order = np.lexsort((-end, start))
+    result = (end - start).astype(np.int64)
+    stack: list[int] = []
+    s = start.tolist()
+    e = end.tolist()
+    for i in order.tolist():
+        while stack and e[stack[-1]] <= s[i]:
+            stack.pop()
+        if stack and e[i] <= e[stack[-1]]:
+            result[stack[-1]] -= e[i] - s[i]
+        stack.append(i)
+    return result
+
+
+def top_level(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Mask of the events not nested inside an earlier event of the same selection."""
+    if not len(start):
+        return np.zeros(0, dtype=bool)
+    order = np.lexsort((-end, start))
+    ends_sorted = end[order]
+    running = np.maximum.accumulate(ends_sorted)
+    outer = np.ones(len(order), dtype=bool)
+    outer[1:] = ends_sorted[1:] > running[:-1]
+    mask = np.zeros(len(start), dtype=bool)
+    mask[order[outer]] = True
+    return mask
