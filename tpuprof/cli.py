@@ -46,6 +46,20 @@ def memory(
     command.run(path, module=module, target=target, compile_=compile_, top=top, as_json=as_json)
 
 
+@app.command()
+def oom(
+    log: Optional[str] = typer.Argument(None, help="The error text or a whole training log; '-' or nothing reads stdin."),
+    dump: Optional[Path] = typer.Option(None, "--dump", help="XLA dump folder of the same program: join the log with its buffer assignment."),
+    batch: Optional[int] = typer.Option(None, "--batch", help="The batch size that failed, to estimate the one that fits."),
+    target: Optional[str] = typer.Option(None, "--target", help="TPU generation (v2 v3 v4 v5e v5p v6e): the capacity when the message has none."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Explain a TPU out-of-memory error: the numbers, each buffer's padding, the fixes. Exit 2 if none is found."""
+    from tpuprof.commands import oom as command
+
+    command.run(log, dump=dump, batch=batch, target=target, as_json=as_json)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Console entry point: bad input is one sentence on stderr and exit code 2, never a traceback."""
     try:

@@ -1,0 +1,362 @@
+"""`tpuprof oom` on real out-of-memory texts: public issues (tests/fixtures/oom, each with its source URL
+on the first line) and libtpu's own messages (sample_profiles/oom, produced by compiling for v5e here).
+
+Expected numbers are the ones printed in each message, times 1024^k: the parser must return exactly what
+the log says, and the padding recomputed from each shape must agree with the log's own sizes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpuprof.analyses import oom as analysis
+from tpuprof.advice import oom as advice
+from tpuprof.cli import main
+from tpuprof.models.oom import OomAllocation, OomReport
+from tpuprof.sources import oom_log
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "oom"
+LIBTPU = ROOT / "sample_profiles" / "oom"
+UNIT = {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "E": 1 << 60}
+
+
+def b(text: str) -> int:
+    """'19.46G' -> bytes, the way the messages mean it (powers of 1024)."""
+    return int(round(float(text[:-1]) * UNIT[text[-1]]))
+
+
+def report_of(path: Path, **kwargs) -> OomReport:
+    with open(path, "rb") as stream:
+        report = analysis.find_in_stream(stream, **kwargs)
+    assert report is not None, path.name
+    return report
+
+
+# name -> fields the message states (None: the message must not claim it)
+EXPECTED = {
+    "seed_tds_tpu_training_one_hot": dict(
+        kind="compile", memory_space="hbm", used_bytes=b("19.46G"), capacity_bytes=b("15.48G"),
+        exceeded_bytes=b("3.98G"), total_bytes=b("19.98G"), reserved_bytes=b("530.00M"),
+        program_bytes=b("19.46G"), arguments_bytes=0, output_bytes=0, global_bytes=b("276.0K"),
+        scoped_bytes=b("173.0K"), hlo_temp_bytes=b("19.46G"), unpadded_bytes=b("6.40G"),
+        padded_bytes=b("19.32G"), utilization=33.1, fragmentation_bytes=b("147.91M"), framework="tensorflow"),
+    "flowpm_27_arguments_unknown": dict(
+        kind="compile", used_bytes=b("41.74G"), capacity_bytes=b("16.00G"), exceeded_bytes=b("25.74G"),
+        reserved_bytes=b("528.00M"), program_bytes=b("41.22G"), arguments_bytes=None, arguments_unknown=True,
+        output_bytes=None, hlo_temp_bytes=b("41.19G"), unpadded_bytes=None, padded_bytes=None,
+        utilization=24.2, fragmentation_bytes=b("293.84M"), global_bytes=b("29.82M")),
+    "flax_1733_no_headline": dict(
+        kind="compile", memory_space="hbm", used_bytes=None, capacity_bytes=None, total_bytes=b("11.47G"),
+        hlo_temp_bytes=b("10.96G"), unpadded_bytes=b("140.25M"), padded_bytes=b("10.96G"), utilization=1.2,
+        fragmentation_bytes=0),
+    "easydel_142_gemma_bf16": dict(
+        kind="compile", used_bytes=b("30.21G"), capacity_bytes=b("15.48G"), exceeded_bytes=b("14.73G"),
+        arguments_bytes=b("15.90G"), program_bytes=b("14.31G"), output_bytes=b("1.0K"),
+        global_bytes=b("481.0K"), scoped_bytes=b("512.0K"), hlo_temp_bytes=b("14.31G"),
+        unpadded_bytes=b("14.25G"), padded_bytes=b("14.25G"), framework="jax"),
+    "easydel_166_v4_falcon": dict(
+        kind="compile", used_bytes=b("63.80G"), capacity_bytes=b("30.75G"), exceeded_bytes=b("33.05G"),
+        reserved_bytes=b("1.25G"), hlo_temp_bytes=b("63.79G"), fragmentation_bytes=b("210.89M")),
+    "lwm_60_split_headline": dict(
+        kind="compile", used_bytes=b("21.95G"), capacity_bytes=b("15.48G"), exceeded_bytes=b("6.47G"),
+        total_bytes=b("22.47G"), arguments_bytes=0),
+    "openxla_error_1000_one_line": dict(
+        kind="compile", used_bytes=b("49.34G"), capacity_bytes=b("32.00G"), exceeded_bytes=b("17.34G"),
+        total_bytes=b("49.34G"), reserved_bytes=b("3.12M"), program_bytes=None, arguments_bytes=b("49.34G")),
+    "tensorflow_tpu_598_glog_remat": dict(
+        kind="compile", used_bytes=b("18.56G"), capacity_bytes=b("16.00G"), exceeded_bytes=b("2.56G")),
+    "tensorflow_tpu_385_efficientnet": dict(
+        kind="compile", used_bytes=b("8.38G"), capacity_bytes=b("8.00G"), exceeded_bytes=b("385.25M")),
+    "trax_270_reformer": dict(
+        kind="compile", used_bytes=b("18.74G"), capacity_bytes=b("8.00G"), exceeded_bytes=b("10.74G")),
+    "pytorch_xla_3041_indented": dict(
+        kind="compile", total_bytes=b("8.74G"), reserved_bytes=b("18.00M"), program_bytes=b("1.68G"),
+        arguments_bytes=b("7.04G"), output_bytes=b("6.0K"), hlo_temp_bytes=b("1.68G"),
+        unpadded_bytes=b("1.12G"), padded_bytes=b("1.67G")),
+    "pytorch_xla_6674_bf16_transpose": dict(
+        kind="compile", program_bytes=b("15.45G"), global_bytes=b("2.36M"), scoped_bytes=b("3.88M"),
+        hlo_temp_bytes=b("15.45G"), unpadded_bytes=b("9.40G"), padded_bytes=b("15.44G")),
+    "pytorch_xla_7942_vmem_detailed": dict(
+        kind="compile", memory_space="vmem", used_bytes=b("29.95M"), capacity_bytes=b("16.00M"),
+        exceeded_bytes=b("13.95M"), scoped_bytes=b("29.95M"), framework="torch_xla"),
+    "pytorch_xla_9524_vmem": dict(
+        kind="compile", memory_space="vmem", used_bytes=b("32.42M"), capacity_bytes=b("16.00M"),
+        exceeded_bytes=b("16.42M")),
+    "ringattention_11_vmem": dict(
+        kind="compile", memory_space="vmem", used_bytes=b("59.79M"), capacity_bytes=b("16.00M"),
+        exceeded_bytes=b("43.79M"), framework="jax"),
+    "vllm_8318_smem": dict(
+        kind="compile", memory_space="smem", used_bytes=b("1.00M"), capacity_bytes=b("1.00M"),
+        exceeded_bytes=b("1.7K")),
+    "pytorch_xla_2628_smem_no_numbers": dict(kind="compile", memory_space="smem", used_bytes=None),
+    "openxla_error_1001_vmem_allocation": dict(
+        kind="compile", memory_space="vmem", requested_bytes=134217728, capacity_bytes=67108864),
+    "jax_7822_early_abort": dict(kind="early_abort", used_bytes=b("3.47E"), capacity_bytes=b("14.49G")),
+    "openxla_error_1000_early_abort_flag": dict(
+        kind="early_abort", used_bytes=b("3.84T"), capacity_bytes=b("90.96G")),
+    "openxla_error_1000_sparsecore": dict(
+        kind="compile", tensorcore_bytes=b("34.82G"), sparsecore_bytes=b("174.10G"),
+        used_bytes=b("34.82G") + b("174.10G"), capacity_bytes=b("95.74G")),
+    "colabtools_5126_runtime_alloc": dict(
+        kind="runtime_allocation", memory_space="hbm", requested_bytes=b("129.50M"), free_bytes=b("78.17M")),
+    "diffusers_8358_keras_runtime_alloc": dict(
+        kind="runtime_allocation", requested_bytes=b("4.39G"), free_bytes=b("2.30G")),
+    "pytorch_xla_8020_runtime_alloc_replica": dict(
+        kind="runtime_allocation", requested_bytes=b("196.00M"), free_bytes=b("134.44M"), framework="torch_xla"),
+    "mesh_transformer_jax_237_failed_to_allocate": dict(
+        kind="runtime_allocation", requested_bytes=33554432, free_bytes=None),
+    "pytorch_xla_1735_reserve_detailed": dict(
+        kind="reservation", requested_bytes=b("3.95G"), free_bytes=b("1.92G"), capacity_bytes=b("8.00G"),
+        reserved_bytes=554696704, currently_allocated_bytes=6532939776, arguments_bytes=b("478.07M"),
+        output_bytes=b("5.06G"), hlo_temp_bytes=b("3.93G"), unpadded_bytes=b("3.81G"),
+        padded_bytes=b("3.92G")),
+    "pytorch_xla_4847_reserve_glog": dict(kind="reservation", requested_bytes=b("7.04G"), free_bytes=b("6.90G")),
+    "openxla_error_0101_reserve": dict(kind="reservation", requested_bytes=b("29.49G"), free_bytes=b("147.64M")),
+    "pytorch_xla_1965_glog_entries": dict(kind="compile", memory_space="hbm"),
+    "tensorflow_30803_untiled_layouts": dict(kind="compile", memory_space="hbm"),
+}
+
+# name -> [(index, size, shape, unpadded, padding, expansion, op_name)] as printed
+ALLOCATIONS = {
+    "seed_tds_tpu_training_one_hot": [
+        (1, "14.00G", "s32[29360128,10]{1,0:T(8,128)}", "1.09G", "12.91G", 12.8, "model/loss/one_hot"),
+        (2, "2.62G", "f32[128,256,896,18]{0,3,2,1:T(8,128)}", "1.97G", "672.00M", 1.3, "model/layer_1/Conv2D"),
+    ],
+    "flowpm_27_arguments_unknown": [
+        (1, "32.00G", "s32[8388608,8,4]{2,1,0:T(8,128)}", "1.00G", "31.00G", 32.0, "slicewise_79/cic_update/FloorMod"),
+    ],
+    "pytorch_xla_3041_indented": [
+        (1, "570.00M", "f32[29184,2,2560]{2,1,0:T(2,128)}", "570.00M", None, None, None),
+        (2, "570.00M", "f32[29184,1,2560]{2,1,0:T(2,128)}", "285.00M", "285.00M", 2.0, None),
+    ],
+    "pytorch_xla_6674_bf16_transpose": [
+        (1, "4.00G", "bf16[2048,1,2048,128]{0,1,3,2:T(4,128)(2,1)}", "1.00G", "3.00G", 4.0, None),
+        (2, "4.00G", "bf16[2048,1,2048,128]{0,1,3,2:T(4,128)(2,1)}", "1.00G", "3.00G", 4.0, None),
+    ],
+    "pytorch_xla_1965_glog_entries": [
+        (3, "6.00G", "u32[12582912,1]{1,0:T(8,128)}", "48.00M", "5.95G", 128.0, None),
+    ],
+    "easydel_142_gemma_bf16": [
+        (1, "1.46G", "bf16[256000,3072]{1,0:T(8,128)(2,1)}", "1.46G", None, None,
+         "pjit(generate)/jit(main)/FlaxGemmaForCausalLMModule/model/embed_tokens/convert_element_type"
+         "[new_dtype=bfloat16 weak_type=False]"),
+        (2, "144.00M", None, None, None, None, None),
+    ],
+    "tensorflow_30803_untiled_layouts": [
+        (10, "64.00M", "f32[32,128,32,64]{3,0,2,1}", "32.00M", "32.00M", 2.0, "tpu_140280287273760/conv2d_32/Conv2D"),
+        (11, "64.00M", "f32[32,128,32,64]{3,0,2,1}", "32.00M", "32.00M", 2.0,
+         "tpu_140280287273760/conv2d_transpose_3/conv2d_transpose"),
+    ],
+    "pytorch_xla_7942_vmem_detailed": [
+        (1, "29.66M", None, None, None, None, None),
+        (2, "64.0K", "f32[128,3]{1,0}", "1.5K", None, None, None),
+    ],
+}
+
+
+def test_every_fixture_names_its_public_source():
+    files = sorted(FIXTURES.glob("*.txt"))
+    assert len(files) >= 12
+    for path in files:
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("# source: https://"), path.name
+    assert {p.stem for p in files} == set(EXPECTED), "every fixture has expected numbers"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_numbers_are_exactly_what_the_message_says(name):
+    report = report_of(FIXTURES / f"{name}.txt")
+    for key, value in EXPECTED[name].items():
+        assert getattr(report, key) == value, f"{name}: {key}"
+    assert report.notes == [], f"{name}: the log's own totals add up"
+
+
+@pytest.mark.parametrize("name", sorted(ALLOCATIONS))
+def test_allocations_are_listed_and_their_padding_recomputed(name):
+    report = report_of(FIXTURES / f"{name}.txt")
+    got = [(a.index, a.size_bytes, a.shape, a.unpadded_bytes, a.padding_bytes, a.expansion, a.op_name)
+           for a in report.allocations]
+    want = [(i, b(s), shape, b(u) if u else None, b(p) if p else None, x, op)
+            for i, s, shape, u, p, x, op in ALLOCATIONS[name]]
+    assert got == want
+    for entry in report.allocations:
+        assert entry.disagreements == [], f"{name} #{entry.index}: {entry.disagreements}"
+        if entry.shape:
+            assert entry.recomputed_padded_bytes is not None
+            # the tiling math reproduces the compiler's size within the printed precision
+            assert abs(entry.recomputed_padded_bytes - entry.size_bytes) <= analysis.size_tolerance(entry.size_text)
+
+
+def test_seed_one_hot_exactly():
+    report = report_of(FIXTURES / "seed_tds_tpu_training_one_hot.txt")
+    one_hot = report.allocations[0]
+    assert one_hot.recomputed_padded_bytes == 15032385536 == 14 << 30  # 14.00 GiB to the byte
+    assert one_hot.recomputed_unpadded_bytes == 29360128 * 10 * 4  # 1.09 GiB
+    assert one_hot.padded_dims == [(1, 10, 128)]  # the class dimension, 10 lanes padded to 128
+    assert one_hot.op_type == "OneHot"
+    estimate = analysis.estimate_batch(report, batch=128)
+    tips = advice.suggest(report, estimate)
+    assert tips[0]["kind"] == "padding" and "one_hot" in tips[0]["message"]
+    assert tips[0]["saving_bytes"] == 15032385536 - 29360128 * 10 * 4
+    assert "sparse" in tips[0]["message"]
+    # temporaries scale; 15.48G of 19.46G fits: 101 examples, rounded down to a multiple of 8
+    assert estimate.fixed_bytes == 0 and estimate.scaling_bytes == b("19.46G")
+    assert estimate.fitting_batch == 96 and estimate.confidence == "medium"
+    batch_tip = next(t for t in tips if t["kind"] == "batch_size")
+    assert "padding fix alone frees 12.91G" in batch_tip["message"]
+
+
+def test_untiled_layouts_are_recomputed_with_the_default_tile():
+    report = report_of(FIXTURES / "tensorflow_30803_untiled_layouts.txt")
+    for entry in report.allocations:
+        assert entry.assumed_tiling == "T(8,128)"
+        assert entry.recomputed_padded_bytes == 64 << 20 and entry.padded_dims == [(3, 64, 128)]
+
+
+def test_disagreement_between_log_and_tiling_is_flagged():
+    # The seed's shape with a size the compiler could not have printed for it.
+    report = OomReport("compile", "", memory_space="hbm", allocations=[OomAllocation(
+        index=1, size_bytes=b("2.00G"), size_text="2.00G", shape="s32[29360128,10]{1,0:T(8,128)}",
+        unpadded_bytes=b("1.09G"), unpadded_text="1.09G")])
+    analysis.recompute(report)
+    (message,) = report.allocations[0].disagreements
+    assert "2.00G" in message and "14.00G" in message
+
+
+def test_cut_shapes_are_reported_not_crashed_on():
+    report = OomReport("compile", "", allocations=[OomAllocation(index=2, shape="bf16[3072,24576]{1,0:T(8")])
+    analysis.recompute(report)
+    assert "could not be read" in report.allocations[0].disagreements[0]
+
+
+def test_arguments_larger_than_capacity_leave_no_batch_that_fits():
+    report = report_of(FIXTURES / "easydel_142_gemma_bf16.txt")
+    estimate = analysis.estimate_batch(report, batch=8)
+    assert estimate.fixed_bytes == b("30.21G") - b("14.31G") and estimate.scale < 0
+    assert "even a batch of 1 does not fit" in estimate.reason
+    kinds = [t["kind"] for t in advice.suggest(report, estimate)]
+    assert "sharding" in kinds and "batch_size" not in kinds
+
+
+def test_short_forms_say_how_to_get_more_detail():
+    report = report_of(FIXTURES / "openxla_error_1000_early_abort_flag.txt")
+    tips = advice.suggest(report, analysis.estimate_batch(report))
+    text = " ".join(t["message"] for t in tips if t["kind"] == "more_detail")
+    assert "--xla_tpu_impure_oom_fast_exit_threshold=-1" in text
+    assert "--xla_dump_to=" in text and "tpuprof preflight" in text
+
+
+@pytest.mark.parametrize("path", sorted(LIBTPU.glob("*.txt")), ids=lambda p: p.name)
+def test_current_libtpu_messages(path):
+    """libtpu 0.0.42.1's own words, from compiling an over-sized program for v5e on this machine."""
+    header, message = path.read_text().splitlines()[:2]
+    report = report_of(path)
+    assert report.kind == "compile" and report.memory_space == "hbm"
+    assert report.capacity_bytes == b("15.75G")  # v5e's compiler capacity (tpuprof.targets)
+    temp = message.split("HLO temporaries (")[1].split(")")[0]
+    assert report.hlo_temp_bytes == b(temp) and report.used_bytes is None
+    estimate = analysis.estimate_batch(report, batch=4096)
+    assert estimate.confidence == "low" and 0 < estimate.scale < 1
+    assert any(t["kind"] == "more_detail" for t in advice.suggest(report, estimate))
+
+
+def test_whole_training_log_streamed_across_chunk_boundaries(monkeypatch, tmp_path):
+    """One OOM in the middle of ordinary logging; tiny chunks put every boundary inside the message."""
+    message = (FIXTURES / "seed_tds_tpu_training_one_hot.txt").read_bytes()
+    noise = b"".join(b"I1121 10:00:%02d.000000 123 train.py:42] step %d loss=2.31 (padding: none)\n" % (i % 60, i)
+                     for i in range(2000))
+    log = tmp_path / "train.log"
+    log.write_bytes(noise + message + b"Traceback (most recent call last):\n  File \"t.py\", line 1\n" + noise)
+    expected = report_of(FIXTURES / "seed_tds_tpu_training_one_hot.txt").to_json()
+    expected_line = 2000 + expected.pop("line_number")
+    for chunk in (7, 4096, oom_log.CHUNK_BYTES):
+        monkeypatch.setattr(oom_log, "CHUNK_BYTES", chunk)
+        got = report_of(log).to_json()
+        assert got.pop("line_number") == expected_line
+        assert got == expected
+
+
+def test_most_detailed_message_wins_and_all_are_counted(tmp_path):
+    short = (FIXTURES / "tensorflow_tpu_598_glog_remat.txt").read_bytes()
+    detailed = (FIXTURES / "flowpm_27_arguments_unknown.txt").read_bytes()
+    log = tmp_path / "worker.log"
+    log.write_bytes(short + b"\n" * 10 + detailed + b"\n" * 10 + short)
+    report = report_of(log)
+    assert report.messages_found == 3 and report.used_bytes == b("41.74G") and report.allocations
+
+
+def run_cli(args, capsys, stdin: bytes | None = None, monkeypatch=None):
+    if stdin is not None:
+        class FakeStdin:
+            buffer = io.BytesIO(stdin)
+
+            def isatty(self):
+                return False
+        monkeypatch.setattr(sys, "stdin", FakeStdin())
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+        raise SystemExit(0)
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def test_json_contract(capsys):
+    code, out, err = run_cli(["oom", str(FIXTURES / "seed_tds_tpu_training_one_hot.txt"), "--json", "--batch", "128"],
+                             capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    for key in ("kind", "memory_space", "used_bytes", "capacity_bytes", "exceeded_bytes", "hlo_temp_bytes",
+                "unpadded_bytes", "padded_bytes", "allocations", "suggestions"):
+        assert key in doc
+    assert "requested_bytes" not in doc and "free_bytes" not in doc  # the log does not give them
+    assert doc["used_bytes"] == b("19.46G") and isinstance(doc["used_bytes"], int)
+    first = doc["allocations"][0]
+    assert {"size_bytes", "shape", "unpadded_bytes", "padding_bytes", "expansion", "op_name",
+            "allocation_type"} <= set(first)
+    assert first["padding_bytes"] == b("12.91G")
+    assert all({"kind", "message"} <= set(s) for s in doc["suggestions"])
+
+
+def test_stdin_and_human_output(capsys, monkeypatch):
+    text = (FIXTURES / "colabtools_5126_runtime_alloc.txt").read_bytes()
+    code, out, err = run_cli(["oom", "-"], capsys, stdin=text, monkeypatch=monkeypatch)
+    assert code == 0, err
+    assert "129.50M" in out and "78.17M" in out and "live_buffers" in out
+
+
+@pytest.mark.parametrize("content", [
+    b"",
+    b"I1121 10:00:00 train.py:42] step 1 loss=2.3\nEpoch 1/10 - 12s - accuracy: 0.91\nTraining complete.\n",
+    bytes(range(256)) * 4096,  # binary junk, no newlines worth the name
+], ids=["empty", "normal_log", "binary"])
+def test_no_oom_is_exit_2_with_one_sentence(content, tmp_path, capsys):
+    path = tmp_path / "log.txt"
+    path.write_bytes(content)
+    code, out, err = run_cli(["oom", str(path)], capsys)
+    assert code == 2 and out == ""
+    assert err.strip() == f"tpuprof: no TPU out-of-memory error found in {path}."
+
+
+def test_bad_input_is_one_sentence(tmp_path, capsys):
+    code, out, err = run_cli(["oom", str(tmp_path / "missing.log")], capsys)
+    assert code == 2 and "cannot read" in err and "Traceback" not in err
+    code, out, err = run_cli(["oom", str(FIXTURES / "trax_270_reformer.txt"), "--batch", "0"], capsys)
+    assert code == 2 and "--batch" in err
+
+
+def test_oom_imports_neither_tensorflow_nor_jax():
+    code = ("import sys; from tpuprof.cli import main\n"
+            "try:\n    main(['oom', sys.argv[1], '--json'])\nexcept SystemExit:\n    pass\n"
+            "heavy = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'jax', 'jaxlib')]\n"
+            "print('HEAVY', heavy, file=sys.stderr)\n")
+    result = subprocess.run([sys.executable, "-c", code, str(FIXTURES / "seed_tds_tpu_training_one_hot.txt")],
+                            capture_output=True, text=True, timeout=60)
+    assert "HEAVY []" in result.stderr, result.stderr[-2000:]
+    assert json.loads(result.stdout)["kind"] == "compile"

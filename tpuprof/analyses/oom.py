@@ -1,0 +1,472 @@
+"""Triage of TPU out-of-memory messages: read every form XLA:TPU and its runtimes print, recompute
+each listed buffer's padding from its shape, and estimate the batch that would fit.
+
+The parser searches the whole message with patterns rather than walking fixed lines: real pastes join
+lines ("arguments 0BOutput size 0B"), split them ("Used 21.95G of 15.48G hbm.\\n Exceeded ..."),
+prefix them with glog headers, indent them, or cut them short.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import BinaryIO, Iterable
+
+from tpuprof.errors import UserError
+from tpuprof.models import shape as shapes
+from tpuprof.models.oom import (
+    COMPILE, EARLY_ABORT, RESERVATION, RUNTIME_ALLOCATION,
+    BatchEstimate, OomAllocation, OomReport,
+)
+from tpuprof.sources import oom_log
+
+UNITS = "BKMGTPE"  # XLA prints sizes in powers of 1024 (HumanReadableNumBytes)
+_SIZE = r"(-?\d+(?:\.\d+)?)\s?([KMGTPE]?)(?:iB|B)?"
+_EXACT = r"(?:\s*\(\s*([\d,]+)\s*(?:bytes|B)\s*\))?"  # "6.08G (6,532,939,776 bytes)", "32.00MiB (33554432B)"
+
+
+def size_bytes(number: str, unit: str) -> int:
+    return int(round(float(number) * 1024 ** UNITS.index(unit or "B")))
+
+
+def size_tolerance(text: str | None) -> float:
+    """Half a unit in the last printed digit: '14.00G' is exact to 0.005 GiB."""
+    if not text:
+        return 0.0
+    match = re.fullmatch(_SIZE, text.strip())
+    if not match:
+        return 0.0
+    number, unit = match.groups()
+    decimals = len(number.split(".")[1]) if "." in number else 0
+    return 0.5 * 10 ** -decimals * 1024 ** UNITS.index(unit or "B") + 1
+
+
+def _size(pattern: str, text: str, flags: int = 0) -> int | None:
+    """The first size captured by `pattern`, where the pattern's SIZE groups come first."""
+    match = re.search(pattern, text, flags)
+    if not match:
+        return None
+    return _from_groups(match.groups())
+
+
+def _from_groups(groups) -> int | None:
+    number, unit = groups[0], groups[1]
+    exact = groups[2] if len(groups) > 2 else None
+    if exact:
+        return int(exact.replace(",", ""))
+    return size_bytes(number, unit)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing
+# ---------------------------------------------------------------------------------------------
+
+def parse_message(text: str) -> OomReport | None:
+    """Read one out-of-memory message. None when the text holds no recognisable TPU OOM."""
+    report = _headline(text)
+    details = _details(text)
+    allocations = _allocations(text)
+    if report is None and not details and not allocations:
+        return None
+    if report is None:
+        # Only the breakdown or the allocation list survived the paste: both are compile-time reports.
+        report = OomReport(kind=COMPILE, headline=_first_line(text))
+    for key, value in details.items():
+        if key == "arguments_unknown":
+            report.arguments_unknown = value
+        elif getattr(report, key) is None:
+            setattr(report, key, value)
+    report.allocations = allocations
+    if report.memory_space is None and allocations:
+        report.memory_space = "hbm"
+    return report
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def _line_of(text: str, position: int) -> str:
+    start = text.rfind("\n", 0, position) + 1
+    end = text.find("\n", position)
+    return text[start:end if end >= 0 else len(text)].strip()
+
+
+def _headline(text: str) -> OomReport | None:
+    s = _SIZE
+    match = re.search(r"Ran out of memory in memory space (\w+)", text)
+    if match:
+        space = match.group(1).lower()
+        report = OomReport(COMPILE, _line_of(text, match.start()), memory_space=space)
+        used = re.search(rf"Used\s+{s}\s+of\s+{s}\s+{space}", text, re.I)
+        if used:
+            report.used_bytes = size_bytes(*used.groups()[:2])
+            report.capacity_bytes = size_bytes(*used.groups()[2:4])
+        report.exceeded_bytes = _size(rf"Exceeded\s+{space}\s+capacity\s+by\s+{s}", text, re.I)
+        return report
+    match = re.search(rf"Ran out of memory on (\w+),(.{{0,200}}?)\({s}\)\s*exceeds available \w+\s*\({s}\)", text)
+    if match:
+        space, what = match.group(1).lower(), match.group(2)
+        report = OomReport(COMPILE, _line_of(text, match.start()), memory_space=space)
+        required = size_bytes(*match.groups()[2:4])
+        if "temporar" in what:
+            report.hlo_temp_bytes = required
+        else:
+            report.used_bytes = required
+        report.capacity_bytes = size_bytes(*match.groups()[4:6])
+        return report
+    match = re.search(rf"Aborting compilation early[^.]*\.\s*Requires\s+{s},\s*has\s+{s}\s+available", text)
+    if match:
+        report = OomReport(EARLY_ABORT, _line_of(text, match.start()), memory_space="hbm")
+        report.used_bytes = size_bytes(*match.groups()[:2])
+        report.capacity_bytes = size_bytes(*match.groups()[2:4])
+        return report
+    match = re.search(
+        rf"TensorCore Hbm usage:?\s*{s},\s*SparseCore Hbm usage:?\s*{s},\s*exceeding available bytes:?\s*{s}",
+        text, re.I)
+    if match:
+        report = OomReport(COMPILE, _line_of(text, match.start()), memory_space="hbm")
+        report.tensorcore_bytes = size_bytes(*match.groups()[:2])
+        report.sparsecore_bytes = size_bytes(*match.groups()[2:4])
+        report.used_bytes = report.tensorcore_bytes + report.sparsecore_bytes
+        report.capacity_bytes = size_bytes(*match.groups()[4:6])
+        return report
+    match = re.search(rf"Attempting to reserve\s+{s}{_EXACT}\s+at the bottom of memory", text)
+    if match:
+        report = OomReport(RESERVATION, _line_of(text, match.start()), memory_space="hbm")
+        report.requested_bytes = _from_groups(match.groups())
+        report.free_bytes = _size(rf"There are\s+{s}\s+free", text[match.end():])
+        report.capacity_bytes = _size(rf"HBM capacity\s+{s}", text)
+        report.reserved_bytes = _size(rf"Top-of-Memory reserved:\s*{s}{_EXACT}", text)
+        report.currently_allocated_bytes = _size(rf"Currently allocated:\s*{s}{_EXACT}", text)
+        return report
+    match = re.search(rf"Attempting to allocate\s+{s}{_EXACT}", text)
+    if match:
+        report = OomReport(RUNTIME_ALLOCATION, _line_of(text, match.start()), memory_space=_space_tag(text))
+        report.requested_bytes = _from_groups(match.groups())
+        report.free_bytes = _size(rf"There are\s+{s}\s+free", text[match.end():])
+        return report
+    match = re.search(rf"Failed to allocate request for\s+{s}{_EXACT}", text)
+    if match:
+        report = OomReport(RUNTIME_ALLOCATION, _line_of(text, match.start()), memory_space="hbm")
+        report.requested_bytes = _from_groups(match.groups())
+        return report
+    match = re.search(r"Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)", text)
+    if match:
+        space = re.search(r"space=(\w+)", text[match.end():])
+        report = OomReport(COMPILE, _line_of(text, match.start()),
+                           memory_space=space.group(1).lower() if space else None)
+        report.requested_bytes, report.capacity_bytes = int(match.group(1)), int(match.group(2))
+        return report
+    return None
+
+
+def _space_tag(text: str) -> str:
+    match = re.search(r"_(HBM|VMEM|SMEM)\d*\)", text)
+    return match.group(1).lower() if match else "hbm"
+
+
+def _details(text: str) -> dict:
+    """The 'Total hbm usage' and 'Program hbm requirement' breakdowns."""
+    s = _SIZE
+    out: dict = {}
+    total = re.search(rf"Total (\w+) usage\s*>=\s*{s}", text)
+    program_req = re.search(rf"Program (\w+) requirement\s+{s}", text)
+    if total:
+        out["memory_space"] = total.group(1).lower()
+        out["total_bytes"] = size_bytes(*total.groups()[1:3])
+        section = text[total.end():program_req.start() if program_req and program_req.start() > total.end() else None]
+        reserved = re.search(rf"reserved\S*\s+{s}", section)
+        if reserved:
+            out["reserved_bytes"] = size_bytes(*reserved.groups())
+        program = re.search(rf"\bprogram\s+{s}", section)
+        if program:
+            out["program_bytes"] = size_bytes(*program.groups())
+        if re.search(r"\barguments\s+unknown size", section):
+            out["arguments_unknown"] = True
+    arguments = re.search(rf"\barguments\s+{s}", text)
+    if arguments:
+        out["arguments_bytes"] = size_bytes(*arguments.groups())
+    output = re.search(rf"Output size\s+{s}", text) or re.search(rf"\n\s*output\s+{s}", text)
+    if output:
+        out["output_bytes"] = size_bytes(*output.groups())
+    if program_req:
+        out.setdefault("memory_space", program_req.group(1).lower())
+        out.setdefault("program_bytes", size_bytes(*program_req.groups()[1:3]))
+        section = text[program_req.end():]
+        for key in ("global", "scoped"):
+            match = re.search(rf"\b{key}\s+{s}", section)
+            if match:
+                out[f"{key}_bytes"] = size_bytes(*match.groups())
+        temp = re.search(
+            rf"HLO temp\s+{s}\s*\(\s*([\d.]+)% utilization"
+            rf"(?::\s*Unpadded \({s}\)\s*Padded \({s}\))?,\s*([\d.]+)% fragmentation \({s}\)\)",
+            section)
+        if temp:
+            g = temp.groups()
+            out["hlo_temp_bytes"] = size_bytes(g[0], g[1])
+            out["utilization"] = float(g[2])
+            if g[3] is not None:
+                out["unpadded_bytes"] = size_bytes(g[3], g[4])
+                out["padded_bytes"] = size_bytes(g[5], g[6])
+            out["fragmentation_bytes"] = size_bytes(g[8], g[9])
+        else:
+            temp = re.search(rf"HLO temp\s+{s}", section)
+            if temp:
+                out["hlo_temp_bytes"] = size_bytes(*temp.groups())
+    return out
+
+
+_ENTRY = re.compile(r"(?:^|(?<=\s))(\d+)\.\s+(?=Size:|Operator:|Shape:)", re.M)
+
+
+def _allocations(text: str) -> list[OomAllocation]:
+    listed = re.search(r"Largest program allocations in \w+:?", text)
+    body = text[listed.end():] if listed else text
+    starts = list(_ENTRY.finditer(body))
+    entries = []
+    for i, start in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(body)
+        entries.append(_entry(int(start.group(1)), body[start.end():end]))
+    return entries
+
+
+def _entry(index: int, text: str) -> OomAllocation:
+    s = _SIZE
+    entry = OomAllocation(index=index)
+    match = re.search(rf"Size:\s*({s})", text)
+    if match:
+        entry.size_text = match.group(1)
+        entry.size_bytes = size_bytes(match.group(2), match.group(3))
+    match = re.search(rf"Unpadded size:\s*({s})", text)
+    if match:
+        entry.unpadded_text = match.group(1)
+        entry.unpadded_bytes = size_bytes(match.group(2), match.group(3))
+    match = re.search(rf"Extra memory due to padding:\s*{s}\s*\(\s*([\d.]+)x expansion\)", text)
+    if match:
+        entry.padding_bytes = size_bytes(match.group(1), match.group(2))
+        entry.expansion = float(match.group(3))
+    match = re.search(r"Shape:\s*", text)
+    if match:
+        entry.shape = _shape_token(text, match.end())
+    match = re.search(r"Operator:\s*(.*)", text)
+    if match:
+        operator = match.group(1)
+        op_type = re.search(r'op_type="((?:[^"\\]|\\.)*)"', operator)
+        op_name = re.search(r'op_name="((?:[^"\\]|\\.)*)(?:"|$)', operator)
+        source_file = re.search(r'source_file="([^"]*)"', operator)
+        source_line = re.search(r"source_line=(\d+)", operator)
+        entry.op_type = op_type.group(1) if op_type else None
+        entry.op_name = op_name.group(1).replace("\\n", " ").strip() if op_name else None
+        if source_file:
+            entry.source = source_file.group(1) + (f":{source_line.group(1)}" if source_line else "")
+    match = re.search(r"XLA label:\s*(.*)", text)
+    if match:
+        entry.xla_label = match.group(1).strip()
+    match = re.search(r"Allocation type:\s*([^\n=]*)", text)
+    if match:
+        entry.allocation_type = match.group(1).strip() or None
+    return entry
+
+
+def _shape_token(text: str, pos: int) -> str | None:
+    """The shape after 'Shape:': a token up to whitespace, or a whole parenthesised tuple."""
+    if text.startswith("(", pos):
+        depth = 0
+        for i in range(pos, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[pos:i + 1]
+        return text[pos:].split("\n")[0]
+    match = re.match(r"\S+", text[pos:])
+    return match.group(0) if match else None
+
+
+def detect_framework(text: str) -> str | None:
+    if re.search(r"torch_xla|pt-xla|xla_client/xla_util|Bad StatusOr access|XRTCompile|tpu_worker", text):
+        return "torch_xla"
+    if re.search(r"jaxlib|XlaRuntimeError|JaxRuntimeError|jax\._src|\bjax\.|pjit\(|jit\(", text):
+        return "jax"
+    if re.search(r"tensorflow|ResourceExhaustedError|__inference_|Resource exhausted|keras|/job:worker", text):
+        return "tensorflow"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding the message in a log
+# ---------------------------------------------------------------------------------------------
+
+def _detail_score(report: OomReport) -> int:
+    fields = sum(v is not None for k, v in vars(report).items() if k.endswith("_bytes"))
+    return fields + 2 * len(report.allocations)
+
+
+def find_in_stream(stream: BinaryIO, target: str | None = None) -> OomReport | None:
+    """The most detailed OOM message of a log (the first one among equals), analysed."""
+    best: OomReport | None = None
+    found = 0
+    for block in oom_log.iter_oom_blocks(stream):
+        report = parse_message(block.text)
+        if report is None:
+            continue
+        found += 1
+        if best is None or _detail_score(report) > _detail_score(best):
+            report.line_number = block.line_number
+            report.framework = detect_framework(block.context + "\n" + block.text)
+            best = report
+    if best is None:
+        return None
+    best.messages_found = found
+    recompute(best, target)
+    check_totals(best)
+    return best
+
+
+# ---------------------------------------------------------------------------------------------
+# Recomputing padding and checking the log's own arithmetic
+# ---------------------------------------------------------------------------------------------
+
+def recompute(report: OomReport, target: str | None = None) -> None:
+    for entry in report.allocations:
+        if not entry.shape:
+            continue
+        try:
+            shape = shapes.parse_shape(entry.shape)
+        except (UserError, ValueError, IndexError):
+            entry.disagreements.append(f"the shape {entry.shape} could not be read (cut short?)")
+            continue
+        if shape.is_tuple:
+            continue
+        entry.dtype, entry.dims = shape.dtype, shape.dims
+        layout = shape.layout
+        if layout is not None and not layout.tiles and len(shape.dims) >= 2 \
+                and report.memory_space in ("hbm", "vmem", None) and layout.minor_to_major:
+            # Older logs print layouts without tiles; XLA:TPU tiles 2-D+ arrays' two minor dims by
+            # (8, 128) for 16- and 32-bit types, which is what the sizes in such logs show.
+            if shapes.ELEMENT_BITS.get(shape.dtype, 0) >= 16:
+                layout = shapes.Layout(layout.minor_to_major, ((8, 128),), layout.element_size_in_bits,
+                                       layout.tail_padding_alignment, layout.memory_space)
+                shape = shapes.Shape(shape.dtype, shape.dims, layout)
+                entry.assumed_tiling = "T(8,128)"
+        entry.recomputed_padded_bytes = shape.padded_bytes()
+        entry.recomputed_unpadded_bytes = shape.unpadded_bytes()
+        entry.padded_dims = shape.padded_dims()
+        _compare(entry, "size", entry.size_bytes, entry.size_text, entry.recomputed_padded_bytes)
+        _compare(entry, "unpadded size", entry.unpadded_bytes, entry.unpadded_text,
+                 entry.recomputed_unpadded_bytes)
+
+
+def _compare(entry: OomAllocation, what: str, logged: int | None, text: str | None, exact: int) -> None:
+    if logged is None:
+        return
+    if abs(logged - exact) > size_tolerance(text):
+        entry.disagreements.append(
+            f"the log's {what} {text} disagrees with the tiling math: {format_bytes(exact)} "
+            f"({exact:,} bytes) for {entry.shape}"
+            + (f" with the assumed {entry.assumed_tiling}" if entry.assumed_tiling else ""))
+
+
+def check_totals(report: OomReport) -> None:
+    """Flag where the log's own numbers do not add up (beyond the rounding of what it prints)."""
+    slack = 0.011 * 1024 ** 3  # two values rounded to 0.01G each, plus one printed digit
+
+    def near(a: int, b: int, scale: int) -> bool:
+        return abs(a - b) <= max(slack, 0.002 * scale)
+
+    if report.used_bytes is not None and report.capacity_bytes is not None and report.exceeded_bytes is not None:
+        if not near(report.used_bytes - report.capacity_bytes, report.exceeded_bytes, report.used_bytes):
+            report.notes.append(
+                f"used {format_bytes(report.used_bytes)} - capacity {format_bytes(report.capacity_bytes)} "
+                f"is not the logged excess {format_bytes(report.exceeded_bytes)}")
+    if report.padded_bytes is not None and report.hlo_temp_bytes is not None and report.utilization is not None \
+            and report.unpadded_bytes is not None and report.padded_bytes:
+        ratio = 100.0 * report.unpadded_bytes / report.hlo_temp_bytes
+        if abs(ratio - report.utilization) > 1.5:
+            report.notes.append(
+                f"HLO temp utilisation {report.utilization}% does not match unpadded/HLO temp = {ratio:.1f}%")
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch estimate
+# ---------------------------------------------------------------------------------------------
+
+def shared_dimension(allocations: Iterable[OomAllocation], batch: int | None = None) -> tuple[int | None, float]:
+    """The dimension size present in most of the listed bytes (the batch, or a sequence length)."""
+    weights: dict[int, int] = {}
+    total = 0
+    for entry in allocations:
+        size = entry.size_bytes or entry.recomputed_padded_bytes or 0
+        if not entry.dims or not size:
+            continue
+        total += size
+        for dim in set(entry.dims):
+            if dim > 1:
+                weights[dim] = weights.get(dim, 0) + size
+    if not total or not weights:
+        return None, 0.0
+    if batch and batch in weights:
+        return batch, weights[batch] / total
+    dim = max(weights, key=lambda d: (weights[d], d))
+    return dim, weights[dim] / total
+
+
+def estimate_batch(report: OomReport, batch: int | None = None, capacity: int | None = None) -> BatchEstimate:
+    capacity = report.capacity_bytes or capacity
+    if report.kind in (RUNTIME_ALLOCATION, RESERVATION):
+        return BatchEstimate(None, "none", "a run-time allocation failed: the memory is held by other live "
+                             "buffers, so the program's batch is not what to shrink first")
+    if report.memory_space in ("vmem", "smem"):
+        return BatchEstimate(None, "none", f"{report.memory_space} is per-kernel scratch memory: it does not "
+                             "grow with the batch")
+    dim, share = shared_dimension(report.allocations, batch)
+    used = report.used_bytes
+    if used is None and report.program_bytes is not None:
+        used = report.program_bytes + (report.arguments_bytes or 0)
+    if used is None and report.hlo_temp_bytes is not None and report.kind == COMPILE:
+        used = report.hlo_temp_bytes  # "HLO temporaries (X) exceed available HBM": arguments are not in X
+    if used is None or not capacity:
+        return BatchEstimate(None, "none", "the message gives no total and no capacity (pass --target)")
+    temp = report.hlo_temp_bytes
+    if report.kind == EARLY_ABORT or used > 50 * capacity:
+        return BatchEstimate(None, "none", "the program needs "
+                             f"{used / capacity:,.0f}x the memory: a shape is far larger than intended, "
+                             "which a smaller batch will not fix", current_batch=batch)
+    if temp is not None and temp <= used and report.arguments_unknown is False \
+            and (report.used_bytes is not None or report.program_bytes is not None):
+        fixed = used - temp
+        scale = (capacity - fixed) / temp if temp else None
+        confidence = "high" if dim is not None and share >= 0.6 and len(report.allocations) >= 2 else "medium"
+        reason = (f"temporaries ({format_bytes(temp)}) scale with the batch; the rest "
+                  f"({format_bytes(fixed)}: arguments, globals) does not")
+        if dim is not None and share >= 0.6:
+            reason += f"; a dimension of {dim} is in {share:.0%} of the listed bytes"
+        estimate = BatchEstimate(scale, confidence, reason, fixed_bytes=fixed, scaling_bytes=temp)
+    else:
+        estimate = BatchEstimate(capacity / used, "low",
+                                 "only the total is known: assumes all of it scales with the batch, so this "
+                                 "is an upper bound (parameters and optimizer state do not shrink)",
+                                 scaling_bytes=used)
+    estimate.batch_dim = dim if share >= 0.5 else None
+    estimate.batch_dim_share = share if estimate.batch_dim else None
+    if estimate.scale is not None and estimate.scale <= 0:
+        estimate.reason += ": even a batch of 1 does not fit, the fixed part alone exceeds the capacity"
+    estimate.current_batch = batch
+    if batch and estimate.scale is not None and estimate.scale > 0:
+        fitting = math.floor(batch * min(estimate.scale, 1.0))
+        if fitting >= 16:
+            fitting -= fitting % 8  # TPU-friendly: keeps the batch a multiple of the sublane tile
+        estimate.fitting_batch = max(fitting, 0)
+    return estimate
+
+
+def format_bytes(value: int | None) -> str:
+    """Like XLA prints sizes: powers of 1024, two decimals."""
+    if value is None:
+        return "-"
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    for unit in UNITS:
+        if value < 1024 or unit == UNITS[-1]:
+            return f"{sign}{value}B" if unit == "B" else f"{sign}{value:.2f}{unit}"
+        value /= 1024
+    return f"{sign}{value}"

@@ -1,0 +1,113 @@
+"""Human output of `tpuprof oom`: what failed, the numbers, every listed buffer checked, the fixes."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape as e
+from rich.table import Table
+
+from tpuprof.analyses.oom import format_bytes as fmt
+from tpuprof.models.oom import BatchEstimate, OomReport
+
+KIND_TEXT = {
+    "compile": "compile time: the program does not fit",
+    "early_abort": "compile time: the compiler gave up early",
+    "runtime_allocation": "run time: a device buffer could not be allocated",
+    "reservation": "run time: the program's memory could not be reserved when loading it",
+}
+
+
+def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], source: str,
+           dump_rows: list[dict] | None = None, console: Console | None = None) -> None:
+    console = console or Console(highlight=False)
+    where = f"{source}, line {report.line_number}" if report.line_number else source
+    console.print(f"[bold]TPU out of memory[/bold] ({e(where)})")
+    console.print(f"  {e(report.headline[:300])}")
+    if report.messages_found > 1:
+        console.print(f"  {report.messages_found} out-of-memory messages in the log; this is the most detailed.")
+    console.print()
+
+    summary = Table(show_header=False, box=None, pad_edge=False)
+    summary.add_column(style="bold")
+    summary.add_column()
+    summary.add_row("kind", KIND_TEXT.get(report.kind, report.kind))
+    if report.memory_space:
+        summary.add_row("memory space", report.memory_space)
+    if report.framework:
+        summary.add_row("framework", report.framework)
+    rows = [
+        ("used", report.used_bytes), ("capacity", report.capacity_bytes), ("exceeded by", report.exceeded_bytes),
+        ("requested", report.requested_bytes), ("free", report.free_bytes),
+        ("total usage", report.total_bytes), ("reserved", report.reserved_bytes),
+        ("program", report.program_bytes), ("arguments", report.arguments_bytes),
+        ("output", report.output_bytes), ("currently allocated", report.currently_allocated_bytes),
+        ("TensorCore", report.tensorcore_bytes), ("SparseCore", report.sparsecore_bytes),
+        ("global", report.global_bytes), ("scoped", report.scoped_bytes),
+    ]
+    for label, value in rows:
+        if value is not None:
+            summary.add_row(label, fmt(value))
+    if report.arguments_unknown:
+        summary.add_row("arguments", "unknown size")
+    if report.hlo_temp_bytes is not None:
+        temp = fmt(report.hlo_temp_bytes)
+        if report.unpadded_bytes is not None:
+            temp += (f"  (unpadded {fmt(report.unpadded_bytes)}, padded {fmt(report.padded_bytes)}, "
+                     f"{report.utilization}% utilization)")
+        elif report.utilization is not None:
+            temp += f"  ({report.utilization}% utilization)"
+        summary.add_row("HLO temp", temp)
+    console.print(summary)
+    for note in report.notes:
+        console.print(f"[yellow]! {e(note)}[/yellow]")
+
+    if report.allocations:
+        console.print()
+        table = Table(title="Largest allocations (log) with padding recomputed from the shape", title_justify="left")
+        for column, justify in (("#", "right"), ("size", "right"), ("shape", "left"), ("unpadded", "right"),
+                                ("x", "right"), ("recomputed", "right"), ("op", "left")):
+            table.add_column(column, justify=justify, overflow="fold")
+        for entry in report.allocations:
+            size = entry.size_bytes
+            unpadded = entry.unpadded_bytes if entry.unpadded_bytes is not None else entry.recomputed_unpadded_bytes
+            expansion = entry.expansion or (size / unpadded if size and unpadded else None)
+            check = "-"
+            if entry.recomputed_padded_bytes is not None:
+                check = fmt(entry.recomputed_padded_bytes) + (" [red]≠[/red]" if entry.disagreements else " ✓")
+                if entry.assumed_tiling:
+                    check += f" ({entry.assumed_tiling}?)"
+            op = entry.op_name or entry.op_type or (entry.xla_label or "")
+            if len(op) > 60:
+                op = op[:57] + "..."
+            table.add_row(str(entry.index or ""), fmt(size), e(entry.shape or ""), fmt(unpadded),
+                          f"{expansion:.1f}" if expansion else "", check, e(op))
+        console.print(table)
+        for entry in report.allocations:
+            for message in entry.disagreements:
+                console.print(f"[yellow]! allocation {entry.index}: {e(message)}[/yellow]")
+
+    if dump_rows:
+        console.print()
+        table = Table(title="Joined with the dump's buffer assignment", title_justify="left")
+        for column in ("#", "instruction", "size", "unpadded", "op"):
+            table.add_column(column, overflow="fold")
+        for row in dump_rows:
+            table.add_row(str(row.get("index", "")), e(row["instruction"]), fmt(row["size_bytes"]),
+                          fmt(row["unpadded_bytes"]), e(row.get("op_name", "")))
+        console.print(table)
+
+    console.print()
+    if estimate.scale is not None and estimate.scale >= 1:
+        console.print(f"batch estimate: the program fits the capacity at the current batch ({e(estimate.reason)}).")
+    elif estimate.scale is not None:
+        line = f"batch estimate: {estimate.scale:.0%} of the current batch fits"
+        if estimate.fitting_batch is not None:
+            line += f" (≈{estimate.fitting_batch})"
+        console.print(f"{line}; confidence {estimate.confidence}: {e(estimate.reason)}.")
+    else:
+        console.print(f"batch estimate: none ({e(estimate.reason)}).")
+    console.print()
+    console.print("[bold]Causes and fixes, largest first[/bold]")
+    for i, item in enumerate(suggestions, 1):
+        saving = f" [dim](frees ≈{fmt(item['saving_bytes'])})[/dim]" if item.get("saving_bytes") else ""
+        console.print(f"{i}. [bold]{item['kind']}[/bold]{saving}: {e(item['message'])}")

@@ -1,0 +1,177 @@
+"""Find TPU out-of-memory messages in a pasted error, a file, stdin or a whole training log.
+
+The log is streamed in large chunks and searched with one compiled bytes regex, so a 1 GB log costs
+one pass at regex speed and bounded memory; only the few lines around a hit are decoded and split.
+A message ends after a run of lines that look like none of its parts (a traceback, the next step's
+logging), so the glog prefixes, blank lines and wrapped lines inside a message do not cut it short.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import BinaryIO, Iterator
+
+CHUNK_BYTES = 8 << 20
+MAX_LINE_BYTES = 1 << 16  # longer lines (binary junk, minified dumps) are truncated
+MAX_BLOCK_LINES = 5000
+MAX_BLOCK_BYTES = 2 << 20
+END_AFTER_UNRELATED_LINES = 6
+CONTEXT_BYTES = 4096  # what precedes a message, kept to tell the framework (traceback, exception type)
+
+# Any of these starts (or is inside) an out-of-memory message.
+TRIGGER = re.compile(
+    rb"Ran out of memory in memory space|Ran out of memory on HBM|Aborting compilation early"
+    rb"|Hbm usage:|Attempting to allocate|Attempting to reserve|Failed to allocate request for"
+    rb"|would exceed memory \(size=|Total hbm usage >=|Program hbm requirement"
+    rb"|Largest program allocations in|Extra memory due to padding:|\d\\?\. Size: "
+)
+
+# Lines that belong to a message (searched anywhere in the line, so log prefixes do not matter).
+_PART = re.compile(
+    r"Size:|Operator:|Shape:|Unpadded size:|Extra memory due to padding|XLA label:|Allocation type:"
+    r"|={10,}|-{8,}|Total \w+ usage|Program \w+ requirement|Largest program allocations|Output size"
+    r"|^\W*(?:reserved|program|arguments|global|scoped|HLO temp|overlays|output|heap allocations)\b"
+    r"|HBM capacity|Top-of-Memory|Currently allocated|Program requirement|Available after request"
+    r"|Heap allocator status|Max free chunk|Persistent allocations|attempting reservation"
+    r"|Ran out of memory|Attempting to|Exceeded \w+ capacity|Hbm usage|Aborting compilation"
+    r"|Failed to allocate|would exceed memory"
+)
+
+# Log-line prefixes: timestamps, glog/absl headers, Python logging, process tags, quoting.
+_PREFIXES = [
+    re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?:?\s+"),
+    re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+[\w./-]+:\d+\]\s?"),
+    re.compile(r"^[IWEF](?:\s+\d+)?\s+[\w./-]+:\d+\]\s?"),
+    re.compile(r"^(?:INFO|WARNING|ERROR|CRITICAL|DEBUG|FATAL):[\w.-]*:\s?"),
+    re.compile(r"^\[[^\]\n]{1,40}\](?:<\w+>)?:?\s"),
+    re.compile(r"^\((?:pid=\d+|\d+)[^)]{0,40}\)\s"),
+    re.compile(r"^>\s?"),
+]
+_MARKDOWN = re.compile(r"\*\*|`")
+
+
+def clean_line(line: str) -> str:
+    """Strip log prefixes and markdown residue, keeping the message's own indentation."""
+    line = line.rstrip("\r\n")
+    for _ in range(3):  # prefixes nest: "2020-05-04 09:05:40.72: E 1578 xla_util.cc:76] "
+        before = line
+        for prefix in _PREFIXES:
+            line = prefix.sub("", line, count=1)
+        if line == before:
+            break
+    line = _MARKDOWN.sub("", line)
+    return line.replace("\\.", ".")
+
+
+@dataclass
+class OomBlock:
+    text: str  # the message's lines, cleaned
+    line_number: int  # 1-based line of the log where it starts
+    context: str  # up to CONTEXT_BYTES of log before it, for framework detection
+
+
+class _Stream:
+    """A binary stream read in chunks; `pos` is always at the start of a line."""
+
+    def __init__(self, stream: BinaryIO):
+        self.stream = stream
+        self.buf = b""
+        self.pos = 0
+        self.eof = False
+        self.line_number = 1  # of the line at `pos`
+        self._counted_to = 0  # newlines before this offset in `buf` are already counted
+
+    def _fill(self) -> bool:
+        if self.eof:
+            return False
+        chunk = self.stream.read(CHUNK_BYTES)
+        if not chunk:
+            self.eof = True
+            return False
+        keep_from = max(0, self.pos - CONTEXT_BYTES)
+        self.buf = self.buf[keep_from:] + chunk
+        self.pos -= keep_from
+        self._counted_to -= keep_from
+        return True
+
+    def _advance(self, new_pos: int) -> None:
+        self.line_number += self.buf.count(b"\n", max(self.pos, self._counted_to), new_pos)
+        self.pos = new_pos
+        self._counted_to = new_pos
+
+    def next_trigger(self) -> bool:
+        """Move to the start of the next line holding a trigger; False at the end of the stream."""
+        while True:
+            match = TRIGGER.search(self.buf, self.pos)
+            if match:
+                self._advance(self.buf.rfind(b"\n", self.pos, match.start()) + 1 or self.pos)
+                return True
+            # Keep the last partial line: a trigger may straddle the chunk boundary. A "line" with
+            # no newline for megabytes (binary junk) keeps only its tail.
+            last_newline = self.buf.rfind(b"\n", self.pos)
+            if last_newline >= 0:
+                self._advance(last_newline + 1)
+            if len(self.buf) - self.pos > MAX_LINE_BYTES:
+                self.pos = len(self.buf) - 256
+                self._counted_to = max(self._counted_to, self.pos)
+            if not self._fill():
+                self._advance(len(self.buf))
+                return False
+
+    def readline(self) -> bytes | None:
+        while True:
+            newline = self.buf.find(b"\n", self.pos)
+            if newline >= 0:
+                line = self.buf[self.pos:newline]
+                self._advance(newline + 1)
+                return line[:MAX_LINE_BYTES]
+            if len(self.buf) - self.pos > MAX_LINE_BYTES or not self._fill():
+                if self.pos >= len(self.buf):
+                    return None
+                line = self.buf[self.pos:self.pos + MAX_LINE_BYTES]
+                self._advance(len(self.buf))
+                return line
+
+    def context(self) -> str:
+        return self.buf[max(0, self.pos - CONTEXT_BYTES):self.pos].decode("utf-8", "replace")
+
+
+def iter_oom_blocks(stream: BinaryIO) -> Iterator[OomBlock]:
+    """Yield every out-of-memory message in the stream, in order, one at a time."""
+    reader = _Stream(stream)
+    while reader.next_trigger():
+        start_line = reader.line_number
+        context = reader.context()
+        lines: list[str] = []
+        last_related = -1
+        size = 0
+        while len(lines) < MAX_BLOCK_LINES and size < MAX_BLOCK_BYTES:
+            raw = reader.readline()
+            if raw is None:
+                break
+            line = clean_line(raw.decode("utf-8", "replace"))
+            size += len(raw)
+            lines.append(line)
+            if _PART.search(line):
+                last_related = len(lines) - 1
+            elif len(lines) - 1 - last_related >= END_AFTER_UNRELATED_LINES:
+                break
+        del lines[last_related + 1:]  # the unrelated tail that ended the message
+        yield OomBlock("\n".join(lines), start_line, context)
+
+
+def open_input(path: str | None):
+    """A binary stream for a path, '-' or None (stdin). The caller closes what it opened."""
+    import sys
+
+    if path in (None, "-"):
+        return sys.stdin.buffer, False
+    from tpuprof.errors import UserError
+
+    try:
+        return open(path, "rb"), True
+    except IsADirectoryError:
+        raise UserError(f"{path} is a folder: give the log file (use --dump for an XLA dump folder).") from None
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror or error}.") from None
