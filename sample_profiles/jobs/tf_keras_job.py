@@ -2,7 +2,7 @@
 
 Bottlenecks built in (choose with flags; the ground truth lives here, not in the tests):
 - `--slow-map-ms MS`: every example passes through a Python `tf.py_function` that sleeps MS ms in a
-  sequential `map` with no prefetch, so each step waits for input: INPUT-BOUND. The sleep shows up in a
+  sequential `map` (Keras adds only its own small prefetch), so every step waits for input: INPUT-BOUND. The sleep shows up in a
   capture as `EagerPyFunc` inside `Iterator::...::Map` events.
 - `--cache`: the mapped data are cached and prefetched, so after the first epoch the input costs ~0 and the
   step is spent in the model: COMPUTE-BOUND.
