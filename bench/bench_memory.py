@@ -1,0 +1,110 @@
+"""tpuprof memory vs XProf memory_viewer on the same large HloProto: time ratios (goal <= 1.0).
+
+    .venv/bin/python bench/bench_memory.py [--runs 5] [HLO_PB]
+
+Without HLO_PB it uses bench/make_large_module.py (a 48-layer transformer compiled for v5p with
+libtpu, cached in bench/.cache/). Both tools read the same bytes from disk; in-process times are
+medians after one warm-up, whole-process times include interpreter start-up and imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+XPROF_PROCESS = """
+import sys
+from xprof.convert import raw_to_tool_data
+data, _ = raw_to_tool_data.xspace_to_tool_data([sys.argv[1]], "memory_viewer", {"module_name": "bench"})
+sys.stdout.write(data if isinstance(data, str) else data.decode())
+"""
+
+
+def large_module() -> Path:
+    out = subprocess.run([sys.executable, str(HERE / "make_large_module.py")], capture_output=True, text=True,
+                         check=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def xprof_layout(hlo_pb: Path, scratch: Path) -> Path:
+    """memory_viewer reads `<module>.hlo_proto.pb` beside an xplane file."""
+    from tpuprof import protos
+
+    shutil.copy(hlo_pb, scratch / "bench.hlo_proto.pb")
+    xplane = scratch / "host.xplane.pb"
+    xplane.write_bytes(protos.xplane_pb2().XSpace().SerializeToString())
+    return xplane
+
+
+def median_time(fn, runs: int) -> float:
+    fn()  # warm-up: imports, page cache
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("hlo_pb", nargs="?", type=Path)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    hlo_pb = args.hlo_pb or large_module()
+
+    from xprof.convert import raw_to_tool_data
+
+    from tpuprof.commands import memory as command
+    from tpuprof.renderers import memory as render
+    from tpuprof.sources import hlo_dump
+
+    proto = hlo_dump.read_hlo_proto(hlo_pb)
+    instructions = sum(len(c.instructions) for c in proto.hlo_module.computations)
+    print(f"input: {hlo_pb} ({hlo_pb.stat().st_size / 1e6:.1f} MB, {instructions} instructions, "
+          f"{len(proto.buffer_assignment.logical_buffers)} logical buffers)")
+
+    scratch = Path(tempfile.mkdtemp(prefix="tpuprof-bench-"))
+    try:
+        xplane = xprof_layout(hlo_pb, scratch)
+
+        def ours():
+            render.to_json(command.analyze(hlo_pb, top=15), 15)
+
+        def theirs():
+            raw_to_tool_data.xspace_to_tool_data([str(xplane)], "memory_viewer", {"module_name": "bench"})
+
+        ours_s = median_time(ours, args.runs)
+        theirs_s = median_time(theirs, args.runs)
+        print(f"in-process     tpuprof {ours_s * 1000:8.1f} ms   xprof {theirs_s * 1000:8.1f} ms   "
+              f"ratio {ours_s / theirs_s:.2f}")
+
+        def ours_process():
+            subprocess.run([sys.executable, "-m", "tpuprof", "memory", str(hlo_pb), "--json"], check=True,
+                           stdout=subprocess.DEVNULL, cwd=ROOT)
+
+        def theirs_process():
+            subprocess.run([sys.executable, "-c", XPROF_PROCESS, str(xplane)], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        ours_p = median_time(ours_process, args.runs)
+        theirs_p = median_time(theirs_process, args.runs)
+        print(f"whole process  tpuprof {ours_p * 1000:8.1f} ms   xprof {theirs_p * 1000:8.1f} ms   "
+              f"ratio {ours_p / theirs_p:.2f}")
+        print("goal: ratio <= 1.0 for both")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
