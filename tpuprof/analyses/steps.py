@@ -124,7 +124,9 @@ class HostView:
         self.name = {key: m.name for key, m in meta.items()}
         get_next = _ids(plane, GET_NEXT.match)
         compile_ids = _ids(plane, lambda n: bool(COMPILE.search(n)) and not COMPILE_EXCLUDE.search(n))
-        not_work = _ids(plane, NOT_WORK.match)
+        # Work = kernels actually running: TF ops (`scope/name:Type`) and XLA:CPU thunks on executor threads.
+        tf_ops = _ids(plane, lambda n: bool(top_ops.TF_OP.match(n)))
+        xla_ops = _ids(plane, lambda n: bool(n) and not top_ops.NOT_OP.match(n) and not top_ops.TF_OP.match(n))
         self.input_visible = bool(get_next) or any(m.name.startswith("Iterator::") for m in meta.values())
         wait, comp, work = [], [], []
         for line in self.lines:
@@ -133,8 +135,8 @@ class HostView:
             idx = line.select(compile_ids)
             comp.append((line.start[idx], line.end[idx]))
             if EXEC_LINE.match(line.name):
-                keep = ~np.isin(line.mid, list(not_work)) if not_work else np.ones(len(line.mid), bool)
-                work.append((line.start[keep], line.end[keep]))
+                idx = line.select(tf_ops | xla_ops if top_ops.XLA_CPU_LINE.match(line.name) else tf_ops)
+                work.append((line.start[idx], line.end[idx]))
         self.get_next_ids = get_next
         self.input_wait = _spans(wait)
         self.compile = _spans(comp)
@@ -171,9 +173,11 @@ class HostView:
     def step_numbers(self, line: Line, idx: np.ndarray) -> np.ndarray | None:
         names = _stat_names(self.plane)
         numbers = []
+        from tpuprof.sources.xplane import event_stats
+
         for i in idx.tolist():
             value = None
-            for stat in line.events[i].stats:
+            for stat in event_stats(line.events[i]):
                 if names.get(stat.metadata_id) in ("step_num", "iter_num"):
                     value = _stat(self.plane, stat, names)
             if not isinstance(value, int):
@@ -202,6 +206,19 @@ def _spans(pairs) -> Spans:
     return Spans(np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs]))
 
 
+def _trim(starts: np.ndarray, ends: np.ndarray, inner: Spans) -> Spans:
+    """Each [start, end) shrunk to the span from the first to the last INNER time it contains."""
+    if not len(inner.starts):
+        return Spans(starts, ends)
+    first = np.searchsorted(inner.ends, starts, side="right")  # first inner span ending after start
+    first_start = inner.starts[np.minimum(first, len(inner.starts) - 1)]
+    new_starts = np.where(first < len(inner.starts), np.maximum(starts, first_start), ends)
+    last = np.searchsorted(inner.starts, ends, side="left") - 1  # last inner span starting before end
+    last_end = inner.ends[np.maximum(last, 0)]
+    new_ends = np.where(last >= 0, np.minimum(ends, last_end), starts)
+    return Spans(new_starts, np.maximum(new_ends, new_starts))
+
+
 def host_steps(view: HostView, profile: HostProfile) -> None:
     found = view.markers()
     if found is None:
@@ -214,17 +231,20 @@ def host_steps(view: HostView, profile: HostProfile) -> None:
     idx, start, end = idx[order], start[order], end[order]
     a, b = _periods(start, end)
     markers = Spans(start, end)
+    # The step call's own start-up and return (before its first kernel or input wait, after its last) is
+    # per-call host overhead, the part that running several steps per call amortises.
+    core = _trim(start, end, view.work | view.input_wait)
     profile.step_source = description
     profile.input_visible = view.input_visible
     if view.input_visible:
-        layers = [("compile", view.compile), ("input", view.input_wait), ("compute", markers | view.work)]
+        layers = [("compile", view.compile), ("input", view.input_wait), ("compute", core | view.work)]
         parts = _split(a, b, layers, rest="host_overhead")
     else:
         # No input pipeline in the trace: untraced host time is the Python data loader's.
         profile.untraced_input = True
         traced_host = view.main_thread_spans(line)
-        layers = [("compile", view.compile), ("input", view.input_wait), ("compute", markers | view.work),
-                  ("host_overhead", traced_host)]
+        layers = [("compile", view.compile), ("input", view.input_wait), ("compute", core | view.work),
+                  ("host_overhead", markers | traced_host)]
         parts = _split(a, b, layers, rest="input")
     numbers = view.step_numbers(line, idx)
     batches = view.batches_per_step(start, end)
@@ -345,6 +365,10 @@ def analyze_xspace(space, host: str, path: str = "") -> HostProfile:
     if view is not None:
         profile.input_visible = view.input_visible
 
+    if view is not None and gpu_planes:
+        # GPU kernels and copies run on the device planes' stream lines: they are the step's compute.
+        kernels = [read_line(line) for plane in gpu_planes for line in plane.lines if len(line.events)]
+        view.work = view.work | _spans([(k.start, k.end) for k in kernels])
     per_core, source = [], ""
     for plane in tpu_planes:
         found = device_steps(plane, view.input_wait if view is not None else Spans.empty())

@@ -10,6 +10,7 @@ Accepted paths, local or any fsspec URL (gs://...):
 from __future__ import annotations
 
 import posixpath
+from functools import lru_cache
 
 from tpuprof.errors import UserError
 
@@ -89,13 +90,85 @@ def _looks_like_hlo_proto(data: bytes) -> bool:
     return bool(proto.hlo_module.name) and len(proto.hlo_module.computations) > 0
 
 
-def parse_xspace(data: bytes, path: str = "<bytes>"):
+@lru_cache(maxsize=None)
+def light_xspace_class():
+    """An XSpace class that reads what the analyses need, and keeps each event's stats undecoded.
+
+    Same field numbers as tsl's xplane.proto, so it reads the same bytes; events keep only their
+    metadata id, offset and duration, and their stats as raw bytes (decode one with `event_stats`).
+    Parsing skips building millions of XStat messages: on a TF capture about 5x faster.
+    """
+    from google.protobuf import descriptor_pb2, message_factory
+
+    from tpuprof.protos import xplane_pb2
+
+    real = xplane_pb2().DESCRIPTOR
+    pool = real.pool
+    package = "tpuprof.xplane_light"
+    try:
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.XSpace"))
+    except KeyError:
+        pass
+    field = descriptor_pb2.FieldDescriptorProto
+    optional, repeated = field.LABEL_OPTIONAL, field.LABEL_REPEATED
+    proto = descriptor_pb2.FileDescriptorProto(name="tpuprof/xplane_light.proto", package=package, syntax="proto3")
+    proto.dependency.append(real.name)
+
+    def message(name, fields, into=proto.message_type):
+        result = into.add(name=name)
+        for field_name, number, kind, label, type_name in fields:
+            added = result.field.add(name=field_name, number=number, type=kind, label=label)
+            if type_name:
+                added.type_name = type_name
+        return result
+
+    message("XEvent", [("metadata_id", 1, field.TYPE_INT64, optional, None),
+                       ("offset_ps", 2, field.TYPE_INT64, optional, None),
+                       ("duration_ps", 3, field.TYPE_INT64, optional, None),
+                       ("stats", 4, field.TYPE_BYTES, repeated, None)])
+    message("XLine", [("id", 1, field.TYPE_INT64, optional, None),
+                      ("name", 2, field.TYPE_STRING, optional, None),
+                      ("display_name", 11, field.TYPE_STRING, optional, None),
+                      ("timestamp_ns", 3, field.TYPE_INT64, optional, None),
+                      ("events", 4, field.TYPE_MESSAGE, repeated, f".{package}.XEvent")])
+    plane = message("XPlane", [("id", 1, field.TYPE_INT64, optional, None),
+                               ("name", 2, field.TYPE_STRING, optional, None),
+                               ("lines", 3, field.TYPE_MESSAGE, repeated, f".{package}.XLine"),
+                               ("stats", 6, field.TYPE_MESSAGE, repeated, f".{real.package}.XStat")])
+    for field_name, number, value_type in (("event_metadata", 4, "XEventMetadata"), ("stat_metadata", 5, "XStatMetadata")):
+        entry_name = "".join(part.title() for part in field_name.split("_")) + "Entry"
+        entry = message(entry_name, [("key", 1, field.TYPE_INT64, optional, None),
+                                     ("value", 2, field.TYPE_MESSAGE, optional, f".{real.package}.{value_type}")],
+                        into=plane.nested_type)
+        entry.options.map_entry = True
+        plane.field.add(name=field_name, number=number, type=field.TYPE_MESSAGE, label=repeated,
+                        type_name=f".{package}.XPlane.{entry_name}")
+    message("XSpace", [("planes", 1, field.TYPE_MESSAGE, repeated, f".{package}.XPlane"),
+                       ("errors", 2, field.TYPE_STRING, repeated, None),
+                       ("warnings", 3, field.TYPE_STRING, repeated, None),
+                       ("hostnames", 4, field.TYPE_STRING, repeated, None)])
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.XSpace"))
+
+
+def event_stats(event) -> list:
+    """An event's stats as XStat messages, from either the real or the light XSpace."""
+    from tpuprof.protos import xplane_pb2
+
+    stats = list(event.stats)
+    if stats and isinstance(stats[0], bytes):
+        xstat = xplane_pb2().XStat
+        return [xstat.FromString(raw) for raw in stats]
+    return stats
+
+
+def parse_xspace(data: bytes, path: str = "<bytes>", light: bool = True):
     """XSpace from bytes, or a UserError that says what the file is instead."""
     from google.protobuf.message import DecodeError
 
     from tpuprof.protos import xplane_pb2
 
-    space = xplane_pb2().XSpace()
+    space = light_xspace_class()() if light else xplane_pb2().XSpace()
     try:
         space.ParseFromString(data)
         ok = len(space.planes) > 0 and all(p.name for p in space.planes)

@@ -1,0 +1,162 @@
+"""Suggestions from a step report: {"kind", "message", "evidence"}, most valuable first."""
+
+from __future__ import annotations
+
+import math
+
+from tpuprof.analyses import input_pipeline
+from tpuprof.analyses.summary import COMPILE_BOUND, MODERATELY_INPUT_BOUND, Report
+
+# Host overhead per step we aim for once the loop is amortised over N steps (share of step time).
+TARGET_OVERHEAD = 0.05
+# Below this share the per-step host overhead is not worth a change of training loop...
+MIN_OVERHEAD_PERCENT = 10.0
+# ... nor when the change would make a batch less than this much faster.
+MIN_SPEEDUP = 1.25
+# XProf suggests 16-bit ops when less than 10 % of compute is 16-bit; we look at matmuls/convolutions.
+MIN_F32_MATMUL_SHARE = 0.5
+MIN_MATMUL_PERCENT = 10.0
+
+
+def _framework(report: Report) -> str:
+    sources = " ".join(h.step_source for h in report.hosts)
+    if "jitted function" in sources or (report.hosts and all(h.untraced_input for h in report.hosts if h.steps)):
+        return "jax"
+    return "tf"
+
+
+def _input(report: Report) -> dict | None:
+    share = report.breakdown_percent.get("input", 0.0)
+    if share < MODERATELY_INPUT_BOUND:
+        return None
+    per_step = report.breakdown_ms_per_step["input"]
+    evidence = [f"{share:.1f}% of step time ({per_step:.2f} ms of {report.mean_ms:.2f} ms per step) waiting for input"]
+    stage = report.bottleneck_stage
+    if stage is not None:
+        kind = stage.kind
+        evidence.append(f"slowest tf.data stage `{stage.name}`: {stage.self_ps / 1e9:.1f} ms of its own time over "
+                        f"{stage.count} calls")
+        if stage.py_function_ps > 0.5 * stage.self_ps:
+            evidence.append(f"{100 * stage.py_function_ps / max(stage.self_ps, 1):.0f}% of it in Python "
+                            "(`tf.py_function`, EagerPyFunc)")
+            message = ("The input pipeline is the bottleneck: its `map` runs Python (`tf.py_function`) one example "
+                       "at a time. Rewrite the function with TensorFlow ops (or preprocess the data once, offline, "
+                       "and `cache()` the result); until then `map(..., num_parallel_calls=tf.data.AUTOTUNE)` "
+                       "overlaps the calls, and end the pipeline with `prefetch(tf.data.AUTOTUNE)`. If the host's "
+                       "CPUs are saturated, move preprocessing to other machines with `tf.data.service`.")
+        elif "Map" in kind:
+            message = ("The input pipeline is the bottleneck in a `map`: use `map(..., num_parallel_calls="
+                       "tf.data.AUTOTUNE, deterministic=False)`, `cache()` after deterministic preprocessing that "
+                       "fits in memory, and end with `prefetch(tf.data.AUTOTUNE)`; batch before an element-wise "
+                       "map to vectorise it.")
+        elif input_pipeline.FILE_KINDS.search(kind):
+            message = ("The input pipeline is bound on reading files: read several files at once with "
+                       "`interleave(..., cycle_length=N, num_parallel_calls=tf.data.AUTOTUNE)` over more, "
+                       "larger shards, `cache()` if the data fit, and `prefetch(tf.data.AUTOTUNE)`.")
+        elif "Batch" in kind:
+            message = ("Batching is the slowest stage: `batch(..., num_parallel_calls=tf.data.AUTOTUNE)`, and "
+                       "`prefetch(tf.data.AUTOTUNE)` at the end of the pipeline.")
+        else:
+            message = (f"The input pipeline is the bottleneck (stage `{kind}`): parallelise it "
+                       "(`num_parallel_calls=tf.data.AUTOTUNE`), `cache()` what does not change between epochs, "
+                       "`prefetch(tf.data.AUTOTUNE)`, or offload it with `tf.data.service`.")
+        if not any(s.kind == "Prefetch" for s in report.stages):
+            message += " The pipeline has no `prefetch`: add `prefetch(tf.data.AUTOTUNE)` as its last stage."
+    elif any(h.untraced_input for h in report.hosts):
+        evidence.append("the host ran Python that the profiler does not trace between steps, with no step "
+                        "running: in a JAX process this is the data loader")
+        message = ("The step waits for the host to prepare each batch: load batches ahead in a background "
+                   "thread (a prefetching iterator, `grain` or `tf.data` with `prefetch`), move preprocessing "
+                   "out of the Python loop (precompute, vectorise with numpy), and put the next batch on the "
+                   "device while the current step runs (`jax.device_put` ahead of time).")
+    else:
+        message = ("The step waits for input: parallelise the pipeline (`num_parallel_calls=tf.data.AUTOTUNE`), "
+                   "`cache()` and `prefetch(tf.data.AUTOTUNE)`.")
+    return {"kind": "input_pipeline", "message": message, "evidence": "; ".join(evidence) + "."}
+
+
+def steps_per_execution_for(overhead_ms: float, compute_ms_per_batch: float, current: int) -> int | None:
+    """The smallest power of two N with overhead / (overhead + N * compute) <= TARGET_OVERHEAD."""
+    if compute_ms_per_batch <= 0 or overhead_ms <= 0:
+        return None
+    needed = overhead_ms * (1 - TARGET_OVERHEAD) / (TARGET_OVERHEAD * compute_ms_per_batch)
+    n = 1 << max(0, math.ceil(math.log2(max(needed, 1))))
+    return n if n >= 2 * current else None
+
+
+def _host_overhead(report: Report) -> dict | None:
+    share = report.breakdown_percent.get("host_overhead", 0.0)
+    if share < MIN_OVERHEAD_PERCENT:
+        return None
+    k = max(1, int(report.batches_per_step))
+    per_step = report.breakdown_ms_per_step
+    overhead = per_step["host_overhead"]
+    work_per_batch = (report.mean_ms - overhead) / k
+    n = steps_per_execution_for(overhead, work_per_batch, k)
+    if n is None:
+        return None
+    now_per_batch = report.mean_ms / k
+    then_per_batch = work_per_batch + overhead / n
+    if now_per_batch < MIN_SPEEDUP * then_per_batch:
+        return None
+    evidence = (f"{share:.1f}% of step time is host overhead between steps ({overhead:.2f} ms per step against "
+                f"{report.mean_ms - overhead:.2f} ms of work for {k} batch(es)); with {n} batches per call it "
+                f"falls to {100 * (overhead / n) / then_per_batch:.1f}%.")
+    effect = f"about {now_per_batch / then_per_batch:.1f}x faster per batch ({now_per_batch:.2f} -> {then_per_batch:.2f} ms)"
+    if _framework(report) == "jax":
+        message = (f"Run {n} steps per call: loop over {n} batches inside the jitted step with `jax.lax.scan` or "
+                   f"`jax.lax.fori_loop` (a host training loop on the device), feeding a stacked [{n}, batch, ...] "
+                   f"array; {effect}. A larger batch also amortises the overhead.")
+    else:
+        message = (f"Set `model.compile(..., steps_per_execution={n})` (now {k}) so Keras runs {n} steps per call "
+                   f"and pays the per-call host overhead once; {effect}. A larger batch also amortises it.")
+    return {"kind": "steps_per_execution", "message": message, "evidence": evidence, "steps_per_execution": n}
+
+
+def _precision(report: Report) -> dict | None:
+    matmul = sum(h.matmul_ps for h in report.hosts)
+    wide = sum(h.matmul_f32_ps for h in report.hosts)
+    compute = sum(h.total("compute") for h in report.hosts)
+    if not matmul or not compute or wide < MIN_F32_MATMUL_SHARE * matmul:
+        return None
+    share = 100.0 * wide / compute
+    if share < MIN_MATMUL_PERCENT:
+        return None
+    framework = _framework(report)
+    how = ("`keras.mixed_precision.set_global_policy(\"mixed_bfloat16\")` before building the model"
+           if framework == "tf" else "bfloat16 params/activations (`jnp.bfloat16`, e.g. `param_dtype`/`dtype` in Flax)")
+    return {
+        "kind": "bf16",
+        "message": (f"{share:.0f}% of device compute is matmuls/convolutions with 32-bit results. Use {how}: the "
+                    "MXU is a bfloat16 unit and 16-bit operands halve the HBM traffic and activation memory, so "
+                    f"expect up to about half of those {wide / 1e9 / max(len([s for h in report.hosts for s in h.steps]), 1):.2f} ms per step back."),
+        "evidence": f"{wide / 1e9:.1f} ms of {matmul / 1e9:.1f} ms in matmuls/convolutions return f32; "
+                    f"compute {compute / 1e9:.1f} ms in total.",
+    }
+
+
+def _compile(report: Report) -> dict | None:
+    share = report.breakdown_percent.get("compile", 0.0)
+    if share < COMPILE_BOUND / 2:
+        return None
+    return {"kind": "compile",
+            "message": ("Steps keep compiling: keep shapes and Python arguments the same from step to step (pad "
+                        "batches to fixed shapes, `drop_remainder=True`, mark config arguments static)."),
+            "evidence": f"{share:.1f}% of step time in tracing/compilation events."}
+
+
+def _stragglers(report: Report) -> list[dict]:
+    return [{"kind": "straggler",
+             "message": (f"Host {host} is slower than the others; every synchronous step waits for it: check its "
+                         "input pipeline, CPU load and data locality."),
+             "evidence": f"median step {value:.2f} ms against {middle:.2f} ms across hosts."}
+            for host, value, middle in report.stragglers]
+
+
+def suggest(report: Report) -> list[dict]:
+    share = report.breakdown_percent
+    ranked = [(share.get("input", 0.0), _input(report)), (share.get("host_overhead", 0.0), _host_overhead(report)),
+              (share.get("compile", 0.0), _compile(report))]
+    ranked.sort(key=lambda pair: pair[0], reverse=True)  # the biggest stall's fix first
+    found = [s for _, s in ranked] + [_precision(report), *_stragglers(report)]
+    return [s for s in found if s]

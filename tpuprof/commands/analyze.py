@@ -1,0 +1,37 @@
+"""`tpuprof analyze`: capture files -> per-host steps (one process per host) -> report -> advice -> output."""
+
+from __future__ import annotations
+
+from tpuprof.advice import steps as advice
+from tpuprof.analyses import steps as analysis
+from tpuprof.analyses.summary import Report, summarize
+from tpuprof.sources import xplane
+
+
+def analyze(path: str, top: int = 10, workers: int | None = None) -> Report:
+    files = xplane.find_host_files(path)
+    if len(files) == 1:
+        profiles = [analysis.analyze_file(files[0])]
+    else:
+        # One process per host file: parsing is CPU-bound Python and the hosts are independent.
+        import os
+        from concurrent.futures import ProcessPoolExecutor
+
+        workers = workers or min(len(files), os.cpu_count() or 1)
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            profiles = list(pool.map(analysis.analyze_file, files))
+    report = summarize(profiles, top=top)
+    report.suggestions = advice.suggest(report)
+    return report
+
+
+def run(path: str, top: int, as_json: bool) -> None:
+    from tpuprof.renderers import analyze as render
+
+    report = analyze(str(path), top=top)
+    if as_json:
+        from tpuprof.renderers.output import print_json
+
+        print_json(render.to_json(report, top))
+    else:
+        render.print_tables(report, top)

@@ -1,0 +1,103 @@
+"""The step report as a JSON document (the `--json` contract) and as rich tables."""
+
+from __future__ import annotations
+
+from tpuprof.analyses.summary import Report
+from tpuprof.models.profile import CATEGORIES
+
+
+def _ms(ps: int | float) -> float:
+    return round(ps / 1e9, 3)
+
+
+def to_json(report: Report, top: int) -> dict:
+    stage = report.bottleneck_stage
+    return {
+        "hosts": [
+            {
+                "host": h.host,
+                "file": h.path,
+                "platform": h.platform,
+                "step_source": h.step_source,
+                "steps": len(h.steps),
+                "median_ms": round(h.median_step_ms(), 3),
+                "breakdown_percent": {c: round(100.0 * h.total(c) / h.step_ps, 1) if h.step_ps else 0.0
+                                      for c in CATEGORIES},
+                "notes": h.notes,
+            }
+            for h in report.hosts
+        ],
+        "steps": {"count": report.step_count, "mean_ms": round(report.mean_ms, 3),
+                  "median_ms": round(report.median_ms, 3), "p90_ms": round(report.p90_ms, 3),
+                  "batches_per_step": report.batches_per_step},
+        "breakdown_percent": report.breakdown_percent,
+        "breakdown_ms_per_step": {k: round(v, 3) for k, v in report.breakdown_ms_per_step.items()},
+        "input_bound_percent": report.input_bound_percent,
+        "verdict": report.verdict,
+        "verdict_reason": report.verdict_reason,
+        "input_pipeline": {
+            "bottleneck": None if stage is None else {
+                "stage": stage.name, "kind": stage.kind, "count": stage.count, "self_ms": _ms(stage.self_ps),
+                "py_function_ms": _ms(stage.py_function_ps)},
+            "stages": [{"stage": s.name, "kind": s.kind, "count": s.count, "total_ms": _ms(s.total_ps),
+                        "self_ms": _ms(s.self_ps), "py_function_ms": _ms(s.py_function_ps)}
+                       for s in report.stages[: top if top > 0 else None]],
+        },
+        "stragglers": [{"host": h, "median_ms": round(v, 3), "hosts_median_ms": round(m, 3)}
+                       for h, v, m in report.stragglers],
+        "suggestions": report.suggestions,
+        "top_ops": [{"name": o.name, "kind": o.kind, "where": o.where, "count": o.count, "self_ms": _ms(o.self_ps)}
+                    for o in report.top_ops],
+    }
+
+
+def print_tables(report: Report, top: int) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from tpuprof.renderers.output import console
+
+    out = console()
+    for h in report.hosts:
+        source = f"steps from {escape(h.step_source)}" if h.step_source else "no steps found"
+        out.print(f"[bold]{escape(h.host)}[/bold] ({h.platform}): {len(h.steps)} steps, {source}")
+        for note in h.notes:
+            out.print(f"  [dim]{escape(note)}[/dim]")
+    if report.step_count:
+        out.print(f"Steps: {report.step_count}, mean {report.mean_ms:.2f} ms, median {report.median_ms:.2f} ms, "
+                  f"p90 {report.p90_ms:.2f} ms" + (f", {report.batches_per_step:g} batches per step call"
+                                                   if report.batches_per_step > 1 else ""))
+        table = Table(title="Where the step time goes", title_justify="left")
+        for column, justify in (("category", "left"), ("% of step", "right"), ("ms per step", "right")):
+            table.add_column(column, justify=justify)
+        labels = {"compute": "compute", "input": "waiting for input", "host_overhead": "host overhead between steps",
+                  "compile": "compilation", "other": "other"}
+        for category in CATEGORIES:
+            table.add_row(labels[category], f"{report.breakdown_percent[category]:.1f}",
+                          f"{report.breakdown_ms_per_step[category]:.2f}")
+        out.print(table)
+    colour = "red" if "input" in report.verdict else "yellow" if report.verdict != "compute-bound" else "green"
+    out.print(f"Verdict: [bold {colour}]{report.verdict}[/bold {colour}]. {escape(report.verdict_reason)}")
+
+    if report.stages:
+        table = Table(title="tf.data stages by own time", title_justify="left")
+        for column, justify in (("stage", "left"), ("calls", "right"), ("own ms", "right"), ("in Python ms", "right")):
+            table.add_column(column, justify=justify, overflow="fold")
+        for s in report.stages[: top if top > 0 else None]:
+            table.add_row(escape(s.name), str(s.count), f"{s.self_ps / 1e9:.1f}", f"{s.py_function_ps / 1e9:.1f}")
+        out.print(table)
+    if report.top_ops:
+        table = Table(title="Top ops by self time", title_justify="left")
+        for column, justify in (("op", "left"), ("type", "left"), ("where", "left"), ("count", "right"),
+                                ("self ms", "right")):
+            table.add_column(column, justify=justify, overflow="fold")
+        for o in report.top_ops:
+            table.add_row(escape(o.name[:90]), escape(o.kind), o.where, str(o.count), f"{o.self_ps / 1e9:.2f}")
+        out.print(table)
+    for h, value, middle in report.stragglers:
+        out.print(f"[yellow]Straggler:[/yellow] {escape(h)} median step {value:.2f} ms vs {middle:.2f} ms")
+    if report.suggestions:
+        out.print("[bold]Suggestions[/bold]")
+        for i, s in enumerate(report.suggestions, 1):
+            out.print(f"{i}. {escape('[' + s['kind'] + ']')} {escape(s['message'])}")
+            out.print(f"   [dim]evidence: {escape(s['evidence'])}[/dim]")
