@@ -60,6 +60,18 @@ def oom(
     command.run(log, dump=dump, batch=batch, target=target, as_json=as_json)
 
 
+@app.command()
+def analyze(
+    path: str = typer.Argument(..., help="Profile logdir, run folder (plugins/profile/<run>), <host>.xplane.pb, or a gs:// path; several hosts make one report."),
+    top: int = typer.Option(10, "--top", help="Rows in the op and tf.data stage tables."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Step time, input-pipeline stalls and host overhead from a saved profile, and what to change."""
+    from tpuprof.commands import analyze as command
+
+    command.run(path, top=top, as_json=as_json)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Console entry point: bad input is one sentence on stderr and exit code 2, never a traceback."""
     try:
