@@ -157,3 +157,38 @@ def test_no_tensorflow_or_jax_import(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(hlo_pb("int8_matmul_v5e"))],
                          capture_output=True, text=True, cwd=ROOT)
     assert "HEAVY=" in out.stderr and out.stderr.strip().endswith("HEAVY="), out.stderr[-500:]
+
+
+def test_seed_one_hot_is_explained(cli):
+    """The TPU training article's one-hot: s32[29360128,10]{1,0:T(8,128)} is 14 GiB padded, 1.09 GiB of data."""
+    out = cli("memory", ROOT / "tests" / "fixtures" / "memory" / "seed_onehot_hlo.txt", "--json", "--target", "v3")
+    assert out.returncode == 0, out.stderr
+    module = json.loads(out.stdout)["modules"][0]
+    one_hot = next(b for b in module["buffers"] if b["instruction"] == "one_hot")
+    assert one_hot["size_bytes"] == 14 * (1 << 30)
+    assert one_hot["unpadded_bytes"] == 29360128 * 10 * 4
+    assert one_hot["expansion"] == pytest.approx(12.8)
+    assert one_hot["source_line"] == "train.py:42"
+    advice = next(s for s in module["suggestions"] if s["kind"] == "one_hot")
+    assert "one-hot depth 10 sits in the 128-lane minor dimension: 10 -> 128, 12.8x" in advice["message"]
+    assert "sparse" in advice["message"]
+    assert advice["saving_bytes"] == 14 * (1 << 30) - 29360128 * 10 * 4
+    # Parameter and output live together: the peak is both.
+    assert module["peak_heap_bytes"] == one_hot["size_bytes"] + 29360128 * 4
+
+
+def test_channels_fix_names_the_multiples():
+    """A conv activation as libtpu lays it out ({0,3,2,1}: batch minor, 18 channels second-minor)."""
+    from tpuprof.advice.memory import padding_fix
+    from tpuprof.analyses.memory import fill_shape_details
+    from tpuprof.models.memory import Buffer
+    from tpuprof.models.shape import parse_shape
+
+    shape = parse_shape("f32[64,32,32,18]{0,3,2,1:T(8,128)}")
+    buffer = Buffer(id=1, instruction="convolution.5", opcode="convolution", shape="",
+                    size_bytes=shape.padded_bytes(), unpadded_bytes=shape.unpadded_bytes(), allocation_type="temp",
+                    op_name="jit(f)/conv_general_dilated")
+    fill_shape_details(buffer, shape)
+    message = padding_fix(buffer)
+    assert "channels 18 -> padded to 24: use 16 or 24" in message
+    assert "dimension 0 sits in the 128-lane minor dimension: 64 -> 128" in message

@@ -28,30 +28,37 @@ def fmt_bytes(value: int | float | None) -> str:
 
 
 def padding_fix(buffer: Buffer) -> str:
-    """One sentence: which dimension is padded from what to what, and what to change."""
+    """Which dimension is padded from what to what, and what to change, in words a user can act on."""
     if not buffer.padded_dims:
-        return f"{buffer.instruction}: {fmt_bytes(buffer.padding_bytes)} of padding."
-    rank = len(buffer.minor_to_major)
-    minor = buffer.minor_to_major[0] if rank else -1
-    parts = []
+        return f"{buffer.instruction} {buffer.shape}: {fmt_bytes(buffer.padding_bytes)} of padding."
+    minor = buffer.minor_to_major[0] if buffer.minor_to_major else -1
+    one_hot = any(word in (buffer.op_name or "").lower() for word in ("one_hot", "onehot"))
+    fixes = []
     for dim_index, size, padded in buffer.padded_dims:
-        lane = dim_index == minor
         tile_dim = _tile_dim_for(buffer, dim_index)
-        where = "the 128-lane minor dimension" if lane else f"the second-minor dimension (tiles of {tile_dim})"
-        ratio = padded / size if size else 0
-        parts.append(f"dimension {dim_index} of size {size} sits in {where}: padded to {padded} ({ratio:.1f}x)")
-    message = f"{buffer.instruction} {buffer.shape}: " + "; ".join(parts) + ". "
-    message += _remedy(buffer, minor)
-    return message
+        ratio = f"{padded / size:.1f}x" if size else "n/a"
+        if dim_index == minor:
+            where = f"sits in the 128-lane minor dimension: {size} -> {padded}, {ratio}"
+        else:
+            where = f"is the second-minor dimension (tiles of {tile_dim}): {size} -> {padded}, {ratio}"
+        if one_hot:
+            fixes.append(f"one-hot depth {size} {where}; use sparse integer labels (sparse_categorical_crossentropy, "
+                         "optax.softmax_cross_entropy_with_integer_labels) instead of materialising the one-hot, "
+                         "or move the class dimension out of the two minor-most positions")
+        elif dim_index == minor:
+            fixes.append(f"dimension {dim_index} {where}; make it a multiple of 128 "
+                         f"(e.g. {_nearest_multiples(size, 128)}) or transpose so that a larger dimension is minor-most")
+        else:
+            label = "channels" if _looks_like_channels(buffer, dim_index) else f"dimension {dim_index}"
+            fixes.append(f"{label} {size} -> padded to {padded}: use {_nearest_multiples(size, tile_dim or 8)}")
+    return f"{buffer.instruction} {buffer.shape}: " + "; ".join(dict.fromkeys(fixes)) + "."
 
 
 def _tile_dim_for(buffer: Buffer, dim_index: int) -> int:
-    if not buffer.tile:
+    if not buffer.tile or dim_index not in buffer.minor_to_major:
         return 0
-    position = buffer.minor_to_major.index(dim_index) if dim_index in buffer.minor_to_major else -1
-    if position < 0 or position >= len(buffer.tile):
-        return 0
-    return buffer.tile[len(buffer.tile) - 1 - position]
+    position = buffer.minor_to_major.index(dim_index)
+    return buffer.tile[len(buffer.tile) - 1 - position] if position < len(buffer.tile) else 0
 
 
 def _nearest_multiples(size: int, multiple: int) -> str:
@@ -60,36 +67,10 @@ def _nearest_multiples(size: int, multiple: int) -> str:
     return f"{down} or {up}" if down and down != up else f"{up}"
 
 
-def _remedy(buffer: Buffer, minor: int) -> str:
-    name = (buffer.op_name or "").lower()
-    fixes = []
-    for dim_index, size, padded in buffer.padded_dims:
-        tile_dim = _tile_dim_for(buffer, dim_index)
-        if "one_hot" in name or "onehot" in name or (dim_index == minor and size <= 16 and "eq" in name):
-            fixes.append(
-                f"a one-hot of depth {size} puts the class dimension on the 128 lanes: use sparse integer "
-                "labels (e.g. sparse_categorical_crossentropy, optax.softmax_cross_entropy_with_integer_labels) "
-                "instead of materialising the one-hot, or move the class dimension out of the minor position"
-            )
-        elif dim_index == minor:
-            fixes.append(
-                f"make dimension {dim_index} a multiple of 128 (e.g. {_nearest_multiples(size, 128)}), or lay "
-                "the array out so that a larger dimension is minor-most (transpose/reshape before the op)"
-            )
-        else:
-            label = "channels" if _looks_like_channels(buffer, dim_index) else f"dimension {dim_index}"
-            fixes.append(
-                f"{label} {size} -> padded to {padded}: use {_nearest_multiples(size, tile_dim or 8)}"
-            )
-    unique = list(dict.fromkeys(fixes))
-    return "Fix: " + "; ".join(unique) + "."
-
-
 def _looks_like_channels(buffer: Buffer, dim_index: int) -> bool:
-    opcode = buffer.opcode
+    """Convolution feature dims: the op is a conv and the dim is the last (NHWC/HWIO) one."""
     name = (buffer.op_name or "").lower()
-    return opcode in ("convolution", "fusion") and ("conv" in name) and dim_index in (
-        len(buffer.minor_to_major) - 1, 3)
+    return "conv" in name and dim_index == len(buffer.minor_to_major) - 1
 
 
 def suggest(result: ModuleMemory) -> list[Suggestion]:
@@ -105,10 +86,10 @@ def suggest(result: ModuleMemory) -> list[Suggestion]:
         if key in seen_ops:
             continue
         seen_ops.add(key)
-        kind = "one_hot" if "one_hot" in (buffer.op_name or "").lower() else "padding"
-        where = " (live at the peak)" if buffer.live_at_peak else ""
-        message = (f"{fmt_bytes(buffer.padding_bytes)} of padding{where}, {buffer.expansion:.1f}x expansion"
-                   + (f", from {buffer.op_name}" if buffer.op_name else "") + ": " + padding_fix(buffer))
+        kind = "one_hot" if any(w in (buffer.op_name or "").lower() for w in ("one_hot", "onehot")) else "padding"
+        where = " live at the peak" if buffer.live_at_peak else ""
+        message = (f"{fmt_bytes(buffer.padding_bytes)} of padding{where} ({buffer.expansion:.1f}x)"
+                   + (f" from {buffer.op_name}" if buffer.op_name else "") + ": " + padding_fix(buffer))
         suggestions.append(Suggestion(kind, message, buffer.padding_bytes))
         if len(suggestions) >= MAX_PADDING_SUGGESTIONS:
             break
