@@ -19,13 +19,25 @@ MAX_BLOCK_BYTES = 2 << 20
 END_AFTER_UNRELATED_LINES = 6
 CONTEXT_BYTES = 4096  # what precedes a message, kept to tell the framework (traceback, exception type)
 
-# Any of these starts (or is inside) an out-of-memory message.
-TRIGGER = re.compile(
-    rb"Ran out of memory in memory space|Ran out of memory on HBM|Aborting compilation early"
-    rb"|Hbm usage:|Attempting to allocate|Attempting to reserve|Failed to allocate request for"
-    rb"|would exceed memory \(size=|Total hbm usage >=|Program hbm requirement"
-    rb"|Largest program allocations in|Extra memory due to padding:|\d\\?\. Size: "
+# Any of these starts (or is inside) an out-of-memory message. Searched with bytes.find, one literal at a
+# time: CPython's substring search runs at GB/s, a regex alternation over them ten times slower.
+TRIGGERS = (
+    b"Ran out of memory", b"Aborting compilation early", b"Hbm usage:", b"Attempting to allocate",
+    b"Attempting to reserve", b"Failed to allocate request for", b"would exceed memory (size=",
+    b"Total hbm usage >=", b"Program hbm requirement", b"Largest program allocations in",
+    b"Extra memory due to padding:", b". Size: ",
 )
+
+
+def _find_trigger(buf: bytes, start: int) -> int:
+    """Offset of the earliest trigger at or after `start`, -1 if none."""
+    best = -1
+    for trigger in TRIGGERS:
+        found = buf.find(trigger, start, best + len(trigger) if best >= 0 else len(buf))
+        if found >= 0:
+            best = found
+    return best
+
 
 # Lines that belong to a message (searched anywhere in the line, so log prefixes do not matter).
 _PART = re.compile(
@@ -103,9 +115,9 @@ class _Stream:
     def next_trigger(self) -> bool:
         """Move to the start of the next line holding a trigger; False at the end of the stream."""
         while True:
-            match = TRIGGER.search(self.buf, self.pos)
-            if match:
-                self._advance(self.buf.rfind(b"\n", self.pos, match.start()) + 1 or self.pos)
+            found = _find_trigger(self.buf, self.pos)
+            if found >= 0:
+                self._advance(self.buf.rfind(b"\n", self.pos, found) + 1 or self.pos)
                 return True
             # Keep the last partial line: a trigger may straddle the chunk boundary. A "line" with
             # no newline for megabytes (binary junk) keeps only its tail.
