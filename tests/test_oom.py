@@ -360,3 +360,73 @@ def test_oom_imports_neither_tensorflow_nor_jax():
                             capture_output=True, text=True, timeout=60)
     assert "HEAVY []" in result.stderr, result.stderr[-2000:]
     assert json.loads(result.stdout)["kind"] == "compile"
+
+
+# A real job: a JAX step compiled for v5e with libtpu, over-sized on purpose, dumping its buffers.
+# It logs ordinary steps, then dies of the OOM with its real traceback, as a training script does.
+OOM_JOB = r'''
+import os, sys, traceback
+os.environ.update(ALLOW_MULTIPLE_LIBTPU_LOAD="1", TPU_ACCELERATOR_TYPE="v5litepod-4",
+                  TPU_WORKER_HOSTNAMES="localhost", TPU_SKIP_MDS_QUERY="1", TF_CPP_MIN_LOG_LEVEL="2",
+                  XLA_FLAGS=f"--xla_dump_to={sys.argv[1]} --xla_dump_hlo_as_proto --xla_dump_hlo_as_text")
+import jax, jax.numpy as jnp
+from jax.experimental import topologies
+from jax.sharding import SingleDeviceSharding
+
+BATCH, FEATURES = int(sys.argv[2]), 4096
+device = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices[0]
+sharding = SingleDeviceSharding(device)
+
+def loss(w, x):
+    h = jnp.tanh(x @ w)
+    return h.sum() + jnp.tanh(h @ w.T).sum()
+
+x = jax.ShapeDtypeStruct((BATCH, FEATURES), jnp.float32, sharding=sharding)
+w = jax.ShapeDtypeStruct((FEATURES, FEATURES), jnp.float32, sharding=sharding)
+for step in range(50):
+    print(f"I1121 10:00:{step:02d}.000000 4242 train.py:17] step {step} loss=2.{step:02d}", flush=True)
+try:
+    jax.jit(jax.grad(loss)).lower(w, x).compile()
+except Exception:
+    traceback.print_exc(file=sys.stdout)
+    sys.exit(1)
+'''
+JOB_BATCH = 1 << 20
+
+
+@pytest.fixture(scope="session")
+def oom_job(tmp_path_factory):
+    import importlib.util
+
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("libtpu is not installed")
+    folder = tmp_path_factory.mktemp("oom_job")
+    result = subprocess.run([sys.executable, "-c", OOM_JOB, str(folder / "dump"), str(JOB_BATCH)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1 and "RESOURCE_EXHAUSTED" in result.stdout, result.stderr[-3000:]
+    log = folder / "train.log"
+    log.write_text(result.stdout)
+    return log, folder / "dump"
+
+
+def test_real_job_log_joined_with_its_dump(oom_job, capsys):
+    log, dump = oom_job
+    message = next(line for line in log.read_text().splitlines() if "RESOURCE_EXHAUSTED" in line)
+    code, out, err = run_cli(["oom", str(log), "--dump", str(dump), "--batch", str(JOB_BATCH), "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["framework"] == "jax" and doc["line_number"] > 50  # found after the step logging
+    assert doc["hlo_temp_bytes"] == b(message.split("HLO temporaries (")[1].split(")")[0])
+    assert doc["capacity_bytes"] == b("15.75G")
+    x_bytes, w_bytes = JOB_BATCH * 4096 * 4, 4096 * 4096 * 4
+    joined = doc["dump"]
+    assert joined["argument_bytes"] == x_bytes + w_bytes  # the job's two arguments, to the byte
+    assert joined["batch_argument_bytes"] == x_bytes  # x carries the batch, w does not
+    largest_temp = next(r for r in joined["buffers"] if r["allocation_type"] == "temp")
+    assert largest_temp["shape"].startswith(f"f32[{JOB_BATCH},4096]") and largest_temp["size_bytes"] == x_bytes
+    assert "dot_general" in largest_temp["op_name"]
+    estimate = doc["batch_estimate"]
+    assert estimate["fixed_bytes"] == w_bytes and estimate["scaling_bytes"] == doc["hlo_temp_bytes"] + x_bytes
+    fits = int(JOB_BATCH * (doc["capacity_bytes"] - w_bytes) / estimate["scaling_bytes"])
+    assert estimate["fitting_batch"] == fits - fits % 8 and estimate["confidence"] == "medium"
+    assert not any("--xla_dump_to" in s["message"] for s in doc["suggestions"])  # the dump is already here

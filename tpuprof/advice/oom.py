@@ -53,6 +53,12 @@ def suggest(report: OomReport, estimate: BatchEstimate) -> list[dict]:
             f"Arguments (parameters, optimizer state, inputs) take {fmt(report.arguments_bytes)} of "
             f"{fmt(report.used_bytes)}: shard them over the devices (FSDP / ZeRO-style sharding), donate "
             "them so outputs reuse their memory (jax: donate_argnums), or keep optimizer state in bfloat16.")})
+    if estimate.scale is not None and estimate.scale <= 0 and estimate.fixed_bytes \
+            and not any(s["kind"] == "sharding" for s in sized):
+        sized.append({"kind": "sharding", "saving_bytes": 0, "message": (
+            f"What does not shrink with the batch ({fmt(estimate.fixed_bytes)}: parameters, optimizer state) "
+            f"alone exceeds the {fmt(capacity)} available: shard it over more devices (FSDP / ZeRO-style), "
+            "or keep it in bfloat16.")})
     remat = _remat(report)
     if remat:
         unsized.append(remat)

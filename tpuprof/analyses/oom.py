@@ -410,7 +410,10 @@ def shared_dimension(allocations: Iterable[OomAllocation], batch: int | None = N
     return dim, weights[dim] / total
 
 
-def estimate_batch(report: OomReport, batch: int | None = None, capacity: int | None = None) -> BatchEstimate:
+def estimate_batch(report: OomReport, batch: int | None = None, capacity: int | None = None,
+                   dump_arguments: int | None = None, dump_batch_arguments: int = 0) -> BatchEstimate:
+    """`dump_arguments`: argument bytes from the same program's dump, for messages that omit them;
+    `dump_batch_arguments`: the part of them that carries the batch dimension (the inputs)."""
     capacity = report.capacity_bytes or capacity
     if report.kind in (RUNTIME_ALLOCATION, RESERVATION):
         return BatchEstimate(None, "none", "a run-time allocation failed: the memory is held by other live "
@@ -427,17 +430,24 @@ def estimate_batch(report: OomReport, batch: int | None = None, capacity: int | 
     if used is None or not capacity:
         return BatchEstimate(None, "none", "the message gives no total and no capacity (pass --target)")
     temp = report.hlo_temp_bytes
+    from_dump = False
+    if report.used_bytes is None and report.program_bytes is None and temp is not None \
+            and dump_arguments is not None:
+        # The short libtpu form counts temporaries only; inputs with the batch dim scale like them.
+        used, from_dump = temp + dump_arguments + dump_batch_arguments, True
+        temp += dump_batch_arguments
     if report.kind == EARLY_ABORT or used > 50 * capacity:
         return BatchEstimate(None, "none", "the program needs "
                              f"{used / capacity:,.0f}x the memory: a shape is far larger than intended, "
                              "which a smaller batch will not fix", current_batch=batch)
     if temp is not None and temp <= used and report.arguments_unknown is False \
-            and (report.used_bytes is not None or report.program_bytes is not None):
+            and (report.used_bytes is not None or report.program_bytes is not None or from_dump):
         fixed = used - temp
         scale = (capacity - fixed) / temp if temp else None
         confidence = "high" if dim is not None and share >= 0.6 and len(report.allocations) >= 2 else "medium"
-        reason = (f"temporaries ({format_bytes(temp)}) scale with the batch; the rest "
-                  f"({format_bytes(fixed)}: arguments, globals) does not")
+        what = "temporaries" + (" and batch inputs" if from_dump and dump_batch_arguments else "")
+        reason = (f"{what} ({format_bytes(temp)}) scale with the batch; the rest "
+                  f"({format_bytes(fixed)}: arguments{' from the dump' if from_dump else ', globals'}) does not")
         if dim is not None and share >= 0.6:
             reason += f"; a dimension of {dim} is in {share:.0%} of the listed bytes"
         estimate = BatchEstimate(scale, confidence, reason, fixed_bytes=fixed, scaling_bytes=temp)

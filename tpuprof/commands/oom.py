@@ -35,49 +35,91 @@ def run(path: str | None, dump: Path | None = None, batch: int | None = None, ta
         raise UserError(f"no TPU out-of-memory error found in {source}.")
     if report.capacity_bytes is None and capacity is not None and report.memory_space in ("hbm", None):
         report.notes.append(f"capacity taken from --target {target}: {analysis.format_bytes(capacity)}")
-    estimate = analysis.estimate_batch(report, batch, capacity)
+    joined = join_dump(report, dump, target, batch) if dump else None
+    arguments = joined["argument_bytes"] - joined["batch_argument_bytes"] if joined else None
+    estimate = analysis.estimate_batch(report, batch, capacity, dump_arguments=arguments,
+                                       dump_batch_arguments=joined["batch_argument_bytes"] if joined else 0)
     suggestions = advice.suggest(report, estimate)
-    dump_rows = join_dump(report, dump, target) if dump else None
+    if joined:  # the dump is the detail the advice would otherwise ask for
+        suggestions = [s for s in suggestions if "--xla_dump_to" not in s["message"]]
 
     if as_json:
         document = report.to_json()
         document["batch_estimate"] = estimate.to_json()
         document["suggestions"] = suggestions
-        if dump_rows is not None:
-            document["dump"] = dump_rows
+        if joined is not None:
+            document["dump"] = joined
         print(json.dumps(document, indent=2))
         return
     from tpuprof.renderers import oom as renderer
 
-    renderer.render(report, estimate, suggestions, source, dump_rows)
+    renderer.render(report, estimate, suggestions, source, joined)
 
 
-def join_dump(report, dump: Path, target: str | None) -> list[dict]:
-    """Match the log's allocations to the dump's buffers by shape (and size), largest first."""
+def join_dump(report, dump: Path, target: str | None, batch: int | None = None) -> dict:
+    """Match the log's allocations to the dump's buffers by shape, largest first.
+
+    A compile that fails for memory still dumps its buffer assignment; the `oom_intermediate_module` is
+    the module at the point of failure, preferred over the after-optimizations one when both exist.
+    """
     from tpuprof.analyses import memory
 
     if not dump.exists():
         raise UserError(f"{dump} does not exist.")
-    modules = memory.analyze_path(dump, None, target)
-    buffers = [b for m in modules for b in m.buffers]
-    if not buffers:
+    modules = [m for m in memory.analyze_path(dump, None, target) if m.buffers]
+    if not modules:
         raise UserError(f"{dump} holds no buffer assignment.")
+    module = next((m for m in modules if "oom_intermediate_module" in m.source), modules[0])
+    memory.describe(module, module.buffers)  # fills each buffer's shape text
+    buffers = sorted(module.buffers, key=lambda b: -b.size_bytes)
     rows = []
     used: set[int] = set()
     for entry in report.allocations:
         if not entry.shape:
             continue
         wanted = entry.shape.replace(" ", "")
-        match = next((b for b in buffers if id(b) not in used and b.shape.replace(" ", "") == wanted), None)
-        if match is None:
-            continue
-        used.add(id(match))
-        rows.append({"index": entry.index, "instruction": match.instruction, "shape": match.shape,
-                     "size_bytes": match.size_bytes, "unpadded_bytes": match.unpadded_bytes,
-                     "op_name": match.op_name, "source_line": match.source_line})
-    if not rows:  # no listed shapes (a short message): show the dump's largest buffers instead
-        for b in sorted(buffers, key=lambda b: -b.size_bytes)[:10]:
-            rows.append({"instruction": b.instruction, "shape": b.shape, "size_bytes": b.size_bytes,
-                         "unpadded_bytes": b.unpadded_bytes, "op_name": b.op_name,
-                         "source_line": b.source_line})
-    return rows
+        bare = wanted.split("{")[0]  # older logs print layouts the dump may spell differently
+        match = next((b for b in buffers if id(b) not in used and b.shape.replace(" ", "") == wanted), None) \
+            or next((b for b in buffers if id(b) not in used and b.shape.split("{")[0] == bare), None)
+        if match is not None:
+            used.add(id(match))
+            rows.append(_row(match, entry.index))
+    if not rows:  # no listed shapes (a short message): the dump's largest buffers stand in for the list
+        rows = [_row(b) for b in buffers[:10]]
+    return {"module": module.name, "source": module.source, "argument_bytes": module.argument_bytes,
+            "batch_argument_bytes": _batch_arguments(buffers, batch),
+            "temp_bytes": module.temp_bytes, "output_bytes": module.output_bytes, "buffers": rows}
+
+
+def _row(buffer, index: int | None = None) -> dict:
+    row = {"instruction": buffer.instruction, "shape": buffer.shape, "size_bytes": buffer.size_bytes,
+           "unpadded_bytes": buffer.unpadded_bytes, "allocation_type": buffer.allocation_type,
+           "op_name": buffer.op_name, "source_line": buffer.source_line}
+    if index is not None:
+        row["index"] = index
+    return row
+
+
+def _batch_arguments(buffers, batch: int | None) -> int:
+    """Bytes of the parameters whose shape has the batch dimension: inputs, which shrink with the batch.
+    Without --batch, the batch is taken to be the leading dimension of most temporary bytes."""
+    from tpuprof.models import shape as shapes
+
+    dims_of = {}
+    for buffer in buffers:
+        try:
+            dims_of[id(buffer)] = shapes.parse_shape(buffer.shape).dims if buffer.shape else ()
+        except UserError:
+            dims_of[id(buffer)] = ()
+    if not batch:
+        weights: dict[int, int] = {}
+        for buffer in buffers:
+            dims = dims_of[id(buffer)]
+            if buffer.allocation_type == "temp" and dims and dims[0] > 1:  # the batch is the leading dim
+                weights[dims[0]] = weights.get(dims[0], 0) + buffer.size_bytes
+        temp_total = sum(b.size_bytes for b in buffers if b.allocation_type == "temp")
+        if not weights or max(weights.values()) < 0.6 * temp_total:
+            return 0
+        batch = max(weights, key=lambda d: (weights[d], d))
+    return sum(b.size_bytes for b in buffers
+               if b.allocation_type == "parameter" and batch in dims_of[id(b)])

@@ -18,7 +18,7 @@ KIND_TEXT = {
 
 
 def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], source: str,
-           dump_rows: list[dict] | None = None, console: Console | None = None) -> None:
+           dump_rows: dict | None = None, console: Console | None = None) -> None:
     console = console or Console(highlight=False)
     where = f"{source}, line {report.line_number}" if report.line_number else source
     console.print(f"[bold]TPU out of memory[/bold] ({e(where)})")
@@ -88,17 +88,22 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
 
     if dump_rows:
         console.print()
-        table = Table(title="Joined with the dump's buffer assignment", title_justify="left")
-        for column in ("#", "instruction", "size", "unpadded", "op"):
+        joined = "listed allocations" if any("index" in r for r in dump_rows["buffers"]) else "largest buffers"
+        console.print(f"Dump {e(dump_rows['module'])}: arguments {fmt(dump_rows['argument_bytes'])}, "
+                      f"temporaries {fmt(dump_rows['temp_bytes'])}, output {fmt(dump_rows['output_bytes'])}")
+        table = Table(title=f"The dump's {joined}", title_justify="left")
+        for column in ("#", "instruction", "shape", "size", "unpadded", "type", "op"):
             table.add_column(column, overflow="fold")
-        for row in dump_rows:
-            table.add_row(str(row.get("index", "")), e(row["instruction"]), fmt(row["size_bytes"]),
-                          fmt(row["unpadded_bytes"]), e(row.get("op_name", "")))
+        for row in dump_rows["buffers"]:
+            table.add_row(str(row.get("index", "")), e(row["instruction"]), e(row["shape"]), fmt(row["size_bytes"]),
+                          fmt(row["unpadded_bytes"]), e(row["allocation_type"]), e((row.get("op_name") or "")[:60]))
         console.print(table)
 
     console.print()
     if estimate.scale is not None and estimate.scale >= 1:
         console.print(f"batch estimate: the program fits the capacity at the current batch ({e(estimate.reason)}).")
+    elif estimate.scale is not None and estimate.scale <= 0:
+        console.print(f"batch estimate: no batch fits; confidence {estimate.confidence}: {e(estimate.reason)}.")
     elif estimate.scale is not None:
         line = f"batch estimate: {estimate.scale:.0%} of the current batch fits"
         if estimate.fitting_batch is not None:
