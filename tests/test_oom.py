@@ -326,9 +326,10 @@ def test_json_contract(capsys):
 
 def test_stdin_and_human_output(capsys, monkeypatch):
     text = (FIXTURES / "colabtools_5126_runtime_alloc.txt").read_bytes()
-    code, out, err = run_cli(["oom", "-"], capsys, stdin=text, monkeypatch=monkeypatch)
-    assert code == 0, err
-    assert "129.50M" in out and "78.17M" in out and "live_buffers" in out
+    for args in (["oom", "-"], ["oom", "--"], ["oom"]):  # '-', '--' (a whole log on stdin) and nothing
+        code, out, err = run_cli(args, capsys, stdin=text, monkeypatch=monkeypatch)
+        assert code == 0, err
+        assert "129.50M" in out and "78.17M" in out and "live_buffers" in out
 
 
 @pytest.mark.parametrize("content", [
@@ -342,6 +343,13 @@ def test_no_oom_is_exit_2_with_one_sentence(content, tmp_path, capsys):
     code, out, err = run_cli(["oom", str(path)], capsys)
     assert code == 2 and out == ""
     assert err.strip() == f"tpuprof: no TPU out-of-memory error found in {path}."
+
+
+@pytest.mark.parametrize("path", sorted((FIXTURES / "not_tpu").glob("*.txt")), ids=lambda p: p.name)
+def test_gpu_out_of_memory_is_not_a_tpu_one(path, capsys):
+    assert path.read_text().startswith("# source: https://")
+    code, out, err = run_cli(["oom", str(path)], capsys)
+    assert code == 2 and "no TPU out-of-memory error found" in err
 
 
 def test_bad_input_is_one_sentence(tmp_path, capsys):
