@@ -283,6 +283,19 @@ def test_whole_training_log_streamed_across_chunk_boundaries(monkeypatch, tmp_pa
         assert got == expected
 
 
+def test_gzipped_log(tmp_path, capsys):
+    import gzip
+
+    log = tmp_path / "train.log.gz"
+    log.write_bytes(gzip.compress(b"step 1\n" * 1000 + (FIXTURES / "easydel_166_v4_falcon.txt").read_bytes()))
+    code, out, err = run_cli(["oom", str(log), "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["capacity_bytes"] == b("30.75G")
+    log.write_bytes(log.read_bytes()[:200])  # cut short
+    code, out, err = run_cli(["oom", str(log)], capsys)
+    assert code == 2 and "gzip" in err and "Traceback" not in err
+
+
 def test_most_detailed_message_wins_and_all_are_counted(tmp_path):
     short = (FIXTURES / "tensorflow_tpu_598_glog_remat.txt").read_bytes()
     detailed = (FIXTURES / "flowpm_27_arguments_unknown.txt").read_bytes()

@@ -9,6 +9,7 @@ logging), so the glog prefixes, blank lines and wrapped lines inside a message d
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
@@ -174,16 +175,45 @@ def iter_oom_blocks(stream: BinaryIO) -> Iterator[OomBlock]:
 
 
 def open_input(path: str | None):
-    """A binary stream for a path, '-' or None (stdin). The caller closes what it opened."""
-    import sys
+    """A binary stream for a path, '-' or None (stdin), gunzipped when it is gzip (saved job logs often
+    are). Returns (stream, opened): the caller closes what it opened."""
+    import gzip
 
-    if path in (None, "-"):
-        return sys.stdin.buffer, False
     from tpuprof.errors import UserError
 
-    try:
-        return open(path, "rb"), True
-    except IsADirectoryError:
-        raise UserError(f"{path} is a folder: give the log file (use --dump for an XLA dump folder).") from None
-    except OSError as error:
-        raise UserError(f"cannot read {path}: {error.strerror or error}.") from None
+    if path in (None, "-"):
+        stream, opened = sys.stdin.buffer, False
+    else:
+        try:
+            stream, opened = open(path, "rb"), True
+        except IsADirectoryError:
+            raise UserError(f"{path} is a folder: give the log file (use --dump for an XLA dump folder).") from None
+        except OSError as error:
+            raise UserError(f"cannot read {path}: {error.strerror or error}.") from None
+    peek = getattr(stream, "peek", None)
+    if peek is not None and peek(2)[:2] == b"\x1f\x8b":
+        return _GzipReader(gzip.GzipFile(fileobj=stream), stream), True
+    return stream, opened
+
+
+class _GzipReader:
+    """gzip stream whose truncation or corruption is one sentence, not a traceback."""
+
+    def __init__(self, gz, raw):
+        self.gz, self.raw = gz, raw
+
+    def read(self, size: int) -> bytes:
+        import gzip
+        import zlib
+
+        from tpuprof.errors import UserError
+
+        try:
+            return self.gz.read(size)
+        except (EOFError, OSError, zlib.error, gzip.BadGzipFile) as error:
+            raise UserError(f"the gzip log is damaged or cut short ({error}).") from None
+
+    def close(self) -> None:
+        self.gz.close()
+        if self.raw is not getattr(sys.stdin, "buffer", None):
+            self.raw.close()
