@@ -72,6 +72,32 @@ def analyze(
     command.run(path, top=top, as_json=as_json)
 
 
+@app.command()
+def capture(
+    tpu: Optional[str] = typer.Option(None, "--tpu", help="Cloud TPU name (resolved with TPUClusterResolver; every worker, profiler port 8466)."),
+    zone: Optional[str] = typer.Option(None, "--zone", help="Zone of --tpu (default: this VM's, from the metadata server)."),
+    project: Optional[str] = typer.Option(None, "--project", help="Project of --tpu (default: this VM's)."),
+    service_addr: Optional[str] = typer.Option(None, "--service-addr", help="Profiler server(s): host:port[,host:port...] or grpc://IP:8470 URLs."),
+    port: Optional[int] = typer.Option(None, "--port", help="Profiler port for --tpu, the TPU environment variables and localhost (default 8466)."),
+    logdir: str = typer.Option("logs", "--logdir", help="TensorBoard logdir, local or gs://; the run goes to LOGDIR/plugins/profile/<run>/."),
+    duration: str = typer.Option("3s", "--duration", help="How long to trace, e.g. 2s, 500ms."),
+    attempts: int = typer.Option(3, "--attempts", help="Tries when nothing answers or no trace event is collected."),
+    delay: str = typer.Option("0ms", "--delay", help="Start tracing this long after the request, e.g. 1s."),
+    host_tracer_level: int = typer.Option(2, "--host-tracer-level", help="0 off, 1 user annotations, 2 + framework ops, 3 verbose."),
+    device_tracer_level: int = typer.Option(1, "--device-tracer-level", help="0 off, 1 on."),
+    python_tracer_level: int = typer.Option(0, "--python-tracer-level", help="1 traces every Python call (large)."),
+    analyze_: bool = typer.Option(False, "--analyze", help="Run `tpuprof analyze` on the new run."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Capture a profile from a running job (TPU name, addresses or environment), from every worker."""
+    from tpuprof.commands import capture as command
+
+    command.run(logdir=logdir, tpu=tpu, zone=zone, project=project, service_addr=service_addr, port=port,
+                duration=duration, attempts=attempts, delay=delay, host_tracer_level=host_tracer_level,
+                device_tracer_level=device_tracer_level, python_tracer_level=python_tracer_level,
+                analyze=analyze_, as_json=as_json)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Console entry point: bad input is one sentence on stderr and exit code 2, never a traceback."""
     try:

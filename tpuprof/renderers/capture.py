@@ -1,0 +1,137 @@
+"""Live progress of a capture (on stderr) and its summary (rich tables or one JSON document)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import threading
+import time
+from typing import Optional
+
+from tpuprof.sources.addresses import Target
+from tpuprof.sources.capture import CaptureResult, TraceOptions, attempts_started
+
+
+def next_commands(result: CaptureResult) -> list[str]:
+    return [
+        f"tpuprof analyze {shlex.quote(result.run_dir)}",
+        f"tensorboard --logdir {shlex.quote(result.logdir)}",
+    ]
+
+
+def to_json(result: CaptureResult, target: Target, options: TraceOptions) -> dict:
+    return {
+        "run": result.run,
+        "run_dir": result.run_dir,
+        "logdir": result.logdir,
+        "addresses": result.addresses,
+        "address_source": target.why,
+        "notes": target.notes,
+        "duration_ms": options.duration_ms,
+        "attempts_allowed": options.attempts,
+        "attempts_used": result.attempts_used,
+        "seconds": round(result.seconds, 3),
+        "hosts": [
+            {"host": h.host, "path": h.path, "size_bytes": h.size_bytes, "events": h.events, "planes": h.planes}
+            for h in result.hosts
+        ],
+        "next_commands": next_commands(result),
+    }
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def print_summary(result: CaptureResult, target: Target, options: TraceOptions) -> None:
+    from rich.table import Table
+
+    from tpuprof.renderers.output import console
+
+    out = console()
+    out.print(f"[bold]Captured run {result.run}[/bold] -> {result.run_dir}")
+    attempts = f"{result.attempts_used} attempt{'s' if result.attempts_used != 1 else ''}"
+    out.print(f"{options.duration_ms / 1000:g} s trace from {', '.join(result.addresses)} ({attempts}, "
+              f"{result.seconds:.1f} s in all)")
+    out.print(f"Address {target.why}" + (f"; {'; '.join(target.notes)}." if target.notes else "."))
+    table = Table(show_edge=False, header_style="bold")
+    table.add_column("host")
+    table.add_column("file size", justify="right")
+    table.add_column("events", justify="right")
+    table.add_column("planes", justify="right")
+    for host in result.hosts:
+        table.add_row(host.host, _size(host.size_bytes), f"{host.events:,}", str(host.planes))
+    out.print(table)
+    out.print("Next:")
+    for command in next_commands(result):
+        out.print(f"  {command}", markup=False)
+
+
+def say(message: str) -> None:
+    """One status line on stderr (kept off stdout so --json stays one document)."""
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
+
+
+class LiveProgress:
+    """Countdown while tracing, then 'writing' until the client returns; drawn on the real stderr.
+
+    The capture redirects fds 1 and 2 (the C++ client prints there), so `start` receives the saved
+    terminal fds and draws on its own duplicate of stderr. Only on a terminal: logs and pipes get
+    the one-line status instead.
+    """
+
+    def __init__(self, addresses: list[str], options: TraceOptions):
+        self.addresses = addresses
+        self.options = options
+        self.progress = None
+        self.thread: Optional[threading.Thread] = None
+        self.stopping = threading.Event()
+        self.stream = None
+
+    def start(self, saved_fds: tuple[int, int], log_path: str) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        self.stream = os.fdopen(os.dup(saved_fds[1]), "w")
+        terminal = Console(file=self.stream, stderr=True)
+        if not terminal.is_terminal:
+            return
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"),
+                                 console=terminal, transient=True)
+        window = (self.options.delay_ms + self.options.duration_ms) / 1000
+        task = self.progress.add_task(f"Tracing {len(self.addresses)} host(s)", total=window, status="")
+        self.progress.start()
+
+        def tick():
+            attempt, attempt_start = 0, time.monotonic()
+            while not self.stopping.wait(0.1):
+                seen = attempts_started(log_path)
+                if seen != attempt:
+                    attempt, attempt_start = seen, time.monotonic()
+                elapsed = time.monotonic() - attempt_start
+                left = window - elapsed
+                label = f"attempt {max(attempt, 1)}/{self.options.attempts}"
+                if left > 0:
+                    status = f"{left:4.1f} s left, {label}"
+                else:
+                    status = f"writing: waiting for the hosts' traces, {label}"
+                self.progress.update(task, completed=min(elapsed, window), status=status)
+
+        self.thread = threading.Thread(target=tick, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.thread:
+            self.thread.join(timeout=2)
+        if self.progress:
+            self.progress.stop()
+        if self.stream:
+            self.stream.close()
+            self.stream = None

@@ -1,0 +1,324 @@
+"""Capture a profile from running profiler servers into logdir/plugins/profile/<run>/<host>.xplane.pb.
+
+Client: XProf's `xprof.convert._pywrap_profiler_plugin.trace`. TensorFlow's
+`tf.profiler.experimental.client.trace` is a thin wrapper that ends in the very same C++ call
+(CaptureRemoteTrace: service_addr, logdir, worker_list, include_dataset_ops, duration_ms,
+num_tracing_attempts, options) but imports all of TensorFlow first (3-5 s). XProf is where the
+profiler is maintained now, it is already a pinned dependency (tensorboard-plugin-profile==2.24.*)
+and its own capture button calls this function, so we use it; the leading underscore is covered by
+that pin.
+
+Never overwrite, never half-write: the client writes into a temporary folder inside the logdir (same
+file system), and the finished run folder is renamed into plugins/profile/ under a name that does
+not exist yet. For gs:// (any fsspec URL) the run is captured locally, then uploaded with fsspec;
+object stores write each object whole, so no reader sees half a file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from tpuprof.errors import UserError
+
+PROFILE_DIR = ("plugins", "profile")
+RUN_NAME_FORMAT = "%Y_%m_%d_%H_%M_%S"  # what the profiler client and TensorBoard use
+
+
+@dataclass
+class TraceOptions:
+    duration_ms: int = 2000
+    attempts: int = 3
+    delay_ms: int = 0
+    host_tracer_level: int = 2  # 1 user annotations only, 2 + framework ops (XProf's default), 3 verbose
+    device_tracer_level: int = 1  # 0 off, 1 on
+    python_tracer_level: int = 0  # 1 traces every Python call: large and slow, off by default
+
+    def as_client_options(self) -> dict:
+        return {
+            "host_tracer_level": self.host_tracer_level,
+            "device_tracer_level": self.device_tracer_level,
+            "python_tracer_level": self.python_tracer_level,
+            "delay_ms": self.delay_ms,
+        }
+
+
+@dataclass
+class HostFile:
+    host: str  # from the file name: "localhost_6009" for localhost:6009
+    path: str  # final location (local path or URL)
+    size_bytes: int
+    events: int
+    planes: int
+
+
+@dataclass
+class CaptureResult:
+    run: str  # run folder name
+    run_dir: str  # logdir/plugins/profile/<run>
+    logdir: str
+    addresses: list[str]
+    hosts: list[HostFile] = field(default_factory=list)
+    attempts_used: int = 1
+    seconds: float = 0.0
+
+
+def parse_duration_ms(text: str, allow_zero: bool = False) -> int:
+    """'2s', '500ms', '1.5s', '1m', or a bare number of seconds -> milliseconds."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|sec|m|min)?\s*", str(text).lower())
+    if not match:
+        raise UserError(f"'{text}' is not a duration: use e.g. 2s, 500ms or 1m.")
+    value = float(match.group(1))
+    unit = match.group(2) or "s"
+    ms = value * {"ms": 1, "s": 1000, "sec": 1000, "m": 60000, "min": 60000}[unit]
+    if ms < 1 and not (allow_zero and ms == 0):
+        raise UserError(f"A duration of '{text}' is too short: trace for at least 1ms (2s suits a TPU job).")
+    if ms > 3_600_000:
+        raise UserError(f"A duration of '{text}' is over an hour: the profiler keeps the trace in host memory; use at most a few minutes.")
+    return int(round(ms))
+
+
+def is_remote(logdir: str) -> bool:
+    return "://" in logdir and not logdir.startswith("file://")
+
+
+# ----------------------------------------------------------------------------------------------
+# The client call
+
+
+@contextmanager
+def _native_output_to(path: str):
+    """Send what the C++ client prints on fds 1 and 2 to a file: keeps --json stdout clean and the
+    terminal free of glog lines; the file is read afterwards for the cause of a failure."""
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        yield saved
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, target):
+            os.close(fd)
+
+
+def _client_trace():
+    try:
+        from xprof.convert import _pywrap_profiler_plugin
+    except ImportError as error:
+        raise UserError(f"XProf's profiler client is not available ({error}); "
+                        "pip install 'tensorboard-plugin-profile==2.24.*'.") from None
+    return _pywrap_profiler_plugin.trace
+
+
+def run_client(service_addr: str, worker_list: str, logdir: str, options: TraceOptions,
+               log_path: str, on_start: Optional[Callable[[tuple[int, int]], None]] = None) -> None:
+    """One blocking CaptureRemoteTrace call; raises RuntimeError with the client's status text.
+
+    `on_start(saved_fds)` runs once the native output is redirected: a progress display started
+    there can keep writing to the real terminal through the saved fds.
+    """
+    trace = _client_trace()
+    with _native_output_to(log_path) as saved:
+        if on_start:
+            on_start(saved)
+        trace(service_addr, logdir, worker_list, True, options.duration_ms, options.attempts,
+              options.as_client_options())
+
+
+def attempts_started(log_path: str) -> int:
+    """How many tracing attempts the client has begun (it prints one line per attempt)."""
+    try:
+        return Path(log_path).read_text(errors="replace").count("Starting to trace for")
+    except OSError:
+        return 0
+
+
+def explain_failure(error: Exception, log_text: str, addresses: list[str], options: TraceOptions) -> UserError:
+    """The client's status text plus its log -> one or two sentences with the cause and the fix."""
+    text = f"{error}\n{log_text}"
+    where = ", ".join(addresses)
+    if "Domain name not found" in text or "errors resolving" in text or "DNS resolution failed" in text:
+        return UserError(f"Cannot resolve {where} (DNS lookup failed): check the host name, or pass the worker's "
+                         "IP with --service-addr IP:PORT.")
+    if "Connection refused" in text or "failed to connect to all addresses" in text:
+        return UserError(f"Nothing is listening at {where} any more (connection refused during the capture): "
+                         "the job may have exited; start it again with its profiler server on.")
+    if "No trace event" in text or "empty_trace" in text or "did not have trace data" in text:
+        seconds = options.duration_ms / 1000
+        return UserError(
+            f"No trace event was collected from {where} after {options.attempts} attempt(s) of {seconds:g}s: "
+            "the job may be idle, between steps or still compiling; capture while it trains, or raise "
+            "--duration / --attempts."
+        )
+    if "UNIMPLEMENTED" in text:
+        return UserError(f"The server at {where} does not offer the profiler service: point at the port the "
+                         "job passed to its profiler server start call (not the TPU runtime port 8470).")
+    if "DEADLINE_EXCEEDED" in text:
+        return UserError(f"The profiler at {where} did not answer in time: the host may be overloaded or the "
+                         "trace too large; try a shorter --duration.")
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return UserError(f"The capture from {where} failed: {first[:300]}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Placing the finished run
+
+
+def unique_run_name(wanted: str, exists: Callable[[str], bool]) -> str:
+    """`wanted`, or `wanted_2`, `wanted_3`... : the first name not taken (never overwrite a run)."""
+    if not exists(wanted):
+        return wanted
+    n = 2
+    while exists(f"{wanted}_{n}"):
+        n += 1
+    return f"{wanted}_{n}"
+
+
+def captured_run(tmp_logdir: str) -> tuple[str, Path]:
+    """The one run folder the client wrote inside the temporary logdir."""
+    root = Path(tmp_logdir, *PROFILE_DIR)
+    runs = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    files = [f for run in runs for f in run.glob("*.xplane.pb")]
+    if not runs or not files:
+        raise UserError("The profiler client reported success but wrote no xplane.pb: capture again, "
+                        "and check the job is still training.")
+    return runs[-1].name, runs[-1]
+
+
+def place_local(run_folder: Path, wanted: str, logdir: str) -> str:
+    """Rename the finished run into logdir/plugins/profile/ under an unused name; return its path."""
+    profile = Path(logdir, *PROFILE_DIR)
+    profile.mkdir(parents=True, exist_ok=True)
+    while True:
+        name = unique_run_name(wanted, lambda n: (profile / n).exists())
+        final = profile / name
+        try:
+            # rename() replaces an *empty* existing directory, so claim the name with mkdir first:
+            # mkdir fails if a concurrent capture took it, and then we pick the next name.
+            final.mkdir()
+        except FileExistsError:
+            continue
+        for item in run_folder.iterdir():
+            os.rename(item, final / item.name)
+        return str(final)
+
+
+def _remote_fs(logdir: str):
+    import logging
+
+    import fsspec
+
+    # gcsfs logs a warning per call when it cannot ask for the bucket type without credentials.
+    logging.getLogger("gcsfs").setLevel(logging.ERROR)
+    try:
+        fs, root = fsspec.core.url_to_fs(logdir)
+    except (ImportError, ValueError) as error:
+        raise UserError(f"Cannot write to {logdir}: {error} (for gs:// install gcsfs).") from None
+    return fs, root.rstrip("/")
+
+
+def place_remote(run_folder: Path, wanted: str, logdir: str) -> str:
+    """Upload the finished run to logdir/plugins/profile/<unused name>/ with fsspec; return its URL."""
+    fs, root = _remote_fs(logdir)
+    profile = "/".join([root, *PROFILE_DIR])
+    try:
+        taken = {p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(profile, detail=False)} if fs.exists(profile) else set()
+        name = unique_run_name(wanted, lambda n: n in taken)
+        target = f"{profile}/{name}"
+        for item in sorted(run_folder.iterdir()):
+            fs.put_file(str(item), f"{target}/{item.name}")
+    except UserError:
+        raise
+    except Exception as error:  # noqa: BLE001 - gcsfs raises HttpError, OSError, auth errors...
+        raise UserError(f"Uploading the capture to {logdir} failed: {str(error).splitlines()[0][:300]} "
+                        f"(the local copy was removed; check credentials and the bucket name).") from None
+    protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+    return f"{protocol}://{target}"
+
+
+def describe_host_files(run_folder: Path) -> list[HostFile]:
+    """File size and event count of each host file, read before it is published (no download later).
+    `path` is the bare file name until the run has its final place."""
+    from tpuprof.sources import xplane
+
+    hosts = []
+    for path in sorted(run_folder.glob("*.xplane.pb")):
+        data = path.read_bytes()
+        space = xplane.parse_xspace(data, str(path))
+        events = sum(len(line.events) for plane in space.planes for line in plane.lines)
+        host = path.name[: -len(".xplane.pb")]
+        hosts.append(HostFile(host, path.name, len(data), events, len(space.planes)))
+    return hosts
+
+
+# ----------------------------------------------------------------------------------------------
+# The whole capture
+
+
+def capture(addresses: list[str], logdir: str, options: TraceOptions, tpu_master: Optional[str] = None,
+            on_start: Optional[Callable[[tuple[int, int], str], None]] = None) -> CaptureResult:
+    """Trace every address in one client call (the hosts share one start time, so runs line up)."""
+    started = time.monotonic()
+    remote = is_remote(logdir)
+    if remote:
+        _remote_fs(logdir)  # a missing gcsfs or a bad URL fails before the job is traced
+        scratch_parent = None
+    else:
+        scratch_parent = Path(logdir)
+        try:
+            scratch_parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UserError(f"Cannot create the logdir {logdir}: {error.strerror}.") from None
+    # Same file system as the logdir, so the final rename is atomic; a dot name so TensorBoard skips it.
+    scratch = tempfile.mkdtemp(prefix=".tpuprof-capture-", dir=scratch_parent)
+    log_path = os.path.join(scratch, "client.log")
+    client_logdir = os.path.join(scratch, "logdir")
+    try:
+        start_hook = (lambda saved: on_start(saved, log_path)) if on_start else None
+        try:
+            if tpu_master and len(addresses) > 1:
+                # A TPU Node's profiler service runs one session over all workers (XProf's way);
+                # servers started by a job (TPU VMs) answer UNIMPLEMENTED: then trace each directly.
+                try:
+                    run_client(tpu_master, ",".join(addresses), client_logdir, options, log_path, start_hook)
+                except RuntimeError as error:
+                    if "UNIMPLEMENTED" not in str(error):
+                        raise
+                    run_client(",".join(addresses), "", client_logdir, options, log_path, None)
+            else:
+                run_client(",".join(addresses), "", client_logdir, options, log_path, start_hook)
+        except RuntimeError as error:
+            log_text = Path(log_path).read_text(errors="replace") if os.path.exists(log_path) else ""
+            raise explain_failure(error, log_text, addresses, options) from None
+        wanted, run_folder = captured_run(client_logdir)
+        hosts = describe_host_files(run_folder)  # also proves each file parses before it is published
+        final_dir = place_remote(run_folder, wanted, logdir) if remote else place_local(run_folder, wanted, logdir)
+        for host in hosts:
+            host.path = f"{final_dir.rstrip('/')}/{host.path}"
+        return CaptureResult(
+            run=final_dir.rstrip("/").rsplit("/", 1)[-1],
+            run_dir=final_dir,
+            logdir=logdir,
+            addresses=list(addresses),
+            hosts=hosts,
+            attempts_used=max(1, attempts_started(log_path)),
+            seconds=time.monotonic() - started,
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
