@@ -167,8 +167,11 @@ class HostView:
                 return line, idx, f"{label} `{meta[key].name}` on thread `{line.name}`"
         return None
 
-    def main_thread_spans(self, line: Line) -> Spans:
-        return Spans(line.start, line.end)
+    def traced_host_work(self, line: Line) -> Spans:
+        """The training thread's traced events other than step markers (dispatch, transfers, other jits)."""
+        markers = _ids(self.plane, EXPLICIT_MARKER.match)
+        keep = ~np.isin(line.mid, list(markers)) if markers else np.ones(len(line.mid), bool)
+        return Spans(line.start[keep], line.end[keep])
 
     def step_numbers(self, line: Line, idx: np.ndarray) -> np.ndarray | None:
         names = _stat_names(self.plane)
@@ -195,9 +198,10 @@ class HostView:
                 starts.append(line.start[idx])
         if not starts:
             return None
-        # The GetNext events of one call appear on a few lines; count each line's calls, keep the most.
+        # A call's GetNext events can run on several threads (Keras fetches the first batch of a
+        # multi-step call outside its loop): count the top-level calls of every thread.
         counts = [np.searchsorted(np.sort(s), b) - np.searchsorted(np.sort(s), a) for s in starts]
-        return np.max(np.vstack(counts), axis=0)
+        return np.maximum(np.sum(np.vstack(counts), axis=0), 1)
 
 
 def _spans(pairs) -> Spans:
@@ -206,17 +210,17 @@ def _spans(pairs) -> Spans:
     return Spans(np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs]))
 
 
-def _trim(starts: np.ndarray, ends: np.ndarray, inner: Spans) -> Spans:
+def _trim(starts: np.ndarray, ends: np.ndarray, inner: Spans) -> tuple[np.ndarray, np.ndarray]:
     """Each [start, end) shrunk to the span from the first to the last INNER time it contains."""
     if not len(inner.starts):
-        return Spans(starts, ends)
+        return starts, ends
     first = np.searchsorted(inner.ends, starts, side="right")  # first inner span ending after start
     first_start = inner.starts[np.minimum(first, len(inner.starts) - 1)]
     new_starts = np.where(first < len(inner.starts), np.maximum(starts, first_start), ends)
     last = np.searchsorted(inner.starts, ends, side="left") - 1  # last inner span starting before end
     last_end = inner.ends[np.maximum(last, 0)]
     new_ends = np.where(last >= 0, np.minimum(ends, last_end), starts)
-    return Spans(new_starts, np.maximum(new_ends, new_starts))
+    return new_starts, np.maximum(new_ends, new_starts)
 
 
 def host_steps(view: HostView, profile: HostProfile) -> None:
@@ -230,10 +234,10 @@ def host_steps(view: HostView, profile: HostProfile) -> None:
     order = np.argsort(start)
     idx, start, end = idx[order], start[order], end[order]
     a, b = _periods(start, end)
-    markers = Spans(start, end)
     # The step call's own start-up and return (before its first kernel or input wait, after its last) is
     # per-call host overhead, the part that running several steps per call amortises.
-    core = _trim(start, end, view.work | view.input_wait)
+    core_start, core_end = _trim(start, end, view.work | view.input_wait)
+    core = Spans(core_start, core_end)
     profile.step_source = description
     profile.input_visible = view.input_visible
     if view.input_visible:
@@ -242,9 +246,19 @@ def host_steps(view: HostView, profile: HostProfile) -> None:
     else:
         # No input pipeline in the trace: untraced host time is the Python data loader's.
         profile.untraced_input = True
-        traced_host = view.main_thread_spans(line)
+        # Untraced time on the training thread before a step starts dispatching its work (between steps,
+        # or inside the step annotation before the jitted call) is the host's Python preparing the batch:
+        # input. From the first traced dispatch event to the first kernel (launch latency), and after the
+        # last kernel (the return to Python), it is host overhead.
+        traced = view.traced_host_work(line)
+        launch_start = core_start
+        if len(traced.starts):
+            first = np.searchsorted(traced.ends, start, side="right")
+            first_start = traced.starts[np.minimum(first, len(traced.starts) - 1)]
+            launch_start = np.where(first < len(traced.starts), np.maximum(start, first_start), core_start)
+        launch = Spans(np.minimum(launch_start, core_start), core_start)
         layers = [("compile", view.compile), ("input", view.input_wait), ("compute", core | view.work),
-                  ("host_overhead", markers | traced_host)]
+                  ("host_overhead", traced | launch | Spans(core_end, end))]
         parts = _split(a, b, layers, rest="input")
     numbers = view.step_numbers(line, idx)
     batches = view.batches_per_step(start, end)

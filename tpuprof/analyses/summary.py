@@ -43,7 +43,7 @@ class Report:
     @property
     def batches_per_step(self) -> float:
         steps = [s for h in self.hosts for s in h.steps]
-        return statistics.median([s.batches for s in steps]) if steps else 1
+        return int(round(statistics.median([s.batches for s in steps]))) if steps else 1
 
 
 def _merge_stages(hosts: list[HostProfile]) -> list[Stage]:

@@ -1,0 +1,95 @@
+"""Regenerate the small real captures in sample_profiles/captures/ from the jobs in sample_profiles/jobs/.
+
+Each capture runs one job with a built-in bottleneck (the ground truth lives in the job), waits for its
+READY line and a warm-up, traces its profiler server on loopback for a short window, and keeps the run
+as a logdir: captures/<name>/plugins/profile/<run>/<host>.xplane.pb. Windows are short so every file
+stays well under 2 MB.
+
+Usage: python sample_profiles/make_captures.py [NAME ...]     (default: all of them, one at a time)
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+JOBS = HERE / "jobs"
+OUT = HERE / "captures"
+
+# name: (job script, job arguments, warm-up seconds after READY, trace window in ms)
+CAPTURES = {
+    # Python map sleeping 2 ms per example, sequential, no prefetch: input-bound.
+    "tf_slow_map": ("tf_keras_job.py", ["--slow-map-ms", "2"], 2.0, 1500),
+    # Cached + prefetched data: after the first epoch the step is the model's: compute-bound.
+    "tf_cached": ("tf_keras_job.py", ["--cache"], 6.0, 500),
+    # A model of a few hundred FLOPs, one step per call: the host's per-call overhead dominates.
+    "tf_tiny_spe1": ("tf_keras_job.py", ["--tiny", "--steps-per-execution", "1"], 2.0, 300),
+    # The same with 64 steps per call: the overhead is amortised.
+    "tf_tiny_spe64": ("tf_keras_job.py", ["--tiny", "--steps-per-execution", "64"], 2.0, 200),
+    # A Python loader sleeping 20 ms per batch inside each step: input-bound, nothing traced while it sleeps.
+    "jax_slow_loader": ("jax_job.py", ["--slow-loader-ms", "20"], 1.0, 1000),
+    # A free loader: the jitted MLP step fills the step: compute-bound.
+    "jax_compute": ("jax_job.py", [], 1.0, 700),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def trace(port: int, logdir: str, duration_ms: int) -> None:
+    """Ask the job's profiler server for a trace (the same gRPC call as TensorBoard's capture button)."""
+    from xprof.convert import _pywrap_profiler_plugin
+
+    options = {"host_tracer_level": 2, "device_tracer_level": 1, "python_tracer_level": 0}
+    _pywrap_profiler_plugin.trace(f"localhost:{port}", logdir, "", True, duration_ms, 3, options)
+
+
+def capture(name: str) -> Path:
+    script, args, warmup, duration_ms = CAPTURES[name]
+    port = free_port()
+    job = subprocess.Popen([sys.executable, str(JOBS / script), "--port", str(port), "--seconds", "120", *args],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        for line in job.stdout:
+            if "READY" in line:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{script} did not print READY")
+        else:
+            raise RuntimeError(f"{script} exited with {job.wait()} before READY")
+        time.sleep(warmup)
+        with tempfile.TemporaryDirectory() as tmp:
+            trace(port, tmp, duration_ms)
+            run = max((tmp_path for tmp_path in Path(tmp, "plugins", "profile").iterdir()), key=lambda p: p.name)
+            target = OUT / name
+            shutil.rmtree(target, ignore_errors=True)
+            dest = target / "plugins" / "profile" / run.name
+            dest.mkdir(parents=True)
+            for host_file in run.glob("*.xplane.pb"):
+                shutil.copy2(host_file, dest / host_file.name)
+        return dest
+    finally:
+        job.kill()
+        job.wait()
+
+
+def main(names: list[str]) -> int:
+    for name in names or list(CAPTURES):
+        dest = capture(name)
+        sizes = ", ".join(f"{p.name} {p.stat().st_size / 1e6:.2f} MB" for p in dest.glob("*.xplane.pb"))
+        print(f"{name}: {dest.relative_to(HERE)} ({sizes})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
