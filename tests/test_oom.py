@@ -245,6 +245,25 @@ def test_arguments_larger_than_capacity_leave_no_batch_that_fits():
     assert "sharding" in kinds and "batch_size" not in kinds
 
 
+def test_batch_estimate_confidence_follows_what_the_message_gives():
+    from tpuprof import targets
+
+    # Arguments and temporaries known, both listed buffers share the 29184 dimension: high.
+    report = report_of(FIXTURES / "pytorch_xla_3041_indented.txt")
+    estimate = analysis.estimate_batch(report, batch=29184, capacity=targets.get("v2").compiler_hbm_bytes)
+    assert estimate.confidence == "high" and estimate.batch_dim == 29184
+    assert estimate.fixed_bytes == b("7.04G") and estimate.scaling_bytes == b("1.68G")
+    fits = int(29184 * (targets.get("v2").compiler_hbm_bytes - b("7.04G")) / b("1.68G"))
+    assert estimate.fitting_batch == fits - fits % 8
+    # No word of the arguments: the same arithmetic, but low.
+    report = report_of(FIXTURES / "pytorch_xla_6674_bf16_transpose.txt")
+    estimate = analysis.estimate_batch(report, capacity=targets.get("v4").compiler_hbm_bytes)
+    assert estimate.confidence == "low" and "arguments' size" in estimate.reason
+    # Run-time and scratch-memory failures: no estimate at all.
+    for name in ("colabtools_5126_runtime_alloc", "pytorch_xla_9524_vmem"):
+        assert analysis.estimate_batch(report_of(FIXTURES / f"{name}.txt"), batch=8).scale is None
+
+
 def test_short_forms_say_how_to_get_more_detail():
     report = report_of(FIXTURES / "openxla_error_1000_early_abort_flag.txt")
     tips = advice.suggest(report, analysis.estimate_batch(report))

@@ -118,6 +118,9 @@ def _padding(report: OomReport, capacity: int | None) -> list[dict]:
             fix = ("do not materialise the one-hot: use integer labels with a sparse loss "
                    "(sparse_categorical_crossentropy, optax.softmax_cross_entropy_with_integer_labels) "
                    "or gather the logits at the label index")
+        elif any(n == 1 for d, n, p in entry.padded_dims):
+            fix = ("a size-1 dimension sits in a tiled position: squeeze it away (reshape) or transpose so a "
+                   "large dimension takes its place")
         elif small_minor:
             fix = (f"a minor dimension of {small_minor[0]} fills 128 lanes: reorder/reshape so a large "
                    "dimension is last, or merge the small dimension into a neighbour")

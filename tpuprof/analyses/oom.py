@@ -444,10 +444,16 @@ def estimate_batch(report: OomReport, batch: int | None = None, capacity: int | 
             and (report.used_bytes is not None or report.program_bytes is not None or from_dump):
         fixed = used - temp
         scale = (capacity - fixed) / temp if temp else None
-        confidence = "high" if dim is not None and share >= 0.6 and len(report.allocations) >= 2 else "medium"
+        shaped = sum(1 for a in report.allocations if a.dims)
+        confidence = "high" if dim is not None and share >= 0.6 and shaped >= 2 else "medium"
+        arguments_known = report.used_bytes is not None or report.arguments_bytes is not None or from_dump
+        if not arguments_known:
+            confidence = "low"
         what = "temporaries" + (" and batch inputs" if from_dump and dump_batch_arguments else "")
         reason = (f"{what} ({format_bytes(temp)}) scale with the batch; the rest "
                   f"({format_bytes(fixed)}: arguments{' from the dump' if from_dump else ', globals'}) does not")
+        if not arguments_known:
+            reason += "; the message does not give the arguments' size, counted as 0"
         if dim is not None and share >= 0.6:
             reason += f"; a dimension of {dim} is in {share:.0%} of the listed bytes"
         estimate = BatchEstimate(scale, confidence, reason, fixed_bytes=fixed, scaling_bytes=temp)
