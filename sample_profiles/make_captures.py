@@ -14,11 +14,15 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from tpuprof.sources.capture import TraceOptions  # noqa: E402
+from tpuprof.sources.capture import capture as capture_run  # noqa: E402
+
 JOBS = HERE / "jobs"
 OUT = HERE / "captures"
 
@@ -45,14 +49,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def trace(port: int, logdir: str, duration_ms: int) -> None:
-    """Ask the job's profiler server for a trace (the same gRPC call as TensorBoard's capture button)."""
-    from xprof.convert import _pywrap_profiler_plugin
-
-    options = {"host_tracer_level": 2, "device_tracer_level": 1, "python_tracer_level": 0}
-    _pywrap_profiler_plugin.trace(f"localhost:{port}", logdir, "", True, duration_ms, 3, options)
-
-
 def capture(name: str) -> Path:
     script, args, warmup, duration_ms = CAPTURES[name]
     port = free_port()
@@ -68,16 +64,11 @@ def capture(name: str) -> Path:
         else:
             raise RuntimeError(f"{script} exited with {job.wait()} before READY")
         time.sleep(warmup)
-        with tempfile.TemporaryDirectory() as tmp:
-            trace(port, tmp, duration_ms)
-            run = max((tmp_path for tmp_path in Path(tmp, "plugins", "profile").iterdir()), key=lambda p: p.name)
-            target = OUT / name
-            shutil.rmtree(target, ignore_errors=True)
-            dest = target / "plugins" / "profile" / run.name
-            dest.mkdir(parents=True)
-            for host_file in run.glob("*.xplane.pb"):
-                shutil.copy2(host_file, dest / host_file.name)
-        return dest
+        target = OUT / name
+        shutil.rmtree(target, ignore_errors=True)
+        # tpuprof's own capture (the profiler client, run folder published whole).
+        result = capture_run([f"localhost:{port}"], str(target), TraceOptions(duration_ms=duration_ms))
+        return Path(result.run_dir)
     finally:
         job.kill()
         job.wait()

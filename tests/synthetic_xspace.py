@@ -1,0 +1,124 @@
+"""TPU-plane XSpaces built from the XPlane schema, with the step breakdown known by construction.
+
+No TPU is attached here, so the device path of `tpuprof analyze` is exercised on XSpaces laid out
+the way a TPU capture is: a `/device:TPU:N` plane per core with the lines `Steps` (one event per
+step, `group_id` stat), `XLA Modules` (one program execution per step) and `XLA Ops` (HLO ops, whose
+metadata carry `hlo_category`, `tf_op` and `shape_with_layout`, as XProf reads them). Each step is:
+
+    [device idle: idle_ms] [program: infeed_ms of infeed, then matmul_ms of convolution, other_ms of fusion]
+
+so input = infeed (+ idle when the host is blocked in the iterator meanwhile), host overhead = idle,
+compute = matmul + other. Optionally a `/host:CPU` plane whose iterator GetNext calls span the idle gaps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpuprof.protos import xplane_pb2
+
+PS_PER_MS = 10**9
+
+
+@dataclass
+class Layout:
+    steps: int = 20
+    idle_ms: float = 1.0
+    infeed_ms: float = 0.0
+    matmul_ms: float = 6.0
+    other_ms: float = 3.0
+    matmul_dtype: str = "f32"
+    host_waits_in_idle: bool = False  # the host is blocked in IteratorGetNext during the device's idle gaps
+    cores: int = 1
+    start_ns: int = 1_000_000
+
+    @property
+    def step_ms(self) -> float:
+        return self.idle_ms + self.infeed_ms + self.matmul_ms + self.other_ms
+
+
+class _Plane:
+    def __init__(self, plane):
+        self.plane = plane
+        self.event_ids: dict[str, int] = {}
+        self.stat_ids: dict[str, int] = {}
+
+    def stat_id(self, name: str) -> int:
+        if name not in self.stat_ids:
+            key = len(self.stat_ids) + 1
+            self.stat_ids[name] = key
+            self.plane.stat_metadata[key].id = key
+            self.plane.stat_metadata[key].name = name
+        return self.stat_ids[name]
+
+    def event_id(self, name: str, display: str = "", **stats: str) -> int:
+        if name not in self.event_ids:
+            key = len(self.event_ids) + 1
+            self.event_ids[name] = key
+            meta = self.plane.event_metadata[key]
+            meta.id, meta.name, meta.display_name = key, name, display or name
+            for stat_name, value in stats.items():
+                stat = meta.stats.add(metadata_id=self.stat_id(stat_name))
+                stat.str_value = value
+        return self.event_ids[name]
+
+    def line(self, line_id: int, name: str, timestamp_ns: int):
+        return self.plane.lines.add(id=line_id, display_id=line_id, name=name, display_name=name,
+                                    timestamp_ns=timestamp_ns)
+
+    def event(self, line, name_id: int, start_ps: int, duration_ps: int, **int_stats: int):
+        event = line.events.add(metadata_id=name_id, offset_ps=start_ps, duration_ps=duration_ps)
+        for stat_name, value in int_stats.items():
+            event.stats.add(metadata_id=self.stat_id(stat_name), int64_value=value)
+        return event
+
+
+def tpu_xspace(layout: Layout, hostname: str = "tpu-vm-0"):
+    space = xplane_pb2().XSpace()
+    space.hostnames.append(hostname)
+    ms = lambda value: int(round(value * PS_PER_MS))  # noqa: E731
+    for core in range(layout.cores):
+        plane = _Plane(space.planes.add(id=core, name=f"/device:TPU:{core}"))
+        steps = plane.line(1, "Steps", layout.start_ns)
+        modules = plane.line(2, "XLA Modules", layout.start_ns)
+        ops = plane.line(3, "XLA Ops", layout.start_ns)
+        module = plane.event_id("jit_train_step(1234)")
+        infeed = plane.event_id("infeed.1", "infeed.1", hlo_category="infeed", tf_op="IteratorGetNext",
+                                shape_with_layout="(f32[128,784]{1,0}, s32[128]{0})")
+        conv = plane.event_id("convolution.7", "convolution.7", hlo_category="convolution",
+                              tf_op="model/dense/MatMul",
+                              shape_with_layout=f"{layout.matmul_dtype}[128,1024]{{1,0:T(8,128)}}")
+        fusion = plane.event_id("fusion.3", "fusion.3", hlo_category="non-fusion elementwise",
+                                tf_op="model/dense/Relu", shape_with_layout="f32[128,1024]{1,0}")
+        t = 0
+        for number in range(layout.steps):
+            step_start = t
+            plane.event(steps, plane.event_id(str(number)), step_start, ms(layout.step_ms), group_id=number)
+            t += ms(layout.idle_ms)
+            program = ms(layout.infeed_ms + layout.matmul_ms + layout.other_ms)
+            plane.event(modules, module, t, program, group_id=number)
+            for op, duration in ((infeed, layout.infeed_ms), (conv, layout.matmul_ms), (fusion, layout.other_ms)):
+                if duration:
+                    plane.event(ops, op, t, ms(duration), group_id=number)
+                    t += ms(duration)
+    host = _Plane(space.planes.add(id=1000, name="/host:CPU"))
+    python = host.line(10, "python", layout.start_ns)
+    marker = host.event_id("train")
+    get_next = host.line(11, "tf_data_iterator_get_next/1", layout.start_ns)
+    wait = host.event_id("IteratorGetNextOp::DoCompute")
+    for number in range(layout.steps):
+        step_start = ms(number * layout.step_ms)
+        host.event(python, marker, step_start, ms(layout.step_ms), step_num=number, _r=1)
+        if layout.host_waits_in_idle and layout.idle_ms:
+            host.event(get_next, wait, step_start, ms(layout.idle_ms))
+    return space
+
+
+def write_run(folder: Path, spaces: dict[str, object]) -> Path:
+    """A logdir with one run holding one `<host>.xplane.pb` per XSpace; returns the logdir."""
+    run = Path(folder, "plugins", "profile", "2026_01_01_00_00_00")
+    run.mkdir(parents=True, exist_ok=True)
+    for host, space in spaces.items():
+        (run / f"{host}.xplane.pb").write_bytes(space.SerializeToString())
+    return Path(folder)
