@@ -80,7 +80,9 @@ def _estimate(module: hlo_text.TextModule, source: str, kind: str, target: str |
         result.estimated = True
         result.notes.append(
             "No TPU layouts in this HLO: sizes simulate the default TPU tiling (minor dim to 128, "
-            "second-minor to 8/16/32 by element width) on the dims as laid out; compile with libtpu for exact figures."
+            "second-minor to 8/16/32 by element width) on the dims as laid out. Treat it as an upper bound: "
+            "libtpu picks layouts that often pad far less (e.g. batch-minor for convolutions); "
+            "`--compile` on the module proto, or `tpuprof preflight`, gives the exact figures."
         )
     result.notes.append("No buffer assignment: the peak is a liveness estimate over the entry computation.")
 
