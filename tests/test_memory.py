@@ -192,3 +192,18 @@ def test_channels_fix_names_the_multiples():
     message = padding_fix(buffer)
     assert "channels 18 -> padded to 24: use 16 or 24" in message
     assert "dimension 0 sits in the 128-lane minor dimension: 64 -> 128" in message
+
+
+def test_tensorflow_hlo_without_tpu_layouts_is_an_estimate(cli):
+    folder = sample_dump("tf_hlo_cpu")
+    out = cli("memory", folder)
+    assert out.returncode == 2 and "--target" in out.stderr
+    out = cli("memory", folder, "--target", "v5e", "--json")
+    assert out.returncode == 0, out.stderr
+    module = json.loads(out.stdout)["modules"][0]
+    assert module["estimated"] is True and module["target"] == "v5e"
+    assert any("upper bound" in note for note in module["notes"])
+    # TF lays NHWC out row-major: the 18 channels become the 128-lane minor dimension in the estimate.
+    conv = next(b for b in module["buffers"] if b["shape"].startswith("f32[") and ",18]{3,2,1,0:T(8,128)}" in b["shape"])
+    assert conv["size_bytes"] == conv["unpadded_bytes"] * 128 // 18
+    assert module["peak_heap_bytes"] >= module["argument_bytes"]

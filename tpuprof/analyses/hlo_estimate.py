@@ -10,6 +10,7 @@ from its instruction to its last use), not the compiler's heap simulation.
 from __future__ import annotations
 
 from tpuprof.analyses.memory import aggregate_ops, fill_shape_details
+from tpuprof.errors import UserError
 from tpuprof.models import shape as shapes
 from tpuprof.models.memory import CONSTANT, OUTPUT, PARAMETER, TEMP, Buffer, ModuleMemory
 from tpuprof.sources import hlo_text
@@ -75,6 +76,9 @@ def from_module_proto(module_proto, source: str, target: str | None) -> ModuleMe
 def _estimate(module: hlo_text.TextModule, source: str, kind: str, target: str | None) -> ModuleMemory:
     entry = module.entry_instructions
     tiled = any(_has_tpu_tiles(i.shape) for i in entry)
+    if not tiled and target is None:
+        raise UserError(f"{source} has no TPU layouts (CPU/GPU/TensorFlow HLO): pass --target "
+                        "v2|v3|v4|v5e|v5p|v6e to estimate it with the default TPU tiling.")
     result = ModuleMemory(name=module.name, source=source, source_kind=kind, target=target)
     if not tiled:
         result.estimated = True
@@ -174,7 +178,6 @@ def compile_with_libtpu(path, module: str | None, target: str) -> list[ModuleMem
     from pathlib import Path
 
     from tpuprof.analyses.memory import analyze_path
-    from tpuprof.errors import UserError
     from tpuprof.sources import hlo_dump, tpu_compile
 
     path = Path(path)
