@@ -30,6 +30,10 @@ class Layout:
     other_ms: float = 3.0
     matmul_dtype: str = "f32"
     host_waits_in_idle: bool = False  # the host is blocked in IteratorGetNext during the device's idle gaps
+    # JAX style: no tf.data; the training thread runs untraced Python (a loader) for all of the device's
+    # idle gap but its last `dispatch_ms`, when it dispatches the jitted step (a traced PjitFunction).
+    host_loader_in_idle: bool = False
+    dispatch_ms: float = 0.2
     cores: int = 1
     start_ns: int = 1_000_000
 
@@ -107,11 +111,17 @@ def tpu_xspace(layout: Layout, hostname: str = "tpu-vm-0"):
     marker = host.event_id("train")
     get_next = host.line(11, "tf_data_iterator_get_next/1", layout.start_ns)
     wait = host.event_id("IteratorGetNextOp::DoCompute")
+    dispatch = host.event_id("PjitFunction(train_step)")
+    block = host.event_id("CommonPjRtBuffer::Await")
     for number in range(layout.steps):
         step_start = ms(number * layout.step_ms)
         host.event(python, marker, step_start, ms(layout.step_ms), step_num=number, _r=1)
         if layout.host_waits_in_idle and layout.idle_ms:
             host.event(get_next, wait, step_start, ms(layout.idle_ms))
+        if layout.host_loader_in_idle:
+            program_start = step_start + ms(layout.idle_ms)
+            host.event(python, dispatch, program_start - ms(layout.dispatch_ms), ms(layout.dispatch_ms))
+            host.event(python, block, program_start, ms(layout.step_ms - layout.idle_ms))
     return space
 
 

@@ -142,6 +142,10 @@ def test_json_contract_from_the_cli(capsys):
     assert all(set(s) >= {"kind", "message", "evidence"} for s in document["suggestions"])
     assert len(document["top_ops"]) <= 5 and document["top_ops"][0]["name"] == "EagerPyFunc"
     assert document["hosts"][0]["platform"] == "cpu"
+    steps = document["hosts"][0]["step_list"]
+    assert len(steps) == document["steps"]["count"]
+    assert all(abs(sum(s[f"{c}_ms"] for c in ("compute", "input", "host_overhead", "compile", "other"))
+                   - s["duration_ms"]) < 0.01 for s in steps)
 
 
 def test_tables_render(capsys):
@@ -211,6 +215,16 @@ def test_tpu_idle_while_the_host_waits_for_data_is_input(tmp_path):
     assert report.breakdown_percent["host_overhead"] < 1
 
 
+def test_tpu_idle_while_jax_host_runs_its_loader_is_input(tmp_path):
+    """No tf.data: the untraced Python on the training thread during the device's idle gap is the loader;
+    the traced dispatch just before the program is host overhead."""
+    layout = Layout(idle_ms=3.0, matmul_ms=1.0, other_ms=1.0, host_loader_in_idle=True, dispatch_ms=0.5)
+    report = analyze_layout(tmp_path, layout)
+    assert report.input_bound_percent == pytest.approx(100 * 2.5 / 5.0, abs=0.2)
+    assert report.breakdown_percent["host_overhead"] == pytest.approx(100 * 0.5 / 5.0, abs=0.2)
+    assert report.suggestions[0]["kind"] == "input_pipeline"
+
+
 def test_tpu_f32_matmuls_get_bf16_advice(tmp_path):
     report = analyze_layout(tmp_path, Layout(idle_ms=0.1, matmul_ms=8.0, other_ms=1.0, matmul_dtype="f32"))
     assert report.verdict == "compute-bound"
@@ -218,6 +232,8 @@ def test_tpu_f32_matmuls_get_bf16_advice(tmp_path):
     assert "mixed_bfloat16" in bf16["message"] or "bfloat16" in bf16["message"]
     device_ops = [op for op in report.top_ops if op.where == "device"]
     assert device_ops[0].name == "model/dense/MatMul" and device_ops[0].kind == "convolution"
+    precision = render.to_json(report, 5)["precision"]
+    assert precision["f32_matmul_percent_of_compute"] == pytest.approx(100 * 8 / 9, abs=0.2)
 
 
 def test_tpu_cores_and_hosts_straggler(tmp_path):

@@ -127,7 +127,7 @@ class HostView:
         # Work = kernels actually running: TF ops (`scope/name:Type`) and XLA:CPU thunks on executor threads.
         tf_ops = _ids(plane, lambda n: bool(top_ops.TF_OP.match(n)))
         xla_ops = _ids(plane, lambda n: bool(n) and not top_ops.NOT_OP.match(n) and not top_ops.TF_OP.match(n))
-        self.input_visible = bool(get_next) or any(m.name.startswith("Iterator::") for m in meta.values())
+        iterator_ids = _ids(plane, lambda n: n.startswith("Iterator::"))
         wait, comp, work = [], [], []
         for line in self.lines:
             idx = line.select(get_next)
@@ -138,6 +138,9 @@ class HostView:
                 idx = line.select(tf_ops | xla_ops if top_ops.XLA_CPU_LINE.match(line.name) else tf_ops)
                 work.append((line.start[idx], line.end[idx]))
         self.get_next_ids = get_next
+        # The input pipeline is visible when the capture holds tf.data events (not just their names).
+        visible = get_next | iterator_ids
+        self.input_visible = any(len(line.select(visible)) for line in self.lines)
         self.input_wait = _spans(wait)
         self.compile = _spans(comp)
         self.work = _spans(work)
@@ -368,6 +371,24 @@ def _mean_steps(per_core: list[list[Step]]) -> list[Step]:
 # --------------------------------------------------------------------------------------------------
 
 
+def _host_waiting(view: HostView) -> Spans:
+    """When the host was busy getting the next batch: blocked in the tf.data iterator, or, when the
+    capture shows no input pipeline (JAX), running untraced Python on the training thread."""
+    if view.input_visible:
+        return view.input_wait
+    found = view.markers()
+    if found is None:
+        return view.input_wait
+    line = found[0]
+    traced = view.traced_host_work(line)
+    if not len(traced.starts):
+        return view.input_wait
+    # The gaps between traced events, from the thread's first event to its last.
+    untraced = Spans(np.concatenate([[line.start.min()], traced.ends]),
+                     np.concatenate([traced.starts, [line.end.max()]]))
+    return view.input_wait | untraced
+
+
 def analyze_xspace(space, host: str, path: str = "") -> HostProfile:
     planes = list(space.planes)
     host_plane = next((p for p in planes if p.name == HOST_PLANE), None)
@@ -384,8 +405,9 @@ def analyze_xspace(space, host: str, path: str = "") -> HostProfile:
         kernels = [read_line(line) for plane in gpu_planes for line in plane.lines if len(line.events)]
         view.work = view.work | _spans([(k.start, k.end) for k in kernels])
     per_core, source = [], ""
+    host_wait = _host_waiting(view) if view is not None and tpu_planes else Spans.empty()
     for plane in tpu_planes:
-        found = device_steps(plane, view.input_wait if view is not None else Spans.empty())
+        found = device_steps(plane, host_wait)
         if found:
             per_core.append(found[0])
             source = found[1]

@@ -24,6 +24,11 @@ def to_json(report: Report, top: int) -> dict:
                 "breakdown_percent": {c: round(100.0 * h.total(c) / h.step_ps, 1) if h.step_ps else 0.0
                                       for c in CATEGORIES},
                 "notes": h.notes,
+                "step_list": [
+                    {"number": st.number, "duration_ms": _ms(st.duration_ps), "batches": st.batches,
+                     **{f"{c}_ms": _ms(getattr(st, f"{c}_ps")) for c in CATEGORIES}}
+                    for st in h.steps
+                ],
             }
             for h in report.hosts
         ],
@@ -43,12 +48,22 @@ def to_json(report: Report, top: int) -> dict:
                         "self_ms": _ms(s.self_ps), "py_function_ms": _ms(s.py_function_ps)}
                        for s in report.stages[: top if top > 0 else None]],
         },
+        "precision": _precision(report),
         "stragglers": [{"host": h, "median_ms": round(v, 3), "hosts_median_ms": round(m, 3)}
                        for h, v, m in report.stragglers],
         "suggestions": report.suggestions,
         "top_ops": [{"name": o.name, "kind": o.kind, "where": o.where, "count": o.count, "self_ms": _ms(o.self_ps)}
                     for o in report.top_ops],
     }
+
+
+def _precision(report: Report) -> dict:
+    """Device time in matmuls/convolutions and the part with 32-bit results (TPU planes only)."""
+    matmul = sum(h.matmul_ps for h in report.hosts)
+    wide = sum(h.matmul_f32_ps for h in report.hosts)
+    compute = sum(h.total("compute") for h in report.hosts)
+    return {"matmul_ms": _ms(matmul), "matmul_f32_ms": _ms(wide),
+            "f32_matmul_percent_of_compute": round(100.0 * wide / compute, 1) if compute and matmul else None}
 
 
 def print_tables(report: Report, top: int) -> None:
