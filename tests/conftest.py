@@ -46,3 +46,26 @@ def sample_dump(name: str) -> Path:
 
 def hlo_pb(name: str) -> Path:
     return next(sample_dump(name).glob("*.after_optimizations.hlo.pb"))
+
+
+@pytest.fixture(scope="session")
+def profiler_job():
+    """Start a training job of sample_profiles/jobs once per session: profiler_job("jax_job.py", "--slow-loader-ms", "20").
+
+    Returns a jobs_helper.Job (its `.address` is localhost:PORT) that is READY and training; the same
+    script and arguments give the same running job to every test; all are stopped at session end.
+    """
+    from jobs_helper import start_job
+
+    running = {}
+
+    def get(script: str, *args: str):
+        key = (script, *args)
+        job = running.get(key)
+        if job is None or job.process.poll() is not None:
+            job = running[key] = start_job(script, *args)
+        return job
+
+    yield get
+    for job in running.values():
+        job.stop()

@@ -101,7 +101,12 @@ def capture(
 def main(argv: Optional[List[str]] = None) -> None:
     """Console entry point: bad input is one sentence on stderr and exit code 2, never a traceback."""
     try:
-        app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
+        # Typer turns Ctrl-C into Exit(130) and, without standalone mode, *returns* that code.
+        if code == 130:
+            print("tpuprof: interrupted.", file=sys.stderr)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except UserError as error:
         print(f"tpuprof: {error}", file=sys.stderr)
         sys.exit(error.exit_code)

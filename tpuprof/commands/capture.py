@@ -47,9 +47,9 @@ def run(
     )
 
     target = addressing.resolve(service_addr=service_addr, tpu=tpu, zone=zone, project=project, port=port)
+    addressing.check_reachable(target.addresses, attempts=attempts, why=target.why)
     notes = f" ({'; '.join(target.notes)})" if target.notes else ""
     render.say(f"tpuprof: capturing {', '.join(target.addresses)}: {target.why}{notes}.")
-    addressing.check_reachable(target.addresses, attempts=attempts)
 
     progress = render.LiveProgress(target.addresses, options)
     try:

@@ -225,7 +225,7 @@ def _tpu_error_sentence(tpu: str, where: str, error: Exception) -> str:
     return f"Cannot resolve TPU '{tpu}' ({where}): {first_line[:300]}"
 
 
-def check_reachable(addresses: Sequence[str], attempts: int, wait_s: float = 1.0) -> None:
+def check_reachable(addresses: Sequence[str], attempts: int, wait_s: float = 1.0, why: str = "") -> None:
     """Fail early, with the cause, when a host name does not resolve or nothing listens on the port.
 
     The profiler client would only say "no trace event was collected"; a plain TCP connect tells DNS
@@ -255,7 +255,8 @@ def check_reachable(addresses: Sequence[str], attempts: int, wait_s: float = 1.0
             time.sleep(wait_s)
     port = split_host_port(pending[0])[1]
     raise UserError(
-        f"Nothing is listening at {', '.join(pending)} (connection refused, {max(1, attempts)} attempt(s)): "
+        f"Nothing is listening at {', '.join(pending)} ({why + '; ' if why else ''}connection refused, "
+        f"{max(1, attempts)} attempt(s)): "
         f"start the profiler server in the training job first - TF: tf.profiler.experimental.server.start({port}); "
         f"JAX: jax.profiler.start_server({port}); PyTorch/XLA: torch_xla.debug.profiler.start_server({port})."
     )

@@ -1,0 +1,297 @@
+"""`tpuprof capture` against real training jobs on loopback (sample_profiles/jobs), a real GCS emulator,
+and the real address rules. Ground truth comes from the jobs: the Keras job's map sleeps SLOW_MAP_MS per
+example (64 per batch), the JAX job's loader sleeps SLOW_LOADER_MS per batch, so their captured steps
+cannot be shorter than that."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+from jobs_helper import free_port
+from tpuprof.errors import UserError
+from tpuprof.protos import xplane_pb2
+from tpuprof.sources import addresses
+
+SLOW_MAP_MS = 2  # tf_keras_job: per example, batch 64 -> >= 128 ms per step
+KERAS_BATCH = 64
+SLOW_LOADER_MS = 20  # jax_job: per batch -> >= 20 ms per step
+
+
+@pytest.fixture(scope="module")
+def keras_job(profiler_job):
+    return profiler_job("tf_keras_job.py", "--slow-map-ms", str(SLOW_MAP_MS))
+
+
+@pytest.fixture(scope="module")
+def jax_job(profiler_job):
+    return profiler_job("jax_job.py", "--slow-loader-ms", str(SLOW_LOADER_MS))
+
+
+def capture_json(*args: str, env: dict | None = None) -> dict:
+    result = run_cli("capture", "--json", *args, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)  # stdout is exactly one JSON document
+
+
+def events_named(path: str, name: str) -> list:
+    """(duration_ms, {stat name: value}) of every event called `name`, read with the full XPlane proto."""
+    space = xplane_pb2().XSpace()
+    space.ParseFromString(Path(path).read_bytes())
+    found = []
+    for plane in space.planes:
+        ids = {k for k, meta in plane.event_metadata.items() if meta.name == name}
+        stat_names = {k: meta.name for k, meta in plane.stat_metadata.items()}
+        for line in plane.lines:
+            for event in line.events:
+                if event.metadata_id in ids:
+                    stats = {stat_names.get(s.metadata_id): s.int64_value or s.uint64_value for s in event.stats}
+                    found.append((event.duration_ps / 1e9, stats))
+    return found
+
+
+def run_dirs(logdir: Path) -> list[Path]:
+    root = logdir / "plugins" / "profile"
+    return sorted(p for p in root.iterdir()) if root.exists() else []
+
+
+# ------------------------------------------------------------------------------------------------
+# Real captures
+
+
+def test_keras_job_capture_holds_its_slow_steps(keras_job, tmp_path):
+    doc = capture_json("--service-addr", keras_job.address, "--logdir", str(tmp_path), "--duration", "1500ms")
+    (host,) = doc["hosts"]
+    assert host["host"] == f"localhost_{keras_job.port}"
+    assert Path(host["path"]).parent == tmp_path / "plugins" / "profile" / doc["run"]
+    assert host["size_bytes"] == Path(host["path"]).stat().st_size and host["events"] > 100
+    assert doc["address_source"] == "given with --service-addr"
+    steps = events_named(host["path"], "multi_step_on_iterator")  # Keras 3's compiled train step
+    assert len(steps) >= 3
+    # Every step waits for 64 examples through a map that sleeps SLOW_MAP_MS each.
+    assert statistics.median(d for d, _ in steps) >= 0.9 * SLOW_MAP_MS * KERAS_BATCH
+    assert events_named(host["path"], "EagerPyFunc:EagerPyFunc")  # the sleeping tf.py_function itself
+
+
+@pytest.fixture(scope="module")
+def jax_capture(jax_job, tmp_path_factory):
+    logdir = tmp_path_factory.mktemp("jax_logdir")
+    doc = capture_json("--service-addr", jax_job.address, "--logdir", str(logdir), "--duration", "1s",
+                       "--analyze")
+    return logdir, doc
+
+
+def test_jax_job_capture_holds_annotated_steps(jax_capture, jax_job):
+    logdir, doc = jax_capture
+    (host,) = doc["hosts"]
+    steps = events_named(host["path"], "train")  # jax.profiler.StepTraceAnnotation("train", step_num=i)
+    assert len(steps) >= 5
+    numbers = sorted(stats["step_num"] for _, stats in steps)
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))  # consecutive steps, none lost
+    assert statistics.median(d for d, _ in steps) >= 0.9 * SLOW_LOADER_MS
+    # one second of a >= 20 ms step cannot hold more than ~50 steps
+    assert len(steps) <= 1000 / SLOW_LOADER_MS + 2
+    # --analyze chained into `tpuprof analyze` on the new run, inside the same JSON document
+    assert doc["analysis"]["steps"]["count"] >= 5
+
+
+def test_second_capture_is_a_new_run_and_leaves_the_first_untouched(jax_capture, jax_job):
+    logdir, first = jax_capture
+    first_file = Path(first["hosts"][0]["path"])
+    before = (hashlib.sha256(first_file.read_bytes()).hexdigest(), first_file.stat().st_mtime_ns)
+    second = capture_json("--service-addr", jax_job.address, "--logdir", str(logdir), "--duration", "500ms")
+    assert second["run"] != first["run"]
+    assert [p.name for p in run_dirs(logdir)] == sorted([first["run"], second["run"]])
+    assert (hashlib.sha256(first_file.read_bytes()).hexdigest(), first_file.stat().st_mtime_ns) == before
+    assert not [p for p in logdir.iterdir() if p.name.startswith(".tpuprof")]  # scratch removed
+
+
+def test_two_jobs_one_command_give_two_hosts_in_one_run(keras_job, jax_job, tmp_path):
+    doc = capture_json("--service-addr", f"{keras_job.address},grpc://{jax_job.address}",
+                       "--logdir", str(tmp_path), "--duration", "1s")
+    (run,) = run_dirs(tmp_path)
+    assert sorted(p.name for p in run.iterdir()) == sorted(
+        [f"localhost_{keras_job.port}.xplane.pb", f"localhost_{jax_job.port}.xplane.pb"])
+    assert {h["host"]: h["events"] > 0 for h in doc["hosts"]} == {
+        f"localhost_{keras_job.port}": True, f"localhost_{jax_job.port}": True}
+    assert events_named(str(run / f"localhost_{jax_job.port}.xplane.pb"), "train")
+    assert events_named(str(run / f"localhost_{keras_job.port}.xplane.pb"), "multi_step_on_iterator")
+
+
+def test_interrupted_capture_leaves_no_run(jax_job, tmp_path):
+    process = subprocess.Popen([sys.executable, "-m", "tpuprof", "capture", "--service-addr", jax_job.address,
+                                "--logdir", str(tmp_path), "--duration", "3s"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)  # inside the trace window
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert run_dirs(tmp_path) == [] and list(tmp_path.iterdir()) in ([], [tmp_path / "plugins"])
+
+
+# ------------------------------------------------------------------------------------------------
+# gs:// against a real GCS emulator on loopback
+
+
+@pytest.fixture(scope="module")
+def gcs_emulator():
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", str(port),
+         "--in-memory", "--default-bucket", "tpuprof-test"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        process.kill()
+        pytest.fail("gcp-storage-emulator did not start")
+    yield f"http://127.0.0.1:{port}"
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def test_gs_logdir_uploads_runs_without_overwriting(jax_job, gcs_emulator):
+    import fsspec
+
+    env = {"STORAGE_EMULATOR_HOST": gcs_emulator}
+    first = capture_json("--service-addr", jax_job.address, "--logdir", "gs://tpuprof-test/logs",
+                         "--duration", "500ms", env=env)
+    second = capture_json("--service-addr", jax_job.address, "--logdir", "gs://tpuprof-test/logs",
+                          "--duration", "500ms", env=env)
+    assert first["run_dir"] == f"gs://tpuprof-test/logs/plugins/profile/{first['run']}"
+    assert second["run"] != first["run"]
+    os.environ["STORAGE_EMULATOR_HOST"] = gcs_emulator
+    try:
+        fs = fsspec.filesystem("gs", skip_instance_cache=True)
+        names = sorted(fs.find("tpuprof-test/logs"))
+        data = fs.cat_file(first["hosts"][0]["path"].removeprefix("gs://"))
+    finally:
+        del os.environ["STORAGE_EMULATOR_HOST"]
+    assert names == sorted(h["path"].removeprefix("gs://") for h in first["hosts"] + second["hosts"])
+    assert len(data) == first["hosts"][0]["size_bytes"]
+    space = xplane_pb2().XSpace()
+    space.ParseFromString(data)
+    assert any(plane.name == "/host:CPU" for plane in space.planes)
+
+
+# ------------------------------------------------------------------------------------------------
+# Failures: one or two sentences, exit 2, nothing written
+
+
+def test_dead_port_is_a_clear_error_within_the_attempts(tmp_path):
+    port = free_port()
+    started = time.monotonic()
+    result = run_cli("capture", "--service-addr", f"localhost:{port}", "--attempts", "2",
+                     "--logdir", str(tmp_path / "logs"))
+    elapsed = time.monotonic() - started
+    assert result.returncode == 2
+    (message,) = result.stderr.strip().splitlines()  # one line: cause, attempts, fix
+    assert message.startswith(f"tpuprof: Nothing is listening at localhost:{port} (given with --service-addr; "
+                              "connection refused, 2 attempt(s))")
+    for start_line in (f"tf.profiler.experimental.server.start({port})", f"jax.profiler.start_server({port})",
+                       f"torch_xla.debug.profiler.start_server({port})"):
+        assert start_line in message
+    assert elapsed < 15  # 2 attempts, 1 s apart, plus start-up
+    assert not (tmp_path / "logs").exists() or run_dirs(tmp_path / "logs") == []
+    assert result.stdout == ""
+
+
+def test_unknown_host_is_a_dns_error():
+    result = run_cli("capture", "--service-addr", "no-such-tpu-worker.invalid:8466", "--attempts", "1")
+    assert result.returncode == 2
+    assert "Cannot resolve host 'no-such-tpu-worker.invalid' (DNS lookup failed)" in result.stderr
+
+
+@pytest.fixture
+def no_google_cloud():
+    """Environment of a machine off Google Cloud with no credentials: the metadata server refuses."""
+    dead = f"127.0.0.1:{free_port()}"
+    return {"GCE_METADATA_HOST": dead, "GCE_METADATA_IP": dead, "GOOGLE_APPLICATION_CREDENTIALS": "",
+            "TPU_NAME": "", "HOME": "/nonexistent"}
+
+
+def test_unresolvable_tpu_name_off_cloud(no_google_cloud):
+    result = run_cli("capture", "--tpu", "no-such-tpu", "--attempts", "1", env=no_google_cloud)
+    assert result.returncode == 2
+    assert result.stderr.startswith("tpuprof: Cannot resolve TPU 'no-such-tpu': this machine is not on Google Cloud")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unresolvable_tpu_name_without_credentials(no_google_cloud):
+    started = time.monotonic()
+    result = run_cli("capture", "--tpu", "no-such-tpu", "--zone", "us-central1-b", "--project", "p",
+                     env=no_google_cloud)
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("tpuprof: Cannot resolve TPU 'no-such-tpu' (project p, zone us-central1-b): "
+                           "no Google Cloud credentials were found"), result.stderr
+    assert "Traceback" not in result.stderr
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--duration", "soon"], "'soon' is not a duration"),
+    (["--attempts", "0"], "--attempts must be at least 1."),
+    (["--host-tracer-level", "7"], "--host-tracer-level must be one of 0, 1, 2, 3"),
+    (["--service-addr", "host:notaport"], "has no valid port"),
+])
+def test_bad_options_are_one_sentence(argv, message):
+    result = run_cli("capture", *argv)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# Address rules (pure: no network unless a rule needs it)
+
+
+@pytest.mark.parametrize("kwargs, env, expected, why", [
+    ({"service_addr": "10.0.0.2:9012,10.0.0.3:9012"}, {}, ["10.0.0.2:9012", "10.0.0.3:9012"], "--service-addr"),
+    ({"service_addr": "grpc://10.0.0.2:8470"}, {}, ["10.0.0.2:8466"], "--service-addr"),
+    ({"service_addr": "grpc://10.0.0.2:8470", "port": 9999}, {}, ["10.0.0.2:8470"], "--service-addr"),
+    ({"service_addr": "[::1]:6009"}, {}, ["[::1]:6009"], "--service-addr"),
+    ({"service_addr": "myhost"}, {}, ["myhost:8466"], "--service-addr"),
+    ({}, {"TPU_GRPC_URL": "grpc://10.1.2.3:8470"}, ["10.1.2.3:8466"], "TPU_GRPC_URL"),
+    ({"port": 9012}, {"TPU_GRPC_URL": "grpc://10.1.2.3:8470"}, ["10.1.2.3:9012"], "TPU_GRPC_URL"),
+    ({}, {"COLAB_TPU_ADDR": "10.4.5.6:8470"}, ["10.4.5.6:8466"], "COLAB_TPU_ADDR"),
+    ({"port": 9999}, {"TPU_WORKER_HOSTNAMES": "t1k-w-0,t1k-w-1,t1k-w-2,t1k-w-3"},
+     ["t1k-w-0:9999", "t1k-w-1:9999", "t1k-w-2:9999", "t1k-w-3:9999"], "every worker"),
+    ({"port": 9012}, {}, ["localhost:9012"], "this machine"),
+    ({}, {}, ["localhost:8466"], "default port"),
+])
+def test_address_rules(kwargs, env, expected, why, monkeypatch):
+    monkeypatch.setattr(addresses, "_on_tpu_vm", lambda: False)  # this machine is not a TPU VM either way
+    target = addresses.resolve(environ=env, **kwargs)
+    assert target.addresses == expected
+    assert why in target.why
+
+
+def test_service_addr_wins_over_environment():
+    target = addresses.resolve(service_addr="a:1", environ={"TPU_GRPC_URL": "grpc://b:8470"})
+    assert target.addresses == ["a:1"]
+
+
+def test_grpc_url_port_note():
+    target = addresses.resolve(environ={"COLAB_TPU_ADDR": "10.4.5.6:8470"})
+    assert target.notes == ["port 8470 is the TPU runtime's; its profiler listens on 8466"]
+
+
+def test_empty_address_is_a_user_error():
+    with pytest.raises(UserError):
+        addresses.resolve(service_addr=" , ")
