@@ -129,6 +129,18 @@ def test_two_jobs_one_command_give_two_hosts_in_one_run(keras_job, jax_job, tmp_
     assert events_named(str(run / f"localhost_{keras_job.port}.xplane.pb"), "multi_step_on_iterator")
 
 
+def test_tpu_node_session_falls_back_to_tracing_each_worker(keras_job, jax_job, tmp_path):
+    """--tpu gives a master and a worker list: a TPU Node's profiler runs one session over all workers;
+    servers started by a job (TPU VMs, here) answer UNIMPLEMENTED, and each worker is traced directly."""
+    from tpuprof.sources import capture
+
+    workers = [keras_job.address, jax_job.address]
+    result = capture.capture(workers, str(tmp_path), capture.TraceOptions(duration_ms=500, attempts=1),
+                             tpu_master=jax_job.address)
+    assert sorted(h.host for h in result.hosts) == sorted(a.replace(":", "_") for a in workers)
+    assert all(Path(h.path).is_file() for h in result.hosts)
+
+
 def test_interrupted_capture_leaves_no_run(jax_job, tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "tpuprof", "capture", "--service-addr", jax_job.address,
                                 "--logdir", str(tmp_path), "--duration", "3s"],
@@ -213,6 +225,20 @@ def test_dead_port_is_a_clear_error_within_the_attempts(tmp_path):
     assert result.stdout == ""
 
 
+def test_idle_job_gives_no_trace_event_error_after_the_attempts(profiler_job, tmp_path):
+    idle = profiler_job("jax_job.py", "--idle")  # profiler server up, no step ever runs
+    started = time.monotonic()
+    result = run_cli("capture", "--service-addr", idle.address, "--attempts", "2", "--duration", "500ms",
+                     "--logdir", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"tpuprof: No trace event was collected from {idle.address} after 2 attempt(s) of 0.5s: the job may be "
+        "idle, between steps or still compiling; capture while it trains, or raise --duration / --attempts.")
+    assert time.monotonic() - started < 20
+    assert list(tmp_path.iterdir()) == []  # no run, no scratch
+    assert result.stdout == ""
+
+
 def test_unknown_host_is_a_dns_error():
     result = run_cli("capture", "--service-addr", "no-such-tpu-worker.invalid:8466", "--attempts", "1")
     assert result.returncode == 2
@@ -272,6 +298,8 @@ def test_bad_options_are_one_sentence(argv, message):
     ({}, {"COLAB_TPU_ADDR": "10.4.5.6:8470"}, ["10.4.5.6:8466"], "COLAB_TPU_ADDR"),
     ({"port": 9999}, {"TPU_WORKER_HOSTNAMES": "t1k-w-0,t1k-w-1,t1k-w-2,t1k-w-3"},
      ["t1k-w-0:9999", "t1k-w-1:9999", "t1k-w-2:9999", "t1k-w-3:9999"], "every worker"),
+    ({}, {"TPU_PROCESS_ADDRESSES": "10.0.0.5:8476,10.0.0.6:8476"}, ["10.0.0.5:8466", "10.0.0.6:8466"],
+     "TPU_PROCESS_ADDRESSES"),
     ({"port": 9012}, {}, ["localhost:9012"], "this machine"),
     ({}, {}, ["localhost:8466"], "default port"),
 ])

@@ -7,10 +7,13 @@ Bottleneck built in (the ground truth lives here, not in the tests):
 - `--slow-loader-ms 0` (default): the loader is free and the jitted step (a 3-layer MLP, forward + backward
   + SGD update) fills the step: COMPUTE-BOUND.
 
+- `--idle`: the profiler server starts and no step ever runs: a capture collects no trace event (the
+  "job idle / between steps" case a capture tool must explain).
+
 Every step is wrapped in `jax.profiler.StepTraceAnnotation("train", step_num=i)`, which is how XProf and
 tpuprof find step boundaries in a JAX capture.
 
-Usage: python jax_job.py --port 6010 [--seconds 60] [--slow-loader-ms 20]
+Usage: python jax_job.py --port 6010 [--seconds 60] [--slow-loader-ms 20 | --idle]
 Prints `READY` (flushed) once the profiler server is up and training steps are running, then trains until
 `--seconds` have elapsed (or the process is killed).
 """
@@ -31,6 +34,7 @@ def parse_args(argv=None):
     parser.add_argument("--port", type=int, required=True, help="profiler server port")
     parser.add_argument("--seconds", type=float, default=60.0, help="train this long, then exit")
     parser.add_argument("--slow-loader-ms", type=float, default=0.0, help="sleep per batch in the loader (input-bound)")
+    parser.add_argument("--idle", action="store_true", help="start the profiler server, then never train")
     return parser.parse_args(argv)
 
 
@@ -55,6 +59,10 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
 
     jax.profiler.start_server(args.port)
+    if args.idle:
+        print("READY", flush=True)
+        time.sleep(args.seconds)
+        return 0
 
     features, hidden, classes, batch = 256, 512, 10, 128
     keys = jax.random.split(jax.random.PRNGKey(0), 3)

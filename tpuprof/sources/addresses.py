@@ -116,7 +116,8 @@ def resolve(
         return _target(addresses, "from COLAB_TPU_ADDR (Colab TPU runtime)", notes)
     for variable in ("TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES"):
         if env.get(variable):
-            hosts = _split_list(env[variable])
+            # Only the hosts count: ports in TPU_PROCESS_ADDRESSES are the runtime's, not the profiler's.
+            hosts = [split_host_port(entry)[0] for entry in _split_list(env[variable])]
             addresses = _profiler_addresses(hosts, port, notes)
             return _target(addresses, f"from {variable}: every worker of this TPU slice", notes)
     workers = _tpu_vm_workers()
