@@ -323,3 +323,18 @@ def test_grpc_url_port_note():
 def test_empty_address_is_a_user_error():
     with pytest.raises(UserError):
         addresses.resolve(service_addr=" , ")
+
+
+def test_same_second_run_name_gets_a_suffix_and_keeps_the_first(tmp_path):
+    from tpuprof.sources import capture
+
+    existing = tmp_path / "plugins" / "profile" / "2026_01_01_00_00_00"
+    existing.mkdir(parents=True)
+    (existing / "h.xplane.pb").write_bytes(b"first")
+    for expected in ("2026_01_01_00_00_00_2", "2026_01_01_00_00_00_3"):
+        new = tmp_path / "scratch" / "2026_01_01_00_00_00"
+        new.mkdir(parents=True)
+        (new / "h.xplane.pb").write_bytes(b"second")
+        placed = capture.place_local(new, "2026_01_01_00_00_00", str(tmp_path))
+        assert Path(placed).name == expected and (Path(placed) / "h.xplane.pb").read_bytes() == b"second"
+    assert (existing / "h.xplane.pb").read_bytes() == b"first"

@@ -202,21 +202,23 @@ def captured_run(tmp_logdir: str) -> tuple[str, Path]:
 
 
 def place_local(run_folder: Path, wanted: str, logdir: str) -> str:
-    """Rename the finished run into logdir/plugins/profile/ under an unused name; return its path."""
+    """Rename the finished run into logdir/plugins/profile/ under an unused name; return its path.
+
+    One rename of the whole folder: readers see either no run or the complete run."""
     profile = Path(logdir, *PROFILE_DIR)
-    profile.mkdir(parents=True, exist_ok=True)
-    while True:
-        name = unique_run_name(wanted, lambda n: (profile / n).exists())
-        final = profile / name
-        try:
-            # rename() replaces an *empty* existing directory, so claim the name with mkdir first:
-            # mkdir fails if a concurrent capture took it, and then we pick the next name.
-            final.mkdir()
-        except FileExistsError:
-            continue
-        for item in run_folder.iterdir():
-            os.rename(item, final / item.name)
-        return str(final)
+    try:
+        profile.mkdir(parents=True, exist_ok=True)
+        while True:
+            final = profile / unique_run_name(wanted, lambda n: (profile / n).exists())
+            try:
+                os.rename(run_folder, final)  # fails on a non-empty existing folder: never overwrites a run
+                return str(final)
+            except OSError:
+                if not final.exists():
+                    raise
+                # a concurrent capture took the name between the check and the rename: pick the next
+    except OSError as error:
+        raise UserError(f"Cannot write the run into {profile}: {error.strerror or error}.") from None
 
 
 def _remote_fs(logdir: str):
