@@ -110,18 +110,17 @@ def tpu_xspace(layout: Layout, hostname: str = "tpu-vm-0"):
     python = host.line(10, "python", layout.start_ns)
     marker = host.event_id("train")
     get_next = host.line(11, "tf_data_iterator_get_next/1", layout.start_ns)
-    wait = host.event_id("IteratorGetNextOp::DoCompute")
-    dispatch = host.event_id("PjitFunction(train_step)")
-    block = host.event_id("CommonPjRtBuffer::Await")
     for number in range(layout.steps):
         step_start = ms(number * layout.step_ms)
         host.event(python, marker, step_start, ms(layout.step_ms), step_num=number, _r=1)
         if layout.host_waits_in_idle and layout.idle_ms:
-            host.event(get_next, wait, step_start, ms(layout.idle_ms))
+            host.event(get_next, host.event_id("IteratorGetNextOp::DoCompute"), step_start, ms(layout.idle_ms))
         if layout.host_loader_in_idle:
             program_start = step_start + ms(layout.idle_ms)
-            host.event(python, dispatch, program_start - ms(layout.dispatch_ms), ms(layout.dispatch_ms))
-            host.event(python, block, program_start, ms(layout.step_ms - layout.idle_ms))
+            host.event(python, host.event_id("PjitFunction(train_step)"), program_start - ms(layout.dispatch_ms),
+                       ms(layout.dispatch_ms))
+            host.event(python, host.event_id("CommonPjRtBuffer::Await"), program_start,
+                       ms(layout.step_ms - layout.idle_ms))
     return space
 
 

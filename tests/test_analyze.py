@@ -205,6 +205,8 @@ def test_tpu_idle_between_programs_is_host_overhead_with_a_steps_per_execution_n
     advice = next(s for s in report.suggestions if s["kind"] == "steps_per_execution")
     # overhead 3 ms per step against 2 ms of work: 5 % overhead needs N >= 19 * 3 / 2 = 28.5 -> 32.
     assert advice["steps_per_execution"] == 32
+    # The host plane does not say which framework: the advice gives the Keras and the JAX way.
+    assert "steps_per_execution=32" in advice["message"] and "lax.scan" in advice["message"]
     assert "bf16" not in kinds(report)
 
 

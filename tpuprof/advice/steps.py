@@ -19,10 +19,9 @@ MIN_MATMUL_PERCENT = 10.0
 
 
 def _framework(report: Report) -> str:
-    sources = " ".join(h.step_source for h in report.hosts)
-    if "jitted function" in sources or (report.hosts and all(h.untraced_input for h in report.hosts if h.steps)):
-        return "jax"
-    return "tf"
+    """jax, tf, or "" when the hosts' events do not say (then advice names both)."""
+    found = {h.framework for h in report.hosts if h.steps}
+    return found.pop() if len(found) == 1 else ""
 
 
 def _input(report: Report) -> dict | None:
@@ -103,10 +102,15 @@ def _host_overhead(report: Report) -> dict | None:
                 f"{report.mean_ms - overhead:.2f} ms of work for {k} batch(es)); with {n} batches per call it "
                 f"falls to {100 * (overhead / n) / then_per_batch:.1f}%.")
     effect = f"about {now_per_batch / then_per_batch:.1f}x faster per batch ({now_per_batch:.2f} -> {then_per_batch:.2f} ms)"
-    if _framework(report) == "jax":
-        message = (f"Run {n} steps per call: loop over {n} batches inside the jitted step with `jax.lax.scan` or "
-                   f"`jax.lax.fori_loop` (a host training loop on the device), feeding a stacked [{n}, batch, ...] "
-                   f"array; {effect}. A larger batch also amortises the overhead.")
+    jax_way = (f"loop over {n} batches inside the jitted step with `jax.lax.scan` or `jax.lax.fori_loop` (a "
+               f"training loop on the device), feeding a stacked [{n}, batch, ...] array")
+    framework = _framework(report)
+    if framework == "jax":
+        message = f"Run {n} steps per call: {jax_way}; {effect}. A larger batch also amortises the overhead."
+    elif not framework:
+        message = (f"Run {n} steps per call to pay the per-call host overhead once: Keras "
+                   f"`model.compile(..., steps_per_execution={n})`, or in JAX {jax_way}; {effect}. A larger batch "
+                   "also amortises the overhead.")
     else:
         message = (f"Set `model.compile(..., steps_per_execution={n})` (now {k}) so Keras runs {n} steps per call "
                    f"and pays the per-call host overhead once; {effect}. A larger batch also amortises it.")
@@ -123,8 +127,9 @@ def _precision(report: Report) -> dict | None:
     if share < MIN_MATMUL_PERCENT:
         return None
     framework = _framework(report)
-    how = ("`keras.mixed_precision.set_global_policy(\"mixed_bfloat16\")` before building the model"
-           if framework == "tf" else "bfloat16 params/activations (`jnp.bfloat16`, e.g. `param_dtype`/`dtype` in Flax)")
+    keras_way = "`keras.mixed_precision.set_global_policy(\"mixed_bfloat16\")` before building the model"
+    jax_way = "bfloat16 params/activations (`jnp.bfloat16`, e.g. `param_dtype`/`dtype` in Flax)"
+    how = keras_way if framework == "tf" else jax_way if framework == "jax" else f"{keras_way} (Keras) or {jax_way}"
     return {
         "kind": "bf16",
         "message": (f"{share:.0f}% of device compute is matmuls/convolutions with 32-bit results. Use {how}: the "

@@ -371,6 +371,16 @@ def _mean_steps(per_core: list[list[Step]]) -> list[Step]:
 # --------------------------------------------------------------------------------------------------
 
 
+def _framework(plane) -> str:
+    names = [meta.name for meta in plane.event_metadata.values()]
+    if any(PJIT.match(n) for n in names):
+        return "jax"
+    if any(n.startswith(("Iterator::", "EagerExecute", "__inference_", "EagerLocalExecute")) or n in TF_STEP_FUNCTIONS
+           for n in names):
+        return "tf"
+    return ""
+
+
 def _host_waiting(view: HostView) -> Spans:
     """When the host was busy getting the next batch: blocked in the tf.data iterator, or, when the
     capture shows no input pipeline (JAX), running untraced Python on the training thread."""
@@ -399,6 +409,7 @@ def analyze_xspace(space, host: str, path: str = "") -> HostProfile:
     view = HostView(host_plane) if host_plane is not None else None
     if view is not None:
         profile.input_visible = view.input_visible
+        profile.framework = _framework(view.plane)
 
     if view is not None and gpu_planes:
         # GPU kernels and copies run on the device planes' stream lines: they are the step's compute.

@@ -17,8 +17,22 @@ from tpuprof.errors import UserError
 SUFFIX = ".xplane.pb"
 
 
+def _quiet_remote_loggers() -> None:
+    """gcsfs and friends log their retries with tracebacks; our one-line error says what failed."""
+    import logging
+
+    for name in ("gcsfs", "fsspec", "google", "google.auth", "aiohttp", "s3fs", "adlfs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+            logger.addHandler(logging.NullHandler())
+        logger.propagate = False
+
+
 def _fs(path: str):
     import fsspec
+
+    if "://" in path and not path.startswith("file://"):
+        _quiet_remote_loggers()
 
     try:
         return fsspec.core.url_to_fs(path)
