@@ -298,3 +298,20 @@ def test_json_renderer_keeps_no_steps_honest(tmp_path):
     document = render.to_json(report, 5)
     assert document["verdict"] == "unknown" and document["steps"]["count"] == 0
     assert "no step markers" in document["verdict_reason"] and document["suggestions"] == []
+
+
+# --- fresh captures of the running jobs (shared with test_capture.py through the session fixture) -------
+
+
+@pytest.mark.parametrize("script,args", [("tf_keras_job.py", ("--slow-map-ms", "2")),
+                                         ("jax_job.py", ("--slow-loader-ms", "20"))])
+def test_fresh_capture_of_an_input_bound_job(profiler_job, tmp_path, script, args):
+    from tpuprof.sources.capture import TraceOptions
+    from tpuprof.sources.capture import capture as capture_run
+
+    job = profiler_job(script, *args)
+    result = capture_run([job.address], str(tmp_path), TraceOptions(duration_ms=1500))
+    report = command.analyze(result.run_dir)
+    assert report.step_count >= 5
+    assert report.verdict == "highly input-bound" and report.input_bound_percent >= 60
+    assert report.suggestions[0]["kind"] == "input_pipeline"
