@@ -103,7 +103,7 @@ def main(argv=None) -> int:
                 self.model.stop_training = True
 
     model.fit(data, epochs=1, steps_per_epoch=10**9 // args.steps_per_execution * args.steps_per_execution,
-              callbacks=[Heartbeat()], verbose=0)
+              callbacks=[Heartbeat()], verbose=0, shuffle=False)
     return 0
 
 
