@@ -1,0 +1,350 @@
+"""Compile programs for a TPU with libtpu on a machine that has no TPU (compile-only).
+
+libtpu (from `jax[tpu]`) runs the real XLA:TPU compiler against a topology description. We compile
+for ONE device of the smallest topology of a generation (`tpuprof.targets`), so every figure is per
+chip (v5e, v6e) or per TensorCore (v2-v4, v5p), with the per-device batch the user would run.
+
+Three front ends reach the same compiler:
+- a JAX callable and example arguments: `jax.jit(f).lower(...).compile(compiler_options=...)`;
+  `compiler_options` carries `xla_dump_to`, so each compile dumps into its own folder;
+- a `tf.function` and `tf.TensorSpec`s: TensorFlow emits an HloModuleProto
+  (`experimental_get_compiler_ir(stage="hlo_serialized")`), jaxlib turns it into StableHLO and the
+  topology's compile-only client compiles it;
+- a compiled Keras (TF backend) model: we build its train step as a `tf.function` (above).
+
+JAX and TensorFlow are imported inside the functions: importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Sequence
+
+from tpuprof import targets
+from tpuprof.errors import UserError
+
+# The dump files of the main module that tpuprof reads; the compiler writes many more per compile.
+KEPT_SUFFIXES = (
+    ".after_optimizations.hlo.pb",
+    ".after_optimizations-buffer-assignment.txt",
+    ".after_optimizations.txt",
+    ".after_optimizations-memory-usage-report.txt",
+)
+
+INSTALL_HINT = (
+    "compiling for a TPU needs libtpu: install it with `pip install 'jax[tpu]'` "
+    "(or `pip install 'tpuprof[tpu]'`); no TPU is needed."
+)
+
+
+class CompileResourceExhausted(Exception):
+    """The XLA:TPU compiler refused the program for lack of device memory (RESOURCE_EXHAUSTED).
+
+    `message` is the compiler's full text, for the OOM triage to parse.
+    """
+
+    def __init__(self, message: str, target: str):
+        super().__init__(message)
+        self.message = message
+        self.target = target
+
+
+class CompileFailed(Exception):
+    """The compiler (or the TF -> HLO conversion) failed for a reason other than memory."""
+
+
+@dataclass
+class CompileResult:
+    """The compiler's own memory figures for one device, and where the dump went."""
+
+    target: str  # generation, e.g. v5e
+    topology: str  # e.g. v5e:2x2
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int  # outputs that reuse an argument's buffer (donation), counted once
+    temp_bytes: int
+    generated_code_bytes: int
+    dump_dir: str | None = None
+    files: list[str] = field(default_factory=list)  # kept dump files of the main module
+
+    @property
+    def required_bytes(self) -> int:
+        """What the program needs in HBM at once; compile-only does not check this against HBM."""
+        return (self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+                + self.generated_code_bytes)
+
+    @property
+    def hlo_proto(self) -> str | None:
+        return next((f for f in self.files if f.endswith(".after_optimizations.hlo.pb")), None)
+
+    def memory_analysis(self) -> dict[str, int]:
+        """The compiler's numbers in the names `compiled.memory_analysis()` uses."""
+        return {
+            "argument_size_in_bytes": self.argument_bytes,
+            "output_size_in_bytes": self.output_bytes,
+            "alias_size_in_bytes": self.alias_bytes,
+            "temp_size_in_bytes": self.temp_bytes,
+            "generated_code_size_in_bytes": self.generated_code_bytes,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["required_bytes"] = self.required_bytes
+        return data
+
+
+def _quiet_libtpu() -> None:
+    """Without these, libtpu prints warnings about the TPU host it is not running on."""
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def jax_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("jax") is not None and importlib.util.find_spec("libtpu") is not None
+
+
+@lru_cache(maxsize=None)
+def topology_devices(name: str) -> tuple:
+    """The compile-only devices of a generation's smallest topology (or of an explicit `v5e:2x2`)."""
+    if not jax_available():
+        raise UserError(INSTALL_HINT)
+    _quiet_libtpu()
+    from jax.experimental import topologies
+
+    target = targets.get(name)
+    topology = name if ":" in name else target.topology
+    try:
+        description = topologies.get_topology_desc(platform="tpu", topology_name=topology)
+    except Exception as error:  # noqa: BLE001 - libtpu raises plain RuntimeErrors
+        raise UserError(f"libtpu cannot compile for topology {topology!r}: {_first_line(error)}.") from None
+    return tuple(description.devices)
+
+
+def device(name: str):
+    """Device 0 of the topology: the one chip / TensorCore tpuprof compiles for."""
+    return topology_devices(name)[0]
+
+
+def topology_mesh(name: str, axis_name: str = "data"):
+    """A 1-D mesh over all devices of the topology, for factories that shard themselves."""
+    from jax.sharding import Mesh
+    import numpy as np
+
+    return Mesh(np.array(topology_devices(name)), (axis_name,))
+
+
+def _topology_name(name: str) -> str:
+    return name if ":" in name else targets.get(name).topology
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0].rstrip(".") if text else type(error).__name__
+
+
+def _is_resource_exhausted(error: BaseException) -> bool:
+    text = str(error)
+    return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text
+
+
+def _dump_options(dump_dir: str | os.PathLike | None) -> dict[str, Any]:
+    if dump_dir is None:
+        return {}
+    return {"xla_dump_to": str(dump_dir), "xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": True}
+
+
+def _collect_dump(dump_dir: str | os.PathLike | None, keep_all: bool) -> list[str]:
+    """The main module's kept files; the rest of the dump (other stages, pass folders) is deleted.
+
+    A compile dumps one module here (the folder is fresh), so "main module" is the one with an
+    after_optimizations proto; if several are present we keep the largest, which is the step.
+    """
+    if dump_dir is None:
+        return []
+    folder = Path(dump_dir)
+    protos = sorted(folder.glob("*.after_optimizations.hlo.pb"), key=lambda p: (-p.stat().st_size, p.name))
+    if not protos:
+        return sorted(str(p) for p in folder.iterdir() if p.is_file())
+    prefix = protos[0].name[: -len(".after_optimizations.hlo.pb")]
+    kept = []
+    for path in sorted(folder.iterdir()):
+        wanted = path.is_file() and path.name.startswith(prefix + ".") and path.name[len(prefix):] in KEPT_SUFFIXES
+        if wanted:
+            kept.append(str(path))
+        elif not keep_all:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return kept
+
+
+def _fresh_dir(dump_dir: str | os.PathLike | None) -> None:
+    if dump_dir is None:
+        return
+    folder = Path(dump_dir)
+    if folder.exists() and any(folder.iterdir()):
+        raise ValueError(f"dump folder {folder} is not empty")
+    folder.mkdir(parents=True, exist_ok=True)
+
+
+def _result(target: str, stats, dump_dir, keep_all: bool) -> CompileResult:
+    return CompileResult(
+        target=targets.get(target).name,
+        topology=_topology_name(target),
+        argument_bytes=int(stats.argument_size_in_bytes),
+        output_bytes=int(stats.output_size_in_bytes),
+        alias_bytes=int(stats.alias_size_in_bytes),
+        temp_bytes=int(stats.temp_size_in_bytes),
+        generated_code_bytes=int(stats.generated_code_size_in_bytes),
+        dump_dir=None if dump_dir is None else str(dump_dir),
+        files=_collect_dump(dump_dir, keep_all),
+    )
+
+
+def _raise_compile_error(error: BaseException, target: str):
+    if _is_resource_exhausted(error):
+        raise CompileResourceExhausted(str(error), targets.get(target).name) from None
+    raise CompileFailed(str(error)) from error
+
+
+# --- JAX -------------------------------------------------------------------------------------------
+
+def place_args(args: Sequence[Any], target: str) -> list:
+    """Example arguments as ShapeDtypeStructs on device 0 of the target.
+
+    Leaves that already carry a sharding on the topology (a factory given the mesh) keep it.
+    """
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    single = SingleDeviceSharding(device(target))
+    topology = set(topology_devices(target))
+
+    def place(leaf):
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is not None and set(getattr(sharding, "device_set", ())) <= topology and sharding.device_set:
+            return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+            raise TypeError(f"example argument {leaf!r} is not an array or jax.ShapeDtypeStruct")
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=single)
+
+    return jax.tree_util.tree_map(place, list(args))
+
+
+def compile_jax(fn, args: Sequence[Any], target: str, dump_dir: str | os.PathLike | None = None,
+                keep_all: bool = False, donate_argnums: Sequence[int] = ()) -> CompileResult:
+    """Compile `fn(*args)` for one device of `target`; dump into `dump_dir` (a fresh folder) if given."""
+    import jax
+
+    placed = place_args(args, target)
+    _fresh_dir(dump_dir)
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn, donate_argnums=tuple(donate_argnums))
+    lowered = jitted.lower(*placed)
+    try:
+        compiled = lowered.compile(compiler_options=_dump_options(dump_dir))
+    except Exception as error:  # noqa: BLE001 - jaxlib raises JaxRuntimeError with the status text
+        _raise_compile_error(error, target)
+    return _result(target, compiled.memory_analysis(), dump_dir, keep_all)
+
+
+# --- TensorFlow ------------------------------------------------------------------------------------
+
+def _legalizable(hlo_module_bytes: bytes) -> bytes:
+    """TF's HLO `copy` (a layout change on CPU) does not legalize to StableHLO; layouts are dropped in
+    the conversion anyway, so the copy is an identity and a same-shape `reshape` stands in for it."""
+    from tpuprof.protos import hlo_pb2
+
+    module = hlo_pb2().HloModuleProto.FromString(hlo_module_bytes)
+    changed = False
+    for computation in module.computations:
+        for instruction in computation.instructions:
+            if instruction.opcode == "copy":
+                instruction.opcode = "reshape"
+                changed = True
+    return module.SerializeToString() if changed else hlo_module_bytes
+
+
+def tf_hlo_module(tf_function, specs: Sequence[Any]) -> bytes:
+    """The serialized HloModuleProto TensorFlow builds for `tf_function(*specs)` (XLA, CPU platform)."""
+    import tensorflow as tf
+
+    function = tf_function
+    if not getattr(function, "_jit_compile", False):
+        function = tf.function(tf_function.python_function if hasattr(tf_function, "python_function")
+                               else tf_function, jit_compile=True)
+    try:
+        return function.experimental_get_compiler_ir(*specs)(stage="hlo_serialized", platform_name="CPU")
+    except Exception as error:  # noqa: BLE001 - TF raises many types for unsupported ops
+        raise CompileFailed(f"TensorFlow could not lower the function to XLA HLO: {_first_line(error)}") from error
+
+
+def compile_hlo_module(hlo_module_bytes: bytes, target: str, dump_dir: str | os.PathLike | None = None,
+                       keep_all: bool = False) -> CompileResult:
+    """Compile a serialized HloModuleProto (e.g. from TensorFlow) for one device of `target`."""
+    from jax._src import compiler
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib import _jax
+    from jax._src.lib.mlir import ir
+
+    dev = device(target)
+    try:
+        stablehlo = _jax.mlir.hlo_to_stablehlo(_legalizable(hlo_module_bytes))
+    except Exception as error:  # noqa: BLE001
+        raise CompileFailed(f"the HLO module could not be converted to StableHLO: {_first_line(error)}") from error
+    options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
+    options.env_option_overrides = list(_dump_options(dump_dir).items())
+    _fresh_dir(dump_dir)
+    context = jax_mlir.make_ir_context()
+    with context:
+        module = ir.Module.parse(stablehlo)
+        try:
+            executable = dev.client.compile(module, _jax.DeviceList((dev,)), options)
+        except Exception as error:  # noqa: BLE001
+            _raise_compile_error(error, target)
+    return _result(target, executable.get_compiled_memory_stats(), dump_dir, keep_all)
+
+
+def compile_tf(tf_function, specs: Sequence[Any], target: str, dump_dir: str | os.PathLike | None = None,
+               keep_all: bool = False) -> CompileResult:
+    """Compile a `tf.function` for its TensorSpecs: TF -> HLO -> StableHLO -> libtpu."""
+    return compile_hlo_module(tf_hlo_module(tf_function, specs), target, dump_dir, keep_all)
+
+
+# --- Keras (TensorFlow backend) --------------------------------------------------------------------
+
+def keras_train_step(model, x_spec, y_spec):
+    """The model's train step (forward, loss, gradients, optimizer update) as an XLA `tf.function`.
+
+    The model must be compiled (optimizer and loss). Variables (weights and optimizer slots) become
+    parameters of the HLO module, so they count in the argument bytes as they would on the TPU.
+    """
+    import tensorflow as tf
+
+    if getattr(model, "optimizer", None) is None:
+        raise TypeError("the Keras model is not compiled: call model.compile(optimizer=..., loss=...) first")
+    if not model.built:
+        model.build(x_spec.shape)
+    model.optimizer.build(model.trainable_variables)
+
+    @tf.function(jit_compile=True)
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        model.optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    return train_step, [x_spec, y_spec]
+
+
+def compile_keras(model, x_spec, y_spec, target: str, dump_dir: str | os.PathLike | None = None,
+                  keep_all: bool = False) -> CompileResult:
+    step, specs = keras_train_step(model, x_spec, y_spec)
+    return compile_tf(step, specs, target, dump_dir, keep_all)
