@@ -83,5 +83,8 @@ def _analyze(run_dir: str, as_json: bool):
     from tpuprof.commands import analyze as analyze_command
     from tpuprof.renderers import analyze as analyze_render
 
-    report = analyze_command.analyze(run_dir, top=10)
+    try:
+        report = analyze_command.analyze(run_dir, top=10)
+    except UserError as error:  # the capture is saved and worth reporting even if it cannot be analysed
+        return {"error": str(error)}
     return analyze_render.to_json(report, 10)
