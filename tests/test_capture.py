@@ -338,3 +338,15 @@ def test_same_second_run_name_gets_a_suffix_and_keeps_the_first(tmp_path):
         placed = capture.place_local(new, "2026_01_01_00_00_00", str(tmp_path))
         assert Path(placed).name == expected and (Path(placed) / "h.xplane.pb").read_bytes() == b"second"
     assert (existing / "h.xplane.pb").read_bytes() == b"first"
+
+
+def test_tpu_grpc_url_needs_no_lookup():
+    target = addresses.resolve(tpu="grpc://10.2.3.4:8470")
+    assert target.addresses == ["10.2.3.4:8466"] and target.why == "given as a gRPC URL with --tpu"
+
+
+@pytest.mark.parametrize("text, ms", [("2s", 2000), ("500ms", 500), ("1.5s", 1500), ("1m", 60000), ("3", 3000)])
+def test_durations(text, ms):
+    from tpuprof.sources.capture import parse_duration_ms
+
+    assert parse_duration_ms(text) == ms

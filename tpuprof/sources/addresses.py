@@ -174,8 +174,10 @@ def resolve_tpu_name(tpu: str, zone: Optional[str], project: Optional[str], port
     the GCE metadata server for the project and zone. We ask the metadata server ourselves first, with
     a timeout, so that off Google Cloud the answer is a clear sentence in 2 s instead of a hang.
     """
-    if tpu.startswith("grpc://"):
-        return resolve(service_addr=tpu, port=port)
+    if tpu.startswith("grpc://"):  # TPUClusterResolver takes worker URLs as names too
+        target = resolve(service_addr=tpu, port=port)
+        target.why = "given as a gRPC URL with --tpu"
+        return target
     where = []
     if not project or not zone:
         try:
