@@ -85,7 +85,7 @@ def print_tables(report: Report, top: int) -> None:
         table = Table(title="Where the step time goes", title_justify="left")
         for column, justify in (("category", "left"), ("% of step", "right"), ("ms per step", "right")):
             table.add_column(column, justify=justify)
-        labels = {"compute": "compute", "input": "waiting for input", "host_overhead": "host overhead between steps",
+        labels = {"compute": "compute", "input": "waiting for input", "host_overhead": "host overhead (launch, return, between steps)",
                   "compile": "compilation", "other": "other"}
         for category in CATEGORIES:
             table.add_row(labels[category], f"{report.breakdown_percent[category]:.1f}",
@@ -111,6 +111,9 @@ def print_tables(report: Report, top: int) -> None:
         out.print(table)
     for h, value, middle in report.stragglers:
         out.print(f"[yellow]Straggler:[/yellow] {escape(h)} median step {value:.2f} ms vs {middle:.2f} ms")
+    if not report.suggestions and report.step_count:
+        out.print("No change to the input pipeline or the training loop is called for: the step is the program's "
+                  "own work; the top ops above are where it goes.")
     if report.suggestions:
         out.print("[bold]Suggestions[/bold]")
         for i, s in enumerate(report.suggestions, 1):
