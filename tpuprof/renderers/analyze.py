@@ -111,7 +111,7 @@ def print_tables(report: Report, top: int) -> None:
         out.print(table)
     for h, value, middle in report.stragglers:
         out.print(f"[yellow]Straggler:[/yellow] {escape(h)} median step {value:.2f} ms vs {middle:.2f} ms")
-    if not report.suggestions and report.step_count:
+    if not report.suggestions and report.verdict == "compute-bound":
         out.print("No change to the input pipeline or the training loop is called for: the step is the program's "
                   "own work; the top ops above are where it goes.")
     if report.suggestions:
