@@ -323,3 +323,14 @@ def test_fresh_capture_of_an_input_bound_job(profiler_job, tmp_path, script, arg
     assert report.step_count >= 5
     assert report.verdict == "highly input-bound" and report.input_bound_percent >= 60
     assert report.suggestions[0]["kind"] == "input_pipeline"
+
+
+def test_one_bad_host_file_among_several_is_named(tmp_path, capsys):
+    """Hosts are read in worker processes: the error still reaches the user as one sentence."""
+    source = next(capture("jax_compute").rglob("*.xplane.pb")).read_bytes()
+    run = tmp_path / "plugins" / "profile" / "2026_01_01_00_00_00"
+    run.mkdir(parents=True)
+    (run / "host-a.xplane.pb").write_bytes(source)
+    (run / "host-b.xplane.pb").write_bytes(source[: len(source) // 3])
+    code, out, err = run_main(capsys, tmp_path)
+    assert code == 2 and out == "" and "host-b.xplane.pb is not a readable xplane.pb" in err
