@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test bench samples clean
+.PHONY: setup demo test bench samples captures clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +22,15 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_memory.py
+	$(BIN)/python bench/bench_analyze.py
 
 # Regenerates the committed sample dumps with libtpu (compile-only, no TPU needed).
 samples: $(STAMP)
 	$(BIN)/python sample_profiles/generate.py
+
+# Recaptures the committed sample profiles from the bottleneck jobs in sample_profiles/jobs (loopback).
+captures: $(STAMP)
+	$(BIN)/python sample_profiles/make_captures.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
