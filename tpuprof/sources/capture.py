@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
