@@ -9,6 +9,7 @@ numpy rather than event by event in Python.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -28,12 +29,16 @@ class Line:
         return np.flatnonzero(np.isin(self.mid, np.fromiter(ids, np.int64, len(ids))))
 
 
+_OFFSET, _DURATION, _METADATA = attrgetter("offset_ps"), attrgetter("duration_ps"), attrgetter("metadata_id")
+
+
 def read_line(line) -> Line:
     events = line.events
     n = len(events)
-    offset = np.fromiter((e.offset_ps for e in events), np.int64, n)
-    duration = np.fromiter((e.duration_ps for e in events), np.int64, n)
-    mid = np.fromiter((e.metadata_id for e in events), np.int64, n)
+    # map(attrgetter) keeps the per-event loop in C: the one Python-speed step of the whole analysis.
+    offset = np.fromiter(map(_OFFSET, events), np.int64, n)
+    duration = np.fromiter(map(_DURATION, events), np.int64, n)
+    mid = np.fromiter(map(_METADATA, events), np.int64, n)
     start = offset + np.int64(line.timestamp_ns) * 1000
     return Line(line.name or line.display_name or str(line.id), start, start + duration, mid, events)
 
