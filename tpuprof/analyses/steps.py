@@ -13,13 +13,15 @@ Two ways to find steps:
 
 A step period runs from one step's start to the next step's start, so the time between steps (the
 host's Python loop) belongs to it. Within it, with this priority:
-  compile  - tracing/compiling events;
-  input    - the training thread blocked on the tf.data iterator (`IteratorGetNext...`);
-  compute  - the step function running, or any executor thread running ops;
-  the rest - host time outside the step. When the capture shows the input pipeline (tf.data), the rest is
-             host overhead (the framework's per-step Python). When it does not (a JAX process records
-             only jaxlib's events, never the Python data loader), idle time with no traced event is the
-             host preparing data (input), and traced host work outside the step is host overhead.
+  compile       - tracing/compiling events;
+  input         - the training thread blocked on the tf.data iterator (`IteratorGetNext...`);
+  compute       - kernels running on executor threads (TF ops, XLA:CPU thunks, GPU kernels), and the step
+                  call from its first kernel (or input wait) to its last;
+  host overhead - the step call's start-up before its first kernel and return after its last, and the
+                  gap until the next call: what running several steps per call amortises.
+When the capture does not show the input pipeline (a JAX process records jaxlib's events, never the
+Python data loader), untraced time on the training thread before a step starts dispatching is the
+loader's: input. Traced dispatch, launch and return stay host overhead.
 """
 
 from __future__ import annotations
@@ -120,8 +122,6 @@ class HostView:
     def __init__(self, plane):
         self.plane = plane
         self.lines = [read_line(line) for line in plane.lines if len(line.events)]
-        meta = plane.event_metadata
-        self.name = {key: m.name for key, m in meta.items()}
         get_next = _ids(plane, GET_NEXT.match)
         compile_ids = _ids(plane, lambda n: bool(COMPILE.search(n)) and not COMPILE_EXCLUDE.search(n))
         # Work = kernels actually running: TF ops (`scope/name:Type`) and XLA:CPU thunks on executor threads.
