@@ -302,6 +302,15 @@ def test_whole_training_log_streamed_across_chunk_boundaries(monkeypatch, tmp_pa
         assert got == expected
 
 
+def test_every_repeat_of_a_message_is_counted(tmp_path):
+    """Eight workers repeating a run-time failure thousands of times: each is counted once."""
+    message = (FIXTURES / "pytorch_xla_8020_runtime_alloc_replica.txt").read_bytes().split(b"\n", 1)[1]
+    log = tmp_path / "pod.log"
+    log.write_bytes((message + b"step skipped\n" * 7) * 5000)
+    report = report_of(log)
+    assert report.messages_found == 5000 and report.requested_bytes == b("196.00M")
+
+
 def test_gzipped_log(tmp_path, capsys):
     import gzip
 

@@ -305,8 +305,15 @@ def find_in_stream(stream: BinaryIO, target: str | None = None) -> OomReport | N
     """The most detailed OOM message of a log (the first one among equals), analysed."""
     best: OomReport | None = None
     found = 0
+    seen: dict[int, bool] = {}  # hash of a message -> whether it parsed: workers repeat the same text
     for block in oom_log.iter_oom_blocks(stream):
+        key = hash(block.text)
+        if key in seen:
+            found += seen[key]
+            continue
         report = parse_message(block.text)
+        if len(seen) < 100_000:
+            seen[key] = report is not None
         if report is None:
             continue
         found += 1

@@ -30,14 +30,23 @@ TRIGGERS = (
 )
 
 
-def _find_trigger(buf: bytes, start: int) -> int:
-    """Offset of the earliest trigger at or after `start`, -1 if none."""
-    best = -1
-    for trigger in TRIGGERS:
-        found = buf.find(trigger, start, best + len(trigger) if best >= 0 else len(buf))
-        if found >= 0:
-            best = found
-    return best
+class _TriggerFinder:
+    """Earliest trigger at or after an offset of one buffer. Each literal's next occurrence is cached,
+    so a log with many messages is still scanned once per literal, not once per message."""
+
+    def __init__(self, buf: bytes):
+        self.buf = buf
+        self.next = {trigger: None for trigger in TRIGGERS}  # offset, -1 (none left), None (unknown)
+
+    def find(self, start: int) -> int:
+        best = -1
+        for trigger in TRIGGERS:
+            cached = self.next[trigger]
+            if cached is None or (cached != -1 and cached < start):
+                cached = self.next[trigger] = self.buf.find(trigger, start)
+            if cached != -1 and (best == -1 or cached < best):
+                best = cached
+        return best
 
 
 # Lines that belong to a message (searched anywhere in the line, so log prefixes do not matter).
@@ -94,6 +103,7 @@ class _Stream:
         self.eof = False
         self.line_number = 1  # of the line at `pos`
         self._counted_to = 0  # newlines before this offset in `buf` are already counted
+        self._finder: _TriggerFinder | None = None
 
     def _fill(self) -> bool:
         if self.eof:
@@ -116,7 +126,9 @@ class _Stream:
     def next_trigger(self) -> bool:
         """Move to the start of the next line holding a trigger; False at the end of the stream."""
         while True:
-            found = _find_trigger(self.buf, self.pos)
+            if self._finder is None or self._finder.buf is not self.buf:
+                self._finder = _TriggerFinder(self.buf)
+            found = self._finder.find(self.pos)
             if found >= 0:
                 self._advance(self.buf.rfind(b"\n", self.pos, found) + 1 or self.pos)
                 return True
