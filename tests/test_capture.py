@@ -123,6 +123,7 @@ def test_two_jobs_one_command_give_two_hosts_in_one_run(keras_job, jax_job, tmp_
     (run,) = run_dirs(tmp_path)
     assert sorted(p.name for p in run.iterdir()) == sorted(
         [f"localhost_{keras_job.port}.xplane.pb", f"localhost_{jax_job.port}.xplane.pb"])
+    assert doc["hosts_without_events"] == []
     assert {h["host"]: h["events"] > 0 for h in doc["hosts"]} == {
         f"localhost_{keras_job.port}": True, f"localhost_{jax_job.port}": True}
     assert events_named(str(run / f"localhost_{jax_job.port}.xplane.pb"), "train")
@@ -350,3 +351,12 @@ def test_durations(text, ms):
     from tpuprof.sources.capture import parse_duration_ms
 
     assert parse_duration_ms(text) == ms
+
+
+def test_idle_worker_is_reported_without_events(profiler_job, jax_job, tmp_path):
+    idle = profiler_job("jax_job.py", "--idle")  # its server answers with an empty trace
+    doc = capture_json("--service-addr", f"{jax_job.address},{idle.address}", "--logdir", str(tmp_path),
+                       "--duration", "500ms", "--attempts", "1")
+    events = {h["host"]: h["events"] for h in doc["hosts"]}
+    assert events[f"localhost_{idle.port}"] == 0 and events[f"localhost_{jax_job.port}"] > 0
+    assert doc["hosts_without_events"] == [idle.address]

@@ -35,6 +35,7 @@ def to_json(result: CaptureResult, target: Target, options: TraceOptions) -> dic
             {"host": h.host, "path": h.path, "size_bytes": h.size_bytes, "events": h.events, "planes": h.planes}
             for h in result.hosts
         ],
+        "hosts_without_events": result.silent,
         "next_commands": next_commands(result),
     }
 
@@ -66,6 +67,9 @@ def print_summary(result: CaptureResult, target: Target, options: TraceOptions) 
     for host in result.hosts:
         table.add_row(host.host, _size(host.size_bytes), f"{host.events:,}", str(host.planes))
     out.print(table)
+    if result.silent:
+        out.print(f"[bold yellow]No trace event from {', '.join(result.silent)}[/]: that job was idle or between "
+                  "steps, or never started its profiler server; capture again while every worker trains.")
     out.print("Next:")
     for command in next_commands(result):
         out.print(f"  {command}", markup=False)

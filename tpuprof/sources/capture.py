@@ -68,6 +68,8 @@ class CaptureResult:
     hosts: list[HostFile] = field(default_factory=list)
     attempts_used: int = 1
     seconds: float = 0.0
+    # Addresses with no event in the run: the client succeeds as soon as one host sent a trace.
+    silent: list[str] = field(default_factory=list)
 
 
 def parse_duration_ms(text: str, allow_zero: bool = False) -> int:
@@ -268,6 +270,20 @@ def describe_host_files(run_folder: Path) -> list[HostFile]:
     return hosts
 
 
+def _silent_hosts(addresses: list[str], hosts: list[HostFile]) -> list[str]:
+    """Addresses that gave no event: an idle worker writes an empty file, a lost one none at all.
+    The client names files host_port; TPU Node sessions use hostnames, so there only counts are trusted."""
+    by_name = {h.host: h for h in hosts}
+    silent = []
+    for address in addresses:
+        host = by_name.get(address.replace("[", "").replace("]", "").replace(":", "_"))
+        if (host is None and len(hosts) < len(addresses)) or (host is not None and host.events == 0):
+            silent.append(address)
+    if not silent and len(hosts) < len(addresses):
+        silent = [f"{len(addresses) - len(hosts)} of {len(addresses)} hosts"]
+    return silent
+
+
 # ----------------------------------------------------------------------------------------------
 # The whole capture
 
@@ -320,6 +336,7 @@ def capture(addresses: list[str], logdir: str, options: TraceOptions, tpu_master
             hosts=hosts,
             attempts_used=max(1, attempts_started(log_path)),
             seconds=time.monotonic() - started,
+            silent=_silent_hosts(addresses, hosts),
         )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
