@@ -62,8 +62,14 @@ def xprof(tmp_path_factory):
         shutil.copy(source, copy)
         data, _ = raw_to_tool_data.xspace_to_tool_data([str(copy)], "input_pipeline_analyzer", {})
         tables = json.loads(data)
-        cache[name] = next(t["p"] for t in tables if "input_conclusion" in t.get("p", {}))
-        return cache[name]
+        summary = dict(next(t["p"] for t in tables if "input_conclusion" in t.get("p", {})))
+        # XProf's input-op table: one row per tf.data iterator, with its count and self time.
+        ops = next(t for t in tables if any(c.get("id") == "selfTimeInMs" for c in t.get("cols", [])))
+        columns = [c["id"] for c in ops["cols"]]
+        summary["stages"] = {row["c"][0]["v"]: dict(zip(columns, (c.get("v") for c in row["c"])))
+                             for row in ops.get("rows", [])}
+        cache[name] = summary
+        return summary
 
     return summary
 
@@ -87,6 +93,17 @@ def test_tf_slow_python_map_is_input_bound_where_xprof_measures_no_step(reports,
     assert first["kind"] == "input_pipeline"
     assert "py_function" in first["message"] and "num_parallel_calls=tf.data.AUTOTUNE" in first["message"]
     assert "Map" in first["evidence"]
+
+
+@pytest.mark.parametrize("name", ["tf_slow_map", "tf_tiny_spe64"])
+def test_tf_data_stage_self_times_equal_xprofs(reports, xprof, name):
+    """Per-iterator counts and self times agree with XProf's input-op table (sequential and parallel maps)."""
+    theirs = xprof(name)["stages"]
+    ours = {stage.name: stage for stage in reports(name).stages}
+    assert len(theirs) >= 4 and set(ours) == set(theirs)
+    for stage_name, row in theirs.items():
+        assert ours[stage_name].count == row["count"], stage_name
+        assert ours[stage_name].self_ps / 1e9 == pytest.approx(row["selfTimeInMs"], abs=0.01), stage_name
 
 
 def test_tf_cached_data_is_not_input_bound(reports, xprof):
