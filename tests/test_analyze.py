@@ -359,3 +359,21 @@ def test_one_bad_host_file_among_several_is_named(tmp_path, capsys):
     (run / "host-b.xplane.pb").write_bytes(source[: len(source) // 3])
     code, out, err = run_main(capsys, tmp_path)
     assert code == 2 and out == "" and "host-b.xplane.pb is not a readable xplane.pb" in err
+
+
+def test_a_single_step_longer_than_the_capture_is_still_measured(tmp_path):
+    """Keep one `multi_step_on_iterator` call of the slow-map capture, as when a step outlasts the trace."""
+    from tpuprof.protos import xplane_pb2
+
+    space = xplane_pb2().XSpace()
+    space.ParseFromString(next(capture("tf_slow_map").rglob("*.xplane.pb")).read_bytes())
+    plane = next(p for p in space.planes if p.name == "/host:CPU")
+    step_id = next(k for k, m in plane.event_metadata.items() if m.name == "multi_step_on_iterator")
+    line = next(line for line in plane.lines if any(e.metadata_id == step_id for e in line.events))
+    kept = [e for e in line.events if e.metadata_id == step_id][1:2]
+    others = [e for e in line.events if e.metadata_id != step_id]
+    del line.events[:]
+    line.events.extend(sorted(kept + others, key=lambda e: e.offset_ps))
+    report = command.analyze(str(write_run(tmp_path, {"host": space})))
+    assert report.step_count == 1 and report.verdict == "highly input-bound"
+    assert report.mean_ms == pytest.approx(kept[0].duration_ps / 1e9, rel=1e-6)

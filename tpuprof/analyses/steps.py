@@ -153,13 +153,15 @@ class HostView:
         tf_inference = _ids(self.plane, lambda n: bool(TF_INFERENCE.match(n))
                             and TF_INFERENCE.match(n).group(1) in TF_STEP_FUNCTIONS)
         pjit = _ids(self.plane, PJIT.match)
-        for ids, label in ((explicit, "step markers"), (tf_step, "TF step function"),
-                           (tf_inference, "TF step function"), (pjit, "jitted function")):
+        # A marker seen twice is a step; once, only when nothing repeats (a step longer than the capture).
+        for fewest, ids, label in ((2, explicit, "step markers"), (2, tf_step, "TF step function"),
+                                   (2, tf_inference, "TF step function"), (2, pjit, "jitted function"),
+                                   (1, explicit, "step markers"), (1, tf_step, "TF step function")):
             best = None
             for line in self.lines:
                 for key in ids:
                     idx = line.select({key})
-                    if len(idx) < 2:
+                    if len(idx) < fewest:
                         continue
                     idx = idx[top_level(line.start[idx], line.end[idx])]
                     total = int((line.end[idx] - line.start[idx]).sum())
@@ -229,8 +231,8 @@ def _trim(starts: np.ndarray, ends: np.ndarray, inner: Spans) -> tuple[np.ndarra
 def host_steps(view: HostView, profile: HostProfile) -> None:
     found = view.markers()
     if found is None:
-        profile.notes.append("no step markers on the host (no StepTraceAnnotation, Keras step function or "
-                             "jitted function ran twice or more in the capture)")
+        profile.notes.append("no step markers on the host (no StepTraceAnnotation or Keras step function, and "
+                             "no jitted function ran twice in the capture)")
         return
     line, idx, description = found
     start, end = line.start[idx], line.end[idx]
