@@ -479,3 +479,20 @@ def test_real_job_log_joined_with_its_dump(oom_job, capsys):
     fits = int(JOB_BATCH * (doc["capacity_bytes"] - w_bytes) / estimate["scaling_bytes"])
     assert estimate["fitting_batch"] == fits - fits % 8 and estimate["confidence"] == "medium"
     assert not any("--xla_dump_to" in s["message"] for s in doc["suggestions"])  # the dump is already here
+
+
+def test_listed_shapes_are_matched_to_dump_buffers(oom_job):
+    """libtpu 0.0.42.1 prints only the short form, so the listed-allocation join is checked with the
+    job's dump and an allocation list built from that dump's own shapes (as older compilers print them)."""
+    from tpuprof.commands import oom as command
+
+    log, dump = oom_job
+    report = report_of(log)
+    first = command.join_dump(report, dump, None)["buffers"]
+    temp = next(r for r in first if r["allocation_type"] == "temp")
+    report.allocations = [OomAllocation(index=7, shape=temp["shape"]),
+                          OomAllocation(index=8, shape=temp["shape"].split("{")[0] + "{1,0}")]
+    rows = command.join_dump(report, dump, None)["buffers"]
+    assert [r["index"] for r in rows] == [7, 8]
+    assert rows[0]["shape"] == temp["shape"] and rows[0]["size_bytes"] == JOB_BATCH * 4096 * 4
+    assert rows[1]["instruction"] != rows[0]["instruction"]  # each dump buffer is matched once
