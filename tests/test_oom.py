@@ -96,6 +96,9 @@ EXPECTED = {
         kind="compile", memory_space="smem", used_bytes=b("1.00M"), capacity_bytes=b("1.00M"),
         exceeded_bytes=b("1.7K")),
     "pytorch_xla_2628_smem_no_numbers": dict(kind="compile", memory_space="smem", used_bytes=None),
+    "openxla_error_1000_vmem_on_stack": dict(
+        kind="compile", memory_space="vmem", used_bytes=None, framework="jax",
+        kernel="ragged_latency_optimized_all_gather_lhs_contracting_gated_matmul_kernel.18"),
     "openxla_error_1001_vmem_allocation": dict(
         kind="compile", memory_space="vmem", requested_bytes=134217728, capacity_bytes=67108864),
     "jax_7822_early_abort": dict(kind="early_abort", used_bytes=b("3.47E"), capacity_bytes=b("14.49G")),

@@ -196,6 +196,8 @@ def _scratch_memory(report: OomReport) -> dict:
                "kernel needs more than it has, whatever the model's size. Shrink the block/tile sizes of "
                "custom (Pallas) kernels or the chunk size of blockwise attention, or break the fusion; if no "
                "custom kernel is involved, report it to XLA with an HLO dump.")
+    if report.kernel:
+        message += f" The failing kernel: {report.kernel}."
     if spill:
         message += " Here the register allocator's spill slots take most of it: a kernel with too many live values."
     return {"kind": space, "message": message}

@@ -103,6 +103,8 @@ def _headline(text: str) -> OomReport | None:
             report.used_bytes = size_bytes(*used.groups()[:2])
             report.capacity_bytes = size_bytes(*used.groups()[2:4])
         report.exceeded_bytes = _size(rf"Exceeded\s+{space}\s+capacity\s+by\s+{s}", text, re.I)
+        kernel = re.search(r"while allocating on stack for %?([\w.\-]+)", text)
+        report.kernel = kernel.group(1) if kernel else None
         return report
     match = re.search(rf"Ran out of memory on (\w+),(.{{0,200}}?)\({s}\)\s*exceeds available \w+\s*\({s}\)", text)
     if match:

@@ -89,6 +89,7 @@ class OomReport:
     padded_bytes: int | None = None  # HLO temp, padded
     utilization: float | None = None  # percent
     fragmentation_bytes: int | None = None
+    kernel: str | None = None  # the instruction whose scratch allocation failed ("allocating on stack for %X")
     tensorcore_bytes: int | None = None
     sparsecore_bytes: int | None = None
     allocations: list[OomAllocation] = field(default_factory=list)
@@ -103,7 +104,7 @@ class OomReport:
             "free_bytes", "hlo_temp_bytes", "unpadded_bytes", "padded_bytes", "total_bytes",
             "reserved_bytes", "program_bytes", "arguments_bytes", "output_bytes",
             "currently_allocated_bytes", "global_bytes", "scoped_bytes", "utilization",
-            "fragmentation_bytes", "tensorcore_bytes", "sparsecore_bytes", "framework", "headline",
+            "fragmentation_bytes", "tensorcore_bytes", "sparsecore_bytes", "kernel", "framework", "headline",
             "line_number", "messages_found",
         )
         out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}

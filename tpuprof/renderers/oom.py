@@ -35,6 +35,8 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
         summary.add_row("memory space", report.memory_space)
     if report.framework:
         summary.add_row("framework", report.framework)
+    if report.kernel:
+        summary.add_row("kernel", e(report.kernel))
     rows = [
         ("used", report.used_bytes), ("capacity", report.capacity_bytes), ("exceeded by", report.exceeded_bytes),
         ("requested", report.requested_bytes), ("free", report.free_bytes),
