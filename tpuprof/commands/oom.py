@@ -14,6 +14,19 @@ from tpuprof.errors import UserError
 
 def run(path: str | None, dump: Path | None = None, batch: int | None = None, target: str | None = None,
         as_json: bool = False) -> None:
+    if path in (None, "-") and sys.stdin.isatty():
+        raise UserError("give the log file, or pipe the log into `tpuprof oom -`.")
+    report, estimate, suggestions, joined = explain(path, dump=dump, batch=batch, target=target)
+    if as_json:
+        print(json.dumps(to_document(report, estimate, suggestions, joined), indent=2))
+        return
+    from tpuprof.renderers import oom as renderer
+
+    renderer.render(report, estimate, suggestions, "stdin" if path in (None, "-") else str(path), joined)
+
+
+def explain(path: str | None, dump: Path | None = None, batch: int | None = None, target: str | None = None):
+    """The whole pipeline: (report, batch estimate, suggestions, dump join or None). For other commands too."""
     from tpuprof import targets
     from tpuprof.advice import oom as advice
     from tpuprof.analyses import oom as analysis
@@ -22,17 +35,14 @@ def run(path: str | None, dump: Path | None = None, batch: int | None = None, ta
     if batch is not None and batch < 1:
         raise UserError("--batch must be a positive number of examples.")
     capacity = targets.get(target).compiler_hbm_bytes if target else None
-    if path in (None, "-") and sys.stdin.isatty():
-        raise UserError("give the log file, or pipe the log into `tpuprof oom -`.")
     stream, opened = oom_log.open_input(path)
-    source = "stdin" if path in (None, "-") else str(path)
     try:
         report = analysis.find_in_stream(stream, target)
     finally:
         if opened:
             stream.close()
     if report is None:
-        raise UserError(f"no TPU out-of-memory error found in {source}.")
+        raise UserError(f"no TPU out-of-memory error found in {'stdin' if path in (None, '-') else path}.")
     if report.capacity_bytes is None and capacity is not None and report.memory_space in ("hbm", None):
         report.notes.append(f"capacity taken from --target {target}: {analysis.format_bytes(capacity)}")
     joined = join_dump(report, dump, target, batch) if dump else None
@@ -42,18 +52,17 @@ def run(path: str | None, dump: Path | None = None, batch: int | None = None, ta
     suggestions = advice.suggest(report, estimate)
     if joined:  # the dump is the detail the advice would otherwise ask for
         suggestions = [s for s in suggestions if "--xla_dump_to" not in s["message"]]
+    return report, estimate, suggestions, joined
 
-    if as_json:
-        document = report.to_json()
-        document["batch_estimate"] = estimate.to_json()
-        document["suggestions"] = suggestions
-        if joined is not None:
-            document["dump"] = joined
-        print(json.dumps(document, indent=2))
-        return
-    from tpuprof.renderers import oom as renderer
 
-    renderer.render(report, estimate, suggestions, source, joined)
+def to_document(report, estimate, suggestions, joined) -> dict:
+    """The `--json` document."""
+    document = report.to_json()
+    document["batch_estimate"] = estimate.to_json()
+    document["suggestions"] = suggestions
+    if joined is not None:
+        document["dump"] = joined
+    return document
 
 
 def join_dump(report, dump: Path, target: str | None, batch: int | None = None) -> dict:
