@@ -40,6 +40,9 @@ CAPTURES = {
     "jax_slow_loader": ("jax_job.py", ["--slow-loader-ms", "20"], 1.0, 1000),
     # A free loader: the jitted MLP step fills the step: compute-bound.
     "jax_compute": ("jax_job.py", [], 1.0, 700),
+    # A new batch size every step, so a new compilation every step: compile-bound (the job sits beside
+    # its capture, captures/jax_recompile/job.py: sample_profiles/jobs has no such mode).
+    "jax_recompile": (str(OUT / "jax_recompile" / "job.py"), [], 1.0, 1000),
 }
 
 
@@ -65,7 +68,7 @@ def capture(name: str) -> Path:
             raise RuntimeError(f"{script} exited with {job.wait()} before READY")
         time.sleep(warmup)
         target = OUT / name
-        shutil.rmtree(target, ignore_errors=True)
+        shutil.rmtree(target / "plugins", ignore_errors=True)  # the old run (a job may live beside it)
         # tpuprof's own capture (the profiler client, run folder published whole).
         result = capture_run([f"localhost:{port}"], str(target), TraceOptions(duration_ms=duration_ms))
         return Path(result.run_dir)

@@ -163,6 +163,17 @@ def test_jax_compute_bound_loop_is_compute_bound_where_xprof_says_input_bound(re
     assert any(op.name.startswith("dot") for op in report.top_ops[:5])
 
 
+def test_jax_recompiling_every_step_is_compile_bound_where_xprof_sees_no_compile(reports, xprof):
+    """The job grows its batch every step (captures/jax_recompile/job.py): every step traces and compiles."""
+    report = reports("jax_recompile")
+    theirs = xprof("jax_recompile")
+    assert float(theirs["compile_time_ms_avg"]) == 0 and "NOT input-bound" in theirs["input_conclusion"]
+    assert report.verdict == "compile-bound" and report.breakdown_percent["compile"] >= 50
+    advice = report.suggestions[0]
+    assert advice["kind"] == "compile" and "backend_compile_and_load" in advice["evidence"]
+    assert f"x{report.step_count}" in advice["evidence"]  # one compilation per step
+
+
 def test_json_contract_from_the_cli(capsys):
     cli.main(["analyze", str(capture("tf_slow_map")), "--json", "--top", "5"])
     document = json.loads(capsys.readouterr().out)

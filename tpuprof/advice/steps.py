@@ -144,10 +144,21 @@ def _compile(report: Report) -> dict | None:
     share = report.breakdown_percent.get("compile", 0.0)
     if share < COMPILE_BOUND / 2:
         return None
+    events: dict[str, list[int]] = {}
+    for host in report.hosts:
+        for name, count, spent in host.compile_events:
+            entry = events.setdefault(name, [0, 0])
+            entry[0] += count
+            entry[1] += spent
+    biggest = sorted(events.items(), key=lambda item: item[1][1], reverse=True)[:2]
+    named = ", ".join(f"`{name}` x{count} ({spent / 1e9:.0f} ms)" for name, (count, spent) in biggest)
     return {"kind": "compile",
             "message": ("Steps keep compiling: keep shapes and Python arguments the same from step to step (pad "
-                        "batches to fixed shapes, `drop_remainder=True`, mark config arguments static)."),
-            "evidence": f"{share:.1f}% of step time in tracing/compilation events."}
+                        "batches to fixed shapes or a few bucket sizes, `drop_remainder=True`, mark config "
+                        "arguments static); JAX's `jax.config.update(\"jax_explain_cache_misses\", True)` names "
+                        "what changed."),
+            "evidence": f"{share:.1f}% of step time in tracing/compilation over {report.step_count} steps"
+                        + (f": {named}." if named else ".")}
 
 
 def _stragglers(report: Report) -> list[dict]:

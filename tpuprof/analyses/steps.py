@@ -129,11 +129,16 @@ class HostView:
         xla_ops = _ids(plane, lambda n: bool(n) and not top_ops.NOT_OP.match(n) and not top_ops.TF_OP.match(n))
         iterator_ids = _ids(plane, lambda n: n.startswith("Iterator::"))
         wait, comp, work = [], [], []
+        compiles: dict[int, list[int]] = {}
         for line in self.lines:
             idx = line.select(get_next)
             wait.append((line.start[idx], line.end[idx]))
             idx = line.select(compile_ids)
             comp.append((line.start[idx], line.end[idx]))
+            for key, duration in zip(line.mid[idx].tolist(), (line.end[idx] - line.start[idx]).tolist()):
+                entry = compiles.setdefault(key, [0, 0])
+                entry[0] += 1
+                entry[1] += duration
             if EXEC_LINE.match(line.name):
                 idx = line.select(tf_ops | xla_ops if top_ops.XLA_CPU_LINE.match(line.name) else tf_ops)
                 work.append((line.start[idx], line.end[idx]))
@@ -143,6 +148,8 @@ class HostView:
         self.input_visible = any(len(line.select(visible)) for line in self.lines)
         self.input_wait = _spans(wait)
         self.compile = _spans(comp)
+        self.compile_events = sorted(((plane.event_metadata[k].name, c, d) for k, (c, d) in compiles.items()),
+                                     key=lambda item: item[2], reverse=True)[:3]
         self.work = _spans(work)
 
     def markers(self):
@@ -412,6 +419,7 @@ def analyze_xspace(space, host: str, path: str = "") -> HostProfile:
     if view is not None:
         profile.input_visible = view.input_visible
         profile.framework = _framework(view.plane)
+        profile.compile_events = view.compile_events
 
     if view is not None and gpu_planes:
         # GPU kernels and copies run on the device planes' stream lines: they are the step's compute.

@@ -60,6 +60,7 @@ class HostProfile:
     input_visible: bool = False  # tf.data iterator events are in the capture
     untraced_input: bool = False  # idle host time between steps is counted as input (see analyses.steps)
     framework: str = ""  # jax | tf | "" (unknown), from the host's events
+    compile_events: list[tuple[str, int, int]] = field(default_factory=list)  # (name, count, ps), largest first
     matmul_ps: int = 0  # device time in matmuls/convolutions
     matmul_f32_ps: int = 0  # ... of which with a 32-bit result
     notes: list[str] = field(default_factory=list)
