@@ -25,9 +25,15 @@ def analyze(path: str, top: int = 10, workers: int | None = None) -> Report:
     return report
 
 
-def run(path: str, top: int, as_json: bool) -> None:
+def run(path: str, top: int, as_json: bool, csv: str | None = None) -> None:
     from tpuprof.renderers import analyze as render
 
+    if csv is not None:
+        from tpuprof.renderers import csv as render_csv
+
+        render_csv.check_analyze(csv)
+        render_csv.print_analyze(analyze(str(path), top=top), csv)
+        return
     report = analyze(str(path), top=top)
     if as_json:
         from tpuprof.renderers.output import print_json

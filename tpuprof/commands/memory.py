@@ -37,9 +37,16 @@ def analyze(path: Path, module: str | None = None, target: str | None = None, to
     return results
 
 
-def run(path: Path, module: str | None, target: str | None, compile_: bool, top: int, as_json: bool) -> None:
+def run(path: Path, module: str | None, target: str | None, compile_: bool, top: int, as_json: bool,
+        csv: str | None = None) -> None:
     from tpuprof.renderers import memory as render
 
+    if csv is not None:
+        from tpuprof.renderers import csv as render_csv
+
+        render_csv.check_memory(csv)
+        render_csv.print_memory(analyze(path, module, target, 0, compile_), csv)
+        return
     results = analyze(path, module, target, top, compile_)
     if as_json:
         from tpuprof.renderers.output import print_json

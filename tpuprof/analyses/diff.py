@@ -1,0 +1,278 @@
+"""What changed between two results of the same kind (memory, steps, preflight), and CI thresholds.
+
+Works on the commands' --json documents, so that a dump and a saved `tpuprof memory --json` compare
+alike. Sizes stay integer bytes; changes are B - A, percentages relative to A.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from tpuprof.errors import UserError
+
+MEMORY_METRICS = (
+    ("peak_heap_bytes", "bytes"), ("peak_unpadded_heap_bytes", "bytes"), ("padding_at_peak_bytes", "bytes"),
+    ("argument_bytes", "bytes"), ("output_bytes", "bytes"), ("temp_bytes", "bytes"), ("buffer_count", "count"),
+)
+PREFLIGHT_METRICS = (
+    ("required_bytes", "bytes"), ("peak_heap_bytes", "bytes"), ("peak_unpadded_heap_bytes", "bytes"),
+    ("argument_bytes", "bytes"), ("temp_bytes", "bytes"), ("max_batch_size", "count"),
+)
+CATEGORIES = ("compute", "input", "host_overhead", "compile", "other")
+UNIT_BYTES = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}  # powers of 1024, as XLA prints
+# A per-example growth needs the batch dimension to explain most of the bytes whose shape changed.
+BATCH_SHARE = 0.5
+
+
+@dataclass
+class Metric:
+    name: str
+    unit: str  # bytes | ms | percent | count
+    a: float | None
+    b: float | None
+
+    @property
+    def change(self) -> float | None:
+        return None if self.a is None or self.b is None else self.b - self.a
+
+    @property
+    def percent(self) -> float | None:
+        if self.change is None:
+            return None
+        if self.a == 0:
+            return 0.0 if self.b == 0 else math.copysign(math.inf, self.b)
+        return 100.0 * self.change / abs(self.a)
+
+    def to_json(self) -> dict:
+        percent = self.percent
+        return {"name": self.name, "unit": self.unit, "a": self.a, "b": self.b, "change": self.change,
+                "percent": None if percent is None or math.isinf(percent) else round(percent, 2)}
+
+
+# ---------------------------------------------------------------- metrics per kind
+
+def _memory_groups(document: dict) -> list[tuple[str, dict]]:
+    return [(m.get("name") or f"module {i}", m) for i, m in enumerate(document.get("modules", []))]
+
+
+def _memory_metrics(module: dict) -> list[Metric]:
+    metrics = [Metric(name, unit, module.get(name), None) for name, unit in MEMORY_METRICS]
+    peak = module.get("peak_heap_bytes")
+    if peak:
+        metrics.append(Metric("padding_at_peak_percent", "percent",
+                              round(100.0 * module.get("padding_at_peak_bytes", 0) / peak, 3), None))
+    return metrics
+
+
+def _steps_metrics(document: dict) -> list[Metric]:
+    steps = document.get("steps", {})
+    metrics = [Metric(f"{name}", "ms", steps.get(name), None) for name in ("median_ms", "mean_ms", "p90_ms")]
+    metrics.append(Metric("step_count", "count", steps.get("count"), None))
+    metrics.append(Metric("input_bound_percent", "percent", document.get("input_bound_percent"), None))
+    for category in CATEGORIES:
+        metrics.append(Metric(f"{category}_percent", "percent",
+                              document.get("breakdown_percent", {}).get(category), None))
+        metrics.append(Metric(f"{category}_ms_per_step", "ms",
+                              document.get("breakdown_ms_per_step", {}).get(category), None))
+    return metrics
+
+
+def _groups(kind: str, document: dict) -> list[tuple[str, list[Metric], dict]]:
+    if kind == "memory":
+        return [(name, _memory_metrics(m), m) for name, m in _memory_groups(document)]
+    if kind == "steps":
+        return [("steps", _steps_metrics(document), document)]
+    if kind == "preflight":
+        return [(str(t.get("target")), [Metric(n, u, t.get(n), None) for n, u in PREFLIGHT_METRICS], t)
+                for t in document.get("targets", [])]
+    raise UserError(f"tpuprof diff compares dumps, profiles and preflight results, not {kind} inputs.")
+
+
+def _pair(a: list, b: list) -> list[tuple]:
+    """Pair groups by name; what is left pairs in order (module names carry run-specific ids)."""
+    b_names = {g[0]: g for g in b}
+    pairs, left_a = [], []
+    for group in a:
+        if group[0] in b_names:
+            pairs.append((group, b_names.pop(group[0])))
+        else:
+            left_a.append(group)
+    left_b = [g for g in b if g[0] in b_names]
+    pairs += list(zip(left_a, left_b))
+    return pairs
+
+
+# ---------------------------------------------------------------- buffers
+
+def _buffer_row(row: dict) -> dict:
+    return {k: row.get(k) for k in ("instruction", "shape", "size_bytes", "padding_bytes", "op_name")}
+
+
+def compare_buffers(a: dict, b: dict, top: int) -> dict:
+    """Buffers that appear, disappear or change size, matched by HLO instruction name (stable for one program)."""
+    a_rows = {r["instruction"]: r for r in a.get("buffers", [])}
+    b_rows = {r["instruction"]: r for r in b.get("buffers", [])}
+    appeared = sorted((r for k, r in b_rows.items() if k not in a_rows), key=lambda r: -r["size_bytes"])
+    disappeared = sorted((r for k, r in a_rows.items() if k not in b_rows), key=lambda r: -r["size_bytes"])
+    changed = []
+    for key, row in a_rows.items():
+        other = b_rows.get(key)
+        if other is not None and (other["size_bytes"] != row["size_bytes"] or other["shape"] != row["shape"]):
+            changed.append({"instruction": key, "a_shape": row["shape"], "b_shape": other["shape"],
+                            "a_bytes": row["size_bytes"], "b_bytes": other["size_bytes"],
+                            "change": other["size_bytes"] - row["size_bytes"], "op_name": other.get("op_name")})
+    changed.sort(key=lambda r: -abs(r["change"]))
+    # A saved --json lists only the top buffers: one missing from it may merely have fallen off the list.
+    partial = any(len(d.get("buffers", [])) < (d.get("buffer_count") or 0) for d in (a, b))
+    limit = top if top > 0 else None
+    return {"appeared": [_buffer_row(r) for r in appeared[:limit]], "appeared_count": len(appeared),
+            "disappeared": [_buffer_row(r) for r in disappeared[:limit]], "disappeared_count": len(disappeared),
+            "changed": changed[:limit], "changed_count": len(changed), "partial": partial}
+
+
+_DIMS = re.compile(r"^\s*\w+\[([\d,]*)\]")
+
+
+def _dims(shape: str | None) -> tuple[int, ...] | None:
+    match = _DIMS.match(shape or "")
+    if not match:
+        return None
+    return tuple(int(d) for d in match.group(1).split(",") if d)
+
+
+def infer_batches(a: dict, b: dict) -> tuple[int, int, str] | None:
+    """(batch A, batch B, evidence) from the one dimension that differs in most bytes of the same buffers."""
+    a_rows = {r["instruction"]: r for r in a.get("buffers", [])}
+    weights: dict[tuple[int, int], int] = {}
+    changed_bytes = 0
+    for row in b.get("buffers", []):
+        other = a_rows.get(row["instruction"])
+        if other is None or other["shape"] == row["shape"]:
+            continue
+        da, db = _dims(other["shape"]), _dims(row["shape"])
+        if da is None or db is None or len(da) != len(db):
+            continue
+        changed_bytes += row["size_bytes"]
+        differing = [(x, y) for x, y in zip(da, db) if x != y]
+        if len(differing) == 1:
+            weights[differing[0]] = weights.get(differing[0], 0) + row["size_bytes"]
+    if not weights or not changed_bytes:
+        return None
+    (batch_a, batch_b), weight = max(weights.items(), key=lambda item: item[1])
+    if weight < BATCH_SHARE * changed_bytes:
+        return None
+    share = weight / changed_bytes
+    return batch_a, batch_b, (f"inferred from the shapes: one dimension goes {batch_a} -> {batch_b} in "
+                              f"{share:.0%} of the bytes of the buffers whose shape changed")
+
+
+def per_example(a: dict, b: dict, batch_a: int, batch_b: int, evidence: str) -> dict | None:
+    """Peak memory = fixed + per_example * batch, through the two points; and the batch that fits, if linear."""
+    if batch_a == batch_b:
+        return None
+    peak_a, peak_b = a.get("peak_heap_bytes"), b.get("peak_heap_bytes")
+    if peak_a is None or peak_b is None:
+        return None
+    slope = (peak_b - peak_a) / (batch_b - batch_a)
+    fixed = peak_a - slope * batch_a
+    out = {"batch_a": batch_a, "batch_b": batch_b, "evidence": evidence,
+           "per_example_bytes": int(round(slope)), "fixed_bytes": int(round(fixed))}
+    unpadded_a, unpadded_b = a.get("peak_unpadded_heap_bytes"), b.get("peak_unpadded_heap_bytes")
+    if unpadded_a is not None and unpadded_b is not None:
+        out["per_example_unpadded_bytes"] = int(round((unpadded_b - unpadded_a) / (batch_b - batch_a)))
+    capacity = b.get("hbm_capacity_bytes") or a.get("hbm_capacity_bytes")
+    if capacity and slope > 0:
+        out["hbm_capacity_bytes"] = capacity
+        out["largest_batch_if_linear"] = int((capacity - fixed) // slope)
+    return out
+
+
+# ---------------------------------------------------------------- the diff
+
+def compare(kind: str, a_doc: dict, b_doc: dict, top: int = 10, batches: tuple[int, int] | None = None,
+            batch_source: str = "") -> dict:
+    a_groups, b_groups = _groups(kind, a_doc), _groups(kind, b_doc)
+    if not a_groups or not b_groups:
+        raise UserError("nothing to compare: one of the inputs has no module, step report or target.")
+    groups = []
+    for (a_name, a_metrics, a_raw), (b_name, b_metrics, b_raw) in _pair(a_groups, b_groups):
+        b_values = {m.name: m.a for m in b_metrics}
+        metrics = [Metric(m.name, m.unit, m.a, b_values.get(m.name)) for m in a_metrics]
+        group = {"name": b_name if a_name == b_name else f"{a_name} -> {b_name}", "a_name": a_name,
+                 "b_name": b_name, "metrics": metrics}
+        if kind == "memory":
+            group["buffers"] = compare_buffers(a_raw, b_raw, top)
+            found = (batches[0], batches[1], batch_source) if batches else infer_batches(a_raw, b_raw)
+            group["per_example"] = per_example(a_raw, b_raw, *found) if found else None
+        if kind == "steps":
+            group["verdict"] = {"a": a_raw.get("verdict"), "b": b_raw.get("verdict")}
+        groups.append(group)
+    unpaired = abs(len(a_groups) - len(b_groups))
+    identical = (not unpaired and all(m.change in (0, None) for g in groups for m in g["metrics"])
+                 and all(not (g.get("buffers") or {}).get(k) for g in groups
+                         for k in ("appeared", "disappeared", "changed"))
+                 and all((g.get("verdict") or {}).get("a") == (g.get("verdict") or {}).get("b") for g in groups))
+    return {"kind": kind, "groups": groups, "unpaired": unpaired, "identical": identical}
+
+
+# ---------------------------------------------------------------- thresholds
+
+_THRESHOLD = re.compile(
+    r"^\s*([A-Za-z_][\w.]*)\s*(>=|<=|>|<)\s*([+-]?)\s*(\d+(?:\.\d*)?|\.\d+)\s*(%|[kmgt]i?b?|b|ms|s)?\s*$",
+    re.IGNORECASE)
+
+
+@dataclass
+class Threshold:
+    expression: str
+    metric: str
+    op: str
+    limit: float
+    on: str  # percent (relative change) | change (absolute change) | value (B's value)
+
+    def trips(self, metric: Metric) -> bool | None:
+        value = {"percent": metric.percent, "change": metric.change, "value": metric.b}[self.on]
+        if value is None:
+            return None
+        return {">": value > self.limit, ">=": value >= self.limit, "<": value < self.limit,
+                "<=": value <= self.limit}[self.op]
+
+
+def parse_threshold(expression: str) -> Threshold:
+    """`peak_heap_bytes>+5%` (relative change), `median_ms>+2` / `temp_bytes>+100M` (absolute change, signed),
+    `input_bound_percent>20` / `peak_heap_bytes>14G` (B's value, unsigned)."""
+    match = _THRESHOLD.match(expression)
+    if not match:
+        raise UserError(f"cannot read --fail-if {expression!r}: write METRIC>+5% (relative change), "
+                        "METRIC>+2 (absolute change) or METRIC>20 (the new value).")
+    metric, op, sign, number, unit = match.groups()
+    limit = float(number) * (-1 if sign == "-" else 1)
+    unit = (unit or "").lower()
+    if unit == "%":
+        return Threshold(expression, metric, op, limit, "percent")
+    if unit == "s":
+        limit *= 1000.0  # metrics are in ms
+    elif unit and unit != "ms":
+        limit *= UNIT_BYTES[unit[0]]
+    return Threshold(expression, metric, op, limit, "change" if sign else "value")
+
+
+def evaluate(diff: dict, thresholds: list[Threshold]) -> list[dict]:
+    names = sorted({m.name for g in diff["groups"] for m in g["metrics"]})
+    results = []
+    for threshold in thresholds:
+        if threshold.metric not in names:
+            raise UserError(f"--fail-if {threshold.expression!r}: no metric {threshold.metric!r} in a "
+                            f"{diff['kind']} diff; metrics: {', '.join(names)}.")
+        for group in diff["groups"]:
+            metric = next(m for m in group["metrics"] if m.name == threshold.metric)
+            tripped = threshold.trips(metric)
+            results.append({"expression": threshold.expression, "group": group["name"], "metric": metric.name,
+                            "on": threshold.on, "limit": threshold.limit, "a": metric.a, "b": metric.b,
+                            "change": metric.change,
+                            "percent": None if metric.percent is None or math.isinf(metric.percent)
+                            else round(metric.percent, 2),
+                            "tripped": bool(tripped), "evaluated": tripped is not None})
+    return results

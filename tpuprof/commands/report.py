@@ -1,0 +1,224 @@
+"""`tpuprof report INPUTS... -o report.html`: any mix of dumps, profiles, OOM logs and tpuprof JSON -> one page.
+
+Each input is recognised, handed to its own command's analysis (memory, analyze, oom) or read as that
+command's --json document, and becomes one JSON-like section; the HTML renderer only draws documents.
+`tpuprof diff` loads its two inputs the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpuprof.errors import UserError
+
+MEMORY, STEPS, OOM, PREFLIGHT = "memory", "steps", "oom", "preflight"
+KIND_LABELS = {MEMORY: "XLA dump (memory)", STEPS: "profile (steps)", OOM: "OOM log", PREFLIGHT: "preflight JSON"}
+# Points kept per memory-over-program-order curve: enough for the eye, small enough for a light page.
+MAX_TIMELINE_POINTS = 3000
+MAX_MODULES = 4  # per dump folder: the largest modules (a JAX dump holds dozens of tiny ones)
+
+
+@dataclass
+class Input:
+    path: str
+    kind: str  # memory | steps | oom | preflight
+    document: dict  # the command's --json document, plus "timeline"/"per_step"/"fix" extras when computed here
+    from_json: bool = False
+    meta: dict = field(default_factory=dict)  # sample.json beside a dump (how the sample was made)
+
+
+def json_kind(document) -> str | None:
+    """Which command's --json document this is."""
+    if not isinstance(document, dict):
+        return None
+    if isinstance(document.get("modules"), list):
+        return MEMORY
+    if isinstance(document.get("targets"), list):
+        return PREFLIGHT
+    if isinstance(document.get("hosts"), list) and isinstance(document.get("steps"), dict):
+        return STEPS
+    if "headline" in document and "allocations" in document:
+        return OOM
+    return None
+
+
+def _is_profile(path: Path) -> bool:
+    if path.is_file():
+        return path.name.endswith(".xplane.pb")
+    patterns = ("*.xplane.pb", "*/*.xplane.pb", "plugins/profile/*/*.xplane.pb", "*/plugins/profile/*/*.xplane.pb")
+    return any(next(path.glob(p), None) is not None for p in patterns)
+
+
+def _looks_like_dump_text(path: Path) -> bool:
+    from tpuprof.sources import hlo_dump
+
+    if hlo_dump.classify(path) is not None:
+        return True
+    with open(path, "rb") as handle:
+        head = handle.read(4096)
+    if b"\0" in head:  # binary: an HloProto without the usual name
+        return True
+    text = head.decode("utf-8", "replace").lstrip()
+    return text.startswith(("HloModule", "BufferAssignment")) or "\nallocation 0: size" in text
+
+
+def detect(path: str) -> str:
+    """The kind of one input, from its name and first bytes: memory, steps, oom or json."""
+    if "://" in path:
+        return STEPS  # gs:// and other remote logdirs are profiles
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{path} does not exist.")
+    if _is_profile(p):
+        return STEPS
+    if p.is_dir():
+        return MEMORY  # the memory reader says clearly if the folder holds no dump
+    if p.suffix == ".json":
+        return "json"
+    try:
+        return MEMORY if _looks_like_dump_text(p) else OOM
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror or error}.") from None
+
+
+def load(path: str, target: str | None = None, top: int = 15) -> Input:
+    """Recognise PATH and run its command's analysis (or read its --json document)."""
+    kind = detect(path)
+    if kind == MEMORY:
+        return _load_memory(Path(path), target, top)
+    if kind == STEPS:
+        return _load_steps(path, top)
+    if kind == OOM:
+        return _load_oom(path, target)
+    return _load_json(Path(path))
+
+
+def _load_json(path: Path) -> Input:
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"cannot read {path}: {error}.") from None
+    except json.JSONDecodeError as error:
+        raise UserError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}).") from None
+    kind = json_kind(document)
+    if kind is None:
+        raise UserError(f"{path} is not a tpuprof --json document (memory, analyze, oom or preflight).")
+    return Input(str(path), kind, document, from_json=True)
+
+
+def _load_memory(path: Path, target: str | None, top: int) -> Input:
+    from tpuprof.advice.memory import padding_fix
+    from tpuprof.commands import memory
+    from tpuprof.renderers.memory import to_json
+
+    meta = {}
+    sample = (path if path.is_dir() else path.parent) / "sample.json"
+    if sample.is_file():  # the committed samples say how they were made (model, batch, target)
+        try:
+            meta = json.loads(sample.read_text())
+        except (OSError, ValueError):
+            meta = {}
+    # top=0: shapes and source lines for every buffer (diff matches them all, the page picks its rows).
+    results = memory.analyze(path, target=target or meta.get("target"), top=0)
+    results = sorted(results, key=lambda m: m.peak_heap_bytes or m.temp_bytes or 0, reverse=True)
+    document = to_json(results, 0)  # every buffer: diff matches them, the page picks its top rows
+    for module, entry in zip(results, document["modules"]):
+        entry["timeline"] = _timeline(module)
+        fixes = {b.instruction: padding_fix(b) for b in module.buffers if b.padding_bytes > 0}
+        for row in entry["buffers"]:
+            if row["instruction"] in fixes:
+                row["fix"] = fixes[row["instruction"]]
+        for row in entry["ops"]:
+            if row["worst_buffer"] in fixes:
+                row["fix"] = fixes[row["worst_buffer"]]
+    return Input(str(path), MEMORY, document, meta=meta)
+
+
+def _timeline(module) -> dict | None:
+    padded, unpadded = module.heap_timeline, module.unpadded_timeline
+    if not padded:
+        return None
+    step = max(1, -(-len(padded) // MAX_TIMELINE_POINTS))
+    # Keep each bucket's maximum so that the peak survives the thinning.
+    positions = list(range(0, len(padded), step))
+    return {
+        "position": positions,
+        "padded_bytes": [max(padded[i:i + step]) for i in positions],
+        "unpadded_bytes": [max(unpadded[i:i + step]) for i in positions] if unpadded else [],
+        "peak_position": module.peak_position,
+        "length": len(padded),
+    }
+
+
+def _load_steps(path: str, top: int) -> Input:
+    from tpuprof.commands import analyze
+    from tpuprof.models.profile import CATEGORIES
+    from tpuprof.renderers.analyze import to_json
+
+    report = analyze.analyze(path, top=top)
+    document = to_json(report, top)
+    document["per_step"] = [
+        {"host": h.host,
+         "steps": [{"number": s.number, "duration_ms": round(s.duration_ps / 1e9, 4),
+                    **{f"{c}_ms": round(getattr(s, f"{c}_ps") / 1e9, 4) for c in CATEGORIES}}
+                   for s in h.steps]}
+        for h in report.hosts
+    ]
+    return Input(path, STEPS, document)
+
+
+def _load_oom(path: str, target: str | None) -> Input:
+    """The same pipeline as `tpuprof oom --json`."""
+    from tpuprof import targets
+    from tpuprof.advice import oom as advice
+    from tpuprof.analyses import oom as analysis
+    from tpuprof.sources import oom_log
+
+    stream, opened = oom_log.open_input(path)
+    try:
+        report = analysis.find_in_stream(stream, target)
+    finally:
+        if opened:
+            stream.close()
+    if report is None:
+        raise UserError(f"{path} is not a dump, a profile or tpuprof JSON, and holds no TPU out-of-memory error.")
+    capacity = targets.get(target).compiler_hbm_bytes if target else None
+    estimate = analysis.estimate_batch(report, None, capacity)
+    document = report.to_json()
+    document["batch_estimate"] = estimate.to_json()
+    document["suggestions"] = advice.suggest(report, estimate)
+    return Input(path, OOM, document)
+
+
+def run(inputs: list[str], output: Path, target: str | None, top: int, title: str | None, as_json: bool) -> None:
+    from tpuprof.renderers import html
+    from tpuprof.renderers.output import print_json, write_atomically
+
+    if not inputs:
+        raise UserError("give at least one input: an XLA dump, a profile, an OOM log or a tpuprof --json file.")
+    if target is not None:
+        from tpuprof import targets
+
+        target = targets.get(target).name
+    if output.is_dir():
+        raise UserError(f"{output} is a folder: give the HTML file to write, e.g. -o {output}/report.html.")
+    loaded = [load(path, target, top) for path in inputs]
+    page = html.render(loaded, top=top, title=title)
+    write_atomically(output, page)
+    _readable(output)
+    if as_json:
+        print_json({"output": str(output), "bytes": len(page.encode()),
+                    "inputs": [{"path": i.path, "kind": i.kind} for i in loaded]})
+    else:
+        print(output)
+
+
+def _readable(path: Path) -> None:
+    """The temporary file was private (mkstemp's 0600); a report is for sharing: apply the umask."""
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
