@@ -39,11 +39,12 @@ def memory(
     compile_: bool = typer.Option(False, "--compile", help="Recompile HLO text with libtpu for --target to get the real layouts."),
     top: int = typer.Option(15, "--top", help="Rows in the buffer and op tables."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    csv: Optional[str] = typer.Option(None, "--csv", help="Print one table as CSV, every row: buffers or ops."),
 ) -> None:
     """Padded vs unpadded HBM per buffer and per framework op, the peak, and the fixes."""
     from tpuprof.commands import memory as command
 
-    command.run(path, module=module, target=target, compile_=compile_, top=top, as_json=as_json)
+    command.run(path, module=module, target=target, compile_=compile_, top=top, as_json=as_json, csv=csv)
 
 
 @app.command()
@@ -65,11 +66,12 @@ def analyze(
     path: str = typer.Argument(..., help="Profile logdir, run folder (plugins/profile/<run>), <host>.xplane.pb, or a gs:// path; several hosts make one report."),
     top: int = typer.Option(10, "--top", help="Rows in the op and tf.data stage tables."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    csv: Optional[str] = typer.Option(None, "--csv", help="Print one table as CSV: steps (every step), ops or stages."),
 ) -> None:
     """Step time, input-pipeline stalls and host overhead from a saved profile, and what to change."""
     from tpuprof.commands import analyze as command
 
-    command.run(path, top=top, as_json=as_json)
+    command.run(path, top=top, as_json=as_json, csv=csv)
 
 
 @app.command()
@@ -96,6 +98,37 @@ def capture(
                 duration=duration, attempts=attempts, delay=delay, host_tracer_level=host_tracer_level,
                 device_tracer_level=device_tracer_level, python_tracer_level=python_tracer_level,
                 analyze=analyze_, as_json=as_json)
+
+
+@app.command()
+def report(
+    inputs: List[str] = typer.Argument(..., help="Any mix of XLA dump folders/files, profiles (logdir, run, *.xplane.pb), OOM logs and tpuprof --json files."),
+    output: Path = typer.Option(Path("tpuprof-report.html"), "--output", "-o", help="The HTML file to write (self-contained, opens offline)."),
+    target: Optional[str] = typer.Option(None, "--target", help="TPU generation (v2 v3 v4 v5e v5p v6e) for inputs that do not say."),
+    top: int = typer.Option(15, "--top", help="Rows in the buffer, op and allocation charts and tables."),
+    title: Optional[str] = typer.Option(None, "--title", help="Page title."),
+    as_json: bool = typer.Option(False, "--json", help="Print where the page went and what it was made from, as JSON."),
+) -> None:
+    """One self-contained HTML page: memory over time, padding, step time, input pipeline and ranked fixes."""
+    from tpuprof.commands import report as command
+
+    command.run(inputs, output=output, target=target, top=top, title=title, as_json=as_json)
+
+
+@app.command()
+def diff(
+    a: str = typer.Argument(..., help="Before: an XLA dump, a profile, or a tpuprof --json file."),
+    b: str = typer.Argument(..., help="After: the same kind of input as A."),
+    fail_if: Optional[List[str]] = typer.Option(None, "--fail-if", help="Exit 1 when B regresses, e.g. 'peak_heap_bytes>+5%', 'median_ms>+2', 'input_bound_percent>20'; repeatable."),
+    batches: Optional[str] = typer.Option(None, "--batches", help="Batch sizes of A and B, e.g. 64,128, for the per-example growth (default: sample.json, else the shapes)."),
+    target: Optional[str] = typer.Option(None, "--target", help="TPU generation for inputs that do not say."),
+    top: int = typer.Option(10, "--top", help="Rows of buffers that appear, disappear or change."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """What changed between two runs (peak, padding, buffers, step time, input %); --fail-if for CI."""
+    from tpuprof.commands import diff as command
+
+    command.run(a, b, fail_if=fail_if or [], batches=batches, target=target, top=top, as_json=as_json)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
