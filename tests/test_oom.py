@@ -499,3 +499,16 @@ def test_listed_shapes_are_matched_to_dump_buffers(oom_job):
     assert [r["index"] for r in rows] == [7, 8]
     assert rows[0]["shape"] == temp["shape"] and rows[0]["size_bytes"] == JOB_BATCH * 4096 * 4
     assert rows[1]["instruction"] != rows[0]["instruction"]  # each dump buffer is matched once
+
+
+def test_messages_cut_anywhere_never_crash():
+    """Pastes are cut at arbitrary points: every prefix of every message parses or is 'not found'."""
+    for path in sorted(FIXTURES.glob("*.txt")):
+        data = path.read_bytes()
+        for cut in range(0, len(data), max(1, len(data) // 40)):
+            with io.BytesIO(data[:cut]) as stream:
+                report = analysis.find_in_stream(stream)
+            if report is not None:
+                estimate = analysis.estimate_batch(report, batch=64, capacity=16 << 30)
+                advice.suggest(report, estimate)
+                report.to_json()
