@@ -77,11 +77,14 @@ def _is_indefinite(allocation) -> bool:
 class _Instructions:
     """Instruction lookup by id, with the module's stack frames for source lines."""
 
-    def __init__(self, module):
+    def __init__(self, module, needed: set[int] | None = None):
+        # Large modules have tens of thousands of instructions: index only the ones asked for.
         self.by_id = {}
         for computation in module.computations:
             for instruction in computation.instructions:
-                self.by_id[instruction.id] = instruction
+                instruction_id = instruction.id
+                if needed is None or instruction_id in needed:
+                    self.by_id[instruction_id] = instruction
         self._frames = module.stack_frame_index
 
     def source_line(self, instruction) -> str:
@@ -134,8 +137,8 @@ def _unpadded_from_proto(shape_proto) -> int:
 def from_hlo_proto(proto, source: str) -> ModuleMemory:
     module = proto.hlo_module
     assignment = proto.buffer_assignment
-    instructions = _Instructions(module)
     logical = {lb.id: lb for lb in assignment.logical_buffers}
+    instructions = _Instructions(module, {lb.defined_at.instruction_id for lb in logical.values()})
 
     # Which allocation holds each logical buffer, and its offset there.
     allocation_of: dict[int, object] = {}
@@ -193,40 +196,34 @@ def from_hlo_proto(proto, source: str) -> ModuleMemory:
     result.peak_position = replay.peak_position
     live_at_peak = set(replay.peak_buffers) | set(indefinite_buffers)
 
-    # Every HBM logical buffer becomes a Buffer; heavy details only for the ones we show.
+    # Every HBM logical buffer becomes a Buffer; shapes and source lines only for the ones shown.
+    kind_of_allocation = {a.index: _allocation_type(a) for a in assignment.buffer_allocations}
+    by_id = instructions.by_id
     for lb in assignment.logical_buffers:
         if lb.color != HBM:
             continue
         allocation = allocation_of.get(lb.id)
-        instruction = instructions.by_id.get(lb.defined_at.instruction_id)
+        defined_at = lb.defined_at
+        instruction = by_id.get(defined_at.instruction_id)
         if allocation is None or instruction is None:
             continue
-        index = list(lb.defined_at.shape_index)
+        index = defined_at.shape_index
         name = instruction.name + ("{" + ",".join(map(str, index)) + "}" if index else "")
         result.buffers.append(Buffer(
-            id=lb.id,
-            instruction=name,
-            opcode=instruction.opcode,
-            shape="",  # filled in by describe() for the buffers that are shown
-            size_bytes=lb.size,
-            unpadded_bytes=unpadded(lb.id),
-            allocation_type=_allocation_type(allocation),
-            op_name=instruction.metadata.op_name,
-            memory_space=lb.color,
-            live_at_peak=lb.id in live_at_peak,
+            lb.id, name, instruction.opcode, "", lb.size, unpadded(lb.id), kind_of_allocation[allocation.index],
+            instruction.metadata.op_name, "", HBM, lb.id in live_at_peak,
         ))
-    result.buffers.sort(key=lambda b: (-b.size_bytes, -b.padding_bytes, b.id))
-    result._shape_source = (instructions, logical)  # type: ignore[attr-defined]
+    result.buffers.sort(key=lambda b: (-b.size_bytes, b.id))
+    result.details_source = (instructions, logical)
     result.ops, result.ops_scope = aggregate_ops(result.buffers, has_peak=bool(live_at_peak))
     return result
 
 
 def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
     """Fill shape text, padded dims and source lines for the buffers about to be shown."""
-    source = getattr(result, "_shape_source", None)
-    if source is None:
+    if result.details_source is None:
         return
-    instructions, logical = source
+    instructions, logical = result.details_source
     for buffer in buffers:
         if buffer.shape:
             continue

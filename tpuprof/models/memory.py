@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 PARAMETER, OUTPUT, THREAD_LOCAL, CONSTANT, TEMP = "parameter", "output", "thread-local", "constant", "temp"
 
 
-@dataclass
+@dataclass(slots=True)
 class Buffer:
     """One logical buffer (an HLO value): what the compiler allocates for one instruction output."""
 
@@ -81,6 +81,8 @@ class ModuleMemory:
     unpadded_timeline: list[int] = field(default_factory=list)
     peak_position: int = 0
     suggestions: list[Suggestion] = field(default_factory=list)
+    # Where shapes and source lines come from when they are wanted (kept lazy for large modules).
+    details_source: object = field(default=None, repr=False, compare=False)
 
     @property
     def padding_at_peak_bytes(self) -> int:
