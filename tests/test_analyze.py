@@ -318,6 +318,11 @@ def test_folder_without_runs_is_a_clear_error(tmp_path, capsys):
     assert code == 2 and out == "" and "no profile runs under" in err
 
 
+def test_folder_of_logdirs_names_them(capsys):
+    code, out, err = run_main(capsys, CAPTURES)
+    assert code == 2 and "it holds the logdirs jax_compute, jax_recompile" in err and "pass one" in err
+
+
 def test_hlo_proto_passed_by_mistake_is_named(capsys):
     hlo = next((SAMPLES / "dumps").rglob("*.after_optimizations.hlo.pb"))
     code, out, err = run_main(capsys, hlo)

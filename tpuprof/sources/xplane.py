@@ -67,14 +67,19 @@ def find_host_files(path: str) -> list[str]:
         files = _host_files(fs, local)
         if files:
             return [url(f) for f in files]
-        for candidate in (posixpath.join(local, "plugins", "profile"), local):
+        for candidate in (posixpath.join(local, "plugins", "profile"), posixpath.join(local, "profile"), local):
             if fs.isdir(candidate):
                 runs = _runs(fs, candidate)
                 if runs:
                     return [url(f) for f in _host_files(fs, runs[-1])]
+        # A folder of logdirs (one per job): name a few rather than guess which one was meant.
+        logdirs = [posixpath.basename(p) for p in sorted(fs.ls(local, detail=False))
+                   if fs.isdir(posixpath.join(p, "plugins", "profile"))]
     except OSError as error:
         raise UserError(f"cannot read {path}: {error}.") from None
-    raise UserError(f"no profile runs under {path} (expected plugins/profile/<run>/<host>{SUFFIX}).")
+    hint = f"; it holds the logdirs {', '.join(logdirs[:4])}{', ...' if len(logdirs) > 4 else ''}: pass one" \
+        if logdirs else ""
+    raise UserError(f"no profile runs under {path} (expected plugins/profile/<run>/<host>{SUFFIX}){hint}.")
 
 
 def host_name(path: str) -> str:
