@@ -98,10 +98,12 @@ def _host_overhead(report: Report) -> dict | None:
     then_per_batch = work_per_batch + overhead / n
     if now_per_batch < MIN_SPEEDUP * then_per_batch:
         return None
-    evidence = (f"{share:.1f}% of step time is host overhead between steps ({overhead:.2f} ms per step against "
+    evidence = (f"{share:.1f}% of step time is per-call host overhead: start-up, return and the gap to the next "
+                f"call ({overhead:.2f} ms per call against "
                 f"{report.mean_ms - overhead:.2f} ms of work for {k} batch(es)); with {n} batches per call it "
                 f"falls to {100 * (overhead / n) / then_per_batch:.1f}%.")
-    effect = f"about {now_per_batch / then_per_batch:.1f}x faster per batch ({now_per_batch:.2f} -> {then_per_batch:.2f} ms)"
+    effect = (f"about {now_per_batch / then_per_batch:.1f}x faster per batch "
+              f"({now_per_batch:.2f} -> {then_per_batch:.2f} ms)")
     jax_way = (f"loop over {n} batches inside the jitted step with `jax.lax.scan` or `jax.lax.fori_loop` (a "
                f"training loop on the device), feeding a stacked [{n}, batch, ...] array")
     framework = _framework(report)
@@ -130,11 +132,12 @@ def _precision(report: Report) -> dict | None:
     keras_way = "`keras.mixed_precision.set_global_policy(\"mixed_bfloat16\")` before building the model"
     jax_way = "bfloat16 params/activations (`jnp.bfloat16`, e.g. `param_dtype`/`dtype` in Flax)"
     how = keras_way if framework == "tf" else jax_way if framework == "jax" else f"{keras_way} (Keras) or {jax_way}"
+    per_step_ms = wide / 1e9 / max(report.step_count, 1)
     return {
         "kind": "bf16",
         "message": (f"{share:.0f}% of device compute is matmuls/convolutions with 32-bit results. Use {how}: the "
                     "MXU is a bfloat16 unit and 16-bit operands halve the HBM traffic and activation memory, so "
-                    f"expect up to about half of those {wide / 1e9 / max(len([s for h in report.hosts for s in h.steps]), 1):.2f} ms per step back."),
+                    f"expect up to about half of those {per_step_ms:.2f} ms per step back."),
         "evidence": f"{wide / 1e9:.1f} ms of {matmul / 1e9:.1f} ms in matmuls/convolutions return f32; "
                     f"compute {compute / 1e9:.1f} ms in total.",
     }

@@ -20,7 +20,7 @@ PY_FUNCTION = re.compile(r"^EagerPyFunc|^PyFunc")
 # Stages whose own time is waiting for the stages below them, never the bottleneck itself.
 WAITING_KINDS = {"Root", "Prefetch", "PrefetchDataset", "ModelDataset", "MaxIntraOpParallelism",
                  "PrivateThreadPool", "Options"}
-FILE_KINDS = re.compile(r"TFRecord|TextLine|FixedLengthRecord|SSTable|ParallelInterleave|Interleave|FlatMap|ArrayRecord")
+FILE_KINDS = re.compile(r"TFRecord|TextLine|FixedLengthRecord|SSTable|ArrayRecord|Interleave|FlatMap")
 
 
 def stage_kind(name: str) -> str:

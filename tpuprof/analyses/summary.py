@@ -109,7 +109,8 @@ def summarize(hosts: list[HostProfile], top: int = 10) -> Report:
         report.verdict = "compute-bound"
     report.verdict_reason = (
         f"{share['input']:.1f}% of step time waiting for input, {share['compute']:.1f}% compute, "
-        f"{share['host_overhead']:.1f}% host overhead between steps, {share['compile']:.1f}% compile "
+        f"{share['host_overhead']:.1f}% host overhead (launch, return, between steps), "
+        f"{share['compile']:.1f}% compile "
         f"(XProf thresholds: input >= {HIGHLY_INPUT_BOUND:.0f}% highly, >= {MODERATELY_INPUT_BOUND:.0f}% "
         "moderately input-bound)."
     )

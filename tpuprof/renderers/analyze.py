@@ -85,8 +85,9 @@ def print_tables(report: Report, top: int) -> None:
         table = Table(title="Where the step time goes", title_justify="left")
         for column, justify in (("category", "left"), ("% of step", "right"), ("ms per step", "right")):
             table.add_column(column, justify=justify)
-        labels = {"compute": "compute", "input": "waiting for input", "host_overhead": "host overhead (launch, return, between steps)",
-                  "compile": "compilation", "other": "other"}
+        labels = {"compute": "compute", "input": "waiting for input",
+                  "host_overhead": "host overhead (launch, return, between steps)", "compile": "compilation",
+                  "other": "other"}
         for category in CATEGORIES:
             table.add_row(labels[category], f"{report.breakdown_percent[category]:.1f}",
                           f"{report.breakdown_ms_per_step[category]:.2f}")

@@ -154,7 +154,8 @@ def light_xspace_class():
                                ("name", 2, field.TYPE_STRING, optional, None),
                                ("lines", 3, field.TYPE_MESSAGE, repeated, f".{package}.XLine"),
                                ("stats", 6, field.TYPE_MESSAGE, repeated, f".{real.package}.XStat")])
-    for field_name, number, value_type in (("event_metadata", 4, "XEventMetadata"), ("stat_metadata", 5, "XStatMetadata")):
+    for field_name, number, value_type in (("event_metadata", 4, "XEventMetadata"),
+                                           ("stat_metadata", 5, "XStatMetadata")):
         entry_name = "".join(part.title() for part in field_name.split("_")) + "Entry"
         entry = message(entry_name, [("key", 1, field.TYPE_INT64, optional, None),
                                      ("value", 2, field.TYPE_MESSAGE, optional, f".{real.package}.{value_type}")],
