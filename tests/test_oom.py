@@ -223,6 +223,16 @@ def test_untiled_layouts_are_recomputed_with_the_default_tile():
         assert entry.recomputed_padded_bytes == 64 << 20 and entry.padded_dims == [(3, 64, 128)]
 
 
+def test_padding_fix_per_shape_with_the_dimension_to_change():
+    report = report_of(FIXTURES / "pytorch_xla_6674_bf16_transpose.txt")
+    tips = [t for t in advice.suggest(report, analysis.estimate_batch(report)) if t["kind"] == "padding"]
+    assert len(tips) == 1 and tips[0]["saving_bytes"] == 2 * 3 << 30  # both 4.00G buffers, 3.00G each
+    assert "dim 1 is 1, tiled to 4" in tips[0]["message"] and "1 more listed buffer" in tips[0]["message"]
+    report = report_of(FIXTURES / "tensorflow_30803_untiled_layouts.txt")
+    tips = [t for t in advice.suggest(report, analysis.estimate_batch(report)) if t["kind"] == "padding"]
+    assert len(tips) == 1 and "dim 3 is 64, tiled to 128" in tips[0]["message"]
+
+
 def test_disagreement_between_log_and_tiling_is_flagged():
     # The seed's shape with a size the compiler could not have printed for it.
     report = OomReport("compile", "", memory_space="hbm", allocations=[OomAllocation(

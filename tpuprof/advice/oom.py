@@ -93,9 +93,10 @@ def _op_label(entry: OomAllocation) -> str:
 
 
 def _padding(report: OomReport, capacity: int | None) -> list[dict]:
-    out = []
-    seen = set()
-    threshold = 0.01 * capacity if capacity else 64 << 20
+    out: list[dict] = []
+    by_shape: dict[str, dict] = {}  # buffers of one shape share the fix: one suggestion, savings summed
+    listed = sum(a.size_bytes or 0 for a in report.allocations)
+    threshold = 0.01 * capacity if capacity else 0.01 * listed
     for entry in report.allocations:
         # The recomputed sizes are exact where they agree with the log's rounded ones.
         exact = entry.recomputed_padded_bytes is not None and not entry.disagreements
@@ -106,10 +107,11 @@ def _padding(report: OomReport, capacity: int | None) -> list[dict]:
         padding = size - unpadded
         if padding < threshold or padding < 0.25 * size:
             continue
-        key = (entry.shape, entry.op_name)
-        if key in seen:
+        if entry.shape in by_shape:
+            item = by_shape[entry.shape]
+            item["saving_bytes"] += padding
+            item["_more"] += 1
             continue
-        seen.add(key)
         dims = "; ".join(f"dim {d} is {n}, tiled to {p}" for d, n, p in entry.padded_dims) or "the tiled dims"
         fix = "make that dimension a multiple of the tile or move a large dimension into the two minor positions"
         small_minor = [n for d, n, p in entry.padded_dims if p >= 128 and n <= 16]
@@ -124,9 +126,14 @@ def _padding(report: OomReport, capacity: int | None) -> list[dict]:
         elif small_minor:
             fix = (f"a minor dimension of {small_minor[0]} fills 128 lanes: reorder/reshape so a large "
                    "dimension is last, or merge the small dimension into a neighbour")
-        out.append({"kind": "padding", "saving_bytes": padding, "message": (
+        by_shape[entry.shape] = {"kind": "padding", "saving_bytes": padding, "_more": 0, "message": (
             f"{_op_label(entry)}: {entry.shape} takes {fmt(size)} for {fmt(unpadded)} of data "
-            f"({size / unpadded:.1f}x): {dims}. Fix: {fix}.")})
+            f"({size / unpadded:.1f}x): {dims}. Fix: {fix}.")}
+    for item in by_shape.values():
+        more = item.pop("_more")
+        if more:
+            item["message"] += f" {more} more listed buffer{'s' if more > 1 else ''} of this shape: same fix."
+        out.append(item)
     if report.padded_bytes and report.unpadded_bytes and not out \
             and report.padded_bytes - report.unpadded_bytes >= threshold \
             and report.unpadded_bytes < 0.75 * report.padded_bytes:

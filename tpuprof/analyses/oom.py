@@ -70,7 +70,9 @@ def parse_message(text: str) -> OomReport | None:
         return None
     if report is None:
         # Only the breakdown or the allocation list survived the paste: both are compile-time reports.
-        report = OomReport(kind=COMPILE, headline=_first_line(text))
+        headline = _first_line(text) if details else \
+            "(only the allocation list: the message's first lines are not in the input)"
+        report = OomReport(kind=COMPILE, headline=headline)
     for key, value in details.items():
         if key == "arguments_unknown":
             report.arguments_unknown = value
