@@ -9,6 +9,7 @@ none ("No step time measured") or the wrong one.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -138,6 +139,13 @@ def test_tiny_keras_model_64_steps_per_call_gets_no_steps_per_execution(reports,
     assert "steps_per_execution" not in kinds(report)
     # The same per-call overhead, paid once for 64 batches.
     assert overhead_ms_per_batch(report) < overhead_ms_per_batch(reports("tf_tiny_spe1")) / 4
+    # Its input wait is the parallel map (TF parallelised the job's map), over every repeat() epoch.
+    stage = report.bottleneck_stage
+    assert stage.name == "Iterator::Root::Prefetch::BatchV2::ForeverRepeat::ParallelMapV2"
+    epochs = [row for name, row in xprof("tf_tiny_spe64")["stages"].items()
+              if re.sub(r"\[\d+\]", "", name) == stage.name]
+    assert len(epochs) >= 2 and stage.count == sum(row["count"] for row in epochs)
+    assert "already runs in parallel" in report.suggestions[0]["message"]
 
 
 def test_jax_slow_python_loader_is_input_bound(reports, xprof):

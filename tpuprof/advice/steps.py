@@ -43,6 +43,11 @@ def _input(report: Report) -> dict | None:
                        "and `cache()` the result); until then `map(..., num_parallel_calls=tf.data.AUTOTUNE)` "
                        "overlaps the calls, and end the pipeline with `prefetch(tf.data.AUTOTUNE)`. If the host's "
                        "CPUs are saturated, move preprocessing to other machines with `tf.data.service`.")
+        elif "Map" in kind and kind.startswith("Parallel"):
+            message = ("The input pipeline is the bottleneck in a `map` that already runs in parallel: do less per "
+                       "example (batch first, then map a vectorised function over whole batches), `cache()` "
+                       "deterministic preprocessing, precompute it offline, or move it to other machines with "
+                       "`tf.data.service` when the host's CPUs are saturated; end with `prefetch(tf.data.AUTOTUNE)`.")
         elif "Map" in kind:
             message = ("The input pipeline is the bottleneck in a `map`: use `map(..., num_parallel_calls="
                        "tf.data.AUTOTUNE, deterministic=False)`, `cache()` after deterministic preprocessing that "

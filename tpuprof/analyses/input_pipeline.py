@@ -66,6 +66,18 @@ def stages(plane, lines: list[Line]) -> list[Stage]:
 
 
 def bottleneck(all_stages: list[Stage]) -> Stage | None:
-    """The stage that spends the most time itself (waiting stages such as Prefetch excluded)."""
-    candidates = [s for s in all_stages if s.kind not in WAITING_KINDS and s.self_ps > 0]
-    return max(candidates, key=lambda s: s.self_ps) if candidates else None
+    """The stage that spends the most time itself (waiting stages such as Prefetch excluded).
+
+    Stages are summed over the `[n]` indices that `repeat()` epochs and interleave inputs add to the
+    iterator names, so a map that runs over several epochs in the capture counts once, whole."""
+    merged: dict[str, Stage] = {}
+    for stage in all_stages:
+        if stage.kind in WAITING_KINDS or stage.self_ps <= 0:
+            continue
+        name = re.sub(r"\[\d+\]", "", stage.name)
+        into = merged.setdefault(name, Stage(name, stage.kind, 0, 0, 0, 0))
+        into.count += stage.count
+        into.total_ps += stage.total_ps
+        into.self_ps += stage.self_ps
+        into.py_function_ps += stage.py_function_ps
+    return max(merged.values(), key=lambda s: s.self_ps) if merged else None
