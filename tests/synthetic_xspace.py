@@ -35,6 +35,7 @@ class Layout:
     host_loader_in_idle: bool = False
     dispatch_ms: float = 0.2
     cores: int = 1
+    with_host: bool = True  # False: a device-only capture (no /host:CPU plane)
     start_ns: int = 1_000_000
 
     @property
@@ -106,6 +107,8 @@ def tpu_xspace(layout: Layout, hostname: str = "tpu-vm-0"):
                 if duration:
                     plane.event(ops, op, t, ms(duration), group_id=number)
                     t += ms(duration)
+    if not layout.with_host:
+        return space
     host = _Plane(space.planes.add(id=1000, name="/host:CPU"))
     python = host.line(10, "python", layout.start_ns)
     marker = host.event_id("train")

@@ -249,6 +249,12 @@ def test_tpu_infeed_is_input(tmp_path):
     assert report.verdict == "highly input-bound"
 
 
+def test_tpu_device_only_capture(tmp_path):
+    report = analyze_layout(tmp_path, Layout(idle_ms=0.5, infeed_ms=3.0, matmul_ms=4.0, other_ms=2.5,
+                                             with_host=False))
+    assert report.step_count == 20 and report.input_bound_percent == pytest.approx(30.0, abs=0.2)
+
+
 def test_tpu_idle_between_programs_is_host_overhead_with_a_steps_per_execution_n(tmp_path):
     layout = Layout(idle_ms=3.0, matmul_ms=1.0, other_ms=1.0, matmul_dtype="bf16")
     report = analyze_layout(tmp_path, layout)

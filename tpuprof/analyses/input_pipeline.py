@@ -65,19 +65,21 @@ def stages(plane, lines: list[Line]) -> list[Stage]:
     return result
 
 
-def bottleneck(all_stages: list[Stage]) -> Stage | None:
-    """The stage that spends the most time itself (waiting stages such as Prefetch excluded).
-
-    Stages are summed over the `[n]` indices that `repeat()` epochs and interleave inputs add to the
-    iterator names, so a map that runs over several epochs in the capture counts once, whole."""
-    merged: dict[str, Stage] = {}
+def merged(all_stages: list[Stage]) -> list[Stage]:
+    """Stages summed over the `[n]` indices that `repeat()` epochs and interleave inputs add to iterator
+    names, so a map that runs over several epochs in the capture counts once, whole; largest own time first."""
+    result: dict[str, Stage] = {}
     for stage in all_stages:
-        if stage.kind in WAITING_KINDS or stage.self_ps <= 0:
-            continue
         name = re.sub(r"\[\d+\]", "", stage.name)
-        into = merged.setdefault(name, Stage(name, stage.kind, 0, 0, 0, 0))
+        into = result.setdefault(name, Stage(name, stage.kind, 0, 0, 0, 0))
         into.count += stage.count
         into.total_ps += stage.total_ps
         into.self_ps += stage.self_ps
         into.py_function_ps += stage.py_function_ps
-    return max(merged.values(), key=lambda s: s.self_ps) if merged else None
+    return sorted(result.values(), key=lambda s: s.self_ps, reverse=True)
+
+
+def bottleneck(all_stages: list[Stage]) -> Stage | None:
+    """The stage that spends the most time itself (waiting stages such as Prefetch excluded)."""
+    candidates = [s for s in merged(all_stages) if s.kind not in WAITING_KINDS and s.self_ps > 0]
+    return candidates[0] if candidates else None

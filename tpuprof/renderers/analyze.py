@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tpuprof.analyses import input_pipeline
 from tpuprof.analyses.summary import Report
 from tpuprof.models.profile import CATEGORIES
 
@@ -96,10 +97,10 @@ def print_tables(report: Report, top: int) -> None:
     out.print(f"Verdict: [bold {colour}]{report.verdict}[/bold {colour}]. {escape(report.verdict_reason)}")
 
     if report.stages:
-        table = Table(title="tf.data stages by own time", title_justify="left")
+        table = Table(title="tf.data stages by own time (summed over repeat epochs)", title_justify="left")
         for column, justify in (("stage", "left"), ("calls", "right"), ("own ms", "right"), ("in Python ms", "right")):
             table.add_column(column, justify=justify, overflow="fold")
-        for s in report.stages[: top if top > 0 else None]:
+        for s in input_pipeline.merged(report.stages)[: top if top > 0 else None]:
             table.add_row(escape(s.name), str(s.count), f"{s.self_ps / 1e9:.1f}", f"{s.py_function_ps / 1e9:.1f}")
         out.print(table)
     if report.top_ops:
