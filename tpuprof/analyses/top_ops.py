@@ -20,6 +20,19 @@ RESULT_TYPE = re.compile(r"\b(pred|s4|s8|s16|s32|s64|u8|u16|u32|u64|f8\w*|bf16|f
 WIDE_TYPES = {"f32", "f64", "c64", "c128", "s32"}
 
 
+CONTROL_FLOW = re.compile(r"^(StatefulPartitionedCall|PartitionedCall|while|body|cond|then|else|_\d+)$")
+
+
+def framework_name(scope: str) -> str:
+    """`while/body/_1/while/cond/then/_95/sequential/dense/Relu` -> `sequential/dense/Relu`: the layer, without
+    the function-call and control-flow scopes that tf.function and steps_per_execution loops wrap it in."""
+    parts = scope.split("/")
+    for i, part in enumerate(parts[:-1]):
+        if not CONTROL_FLOW.match(part):
+            return "/".join(parts[i:])
+    return parts[-1]
+
+
 def _stats(plane, meta) -> dict[str, object]:
     names = {k: m.name for k, m in plane.stat_metadata.items()}
     result = {}
@@ -49,7 +62,7 @@ def host_ops(plane, lines: list[Line]) -> list[Op]:
     for key, meta in plane.event_metadata.items():
         match = TF_OP.match(meta.name)
         if match:
-            labels[key] = (match.group(1).replace("StatefulPartitionedCall/", ""), match.group(2))
+            labels[key] = (framework_name(match.group(1)), match.group(2))
         elif meta.name and not NOT_OP.match(meta.name):
             xla_ids.add(key)
             labels[key] = (meta.name, "XLA:CPU")
