@@ -146,6 +146,8 @@ def test_tiny_keras_model_64_steps_per_call_gets_no_steps_per_execution(reports,
               if re.sub(r"\[\d+\]", "", name) == stage.name]
     assert len(epochs) >= 2 and stage.count == sum(row["count"] for row in epochs)
     assert "already runs in parallel" in report.suggestions[0]["message"]
+    # Top ops carry the layer's name, not the `while/body/_1/...` scopes of the 64-step loop.
+    assert report.top_ops[0].name == "sequential_1/dense_1/Relu"
 
 
 def test_jax_slow_python_loader_is_input_bound(reports, xprof):
