@@ -41,7 +41,8 @@ def _input(report: Report) -> dict | None:
             message = ("The input pipeline is the bottleneck: its `map` runs Python (`tf.py_function`) one example "
                        "at a time. Rewrite the function with TensorFlow ops (or preprocess the data once, offline, "
                        "and `cache()` the result); until then `map(..., num_parallel_calls=tf.data.AUTOTUNE)` "
-                       "overlaps the calls, and end the pipeline with `prefetch(tf.data.AUTOTUNE)`. If the host's "
+                       "overlaps the calls (as far as the GIL lets them: Python that waits on I/O overlaps, Python "
+                       "that computes does not), and end the pipeline with `prefetch(tf.data.AUTOTUNE)`. If the host's "
                        "CPUs are saturated, move preprocessing to other machines with `tf.data.service`.")
         elif "Map" in kind and kind.startswith("Parallel"):
             message = ("The input pipeline is the bottleneck in a `map` that already runs in parallel: do less per "
