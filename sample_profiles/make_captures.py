@@ -26,23 +26,27 @@ from tpuprof.sources.capture import capture as capture_run  # noqa: E402
 JOBS = HERE / "jobs"
 OUT = HERE / "captures"
 
-# name: (job script, job arguments, warm-up seconds after READY, trace window in ms)
+# name: ([(job script, job arguments), ...], warm-up seconds after READY, trace window in ms).
+# Several jobs make a multi-host run: one client call traces them all, one <host>.xplane.pb each.
 CAPTURES = {
     # Python map sleeping 2 ms per example, sequential, no prefetch: input-bound.
-    "tf_slow_map": ("tf_keras_job.py", ["--slow-map-ms", "2"], 2.0, 1500),
+    "tf_slow_map": ([("tf_keras_job.py", ["--slow-map-ms", "2"])], 2.0, 1500),
     # Cached + prefetched data: after the first epoch the step is the model's: compute-bound.
-    "tf_cached": ("tf_keras_job.py", ["--cache"], 6.0, 500),
+    "tf_cached": ([("tf_keras_job.py", ["--cache"])], 6.0, 500),
     # A model of a few hundred FLOPs, one step per call: the host's per-call overhead dominates.
-    "tf_tiny_spe1": ("tf_keras_job.py", ["--tiny", "--steps-per-execution", "1"], 2.0, 300),
+    "tf_tiny_spe1": ([("tf_keras_job.py", ["--tiny", "--steps-per-execution", "1"])], 2.0, 300),
     # The same with 64 steps per call: the overhead is amortised.
-    "tf_tiny_spe64": ("tf_keras_job.py", ["--tiny", "--steps-per-execution", "64"], 2.0, 200),
+    "tf_tiny_spe64": ([("tf_keras_job.py", ["--tiny", "--steps-per-execution", "64"])], 2.0, 200),
     # A Python loader sleeping 20 ms per batch inside each step: input-bound, nothing traced while it sleeps.
-    "jax_slow_loader": ("jax_job.py", ["--slow-loader-ms", "20"], 1.0, 1000),
+    "jax_slow_loader": ([("jax_job.py", ["--slow-loader-ms", "20"])], 1.0, 1000),
     # A free loader: the jitted MLP step fills the step: compute-bound.
-    "jax_compute": ("jax_job.py", [], 1.0, 700),
+    "jax_compute": ([("jax_job.py", [])], 1.0, 700),
     # A new batch size every step, so a new compilation every step: compile-bound (the job sits beside
     # its capture, captures/jax_recompile/job.py: sample_profiles/jobs has no such mode).
-    "jax_recompile": (str(OUT / "jax_recompile" / "job.py"), [], 1.0, 1000),
+    "jax_recompile": ([(str(OUT / "jax_recompile" / "job.py"), [])], 1.0, 1000),
+    # Two "hosts" (two JAX jobs traced in one call), one with a loader twice as slow: a straggler.
+    "jax_two_hosts_straggler": ([("jax_job.py", ["--slow-loader-ms", "10"]),
+                                 ("jax_job.py", ["--slow-loader-ms", "20"])], 1.0, 1000),
 }
 
 
@@ -52,29 +56,37 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def capture(name: str) -> Path:
-    script, args, warmup, duration_ms = CAPTURES[name]
+def start(script: str, args: list[str]) -> tuple[subprocess.Popen, int]:
     port = free_port()
     job = subprocess.Popen([sys.executable, str(JOBS / script), "--port", str(port), "--seconds", "120", *args],
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 120
+    for line in job.stdout:
+        if "READY" in line:
+            return job, port
+        if time.monotonic() > deadline:
+            break
+    job.kill()
+    raise RuntimeError(f"{script} {' '.join(args)} did not print READY (exit code {job.wait()})")
+
+
+def capture(name: str) -> Path:
+    jobs, warmup, duration_ms = CAPTURES[name]
+    running = []
     try:
-        deadline = time.monotonic() + 120
-        for line in job.stdout:
-            if "READY" in line:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{script} did not print READY")
-        else:
-            raise RuntimeError(f"{script} exited with {job.wait()} before READY")
+        for script, args in jobs:
+            running.append(start(script, args))
         time.sleep(warmup)
         target = OUT / name
         shutil.rmtree(target / "plugins", ignore_errors=True)  # the old run (a job may live beside it)
         # tpuprof's own capture (the profiler client, run folder published whole).
-        result = capture_run([f"localhost:{port}"], str(target), TraceOptions(duration_ms=duration_ms))
+        addresses = [f"localhost:{port}" for _, port in running]
+        result = capture_run(addresses, str(target), TraceOptions(duration_ms=duration_ms))
         return Path(result.run_dir)
     finally:
-        job.kill()
-        job.wait()
+        for job, _ in running:
+            job.kill()
+            job.wait()
 
 
 def main(names: list[str]) -> int:

@@ -184,6 +184,19 @@ def test_jax_recompiling_every_step_is_compile_bound_where_xprof_sees_no_compile
     assert f"x{report.step_count}" in advice["evidence"]  # one compilation per step
 
 
+def test_two_hosts_one_with_a_slower_loader_is_the_straggler(reports):
+    """Two JAX jobs traced in one call (loaders sleeping 10 and 20 ms per batch): one report, both hosts
+    analysed in worker processes, the 20 ms one named as the straggler."""
+    report = reports("jax_two_hosts_straggler")
+    assert len(report.hosts) == 2 and all(h.steps for h in report.hosts)
+    assert report.verdict == "highly input-bound"
+    (straggler, median_ms, _), = report.stragglers
+    medians = {h.host: h.median_step_ms() for h in report.hosts}
+    assert median_ms >= 20 > min(medians.values()) >= 10  # the loaders' sleeps bound each host's step
+    assert medians[straggler] == max(medians.values())
+    assert any(s["kind"] == "straggler" and straggler in s["message"] for s in report.suggestions)
+
+
 def test_json_contract_from_the_cli(capsys):
     cli.main(["analyze", str(capture("tf_slow_map")), "--json", "--top", "5"])
     document = json.loads(capsys.readouterr().out)
