@@ -64,7 +64,7 @@ def oom(
 @app.command()
 def analyze(
     path: str = typer.Argument(..., help="Profile logdir, run folder (plugins/profile/<run>), <host>.xplane.pb, or a gs:// path; several hosts make one report."),
-    top: int = typer.Option(10, "--top", help="Rows in the op and tf.data stage tables."),
+    top: int = typer.Option(10, "--top", help="Rows in the op and tf.data stage tables (0: all)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     csv: Optional[str] = typer.Option(None, "--csv", help="Print one table as CSV: steps (every step), ops or stages."),
 ) -> None:
