@@ -66,6 +66,8 @@ def _merge_ops(hosts: list[HostProfile], top: int) -> list[Op]:
             into.count += op.count
             into.self_ps += op.self_ps
     ops = sorted(merged.values(), key=lambda o: o.self_ps, reverse=True)
+    if top <= 0:  # --top 0: all of them
+        return ops
     # Device ops first when there are any: on a TPU job they are the step's compute.
     device = [o for o in ops if o.where == "device"]
     host = [o for o in ops if o.where == "host"]
