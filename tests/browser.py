@@ -44,7 +44,7 @@ def _run(binary: str, page: Path, extra: list[str], profile: Path, timeout: floa
 
 
 def load(page: Path, screenshot: Path | None = None, width: int = 1280, height: int = 4000,
-         timeout: float = 120) -> PageLoad:
+         timeout: float = 60) -> PageLoad:
     binary = chromium()
     if binary is None:
         raise RuntimeError("chromium is not installed")

@@ -1,0 +1,124 @@
+"""`tpuprof diff` on real libtpu dumps of one transformer block at batch 64 and 128 (sample_profiles/dumps/
+diff_b64, diff_b128) and on real captures of jobs with a known bottleneck."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import DUMPS, SAMPLES, run_cli
+
+from tpuprof.analyses import diff as analysis
+
+B64, B128 = DUMPS / "diff_b64", DUMPS / "diff_b128"
+CAPTURES = SAMPLES / "captures"
+
+
+def metric(document: dict, name: str, group: int = 0) -> dict:
+    return next(m for m in document["groups"][group]["metrics"] if m["name"] == name)
+
+
+@pytest.fixture(scope="module")
+def batch_diff():
+    result = run_cli("diff", B64, B128, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_batch_64_to_128_reports_growth_per_example(batch_diff):
+    a = json.loads(run_cli("memory", B64, "--json").stdout)["modules"][0]
+    b = json.loads(run_cli("memory", B128, "--json").stdout)["modules"][0]
+    peak = metric(batch_diff, "peak_heap_bytes")
+    assert (peak["a"], peak["b"]) == (a["peak_heap_bytes"], b["peak_heap_bytes"])
+    assert peak["change"] == b["peak_heap_bytes"] - a["peak_heap_bytes"] > 0
+    assert peak["percent"] == pytest.approx(100 * peak["change"] / peak["a"], abs=0.01)
+    # The arguments change exactly as the compiler's own memory_analysis() says (the batch of inputs and targets).
+    compiled = [json.loads((d / "memory_analysis.json").read_text())["argument_size_in_bytes"] for d in (B64, B128)]
+    assert metric(batch_diff, "argument_bytes")["change"] == compiled[1] - compiled[0]
+    growth = batch_diff["groups"][0]["per_example"]
+    assert (growth["batch_a"], growth["batch_b"]) == (64, 128)  # the samples' sample.json
+    assert growth["per_example_bytes"] == round(peak["change"] / 64)
+    assert growth["fixed_bytes"] + 64 * growth["per_example_bytes"] == pytest.approx(peak["a"], abs=64)
+    # Fits v5e's 15.75 GiB up to the linear estimate; 64 examples more than it would not.
+    assert growth["fixed_bytes"] + growth["largest_batch_if_linear"] * growth["per_example_bytes"] \
+        <= growth["hbm_capacity_bytes"] < growth["fixed_bytes"] + (growth["largest_batch_if_linear"] + 64) \
+        * growth["per_example_bytes"]
+    # The attention scores f32[B,8,512,512] are the largest buffer that grows: 512 MiB -> 1 GiB.
+    biggest = batch_diff["groups"][0]["buffers"]["changed"][0]
+    assert biggest["a_shape"].startswith("f32[64,8,512,512]") and biggest["b_shape"].startswith("f32[128,8,512,512]")
+    assert biggest["change"] == 512 * 2**20
+
+
+def test_batch_is_inferred_from_shapes_without_sample_json(tmp_path, batch_diff):
+    for source in (B64, B128):
+        shutil.copytree(source, tmp_path / source.name, ignore=shutil.ignore_patterns("sample.json"))
+    result = run_cli("diff", tmp_path / B64.name, tmp_path / B128.name, "--json")
+    growth = json.loads(result.stdout)["groups"][0]["per_example"]
+    assert (growth["batch_a"], growth["batch_b"]) == (64, 128) and "inferred from the shapes" in growth["evidence"]
+    assert growth["per_example_bytes"] == batch_diff["groups"][0]["per_example"]["per_example_bytes"]
+    given = json.loads(run_cli("diff", tmp_path / B64.name, tmp_path / B128.name, "--json",
+                               "--batches", "32,64").stdout)["groups"][0]["per_example"]
+    assert given["batch_a"] == 32 and given["per_example_bytes"] == 2 * growth["per_example_bytes"]
+
+
+def test_threshold_trips_exit_1():
+    result = run_cli("diff", B64, B128, "--fail-if", "peak_heap_bytes>+5%")
+    assert result.returncode == 1, result.stderr
+    assert "FAIL --fail-if peak_heap_bytes>+5%" in result.stdout and "regression" in result.stdout
+    assert "per example" in result.stdout.lower()
+    # Thresholds the growth (+99 %) stays within pass; a shrink from 128 back to 64 passes a growth limit.
+    result = run_cli("diff", B64, B128, "--fail-if", "peak_heap_bytes>+150%", "--fail-if", "padding_at_peak_bytes>+1M")
+    assert result.returncode == 0, result.stdout
+    assert run_cli("diff", B128, B64, "--fail-if", "peak_heap_bytes>+0%").returncode == 0
+    # An absolute limit on B's value: 2 GiB is below batch 128's peak (2.32 GiB), above batch 64's.
+    assert run_cli("diff", B64, B128, "--fail-if", "peak_heap_bytes>2G").returncode == 1
+    assert run_cli("diff", B128, B64, "--fail-if", "peak_heap_bytes>2G").returncode == 0
+
+
+def test_identical_inputs_mean_no_change(tmp_path):
+    result = run_cli("diff", B64, B64, "--fail-if", "peak_heap_bytes>+0%")
+    assert result.returncode == 0 and "no change" in result.stdout
+    # A saved --json result against the dump it came from: the same kind, and identical.
+    saved = tmp_path / "b64.json"
+    saved.write_text(run_cli("memory", B64, "--json", "--top", "0").stdout)
+    document = json.loads(run_cli("diff", saved, B64, "--json").stdout)
+    assert document["identical"] and document["summary"] == "no change" and not document["regression"]
+
+
+def test_profiles_diff_input_share():
+    slow, cached = CAPTURES / "tf_slow_map", CAPTURES / "tf_cached"
+    if not slow.is_dir() or not cached.is_dir():
+        pytest.fail("captures are missing: run sample_profiles/make_captures.py")
+    # The slow-map job sleeps in its tf.data map (input-bound); the cached one is fed from memory.
+    result = run_cli("diff", slow, cached, "--json", "--fail-if", "input_bound_percent>+0")
+    assert result.returncode == 0, result.stdout + result.stderr
+    document = json.loads(result.stdout)
+    share = metric(document, "input_bound_percent")
+    assert share["a"] >= 20 > share["b"] and share["change"] < 0
+    assert document["groups"][0]["verdict"]["a"] == "highly input-bound"
+    assert run_cli("diff", cached, slow, "--fail-if", "input_bound_percent>+0").returncode == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    ([B64, CAPTURES / "tf_cached"], "give two inputs of the same kind"),
+    ([B64, B128, "--fail-if", "peak_heap_bytes bigger"], "cannot read --fail-if"),
+    ([B64, B128, "--fail-if", "median_ms>+5%"], "no metric 'median_ms' in a memory diff"),
+    ([B64, B128, "--batches", "64"], "--batches takes two batch sizes"),
+])
+def test_bad_input_exit_2(args, message):
+    result = run_cli("diff", *args)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("expression, on, limit", [
+    ("peak_heap_bytes>+5%", "percent", 5.0),
+    ("temp_bytes >= +100M", "change", 100 * 2**20),
+    ("median_ms>+2", "change", 2.0),
+    ("median_ms>0.5s", "value", 500.0),
+    ("input_bound_percent>20", "value", 20.0),
+    ("peak_heap_bytes<-1.5GiB", "change", -1.5 * 2**30),
+])
+def test_threshold_syntax(expression, on, limit):
+    threshold = analysis.parse_threshold(expression)
+    assert (threshold.on, threshold.limit) == (on, limit)

@@ -1,0 +1,251 @@
+"""`tpuprof report`: one page from every sample (dumps, captures, OOM texts, JSON documents), checked in
+the page's own plot data, in headless Chromium, and against a `<script>` injected into an op name."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import browser
+import pytest
+from conftest import DUMPS, ROOT, SAMPLES, run_cli
+
+ARTIFACTS = ROOT / "test-artifacts"
+CAPTURES = sorted(p for p in (SAMPLES / "captures").glob("*") if p.is_dir())
+DUMP_SAMPLES = sorted(p for p in DUMPS.glob("*") if p.is_dir())
+OOM_TEXTS = sorted((SAMPLES / "oom").glob("*.txt"))
+EVERY_SAMPLE = DUMP_SAMPLES + CAPTURES + OOM_TEXTS
+NEWPLOT = re.compile(r'Plotly\.newPlot\(\s*"(plot-\d+)",\s*')
+
+
+def plots(page: str) -> dict[str, tuple[list, dict]]:
+    """Each plot's data and layout exactly as the browser receives them."""
+    decoder = json.JSONDecoder()
+    found = {}
+    for match in NEWPLOT.finditer(page):
+        data, end = decoder.raw_decode(page, match.end())
+        layout, _ = decoder.raw_decode(page, page.index("{", end))
+        found[match.group(1)] = (data, layout)
+    return found
+
+
+def title(layout: dict) -> str:
+    return (layout.get("title") or {}).get("text", "")
+
+
+class Tags(HTMLParser):
+    """Every element, with its attributes, and the text of each <script>."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.scripts: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag == "script":
+            self._in_script = True
+            self.scripts.append("")
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._in_script = False
+
+    def handle_data(self, data):
+        if self._in_script:
+            self.scripts[-1] += data
+
+
+def parse(page: str) -> Tags:
+    tags = Tags()
+    tags.feed(page)
+    return tags
+
+
+@pytest.fixture(scope="session")
+def every_sample_report(tmp_path_factory):
+    """The report over everything in sample_profiles/, built once by the real CLI."""
+    if not CAPTURES:
+        pytest.fail("sample_profiles/captures/ is empty: run sample_profiles/make_captures.py")
+    out = tmp_path_factory.mktemp("report") / "samples.html"
+    result = run_cli("report", *EVERY_SAMPLE, "-o", out, "--json")
+    assert result.returncode == 0, result.stderr
+    return out, json.loads(result.stdout), out.read_text()
+
+
+def test_report_covers_every_sample(every_sample_report):
+    out, summary, page = every_sample_report
+    kinds = {Path(i["path"]).resolve(): i["kind"] for i in summary["inputs"]}
+    assert kinds == {**{p.resolve(): "memory" for p in DUMP_SAMPLES}, **{p.resolve(): "steps" for p in CAPTURES},
+                     **{p.resolve(): "oom" for p in OOM_TEXTS}}
+    for number, path in enumerate(EVERY_SAMPLE, 1):
+        assert f'id="input-{number}"' in page and str(path) in page
+    # Self-contained: plotly.js inside the page, nothing loaded from anywhere.
+    tags = parse(page)
+    assert not [a for t, a in tags.tags if t in ("script", "img", "iframe") and a.get("src")]
+    assert not [a for t, a in tags.tags if t == "link"]
+    assert max(len(s) for s in tags.scripts) > 3_000_000 and "plotly.js" in page[:10_000_000]
+
+
+def test_memory_curve_peak_and_padding_match_the_memory_command(every_sample_report):
+    _, _, page = every_sample_report
+    figures = plots(page)
+    timelines = [data for data, layout in figures.values() if title(layout).startswith("Memory over program order")]
+    memory = json.loads(run_cli("memory", DUMPS / "conv18_f32_v5e", "--json", "--top", "0").stdout)["modules"][0]
+    protos = [p for p in DUMP_SAMPLES if next(p.glob("*.hlo.pb"), None)]
+    assert len(timelines) >= len(protos)  # every dump with a heap-simulator trace has its curve
+    # conv18's curve: its maximum is the peak the memory command reports, padded and unpadded.
+    conv = next(d for d in timelines if max(d[0]["y"]) * 2**20 == pytest.approx(memory["peak_heap_bytes"]))
+    assert max(conv[1]["y"]) * 2**20 == pytest.approx(memory["peak_unpadded_heap_bytes"])
+    # The padding bar chart: data + padding of the worst buffer, which is conv18's 18-channel activation.
+    worst = max(memory["buffers"], key=lambda b: b["padding_bytes"])
+    bars = next(data for data, layout in figures.values() if title(layout).startswith("Top padding wasters")
+                and worst["instruction"] in data[0]["y"][0])
+    assert bars[1]["x"][0] * 2**20 == pytest.approx(worst["padding_bytes"])
+    assert "channels 18" in bars[1]["hovertext"][0]  # the fix travels with the bar
+    # The header: conv18's target (from its sample.json) and its fit verdict against the compiler's HBM.
+    assert re.search(r"v5e, HBM 15\.75 GiB<br><span class=\"fit\">fits", page)
+
+
+def test_steps_sections_show_every_step_and_the_input_stages(every_sample_report):
+    _, _, page = every_sample_report
+    figures = plots(page)
+    slow_map = CAPTURES[[p.name for p in CAPTURES].index("tf_slow_map")]
+    steps = list(csv.DictReader(io.StringIO(run_cli("analyze", slow_map, "--csv", "steps").stdout)))
+    per_step = next(data for data, layout in figures.values()
+                    if title(layout).startswith("Step time per step") and len(data[0]["x"]) == len(steps)
+                    and data[1]["y"][0] == pytest.approx(float(steps[0]["input_ms"])))
+    assert [t["name"] for t in per_step] == ["compute", "waiting for input", "host overhead", "compilation", "other"]
+    # The job sleeps 2 ms per example inside a tf.data map: its Map stage is the input bottleneck shown.
+    stages = [data for data, layout in figures.values() if title(layout).startswith("Input pipeline")]
+    assert any(d[0]["y"][0].endswith("Map") for d in stages)
+    assert "highly input-bound" in page
+
+
+def test_ranked_suggestions_and_oom_sections(every_sample_report):
+    _, _, page = every_sample_report
+    section = page[page.index("What to change, by expected saving"):page.index('id="input-1"')]
+    savings = [float(x) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+               for x, unit in re.findall(r"saves ~([\d.]+) (KiB|MiB|GiB)", section)]
+    assert len(savings) >= 3 and savings == sorted(savings, reverse=True)
+    assert "mixed_bfloat16" in section  # a suggestion names the exact setting
+    for text in OOM_TEXTS:  # libtpu's own RESOURCE_EXHAUSTED texts
+        headline = next(line for line in text.read_text().splitlines() if "Ran out of memory" in line)
+        assert re.sub(r"^.*?Ran out", "Ran out", headline).strip()[:60] in page
+    assert page.count('<b class="oom">out of HBM</b>') == len(OOM_TEXTS)
+
+
+def test_page_renders_in_headless_chromium(every_sample_report):
+    if browser.chromium() is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run does it): browser check skipped.")
+    out, _, page = every_sample_report
+    loaded = browser.load(out, screenshot=ARTIFACTS / "report-samples.png", height=6000)
+    assert loaded.console == [], loaded.console  # no error, no warning, nothing printed
+    dom = parse(loaded.dom)
+    plot_ids = {a["id"] for t, a in parse(page).tags if t == "div" and a.get("id", "").startswith("plot-")}
+    rendered = {a["id"] for t, a in dom.tags
+                if t == "div" and "js-plotly-plot" in a.get("class", "") and a.get("id", "").startswith("plot-")}
+    assert plot_ids and rendered == plot_ids  # plotly drew every plot (it adds js-plotly-plot when done)
+    assert loaded.dom.count('class="main-svg"') >= 2 * len(plot_ids)
+    assert loaded.screenshot.stat().st_size > 50_000
+
+
+@pytest.fixture(scope="session")
+def injected(tmp_path_factory):
+    """A real libtpu HLO text whose every op_name starts with a script tag, in a file named like an <img> tag."""
+    folder = tmp_path_factory.mktemp("injected")
+    text = next((DUMPS / "onehot10_v5e").glob("*.after_optimizations.txt")).read_text()
+    text = text.replace('op_name="', 'op_name="<script>alert(1)</script>')
+    path = folder / "<img src=x onerror=alert(2)>.after_optimizations.txt"
+    path.write_text(text)
+    out = folder / "report.html"
+    result = run_cli("report", path, "-o", out)
+    assert result.returncode == 0, result.stderr
+    return out, out.read_text()
+
+
+def test_user_strings_are_escaped(injected):
+    _, page = injected
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # shown, as text
+    assert "<script>alert" not in page.lower() and "<img" not in page.lower()
+    tags = parse(page)
+    assert not [a for t, a in tags.tags if t == "img" or any(k.startswith("on") for k in a)]
+    assert not [s for s in tags.scripts if "alert(" in s and "Plotly.newPlot" not in s]
+
+
+def test_injected_page_stays_inert_in_chromium(injected):
+    if browser.chromium() is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run does it): browser check skipped.")
+    out, _ = injected
+    loaded = browser.load(out, screenshot=ARTIFACTS / "report-injected.png", height=2500)
+    assert loaded.console == [], loaded.console
+    dom = parse(loaded.dom)
+    assert not [t for t, a in dom.tags if t == "img"]
+    assert not [a for t, a in dom.tags if any(k.startswith("on") for k in a) or
+                str(a.get("href", "")).startswith("javascript")]
+    assert not [s for s in dom.scripts if s.strip().startswith("alert")]
+    assert "<script>alert(1)</script>" in re.sub(r"<[^>]+>", "", loaded.dom).replace("&lt;", "<").replace("&gt;", ">")
+
+
+def test_report_from_json_documents(tmp_path):
+    memory = tmp_path / "memory.json"
+    memory.write_text(run_cli("memory", DUMPS / "transformer_bf16_v6e", "--json").stdout)
+    steps = tmp_path / "steps.json"
+    steps.write_text(run_cli("analyze", CAPTURES[0], "--json").stdout)
+    oom = tmp_path / "oom.json"
+    oom.write_text(run_cli("oom", OOM_TEXTS[0], "--json").stdout)
+    # A preflight document (issue 4's contract) holding the compiler's own figures for the transformer sample.
+    compiled = json.loads((DUMPS / "transformer_bf16_v6e" / "memory_analysis.json").read_text())
+    capacity = int(31.25 * 2**30)
+    preflight = tmp_path / "preflight.json"
+    preflight.write_text(json.dumps({"targets": [{
+        "target": "v6e", "topology": "v6e:2x2", "hbm_capacity_bytes": capacity, "batch_size": 8,
+        "fits": compiled["required_bytes"] <= capacity, "required_bytes": compiled["required_bytes"],
+        "argument_bytes": compiled["argument_size_in_bytes"], "output_bytes": compiled["output_size_in_bytes"],
+        "temp_bytes": compiled["temp_size_in_bytes"], "curve": [{"batch_size": 8,
+                                                                 "required_bytes": compiled["required_bytes"]}]}]}))
+    out = tmp_path / "json.html"
+    result = run_cli("report", memory, steps, oom, preflight, "-o", out, "--json")
+    assert result.returncode == 0, result.stderr
+    assert [i["kind"] for i in json.loads(result.stdout)["inputs"]] == ["memory", "steps", "oom", "preflight"]
+    page = out.read_text()
+    assert page.count("Read from a tpuprof --json document") == 4
+    assert "preflight v6e batch 8" in page and "Memory vs batch size" in page
+    assert "Top padding wasters" in page or "No buffer is padded" in page
+
+
+@pytest.mark.parametrize("args, message", [
+    (["/no/such/dump"], "does not exist"),
+    (["pyproject.toml"], "holds no TPU out-of-memory error"),
+    (["tests/fixtures/memory/photo.jpg"], "not a readable HloProto"),
+])
+def test_bad_input_is_one_sentence_and_no_file(tmp_path, args, message):
+    out = tmp_path / "never.html"
+    result = run_cli("report", *args, "-o", out)
+    assert result.returncode == 2 and message in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_bad_json_input(tmp_path):
+    other = tmp_path / "other.json"
+    other.write_text('{"hello": 1}')
+    result = run_cli("report", other, "-o", tmp_path / "r.html")
+    assert result.returncode == 2 and "not a tpuprof --json document" in result.stderr
+
+
+def test_csv_tables_hold_every_row():
+    dump = DUMPS / "conv18_f32_v5e"
+    document = json.loads(run_cli("memory", dump, "--json", "--top", "0").stdout)["modules"][0]
+    buffers = list(csv.DictReader(io.StringIO(run_cli("memory", dump, "--csv", "buffers").stdout)))
+    assert len(buffers) == document["buffer_count"]
+    assert sum(int(r["padding_bytes"]) for r in buffers) == sum(b["padding_bytes"] for b in document["buffers"])
+    ops = list(csv.DictReader(io.StringIO(run_cli("memory", dump, "--csv", "ops").stdout)))
+    assert [r["op_name"] for r in ops] == [o["op_name"] for o in document["ops"]]
+    bad = run_cli("memory", dump, "--csv", "steps")
+    assert bad.returncode == 2 and "buffers, ops" in bad.stderr
