@@ -16,6 +16,10 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/tpuprof memory sample_profiles/dumps/conv18_f32_v5e
+	@# Last: one self-contained page over every sample (dumps, captures, OOM texts); its path is the final line.
+	@$(BIN)/tpuprof report sample_profiles/dumps/* $(wildcard sample_profiles/captures/*) sample_profiles/oom/*.txt \
+		--title "tpuprof demo: the sample profiles" -o $(CURDIR)/out/report.html >/dev/null
+	@echo "Report: $(CURDIR)/out/report.html"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
