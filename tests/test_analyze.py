@@ -174,7 +174,7 @@ def test_jax_compute_bound_loop_is_compute_bound_where_xprof_says_input_bound(re
 
 
 def test_jax_recompiling_every_step_is_compile_bound_where_xprof_sees_no_compile(reports, xprof):
-    """The job grows its batch every step (captures/jax_recompile/job.py): every step traces and compiles."""
+    """The job grows its batch every step (jax_job.py --new-shape-every-step): every step traces and compiles."""
     report = reports("jax_recompile")
     theirs = xprof("jax_recompile")
     assert float(theirs["compile_time_ms_avg"]) == 0 and "NOT input-bound" in theirs["input_conclusion"]

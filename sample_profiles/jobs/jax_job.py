@@ -7,13 +7,16 @@ Bottleneck built in (the ground truth lives here, not in the tests):
 - `--slow-loader-ms 0` (default): the loader is free and the jitted step (a 3-layer MLP, forward + backward
   + SGD update) fills the step: COMPUTE-BOUND.
 
+- `--new-shape-every-step`: the batch grows by one example every step, so the jitted step sees a new
+  input shape each time and JAX traces and compiles it again: COMPILE-BOUND (the loader is free).
+
 - `--idle`: the profiler server starts and no step ever runs: a capture collects no trace event (the
   "job idle / between steps" case a capture tool must explain).
 
 Every step is wrapped in `jax.profiler.StepTraceAnnotation("train", step_num=i)`, which is how XProf and
 tpuprof find step boundaries in a JAX capture.
 
-Usage: python jax_job.py --port 6010 [--seconds 60] [--slow-loader-ms 20 | --idle]
+Usage: python jax_job.py --port 6010 [--seconds 60] [--slow-loader-ms 20 | --new-shape-every-step | --idle]
 Prints `READY` (flushed) once the profiler server is up and training steps are running, then trains until
 `--seconds` have elapsed (or the process is killed).
 """
@@ -34,6 +37,8 @@ def parse_args(argv=None):
     parser.add_argument("--port", type=int, required=True, help="profiler server port")
     parser.add_argument("--seconds", type=float, default=60.0, help="train this long, then exit")
     parser.add_argument("--slow-loader-ms", type=float, default=0.0, help="sleep per batch in the loader (input-bound)")
+    parser.add_argument("--new-shape-every-step", action="store_true",
+                        help="grow the batch by one example per step: a compilation every step (compile-bound)")
     parser.add_argument("--idle", action="store_true", help="start the profiler server, then never train")
     return parser.parse_args(argv)
 
@@ -90,6 +95,9 @@ def main(argv=None) -> int:
     while time.monotonic() < deadline:
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
             x, y = next(batches)
+            if args.new_shape_every_step:  # one more example each step: a shape jit has not seen yet
+                x = jnp.concatenate([x, x[: step % batch + 1]])[: batch + step]
+                y = jnp.concatenate([y, y[: step % batch + 1]])[: batch + step]
             params, loss = train_step(params, x, y)
             loss.block_until_ready()  # the step ends when the device is done, as in a real loop
         if step == 0:
