@@ -249,3 +249,15 @@ def test_csv_tables_hold_every_row():
     assert [r["op_name"] for r in ops] == [o["op_name"] for o in document["ops"]]
     bad = run_cli("memory", dump, "--csv", "steps")
     assert bad.returncode == 2 and "buffers, ops" in bad.stderr
+
+
+def test_every_real_oom_text_makes_a_section(tmp_path):
+    texts = sorted((ROOT / "tests" / "fixtures" / "oom").glob("*.txt"))
+    out = tmp_path / "oom.html"
+    result = run_cli("report", *texts, "-o", out, "--json")
+    assert result.returncode == 0, result.stderr
+    assert [i["kind"] for i in json.loads(result.stdout)["inputs"]] == ["oom"] * len(texts)
+    page = out.read_text()
+    spaces = [json.loads(run_cli("oom", t, "--json").stdout).get("memory_space") or "device memory" for t in texts]
+    for space in set(spaces):  # the header card names the memory space each message ran out of
+        assert page.count(f'<b class="oom">out of {space.upper()}</b>') == spaces.count(space)

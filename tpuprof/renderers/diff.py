@@ -18,6 +18,19 @@ def to_json(result: dict) -> dict:
             "regression": result["regression"]}
 
 
+# Red means worse. For most metrics (sizes, times, input share) more is worse; for these, more is better,
+# and for counts that only describe the run (steps captured, buffers) neither.
+HIGHER_IS_BETTER = {"compute_percent", "max_batch_size"}
+NEUTRAL = {"step_count", "buffer_count"}
+
+
+def _colour(name: str, change) -> str:
+    if not change or name in NEUTRAL:
+        return ""
+    worse = change < 0 if name in HIGHER_IS_BETTER else change > 0
+    return "red" if worse else "green"
+
+
 def fmt_value(value, unit: str) -> str:
     if value is None:
         return "n/a"
@@ -66,7 +79,7 @@ def print_tables(result: dict) -> None:
             table.add_column(column, justify=justify)
         for m in g["metrics"]:
             change, percent = m.change, m.percent
-            colour = "" if not change else "red" if change > 0 else "green"
+            colour = _colour(m.name, change)
             cells = [fmt_change(change, m.unit), fmt_percent(percent)]
             if colour:
                 cells = [f"[{colour}]{c}[/{colour}]" for c in cells]

@@ -100,9 +100,9 @@ def _capacity_card(name: str, target: str | None, peak: int | None, capacity: in
     elif not capacity:
         verdict = '<span class="warn">no target: capacity unknown</span>'
     elif peak > capacity:
-        verdict = f'<span class="oom">does not fit: {peak / capacity:.0%} of HBM</span>'
+        verdict = f'<span class="oom">does not fit: {peak / capacity:.1%} of HBM</span>'
     else:
-        verdict = f'<span class="fit">fits: {peak / capacity:.0%} of HBM</span>'
+        verdict = f'<span class="fit">fits: {peak / capacity:.1%} of HBM</span>'
     return (f'<div class="card"><span class="mono">{esc(_short(name, 40))}</span><b>{esc(fmt_bytes(peak))} peak</b>'
             f'{esc(target or "target unknown")}, HBM {esc(fmt_bytes(capacity) if capacity else "n/a")}<br>{verdict}'
             "</div>")
@@ -124,8 +124,13 @@ def _header(page: _Page, inputs: list[Input], title: str | None) -> None:
                                             m.get("hbm_capacity_bytes")))
         elif item.kind == OOM:
             space = (d.get("memory_space") or "device memory").upper()
-            numbers = (f"used {fmt_bytes(d['used_bytes'])} of {fmt_bytes(d['capacity_bytes'])}"
-                       if d.get("used_bytes") and d.get("capacity_bytes") else d.get("kind", ""))
+            if d.get("used_bytes") and d.get("capacity_bytes"):
+                numbers = f"used {fmt_bytes(d['used_bytes'])} of {fmt_bytes(d['capacity_bytes'])}"
+            elif d.get("requested_bytes"):
+                free = f", {fmt_bytes(d['free_bytes'])} free" if d.get("free_bytes") is not None else ""
+                numbers = f"{d.get('kind', '').replace('_', ' ')}: asked for {fmt_bytes(d['requested_bytes'])}{free}"
+            else:
+                numbers = d.get("kind", "").replace("_", " ")
             cards.append(f'<div class="card">OOM log <span class="mono">{esc(_short(item.path, 40))}</span>'
                          f'<b class="oom">out of {esc(space)}</b>{esc(numbers)}</div>')
         elif item.kind == PREFLIGHT:
