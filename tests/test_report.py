@@ -19,6 +19,7 @@ CAPTURES = sorted(p for p in (SAMPLES / "captures").glob("*") if p.is_dir())
 DUMP_SAMPLES = sorted(p for p in DUMPS.glob("*") if p.is_dir())
 OOM_TEXTS = sorted((SAMPLES / "oom").glob("*.txt"))
 EVERY_SAMPLE = DUMP_SAMPLES + CAPTURES + OOM_TEXTS
+PREFLIGHT = ROOT / "tests" / "fixtures" / "report" / "preflight_conv18_v5e_b64.json"
 NEWPLOT = re.compile(r'Plotly\.newPlot\(\s*"(plot-\d+)",\s*')
 
 
@@ -199,24 +200,34 @@ def test_report_from_json_documents(tmp_path):
     steps.write_text(run_cli("analyze", CAPTURES[0], "--json").stdout)
     oom = tmp_path / "oom.json"
     oom.write_text(run_cli("oom", OOM_TEXTS[0], "--json").stdout)
-    # A preflight document (issue 4's contract) holding the compiler's own figures for the transformer sample.
-    compiled = json.loads((DUMPS / "transformer_bf16_v6e" / "memory_analysis.json").read_text())
-    capacity = int(31.25 * 2**30)
-    preflight = tmp_path / "preflight.json"
-    preflight.write_text(json.dumps({"targets": [{
-        "target": "v6e", "topology": "v6e:2x2", "hbm_capacity_bytes": capacity, "batch_size": 8,
-        "fits": compiled["required_bytes"] <= capacity, "required_bytes": compiled["required_bytes"],
-        "argument_bytes": compiled["argument_size_in_bytes"], "output_bytes": compiled["output_size_in_bytes"],
-        "temp_bytes": compiled["temp_size_in_bytes"], "curve": [{"batch_size": 8,
-                                                                 "required_bytes": compiled["required_bytes"]}]}]}))
+    # Real `tpuprof preflight sample_profiles/models/conv18.py:factory --tpu v5e --batch 64 --json` output;
+    # its compile's dump (dump_dir) is not on this machine.
+    preflight = json.loads(PREFLIGHT.read_text())
+    preflight["targets"][0]["dump_dir"] = str(tmp_path / "gone")
+    saved = tmp_path / "preflight.json"
+    saved.write_text(json.dumps(preflight))
     out = tmp_path / "json.html"
-    result = run_cli("report", memory, steps, oom, preflight, "-o", out, "--json")
+    result = run_cli("report", memory, steps, oom, saved, "-o", out, "--json")
     assert result.returncode == 0, result.stderr
     assert [i["kind"] for i in json.loads(result.stdout)["inputs"]] == ["memory", "steps", "oom", "preflight"]
     page = out.read_text()
-    assert page.count("Read from a tpuprof --json document") == 4
-    assert "preflight v6e batch 8" in page and "Memory vs batch size" in page
-    assert "Top padding wasters" in page or "No buffer is padded" in page
+    assert page.count("Read from a tpuprof --json document") == 2  # memory and steps lose their curves
+    assert "preflight v5e batch 64" in page and "9.49 MiB required" in page
+    assert "images.1" in page  # the compiled module's padding wasters, from the JSON
+    assert sum(title(layout).startswith("Memory over program order") for _, layout in plots(page).values()) == 0
+
+
+def test_preflight_dump_still_on_disk_is_analysed_again(tmp_path):
+    preflight = json.loads(PREFLIGHT.read_text())
+    # Stand-in for the preflight cache: a real libtpu dump of the same model (conv18 on v5e, batch 256).
+    preflight["targets"][0]["dump_dir"] = str(DUMPS / "conv18_f32_v5e")
+    saved = tmp_path / "preflight.json"
+    saved.write_text(json.dumps(preflight))
+    out = tmp_path / "pf.html"
+    assert run_cli("report", saved, "-o", out).returncode == 0
+    page = out.read_text()
+    assert sum(title(layout).startswith("Memory over program order") for _, layout in plots(page).values()) == 1
+    assert "channels 18 -&gt; padded to 24" in page  # the fixes come back with the dump
 
 
 @pytest.mark.parametrize("args, message", [

@@ -105,7 +105,25 @@ def _load_json(path: Path) -> Input:
     kind = json_kind(document)
     if kind is None:
         raise UserError(f"{path} is not a tpuprof --json document (memory, analyze, oom or preflight).")
+    if kind == PREFLIGHT:
+        _reload_preflight_dumps(document)
     return Input(str(path), kind, document, from_json=True)
+
+
+def _reload_preflight_dumps(document: dict) -> None:
+    """preflight keeps each compile's dump (its cache): when it is still on this machine, analyse it again
+    for what the JSON leaves out (the memory curve, each padded buffer's fix)."""
+    for target in document["targets"]:
+        dump = target.get("dump_dir")
+        if not isinstance(dump, str) or not Path(dump).is_dir() or not isinstance(target.get("memory"), dict):
+            continue
+        try:
+            modules = _load_memory(Path(dump), target.get("target"), 0).document["modules"]
+        except UserError:
+            continue  # the JSON's own figures stay
+        same = [m for m in modules if m.get("name") == target["memory"].get("name")]
+        if same:
+            target["memory"] = same[0]
 
 
 def _load_memory(path: Path, target: str | None, top: int) -> Input:

@@ -81,7 +81,7 @@ def render(inputs: list[Input], top: int = 15, title: str | None = None) -> str:
     for number, item in enumerate(inputs, 1):
         page.add(f'<h2 id="input-{number}">{number}. {esc(KIND_LABELS[item.kind])}: '
                  f'<span class="mono">{esc(item.path)}</span></h2>')
-        if item.from_json:
+        if item.from_json and item.kind in (MEMORY, STEPS):
             page.add('<p class="note">Read from a tpuprof --json document: curves that need the raw data '
                      '(memory over program order, per-step times) are not in it.</p>')
         {MEMORY: _memory, STEPS: _steps, OOM: _oom, PREFLIGHT: _preflight}[item.kind](page, item, top)
@@ -94,7 +94,8 @@ def render(inputs: list[Input], top: int = 15, title: str | None = None) -> str:
 
 # ---------------------------------------------------------------- header and suggestions
 
-def _capacity_card(name: str, target: str | None, peak: int | None, capacity: int | None) -> str:
+def _capacity_card(name: str, target: str | None, peak: int | None, capacity: int | None,
+                   what: str = "peak") -> str:
     if peak is None:
         verdict = '<span class="warn">peak unknown</span>'
     elif not capacity:
@@ -103,7 +104,7 @@ def _capacity_card(name: str, target: str | None, peak: int | None, capacity: in
         verdict = f'<span class="oom">does not fit: {peak / capacity:.1%} of HBM</span>'
     else:
         verdict = f'<span class="fit">fits: {peak / capacity:.1%} of HBM</span>'
-    return (f'<div class="card"><span class="mono">{esc(_short(name, 40))}</span><b>{esc(fmt_bytes(peak))} peak</b>'
+    return (f'<div class="card"><span class="mono">{esc(_short(name, 40))}</span><b>{esc(fmt_bytes(peak))} {what}</b>'
             f'{esc(target or "target unknown")}, HBM {esc(fmt_bytes(capacity) if capacity else "n/a")}<br>{verdict}'
             "</div>")
 
@@ -136,7 +137,8 @@ def _header(page: _Page, inputs: list[Input], title: str | None) -> None:
         elif item.kind == PREFLIGHT:
             for t in d["targets"]:
                 cards.append(_capacity_card(f"preflight {t.get('target')} batch {t.get('batch_size')}",
-                                            t.get("target"), t.get("required_bytes"), t.get("hbm_capacity_bytes")))
+                                            t.get("target"), t.get("required_bytes"), t.get("hbm_capacity_bytes"),
+                                            "required"))
         elif item.kind == STEPS:
             s = d.get("steps", {})
             cards.append(f'<div class="card">profile <span class="mono">{esc(_short(item.path, 40))}</span>'
@@ -159,8 +161,12 @@ def _suggestions(page: _Page, inputs: list[Input]) -> None:
     found = []
     for number, item in enumerate(inputs, 1):
         d = item.document
-        lists = [m.get("suggestions", []) for m in d.get("modules", [])[:MAX_MODULES]] if item.kind == MEMORY \
-            else [d.get("suggestions", [])]
+        if item.kind == MEMORY:
+            lists = [m.get("suggestions", []) for m in d.get("modules", [])[:MAX_MODULES]]
+        elif item.kind == PREFLIGHT:
+            lists = [(t.get("memory") or {}).get("suggestions", []) for t in d.get("targets", [])]
+        else:
+            lists = [d.get("suggestions", [])]
         for suggestions in lists:
             for s in suggestions:
                 if isinstance(s, dict) and s.get("message"):
@@ -186,22 +192,27 @@ def _memory(page: _Page, item: Input, top: int) -> None:
     if len(modules) > MAX_MODULES:
         page.add(f'<p class="note">{len(modules)} modules; the {MAX_MODULES} largest are shown.</p>')
     for m in modules[:MAX_MODULES]:
-        page.add(f'<h3 class="mono">{esc(m["name"])}</h3>'
-                 f'<p class="meta">{esc(m.get("source_kind"))}: {esc(m.get("source"))}</p>')
-        if m.get("estimated"):
-            page.add(f'<p class="warn">Estimate: simulated default TPU tilings for {esc(m.get("target") or "TPU")}; '
-                     "compile with libtpu (tpuprof memory --compile) for the real layouts.</p>")
-        for note in m.get("notes", []):
-            page.add(f'<p class="note">{esc(note)}</p>')
-        rows = [("peak HBM (padded)", m.get("peak_heap_bytes")), ("peak HBM (unpadded)",
-                m.get("peak_unpadded_heap_bytes")), ("padding live at the peak", m.get("padding_at_peak_bytes")),
-                ("arguments", m.get("argument_bytes")), ("outputs", m.get("output_bytes")),
-                ("temporaries", m.get("temp_bytes")), ("HBM capacity", m.get("hbm_capacity_bytes"))]
-        page.add("<table>" + "".join(f'<tr><th>{k}</th><td class="n">{esc(fmt_bytes(v))}</td></tr>'
-                                     for k, v in rows if v is not None) + "</table>")
-        _memory_timeline(page, m)
-        _padding_wasters(page, m, top)
-        _padding_by_op(page, m, top)
+        _memory_module(page, m, top)
+
+
+def _memory_module(page: _Page, m: dict, top: int) -> None:
+    """One module: its summary, the curve, the padding wasters and padding by op."""
+    page.add(f'<h3 class="mono">{esc(m["name"])}</h3>'
+             f'<p class="meta">{esc(m.get("source_kind"))}: {esc(m.get("source"))}</p>')
+    if m.get("estimated"):
+        page.add(f'<p class="warn">Estimate: simulated default TPU tilings for {esc(m.get("target") or "TPU")}; '
+                 "compile with libtpu (tpuprof memory --compile) for the real layouts.</p>")
+    for note in m.get("notes", []):
+        page.add(f'<p class="note">{esc(note)}</p>')
+    rows = [("peak HBM (padded)", m.get("peak_heap_bytes")), ("peak HBM (unpadded)",
+            m.get("peak_unpadded_heap_bytes")), ("padding live at the peak", m.get("padding_at_peak_bytes")),
+            ("arguments", m.get("argument_bytes")), ("outputs", m.get("output_bytes")),
+            ("temporaries", m.get("temp_bytes")), ("HBM capacity", m.get("hbm_capacity_bytes"))]
+    page.add("<table>" + "".join(f'<tr><th>{k}</th><td class="n">{esc(fmt_bytes(v))}</td></tr>'
+                                 for k, v in rows if v is not None) + "</table>")
+    _memory_timeline(page, m)
+    _padding_wasters(page, m, top)
+    _padding_by_op(page, m, top)
 
 
 def _memory_timeline(page: _Page, m: dict) -> None:
@@ -254,13 +265,14 @@ def _padding_wasters(page: _Page, m: dict, top: int) -> None:
                       xaxis_title="MiB", yaxis=dict(autorange="reversed", automargin=True),
                       legend=dict(orientation="h", y=-0.2))
     page.figure(fig, height=max(300, 60 + 28 * len(wasters)))
+    fixes = any(b.get("fix") for b in wasters)  # a saved --json has none: the fixes are in the suggestions
     rows = "".join(
         f'<tr><td class="mono">{esc(b["instruction"])}</td><td class="mono">{esc(b["shape"])}</td>'
         f'<td class="n">{esc(fmt_bytes(b["padding_bytes"]))}</td><td class="n">{b.get("expansion", 1):.1f}x</td>'
         f'<td>{"yes" if b.get("live_at_peak") else ""}</td><td class="mono">{esc(b.get("op_name"))}</td>'
-        f'<td>{esc(b.get("fix") or "")}</td></tr>' for b in wasters)
+        + (f'<td>{esc(b.get("fix") or "")}</td>' if fixes else "") + "</tr>" for b in wasters)
     page.add("<table><tr><th>buffer</th><th>shape</th><th>padding</th><th>expansion</th><th>live at peak</th>"
-             f"<th>framework op</th><th>fix</th></tr>{rows}</table>")
+             f"<th>framework op</th>{'<th>fix</th>' if fixes else ''}</tr>{rows}</table>")
 
 
 def _padding_by_op(page: _Page, m: dict, top: int) -> None:
@@ -416,6 +428,8 @@ def _preflight(page: _Page, item: Input, top: int) -> None:
         fits = t.get("fits")
         verdict = '<span class="fit">fits</span>' if fits else '<span class="oom">does not fit</span>' \
             if fits is not None else ""
+        if t.get("verdict"):
+            verdict += f' <span class="meta">{esc(t["verdict"])}</span>'
         rows.append(f'<tr><td>{esc(t.get("target"))} <span class="meta">{esc(t.get("topology"))}</span></td>'
                     f'<td class="n">{esc(t.get("batch_size"))}</td><td>{verdict}</td>'
                     f'<td class="n">{esc(fmt_bytes(t.get("required_bytes")))}</td>'
@@ -424,7 +438,7 @@ def _preflight(page: _Page, item: Input, top: int) -> None:
                     f'<td class="n">{esc((t.get("bf16") or {}).get("max_batch_size", ""))}</td></tr>')
     page.add("<table><tr><th>target</th><th>batch</th><th>verdict</th><th>required</th><th>HBM</th>"
              "<th>max batch</th><th>max batch bf16</th></tr>" + "".join(rows) + "</table>")
-    curves = [t for t in targets if t.get("curve")]
+    curves = [t for t in targets if len(t.get("curve") or []) > 1]  # one point is no curve
     if curves:
         fig = go.Figure()
         for t in curves:
@@ -437,3 +451,8 @@ def _preflight(page: _Page, item: Input, top: int) -> None:
         fig.update_layout(title="Memory vs batch size (measured compiles)", xaxis_title="per-chip batch",
                           yaxis_title="MiB")
         page.figure(fig)
+    for t in targets:
+        if t.get("oom", {}).get("headline"):
+            page.add(f'<p class="oom mono">{esc(t.get("target"))}: {esc(t["oom"]["headline"])}</p>')
+        if t.get("memory"):  # the memory command's analysis of the compiled module
+            _memory_module(page, {**t["memory"], "name": f"{t.get('target')}: {t['memory'].get('name')}"}, top)
