@@ -117,8 +117,8 @@ def report(
 
 @app.command()
 def diff(
-    a: str = typer.Argument(..., help="Before: an XLA dump, a profile, or a tpuprof --json file."),
-    b: str = typer.Argument(..., help="After: the same kind of input as A."),
+    a: str = typer.Argument(..., metavar="A", help="Before: an XLA dump, a profile, or a tpuprof --json file."),
+    b: str = typer.Argument(..., metavar="B", help="After: the same kind of input as A."),
     fail_if: Optional[List[str]] = typer.Option(None, "--fail-if", help="Exit 1 when B regresses, e.g. 'peak_heap_bytes>+5%', 'median_ms>+2', 'input_bound_percent>20'; repeatable."),
     batches: Optional[str] = typer.Option(None, "--batches", help="Batch sizes of A and B, e.g. 64,128, for the per-example growth (default: sample.json, else the shapes)."),
     target: Optional[str] = typer.Option(None, "--target", help="TPU generation for inputs that do not say."),
