@@ -84,6 +84,9 @@ def test_identical_inputs_mean_no_change(tmp_path):
     saved.write_text(run_cli("memory", B64, "--json", "--top", "0").stdout)
     document = json.loads(run_cli("diff", saved, B64, "--json").stdout)
     assert document["identical"] and document["summary"] == "no change" and not document["regression"]
+    capture = CAPTURES / "tf_cached"
+    same = run_cli("diff", capture, capture, "--fail-if", "median_ms>+0")
+    assert same.returncode == 0 and "no change" in same.stdout
 
 
 def test_profiles_diff_input_share():

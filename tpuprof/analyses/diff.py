@@ -168,16 +168,17 @@ def infer_batches(a: dict, b: dict) -> tuple[int, int, str] | None:
                               f"{share:.0%} of the bytes of the buffers whose shape changed")
 
 
-def per_example(a: dict, b: dict, batch_a: int, batch_b: int, evidence: str) -> dict | None:
-    """Peak memory = fixed + per_example * batch, through the two points; and the batch that fits, if linear."""
+def per_example(a: dict, b: dict, batch_a: int, batch_b: int, evidence: str,
+                key: str = "peak_heap_bytes") -> dict | None:
+    """Memory = fixed + per_example * batch, through the two points; and the batch that fits, if linear."""
     if batch_a == batch_b:
         return None
-    peak_a, peak_b = a.get("peak_heap_bytes"), b.get("peak_heap_bytes")
+    peak_a, peak_b = a.get(key), b.get(key)
     if peak_a is None or peak_b is None:
         return None
     slope = (peak_b - peak_a) / (batch_b - batch_a)
     fixed = peak_a - slope * batch_a
-    out = {"batch_a": batch_a, "batch_b": batch_b, "evidence": evidence,
+    out = {"measure": key, "batch_a": batch_a, "batch_b": batch_b, "evidence": evidence,
            "per_example_bytes": int(round(slope)), "fixed_bytes": int(round(fixed))}
     unpadded_a, unpadded_b = a.get("peak_unpadded_heap_bytes"), b.get("peak_unpadded_heap_bytes")
     if unpadded_a is not None and unpadded_b is not None:
@@ -206,6 +207,10 @@ def compare(kind: str, a_doc: dict, b_doc: dict, top: int = 10, batches: tuple[i
             group["buffers"] = compare_buffers(a_raw, b_raw, top)
             found = (batches[0], batches[1], batch_source) if batches else infer_batches(a_raw, b_raw)
             group["per_example"] = per_example(a_raw, b_raw, *found) if found else None
+        if kind == "preflight":
+            sizes = (a_raw.get("batch_size"), b_raw.get("batch_size"))
+            group["per_example"] = per_example(a_raw, b_raw, *sizes, "the compiled batch sizes",
+                                               key="required_bytes") if all(sizes) else None
         if kind == "steps":
             group["verdict"] = {"a": a_raw.get("verdict"), "b": b_raw.get("verdict")}
         groups.append(group)

@@ -90,7 +90,8 @@ def print_tables(result: dict) -> None:
             out.print(f"verdict: {escape(str(verdict['a']))} -> [bold]{escape(str(verdict['b']))}[/bold]")
         growth = g.get("per_example")
         if growth:
-            line = (f"Per example: {fmt_change(growth['per_example_bytes'], 'bytes')} of peak HBM per example "
+            measure = "peak HBM" if growth.get("measure", "peak_heap_bytes") == "peak_heap_bytes" else "required HBM"
+            line = (f"Per example: {fmt_change(growth['per_example_bytes'], 'bytes')} of {measure} per example "
                     f"(batch {growth['batch_a']} -> {growth['batch_b']}, {escape(growth['evidence'])}); "
                     f"fixed part {fmt_bytes(growth['fixed_bytes'])}")
             if "largest_batch_if_linear" in growth:
