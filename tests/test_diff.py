@@ -100,6 +100,9 @@ def test_profiles_diff_input_share():
     share = metric(document, "input_bound_percent")
     assert share["a"] >= 20 > share["b"] and share["change"] < 0
     assert document["groups"][0]["verdict"]["a"] == "highly input-bound"
+    # The Python map (EagerPyFunc) runs in every step of the slow job and in none of the cached one's top ops.
+    ops = {r["name"]: r for r in document["groups"][0]["ops"]}
+    assert ops["EagerPyFunc"]["a_ms_per_step"] > 100 and ops["EagerPyFunc"]["b_ms_per_step"] is None
     assert run_cli("diff", cached, slow, "--fail-if", "input_bound_percent>+0").returncode == 1
 
 

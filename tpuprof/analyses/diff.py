@@ -132,6 +132,27 @@ def compare_buffers(a: dict, b: dict, top: int) -> dict:
             "changed": changed[:limit], "changed_count": len(changed), "partial": partial}
 
 
+def compare_ops(a: dict, b: dict, top: int) -> list[dict]:
+    """Top ops' self time per step (a capture's totals grow with its length; per step they compare).
+    Only the ops in each report's top list are known: one missing from a list is `None`, not zero."""
+    def per_step(document: dict) -> dict:
+        steps = (document.get("steps") or {}).get("count") or 0
+        if not steps:
+            return {}
+        return {(o["where"], o["name"]): o["self_ms"] / steps for o in document.get("top_ops", [])}
+
+    a_ops, b_ops = per_step(a), per_step(b)
+    rows = []
+    for key in dict.fromkeys([*a_ops, *b_ops]):
+        ms_a, ms_b = a_ops.get(key), b_ops.get(key)
+        change = None if ms_a is None or ms_b is None else ms_b - ms_a
+        rows.append({"where": key[0], "name": key[1], "a_ms_per_step": ms_a, "b_ms_per_step": ms_b,
+                     "change_ms": change})
+    rows.sort(key=lambda r: -abs(r["change_ms"] if r["change_ms"] is not None
+                                 else (r["a_ms_per_step"] or r["b_ms_per_step"] or 0)))
+    return rows[: top if top > 0 else None]
+
+
 _DIMS = re.compile(r"^\s*\w+\[([\d,]*)\]")
 
 
@@ -213,6 +234,7 @@ def compare(kind: str, a_doc: dict, b_doc: dict, top: int = 10, batches: tuple[i
                                                key="required_bytes") if all(sizes) else None
         if kind == "steps":
             group["verdict"] = {"a": a_raw.get("verdict"), "b": b_raw.get("verdict")}
+            group["ops"] = compare_ops(a_raw, b_raw, top)
         groups.append(group)
     unpaired = abs(len(a_groups) - len(b_groups))
     identical = (not unpaired and all(m.change in (0, None) for g in groups for m in g["metrics"])

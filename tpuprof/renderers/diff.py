@@ -88,6 +88,17 @@ def print_tables(result: dict) -> None:
         verdict = g.get("verdict")
         if verdict and verdict["a"] != verdict["b"]:
             out.print(f"verdict: {escape(str(verdict['a']))} -> [bold]{escape(str(verdict['b']))}[/bold]")
+        if g.get("ops"):
+            table = Table(title="Top ops, self time per step (from each report's top list)", title_justify="left")
+            for column, justify in (("op", "left"), ("where", "left"), ("A ms", "right"), ("B ms", "right"),
+                                    ("change", "right")):
+                table.add_column(column, justify=justify, overflow="fold")
+            for r in g["ops"]:
+                cells = [fmt_value(r[k], "ms").replace(" ms", "") if r[k] is not None else "-"
+                         for k in ("a_ms_per_step", "b_ms_per_step")]
+                table.add_row(escape(r["name"][:90]), r["where"], *cells,
+                              fmt_change(r["change_ms"], "ms") if r["change_ms"] is not None else "")
+            out.print(table)
         growth = g.get("per_example")
         if growth:
             measure = "peak HBM" if growth.get("measure", "peak_heap_bytes") == "peak_heap_bytes" else "required HBM"
