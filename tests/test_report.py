@@ -272,3 +272,14 @@ def test_every_real_oom_text_makes_a_section(tmp_path):
     spaces = [json.loads(run_cli("oom", t, "--json").stdout).get("memory_space") or "device memory" for t in texts]
     for space in set(spaces):  # the header card names the memory space each message ran out of
         assert page.count(f'<b class="oom">out of {space.upper()}</b>') == spaces.count(space)
+
+
+def test_gzipped_log_is_read_as_an_oom_log(tmp_path):
+    import gzip
+
+    text = OOM_TEXTS[0].read_bytes()
+    log = tmp_path / "job.log.gz"
+    log.write_bytes(gzip.compress(text))
+    result = run_cli("report", log, "-o", tmp_path / "r.html", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["inputs"] == [{"path": str(log), "kind": "oom"}]

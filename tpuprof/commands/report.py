@@ -58,6 +58,8 @@ def _looks_like_dump_text(path: Path) -> bool:
         return True
     with open(path, "rb") as handle:
         head = handle.read(4096)
+    if head[:2] == b"\x1f\x8b":  # gzip: a saved job log (`tpuprof oom` reads them)
+        return False
     if b"\0" in head:  # binary: an HloProto without the usual name
         return True
     text = head.decode("utf-8", "replace").lstrip()
