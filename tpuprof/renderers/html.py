@@ -307,7 +307,7 @@ def _padding_by_op(page: _Page, m: dict, top: int) -> None:
     page.figure(fig, height=480)
     rows = "".join(
         f'<tr><td class="mono">{esc(o["op_name"])}</td><td class="n">{esc(fmt_bytes(o["padding_bytes"]))}</td>'
-        f'<td class="n">{esc(fmt_bytes(o["size_bytes"]))}</td><td class="n">{o.get("buffers", "")}</td>'
+        f'<td class="n">{esc(fmt_bytes(o["size_bytes"]))}</td><td class="n">{esc(o.get("buffers", ""))}</td>'
         f'<td>{esc(o.get("fix") or o.get("worst_buffer") or "")}</td></tr>' for o in ops[: max(top, 1)])
     page.add("<table><tr><th>framework op</th><th>padding</th><th>padded size</th><th>buffers</th>"
              f"<th>fix (its worst buffer)</th></tr>{rows}</table>")
@@ -322,11 +322,11 @@ def _steps(page: _Page, item: Input, top: int) -> None:
     s = d.get("steps", {})
     page.add(f'<p><b>{esc(d.get("verdict"))}</b>. {esc(d.get("verdict_reason"))}</p>')
     if s.get("count"):
-        page.add(f'<p>{s["count"]} steps: mean {s["mean_ms"]:.2f} ms, median {s["median_ms"]:.2f} ms, '
+        page.add(f'<p>{esc(s["count"])} steps: mean {s["mean_ms"]:.2f} ms, median {s["median_ms"]:.2f} ms, '
                  f'p90 {s["p90_ms"]:.2f} ms.</p>')
     for h in d.get("hosts", []):
         notes = "; ".join(h.get("notes") or [])
-        page.add(f'<p class="meta">{esc(h["host"])} ({esc(h.get("platform"))}): {h.get("steps", 0)} steps, '
+        page.add(f'<p class="meta">{esc(h["host"])} ({esc(h.get("platform"))}): {esc(h.get("steps", 0))} steps, '
                  f'{esc(h.get("step_source") or "no steps found")}{esc(". " + notes if notes else "")}</p>')
 
     hosts = [h for h in d.get("per_step", []) if h["steps"]]
@@ -370,7 +370,7 @@ def _steps(page: _Page, item: Input, top: int) -> None:
     ops = d.get("top_ops", [])[: max(top, 1)]
     if ops:
         rows = "".join(f'<tr><td class="mono">{esc(o["name"])}</td><td>{esc(o["kind"])}</td><td>{esc(o["where"])}</td>'
-                       f'<td class="n">{o["count"]}</td><td class="n">{o["self_ms"]:.2f}</td></tr>' for o in ops)
+                       f'<td class="n">{esc(o["count"])}</td><td class="n">{o["self_ms"]:.2f}</td></tr>' for o in ops)
         page.add("<h3>Top ops by self time</h3><table><tr><th>op</th><th>type</th><th>where</th><th>count</th>"
                  f"<th>self ms</th></tr>{rows}</table>")
 
@@ -383,7 +383,7 @@ def _oom(page: _Page, item: Input, top: int) -> None:
     d = item.document
     page.add(f'<p class="oom mono">{esc(d.get("headline"))}</p>')
     if d.get("line_number"):
-        page.add(f'<p class="meta">line {d["line_number"]} of the log; {d.get("messages_found", 1)} '
+        page.add(f'<p class="meta">line {esc(d["line_number"])} of the log; {esc(d.get("messages_found", 1))} '
                  "out-of-memory message(s) found, the most detailed is shown.</p>")
     keys = [("used", "used_bytes"), ("capacity", "capacity_bytes"), ("exceeded by", "exceeded_bytes"),
             ("requested", "requested_bytes"), ("free", "free_bytes"), ("HLO temporaries", "hlo_temp_bytes"),
