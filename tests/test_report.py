@@ -283,3 +283,29 @@ def test_gzipped_log_is_read_as_an_oom_log(tmp_path):
     result = run_cli("report", log, "-o", tmp_path / "r.html", "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["inputs"] == [{"path": str(log), "kind": "oom"}]
+
+
+def test_every_string_of_a_json_input_is_escaped(tmp_path):
+    """A hostile --json document: a script tag in front of every string value, of every kind of input."""
+    def poison(value):
+        if isinstance(value, str):
+            return "<script>alert(1)</script>" + value
+        if isinstance(value, list):
+            return [poison(v) for v in value]
+        if isinstance(value, dict):
+            return {k: poison(v) for k, v in value.items()}
+        return value
+
+    documents = [run_cli("memory", DUMPS / "conv18_f32_v5e", "--json").stdout,
+                 run_cli("analyze", CAPTURES[0], "--json").stdout,
+                 run_cli("oom", OOM_TEXTS[0], "--json").stdout, PREFLIGHT.read_text()]
+    paths = []
+    for number, text in enumerate(documents):
+        path = tmp_path / f"{number}.json"
+        path.write_text(json.dumps(poison(json.loads(text))))
+        paths.append(path)
+    out = tmp_path / "r.html"
+    result = run_cli("report", *paths, "-o", out)
+    assert result.returncode == 0, result.stderr
+    page = out.read_text()
+    assert page.count("&lt;script&gt;alert(1)") > 20 and "<script>alert" not in page
