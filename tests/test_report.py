@@ -130,11 +130,15 @@ def test_steps_sections_show_every_step_and_the_input_stages(every_sample_report
 
 def test_ranked_suggestions_and_oom_sections(every_sample_report):
     _, _, page = every_sample_report
-    section = page[page.index("What to change, by expected saving"):page.index('id="input-1"')]
+    section = page[page.index("Memory: what to change, by HBM saved"):page.index("Step time: what to change")]
     savings = [float(x) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
                for x, unit in re.findall(r"saves ~([\d.]+) (KiB|MiB|GiB)", section)]
     assert len(savings) >= 3 and savings == sorted(savings, reverse=True)
     assert "mixed_bfloat16" in section  # a suggestion names the exact setting
+    steps = page[page.index("Step time: what to change"):page.index('id="input-1"')]
+    wins = [float(x) for x in re.findall(r"up to ([\d.]+) ms per step", steps)]
+    assert wins and wins == sorted(wins, reverse=True)
+    assert "tf.data.AUTOTUNE" in steps  # the slow-map job is told which tf.data setting to change
     for text in OOM_TEXTS:  # libtpu's own RESOURCE_EXHAUSTED texts
         headline = next(line for line in text.read_text().splitlines() if "Ran out of memory" in line)
         assert re.sub(r"^.*?Ran out", "Ran out", headline).strip()[:60] in page

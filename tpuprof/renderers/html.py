@@ -157,8 +157,12 @@ def _header(page: _Page, inputs: list[Input], title: str | None) -> None:
              + "".join(rows) + "</table>")
 
 
+# The step-time category each kind of step suggestion removes: its ms per step bound what the fix can win.
+STEP_SAVINGS = {"input_pipeline": "input", "steps_per_execution": "host_overhead", "compile": "compile"}
+
+
 def _suggestions(page: _Page, inputs: list[Input]) -> None:
-    found = []
+    memory, steps = [], []
     for number, item in enumerate(inputs, 1):
         d = item.document
         if item.kind == MEMORY:
@@ -169,20 +173,32 @@ def _suggestions(page: _Page, inputs: list[Input]) -> None:
             lists = [d.get("suggestions", [])]
         for suggestions in lists:
             for s in suggestions:
-                if isinstance(s, dict) and s.get("message"):
-                    found.append((number, s))
-    if not found:
-        return
+                if not isinstance(s, dict) or not s.get("message"):
+                    continue
+                if item.kind == STEPS:
+                    category = STEP_SAVINGS.get(s.get("kind"))
+                    saving = (d.get("breakdown_ms_per_step") or {}).get(category) if category else None
+                    steps.append((number, s, saving if isinstance(saving, (int, float)) else None))
+                else:
+                    saving = s.get("saving_bytes")
+                    memory.append((number, s, saving if isinstance(saving, (int, float)) else None))
     # Sized savings first, largest first; the ones the inputs cannot size keep their command's order.
-    found.sort(key=lambda pair: -(pair[1].get("saving_bytes") or 0))
-    page.add("<h2>What to change, by expected saving</h2><ol class=\"suggestions\">")
-    for number, s in found:
-        saving = f' <span class="saving">saves ~{esc(fmt_bytes(s["saving_bytes"]))}</span>' \
-            if s.get("saving_bytes") else ""
-        evidence = f'<br><span class="meta">evidence: {esc(s["evidence"])}</span>' if s.get("evidence") else ""
-        page.add(f'<li><b>[{esc(s.get("kind", ""))}]</b> {esc(s["message"])}{saving} '
-                 f'<a href="#input-{number}" class="meta">(input {number})</a>{evidence}</li>')
-    page.add("</ol>")
+    for found, heading, unit in ((memory, "Memory: what to change, by HBM saved", "bytes"),
+                                 (steps, "Step time: what to change, by time per step it can win", "ms")):
+        if not found:
+            continue
+        found.sort(key=lambda entry: -(entry[2] or 0))
+        page.add(f"<h2>{heading}</h2><ol class=\"suggestions\">")
+        for number, s, saving in found:
+            badge = ""
+            if saving and unit == "bytes":
+                badge = f' <span class="saving">saves ~{esc(fmt_bytes(saving))}</span>'
+            elif saving:
+                badge = f' <span class="saving">up to {saving:.2f} ms per step</span>'
+            evidence = f'<br><span class="meta">evidence: {esc(s["evidence"])}</span>' if s.get("evidence") else ""
+            page.add(f'<li><b>[{esc(s.get("kind", ""))}]</b> {esc(s["message"])}{badge} '
+                     f'<a href="#input-{number}" class="meta">(input {number})</a>{evidence}</li>')
+        page.add("</ol>")
 
 
 # ---------------------------------------------------------------- memory
