@@ -36,6 +36,7 @@ table{border-collapse:collapse;background:#fff;margin:8px 0;font-size:.9em;width
 th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:top}
 td.n{text-align:right;white-space:nowrap}
 code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.9em;word-break:break-all}
+a.path{word-break:normal;white-space:nowrap}
 ol.suggestions li{margin:6px 0}
 .saving{background:#ddf4ff;border-radius:4px;padding:1px 6px;font-size:.85em;white-space:nowrap}
 .plot{background:#fff;border:1px solid #d0d7de;border-radius:6px;margin:10px 0}
@@ -150,7 +151,7 @@ def _header(page: _Page, inputs: list[Input], title: str | None) -> None:
         made = item.meta.get("note") or ""
         if item.meta.get("batch_size"):
             made = f"batch {item.meta['batch_size']}, {item.meta.get('dtype') or ''} — {made}"
-        rows.append(f'<tr><td class="n">{number}</td><td><a href="#input-{number}" class="mono">{esc(item.path)}'
+        rows.append(f'<tr><td class="n">{number}</td><td><a href="#input-{number}" class="mono path">{esc(item.path)}'
                     f"</a></td><td>{esc(KIND_LABELS[item.kind])}{' (JSON)' if item.from_json else ''}</td>"
                     f"<td>{esc(made)}</td></tr>")
     page.add("<table><tr><th>#</th><th>input</th><th>kind</th><th>how it was made</th></tr>"
