@@ -113,6 +113,30 @@ def test_memory_curve_peak_and_padding_match_the_memory_command(every_sample_rep
     assert re.search(r"v5e, HBM 15\.75 GiB<br><span class=\"fit\">fits", page)
 
 
+@pytest.mark.parametrize("name", sorted(p.parent.name for p in DUMPS.glob("*/*.after_optimizations.hlo.pb")))
+def test_memory_curve_is_xprof_memory_viewers(every_sample_report, name, tmp_path):
+    """XProf's memory viewer plots heapSizes/unpaddedHeapSizes over program order: the page draws the same."""
+    from xprof_oracle import memory_viewer
+
+    xprof = memory_viewer(next((DUMPS / name).glob("*.after_optimizations.hlo.pb")), tmp_path)
+    _, _, page = every_sample_report
+    if not xprof.get("heapSizes"):  # int8_matmul: one allocation event, XProf draws nothing; we draw one point
+        assert any(title(layout).startswith("Memory over program order") and len(data[0]["y"]) == 1
+                   and data[0]["y"][0] == pytest.approx(xprof["peakHeapMib"], abs=1e-6)
+                   for data, layout in plots(page).values())
+        return
+    curves = [(data, layout) for data, layout in plots(page).values()
+              if title(layout).startswith("Memory over program order")
+              and data[0]["y"] == pytest.approx(xprof["heapSizes"], abs=1e-6)]
+    assert len(curves) >= 1, f"no curve in the page equals XProf's for {name}"
+    data, layout = curves[0]
+    assert data[1]["y"] == pytest.approx(xprof["unpaddedHeapSizes"], abs=1e-6)
+    assert data[0]["x"] == list(range(len(xprof["heapSizes"])))
+    # The peak marker sits on the highest point, XProf's peakHeapMib.
+    marker = layout["shapes"][0]["x0"]
+    assert data[0]["y"][marker] == pytest.approx(xprof["peakHeapMib"], abs=1e-6) == max(data[0]["y"])
+
+
 def test_steps_sections_show_every_step_and_the_input_stages(every_sample_report):
     _, _, page = every_sample_report
     figures = plots(page)

@@ -167,7 +167,8 @@ def _timeline(module) -> dict | None:
         "position": positions,
         "padded_bytes": [max(padded[i:i + step]) for i in positions],
         "unpadded_bytes": [max(unpadded[i:i + step]) for i in positions] if unpadded else [],
-        "peak_position": module.peak_position,
+        # The marker goes where the curve is highest (XProf's peakHeapSizePosition is one event earlier).
+        "peak_position": max(range(len(padded)), key=padded.__getitem__),
         "length": len(padded),
     }
 
