@@ -191,26 +191,17 @@ def _load_steps(path: str, top: int) -> Input:
 
 
 def _load_oom(path: str, target: str | None) -> Input:
-    """The same pipeline as `tpuprof oom --json`."""
-    from tpuprof import targets
-    from tpuprof.advice import oom as advice
-    from tpuprof.analyses import oom as analysis
-    from tpuprof.sources import oom_log
+    """The same pipeline and document as `tpuprof oom --json`."""
+    from tpuprof.commands import oom
 
-    stream, opened = oom_log.open_input(path)
     try:
-        report = analysis.find_in_stream(stream, target)
-    finally:
-        if opened:
-            stream.close()
-    if report is None:
-        raise UserError(f"{path} is not a dump, a profile or tpuprof JSON, and holds no TPU out-of-memory error.")
-    capacity = targets.get(target).compiler_hbm_bytes if target else None
-    estimate = analysis.estimate_batch(report, None, capacity)
-    document = report.to_json()
-    document["batch_estimate"] = estimate.to_json()
-    document["suggestions"] = advice.suggest(report, estimate)
-    return Input(path, OOM, document)
+        report, estimate, suggestions, joined = oom.explain(path, target=target)
+    except UserError as error:
+        if str(error).startswith("no TPU out-of-memory error found"):
+            raise UserError(f"{path} is not a dump, a profile or tpuprof JSON, and holds no TPU out-of-memory "
+                            "error.") from None
+        raise
+    return Input(path, OOM, oom.to_document(report, estimate, suggestions, joined))
 
 
 def run(inputs: list[str], output: Path, target: str | None, top: int, title: str | None, as_json: bool) -> None:
