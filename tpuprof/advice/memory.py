@@ -20,11 +20,11 @@ def fmt_bytes(value: int | float | None) -> str:
     if value is None:
         return "n/a"
     value = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if abs(value) < 1024 or unit == "EiB":
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
         value /= 1024
-    return f"{value:.2f} TiB"
+    return f"{value:.2f} EiB"
 
 
 def padding_fix(buffer: Buffer) -> str:
@@ -95,9 +95,13 @@ def suggest(result: ModuleMemory) -> list[Suggestion]:
             break
 
     # Precision: f32 arrays at the peak could be halved with bfloat16.
-    peak_f32 = sum(b.size_bytes for b in result.buffers
-                   if b.live_at_peak and b.shape.startswith("f32[") and b.allocation_type == "temp")
-    if result.peak_heap_bytes and peak_f32 >= max(MIN_PADDING_BYTES, 0.25 * result.peak_heap_bytes):
+    at_peak = [b for b in result.buffers if b.live_at_peak]
+    peak_f32 = sum(b.size_bytes for b in at_peak if b.shape.startswith("f32[") and b.allocation_type == "temp")
+    peak_16bit = sum(b.size_bytes for b in at_peak if b.shape.startswith(("bf16[", "f16[")))
+    # A model that already computes in 16 bits keeps some f32 on purpose (softmax, loss, optimizer state).
+    already_16bit = peak_16bit >= peak_f32
+    if result.peak_heap_bytes and not already_16bit and peak_f32 >= max(MIN_PADDING_BYTES,
+                                                                          0.25 * result.peak_heap_bytes):
         suggestions.append(Suggestion(
             "bf16",
             f"{fmt_bytes(peak_f32)} of the peak is f32 temporaries (activations/gradients): compute in bfloat16 "

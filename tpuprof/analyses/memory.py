@@ -329,7 +329,9 @@ def _replay_heap_trace(assignment, logical, allocation_of, unpadded) -> _Replay:
         if heap > replay.peak:
             replay.peak = heap
             replay.peak_unpadded = heap_unpadded
-            replay.peak_position = len(timeline) - 1
+            # Where the timeline shows the peak: the value after this event. (XProf's peakHeapSizePosition
+            # is one earlier, the event that caused it.)
+            replay.peak_position = len(timeline)
             replay.peak_buffers = list(live)
 
     for event in trace.events:

@@ -167,8 +167,7 @@ def _timeline(module) -> dict | None:
         "position": positions,
         "padded_bytes": [max(padded[i:i + step]) for i in positions],
         "unpadded_bytes": [max(unpadded[i:i + step]) for i in positions] if unpadded else [],
-        # The marker goes where the curve is highest (XProf's peakHeapSizePosition is one event earlier).
-        "peak_position": max(range(len(padded)), key=padded.__getitem__),
+        "peak_position": module.peak_position,
         "length": len(padded),
     }
 
@@ -219,18 +218,8 @@ def run(inputs: list[str], output: Path, target: str | None, top: int, title: st
     loaded = [load(path, target, top) for path in inputs]
     page = html.render(loaded, top=top, title=title)
     write_atomically(output, page)
-    _readable(output)
     if as_json:
         print_json({"output": str(output), "bytes": len(page.encode()),
                     "inputs": [{"path": i.path, "kind": i.kind} for i in loaded]})
     else:
         print(output)
-
-
-def _readable(path: Path) -> None:
-    """The temporary file was private (mkstemp's 0600); a report is for sharing: apply the umask."""
-    import os
-
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
