@@ -131,6 +131,26 @@ def diff(
     command.run(a, b, fail_if=fail_if or [], batches=batches, target=target, top=top, as_json=as_json)
 
 
+@app.command()
+def preflight(
+    spec: str = typer.Argument(..., help="path/to/file.py:factory; factory(batch_size) returns (jax fn, example args), "
+                               "(tf.function, TensorSpecs) or (compiled Keras model, x spec, y spec)."),
+    tpu: str = typer.Option(..., "--tpu", help="TPU generation (v2 v3 v4 v5e v5p v6e) or topology (v5e:2x2); "
+                            "a comma list compares them."),
+    batch: Optional[int] = typer.Option(None, "--batch", help="Per-chip batch size to check."),
+    max_batch: bool = typer.Option(False, "--max-batch", help="Search the largest per-chip batch that fits."),
+    compare_bf16: bool = typer.Option(False, "--compare-bf16", help="Also compile in bfloat16 and compare."),
+    top: int = typer.Option(10, "--top", help="Rows in the memory breakdown tables."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Recompile even if a cached result exists."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Will it fit on a TPU, and the largest batch that does: compiled with libtpu, no TPU needed."""
+    from tpuprof.commands import preflight as command
+
+    command.run(spec, tpu, batch=batch, max_batch=max_batch, compare_bf16=compare_bf16, top=top,
+                use_cache=not no_cache, as_json=as_json)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Console entry point: bad input is one sentence on stderr and exit code 2, never a traceback."""
     try:

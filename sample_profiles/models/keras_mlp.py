@@ -28,3 +28,21 @@ def factory(batch_size: int):
     x_spec = tf.TensorSpec((batch_size, FEATURES), tf.float32)
     y_spec = tf.TensorSpec((batch_size,), tf.int32)
     return model, x_spec, y_spec
+
+
+def tokens(batch_size: int):
+    """A per-token Keras classifier over [batch, 128, 512] inputs: a few MiB of activations per
+    example, so the largest batch that fits on one v5e chip is in the thousands."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((128, 512)),
+        keras.layers.Dense(2048, activation="relu"),
+        keras.layers.Dense(2048, activation="relu"),
+        keras.layers.Dense(CLASSES),
+    ])
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, tf.TensorSpec((batch_size, 128, 512), tf.float32), tf.TensorSpec((batch_size, 128), tf.int32)

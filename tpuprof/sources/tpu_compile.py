@@ -108,7 +108,10 @@ def _quiet_libtpu() -> None:
 def jax_available() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("jax") is not None and importlib.util.find_spec("libtpu") is not None
+    try:
+        return importlib.util.find_spec("jax") is not None and importlib.util.find_spec("libtpu") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @lru_cache(maxsize=None)
@@ -348,3 +351,183 @@ def compile_keras(model, x_spec, y_spec, target: str, dump_dir: str | os.PathLik
                   keep_all: bool = False) -> CompileResult:
     step, specs = keras_train_step(model, x_spec, y_spec)
     return compile_tf(step, specs, target, dump_dir, keep_all)
+
+
+# --- SPEC: path/to/file.py:factory ----------------------------------------------------------------
+
+@dataclass
+class Program:
+    """What a factory returned for one batch size, ready to compile."""
+
+    kind: str  # jax | tf | keras
+    value: tuple
+    spec: str
+
+    def compile(self, target: str, dump_dir: str | os.PathLike | None = None) -> CompileResult:
+        try:
+            if self.kind == "jax":
+                return compile_jax(self.value[0], self.value[1], target, dump_dir)
+            if self.kind == "tf":
+                return compile_tf(self.value[0], self.value[1], target, dump_dir)
+            return compile_keras(*self.value, target=target, dump_dir=dump_dir)
+        except TypeError as error:  # example arguments of the wrong kind, an uncompiled Keras model
+            raise UserError(f"{self.spec}: {_first_line(error)}.") from None
+
+    def parameter_bytes(self, other: "Program | None" = None) -> int | None:
+        """Bytes of the weights (and optimizer state) alone, unpadded.
+
+        JAX: the example arguments whose shape is the same at another batch size (`other`).
+        TF/Keras: the variables the step reads and updates.
+        """
+        if self.kind == "jax":
+            import jax
+            import numpy as np
+
+            if other is None:
+                return None
+            leaves = jax.tree_util.tree_leaves(self.value[1])
+            others = jax.tree_util.tree_leaves(other.value[1])
+            if len(leaves) != len(others):
+                return None
+            return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a, b in zip(leaves, others)
+                       if tuple(a.shape) == tuple(b.shape))
+        if self.kind == "keras":
+            import tensorflow as tf
+
+            model = self.value[0]
+            variables = list(model.variables) + list(getattr(model.optimizer, "variables", []))
+        else:
+            import tensorflow as tf
+
+            function, specs = self.value
+            variables = function.get_concrete_function(*specs).variables
+        return sum(int(tf.TensorShape(v.shape).num_elements() or 0) * tf.as_dtype(v.dtype).size for v in variables)
+
+
+@dataclass
+class Spec:
+    """A user's `path/to/file.py:factory`, loaded; `program(batch)` calls the factory."""
+
+    text: str
+    path: Path
+    factory_name: str
+    factory: Any
+    digest: str  # sha256 of the file: part of the compile cache key
+    accepts_dtype: bool
+    accepts_mesh: bool
+
+    def program(self, batch_size: int, dtype: str | None = None, target: str | None = None) -> Program:
+        kwargs: dict[str, Any] = {}
+        keras_policy = None
+        if dtype == "bfloat16" and self.accepts_dtype:
+            import jax.numpy as jnp
+
+            kwargs["dtype"] = jnp.bfloat16
+        elif dtype == "bfloat16":
+            keras_policy = "mixed_bfloat16"  # Keras factories: the policy applies to models built next
+        if self.accepts_mesh and target is not None:
+            kwargs["mesh"] = topology_mesh(target)
+        previous = _set_keras_policy(keras_policy) if keras_policy else None
+        try:
+            value = self.factory(batch_size, **kwargs)
+        except UserError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the user's code: any exception is a bad SPEC
+            raise UserError(f"{self.text} raised {type(error).__name__} for batch size {batch_size}: "
+                            f"{_first_line(error)}.") from None
+        finally:
+            if previous is not None:
+                _set_keras_policy(previous)
+        kind = _classify(value)
+        if kind is None:
+            raise UserError(
+                f"{self.text} returned {_describe(value)}; a factory returns (jax function, example arguments), "
+                "(tf.function, [tf.TensorSpec...]) or (compiled Keras model, x TensorSpec, y TensorSpec).")
+        if keras_policy and kind != "keras":
+            raise UserError(f"{self.factory_name} in {self.path} has no `dtype` parameter, so --compare-bf16 "
+                            "cannot ask it for a bfloat16 version.")
+        return Program(kind, tuple(value), self.text)
+
+
+def load_spec(text: str) -> Spec:
+    """Import the file of `path/to/file.py:factory` (its folder on sys.path) and find the factory."""
+    import hashlib
+    import importlib.util
+    import inspect
+    import sys
+
+    path_text, sep, name = text.rpartition(":")
+    if not sep or not path_text or not name.isidentifier():
+        raise UserError(f"SPEC {text!r} must be path/to/file.py:factory.")
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise UserError(f"{path} does not exist." if not path.exists() else f"{path} is not a file.")
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # the model file may import its neighbours
+    module_name = f"tpuprof_spec_{path.stem}_{digest[:12]}"
+    try:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError("not a Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    except Exception as error:  # noqa: BLE001 - syntax errors, missing imports... in the user's file
+        sys.modules.pop(module_name, None)
+        raise UserError(f"importing {path} failed: {type(error).__name__}: {_first_line(error)}.") from None
+    factory = getattr(module, name, None)
+    if factory is None:
+        raise UserError(f"{path} has no {name!r}.")
+    if not callable(factory):
+        raise UserError(f"{name!r} in {path} is not a function.")
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+    return Spec(text, path, name, factory, digest, "dtype" in parameters, "mesh" in parameters)
+
+
+def _set_keras_policy(policy: str) -> str:
+    import keras
+
+    previous = keras.mixed_precision.global_policy().name
+    keras.mixed_precision.set_global_policy(policy)
+    return previous
+
+
+def _module_of(value) -> str:
+    return type(value).__module__ or ""
+
+
+def _is_keras_model(value) -> bool:
+    return any((c.__module__ or "").split(".")[0] in ("keras", "tf_keras") for c in type(value).__mro__) \
+        and hasattr(value, "trainable_variables")
+
+
+def _is_tf_function(value) -> bool:
+    return hasattr(value, "experimental_get_compiler_ir")
+
+
+def _is_tensor_spec(value) -> bool:
+    return type(value).__name__ == "TensorSpec" and _module_of(value).startswith("tensorflow")
+
+
+def _classify(value) -> str | None:
+    if not isinstance(value, (tuple, list)):
+        return None
+    if len(value) == 3 and _is_keras_model(value[0]) and _is_tensor_spec(value[1]) and _is_tensor_spec(value[2]):
+        return "keras"
+    if len(value) == 2 and callable(value[0]) and isinstance(value[1], (tuple, list)):
+        if _is_tf_function(value[0]):
+            return "tf" if all(_is_tensor_spec(s) for s in value[1]) else None
+        return "jax"
+    return None
+
+
+def _describe(value) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)} ({', '.join(type(v).__name__ for v in value[:4])})"
+    return f"a {type(value).__name__}"

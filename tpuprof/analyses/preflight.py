@@ -1,0 +1,273 @@
+"""Will a program fit in one TPU device's HBM, and what is the largest per-device batch that does?
+
+Every figure comes from the real XLA:TPU compiler (libtpu, compile-only). The compiler itself only
+refuses programs whose *temporaries* exceed HBM; it does not check arguments + outputs - aliased +
+temporaries + generated code against HBM, so that sum (`required_bytes`) is checked here.
+
+Compiles are cached on disk by (SPEC file hash, factory, topology, batch, dtype, libtpu version), so a
+repeated run, or a max-batch search that revisits a batch, costs nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tpuprof import targets
+
+CACHE_FORMAT = 1
+STEP = 8  # batch sizes searched are multiples of 8 ...
+PREFERRED = 128  # ... and multiples of 128 are recommended when they fit (Cloud TPU performance guide)
+BATCH_LIMIT = 1 << 20  # a search stops here: larger batches make compiles slow and are not realistic
+MODEL_GUESSES = 2  # linear-model guesses inside a bracket before plain bisection takes over
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tpuprof" / "preflight"
+
+
+@dataclass
+class Measurement:
+    """One compile (or cache hit) of the program at one batch size."""
+
+    batch_size: int
+    fits: bool
+    required_bytes: int | None  # None when the compiler refused the program (RESOURCE_EXHAUSTED)
+    stats: dict | None = None  # argument/output/alias/temp/generated_code bytes
+    oom_message: str | None = None
+    dump_dir: str | None = None
+    cached: bool = False
+
+
+@dataclass
+class Curve:
+    """required_bytes ~ fixed + per_example * batch, least squares over the measured compiles."""
+
+    fixed_bytes: int
+    per_example_bytes: float
+
+    def max_batch(self, capacity: int) -> int | None:
+        if self.per_example_bytes <= 0:
+            return None
+        return int((capacity - self.fixed_bytes) // self.per_example_bytes)
+
+
+@dataclass
+class Search:
+    max_batch_size: int | None  # largest multiple of STEP that fits; None if STEP does not
+    recommended_batch_size: int | None  # largest multiple of PREFERRED that fits, else max_batch_size
+    points: list[Measurement] = field(default_factory=list)
+    limited: bool = False  # fits at BATCH_LIMIT: the search stopped there
+
+    @property
+    def curve(self) -> Curve | None:
+        return fit_curve(self.points)
+
+
+def fit_curve(points: list[Measurement]) -> Curve | None:
+    measured = sorted({p.batch_size: p.required_bytes for p in points if p.required_bytes is not None}.items())
+    if len(measured) < 2:
+        return None
+    n = len(measured)
+    mean_b = sum(b for b, _ in measured) / n
+    mean_r = sum(r for _, r in measured) / n
+    var = sum((b - mean_b) ** 2 for b, _ in measured)
+    slope = sum((b - mean_b) * (r - mean_r) for b, r in measured) / var
+    return Curve(int(round(mean_r - slope * mean_b)), slope)
+
+
+def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit: int = BATCH_LIMIT) -> Search:
+    """Largest multiple of STEP whose program fits, assuming fitting is monotone in the batch.
+
+    Memory is close to linear in the batch (fixed + per-example bytes) until the compiler starts to
+    rematerialise near the HBM limit. Compiles at 8 and 256 give a linear model; one jump goes to its
+    predicted maximum, strides that double from 8 walk up (or down) from there until the answer is
+    bracketed, and bisection finishes. Candidates are rounded to a multiple of 128 when one is close,
+    so the recommended multiple of 128 is usually a measured compile. 4 compiles when memory is
+    linear, about 10 when the compiler rematerialises near the limit.
+    """
+    points: dict[int, Measurement] = {}
+
+    def probe(batch: int) -> bool:
+        points[batch] = measure(batch)
+        return points[batch].fits
+
+    if not probe(STEP):
+        return Search(None, None, list(points.values()))
+    low, high = STEP, None  # low fits, high (if known) does not
+    mode, delta, turn = "start", STEP, 0
+    while (high is None and low < limit) or (high is not None and high - low > STEP):
+        predicted = _secant(points, capacity)
+        capped = False
+        if predicted is None:
+            # 8 and 256: at tiny batches fixed overheads and on-chip scratch hide the per-example slope
+            candidate = low * 32 if high is None else (low + high) // 2
+        elif mode == "start":  # jump to where the line through the last two compiles reaches HBM
+            candidate = min(predicted, low * 256, high or limit)
+            capped = candidate < predicted  # a far extrapolation is not trusted: jump again from there
+        elif mode == "up":  # the jump fitted: step up by doubling strides until something fails
+            candidate = max(predicted if predicted > low else 0, low + delta)
+            delta *= 2
+        elif mode == "down":  # the jump failed: step down by doubling strides until something fits
+            candidate = min(predicted if predicted < high else high, high - delta)
+            delta *= 2
+        else:  # bracketed: the secant (kept off the edges) and the midpoint in turn
+            turn += 1
+            width = high - low
+            inside = predicted is not None and low < predicted < high
+            candidate = (min(max(predicted, low + width // 16), high - width // 16)
+                         if inside and turn % 2 else (low + high) // 2)
+        candidate = _align(candidate, low, high, limit)
+        fits = probe(candidate)
+        if fits:
+            low = candidate
+        else:
+            high = candidate
+        if mode == "start" and predicted is not None:
+            mode = ("start" if fits else "bisect") if capped else ("up" if fits else "down")
+        elif (mode == "up" and not fits) or (mode == "down" and fits):
+            mode = "bisect"
+    recommended = max((p.batch_size for p in points.values() if p.fits and p.batch_size % PREFERRED == 0),
+                      default=None)
+    if recommended is None or low // PREFERRED * PREFERRED > recommended:
+        recommended = low // PREFERRED * PREFERRED if low >= PREFERRED else low
+    ordered = sorted(points.values(), key=lambda p: p.batch_size)
+    return Search(low, recommended, ordered, limited=high is None)
+
+
+def _secant(points: dict[int, Measurement], capacity: int) -> int | None:
+    """Where the line through the two largest measured batches reaches the capacity.
+
+    Local rather than a global fit: small batches carry fixed overheads that skew the slope.
+    """
+    measured = sorted((b, p.required_bytes) for b, p in points.items() if p.required_bytes is not None)
+    if len(measured) < 2:
+        return None
+    (b1, r1), (b2, r2) = measured[-2:]
+    if r2 <= r1:
+        return None
+    slope = (r2 - r1) / (b2 - b1)
+    return int(b2 + (capacity - r2) / slope)
+
+
+def _align(candidate: int, low: int, high: int | None, limit: int) -> int:
+    """A multiple of STEP strictly between low and high; a nearby multiple of PREFERRED if there is one."""
+    top = (high - STEP) if high is not None else limit
+    aligned = min(max(candidate // STEP * STEP, low + STEP), top)
+    width = (high if high is not None else aligned) - low
+    preferred = round(aligned / PREFERRED) * PREFERRED
+    if low < preferred <= top and abs(preferred - aligned) <= max(STEP, width // 4):
+        return preferred
+    return aligned
+
+
+class Compiler:
+    """Compiles one SPEC for one target and dtype, through the on-disk cache."""
+
+    def __init__(self, spec, target: str, dtype: str | None, use_cache: bool = True,
+                 on_compile: Callable[[int], None] | None = None):
+        from tpuprof.sources import tpu_compile
+
+        self.spec = spec
+        self.target = target
+        self.dtype = dtype
+        self.use_cache = use_cache
+        self.on_compile = on_compile
+        self.capacity = targets.get(target).compiler_hbm_bytes
+        self.topology = target if ":" in target else targets.get(target).topology
+        self.compiles = 0
+        self._libtpu = _libtpu_version()
+        self._tpu_compile = tpu_compile
+        self._memo: dict[tuple[int, bool], Measurement] = {}
+
+    def _key(self, batch: int) -> str:
+        parts = [CACHE_FORMAT, self.spec.digest, self.spec.factory_name, self.topology, batch,
+                 self.dtype or "default", self._libtpu]
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
+
+    def measure(self, batch: int, dump: bool = False) -> Measurement:
+        memo = self._memo.get((batch, True)) or self._memo.get((batch, dump))
+        if memo is not None:
+            return memo
+        root = cache_root()
+        entry = root / f"{self._key(batch)}.json"
+        folder = root / self._key(batch)
+        if self.use_cache and entry.is_file():
+            try:
+                data = json.loads(entry.read_text())
+                cached = Measurement(**{**data, "cached": True})
+            except (ValueError, TypeError, OSError):
+                cached = None
+            usable = cached is not None and (not dump or not cached.fits and cached.oom_message
+                                             or (cached.dump_dir and Path(cached.dump_dir).is_dir()))
+            if usable:
+                self._memo[(batch, dump)] = cached
+                return cached
+        result = self._compile(batch, folder if dump else None)
+        self._memo[(batch, dump)] = result
+        _write_json_atomically(entry, {k: v for k, v in result.__dict__.items() if k != "cached"})
+        return result
+
+    def drop_dumps(self, keep: set[int]) -> None:
+        """Delete the cached dumps of the batches not reported (a search dumps every compile, so
+        that the reported one needs no second compile); their figures stay cached."""
+        for (batch, dumped), measurement in list(self._memo.items()):
+            if batch in keep or not measurement.dump_dir:
+                continue
+            shutil.rmtree(measurement.dump_dir, ignore_errors=True)
+            measurement.dump_dir = None
+            entry = cache_root() / f"{self._key(batch)}.json"
+            _write_json_atomically(entry, {k: v for k, v in measurement.__dict__.items() if k != "cached"})
+
+    def _compile(self, batch: int, folder: Path | None) -> Measurement:
+        if self.on_compile:
+            self.on_compile(batch)
+        program = self.spec.program(batch, self.dtype, self.target)
+        staging = None
+        if folder is not None:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent)) / "dump"
+        self.compiles += 1
+        try:
+            result = program.compile(self.target, staging)
+        except self._tpu_compile.CompileResourceExhausted as error:
+            if staging is not None:
+                shutil.rmtree(staging.parent, ignore_errors=True)
+            return Measurement(batch, False, None, oom_message=error.message)
+        except self._tpu_compile.CompileFailed as error:
+            if staging is not None:
+                shutil.rmtree(staging.parent, ignore_errors=True)
+            from tpuprof.errors import UserError
+
+            raise UserError(f"libtpu could not compile {self.spec.text} at batch {batch} for "
+                            f"{self.target}: {str(error).strip().splitlines()[0]}") from None
+        dump_dir = None
+        if staging is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+            staging.rename(folder)  # complete or absent
+            shutil.rmtree(staging.parent, ignore_errors=True)
+            dump_dir = str(folder)
+        required = result.required_bytes
+        return Measurement(batch, required <= self.capacity, required, result.memory_analysis(), dump_dir=dump_dir)
+
+
+def _libtpu_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("libtpu")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _write_json_atomically(path: Path, data: dict) -> None:
+    from tpuprof.renderers.output import write_atomically
+
+    write_atomically(path, json.dumps(data, indent=1))

@@ -1,0 +1,175 @@
+"""`tpuprof preflight SPEC --tpu v5e`: compile the user's step with libtpu for one TPU device, say
+whether it fits in HBM (and by how much), find the largest batch that does, and show where the memory
+goes (the memory command's analysis of the compile's dump). No TPU needed.
+"""
+
+from __future__ import annotations
+
+from tpuprof import targets
+from tpuprof.errors import UserError
+
+
+def parse_targets(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise UserError("--tpu needs a TPU generation (v2 v3 v4 v5e v5p v6e) or a topology like v5e:2x2.")
+    for name in names:
+        targets.get(name)  # unknown names are a UserError
+    return list(dict.fromkeys(names))
+
+
+def run(spec_text: str, tpu: str, batch: int | None, max_batch: bool, compare_bf16: bool, top: int,
+        use_cache: bool, as_json: bool) -> None:
+    from tpuprof.sources import tpu_compile
+
+    names = parse_targets(tpu)
+    if batch is not None and max_batch:
+        raise UserError("give either --batch N or --max-batch, not both.")
+    if batch is None and not max_batch:
+        raise UserError("give --batch N (the per-chip batch size) or --max-batch to search for it.")
+    if batch is not None and batch < 1:
+        raise UserError("--batch must be a positive number of examples per chip.")
+    if not tpu_compile.jax_available():
+        raise UserError(tpu_compile.INSTALL_HINT)
+    spec = tpu_compile.load_spec(spec_text)
+
+    from tpuprof.renderers import preflight as render
+
+    with render.progress(enabled=not as_json) as report_progress:
+        results = [_target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_progress)
+                   for name in names]
+    if as_json:
+        from tpuprof.renderers.output import print_json
+
+        print_json(render.to_json(results, top))
+    else:
+        render.print_report(spec_text, results, top)
+
+
+def _target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_progress) -> dict:
+    from tpuprof.analyses import preflight
+
+    target = targets.get(name)
+    result = {"target": target.name, "topology": name if ":" in name else target.topology,
+              "device": target.device, "hbm_capacity_bytes": target.compiler_hbm_bytes}
+    main = _run_dtype(spec, name, None, batch, max_batch, top, use_cache, report_progress)
+    result.update(main)
+    if compare_bf16:
+        bf16 = _run_dtype(spec, name, "bfloat16", batch, max_batch, top, use_cache, report_progress)
+        result["bf16"] = {k: bf16.get(k) for k in (
+            "batch_size", "fits", "required_bytes", "peak_heap_bytes", "peak_unpadded_heap_bytes",
+            "padding_at_peak_bytes", "max_batch_size", "recommended_batch_size", "compiles", "verdict")
+            if k in bf16}
+        result["compiles"] += bf16["compiles"]
+    result["cache"] = str(preflight.cache_root())
+    return result
+
+
+def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progress) -> dict:
+    from tpuprof.analyses import preflight
+
+    label = f"{name}{' bf16' if dtype else ''}"
+    compiler = preflight.Compiler(spec, name, dtype, use_cache,
+                                  on_compile=lambda b: report_progress(label, b))
+    out: dict = {}
+    if max_batch:
+        search = preflight.search_max_batch(lambda b: compiler.measure(b, dump=True), compiler.capacity)
+        batch = search.max_batch_size or preflight.STEP
+        out["max_batch_size"] = search.max_batch_size
+        out["recommended_batch_size"] = search.recommended_batch_size
+        out["search_limited"] = search.limited
+        points = search.points
+    else:
+        points = []
+    chosen = compiler.measure(batch, dump=True)
+    compiler.drop_dumps({batch})
+    points = sorted({p.batch_size: p for p in [*points, chosen]}.values(), key=lambda p: p.batch_size)
+    curve = preflight.fit_curve(points)
+    out.update({
+        "batch_size": batch,
+        "fits": chosen.fits,
+        "required_bytes": chosen.required_bytes,
+        "compiles": compiler.compiles,
+        "curve": [{"batch_size": p.batch_size, "required_bytes": p.required_bytes, "fits": p.fits}
+                  for p in points],
+    })
+    if curve is not None:
+        out["curve_fit"] = {"fixed_bytes": curve.fixed_bytes, "per_example_bytes": int(round(curve.per_example_bytes))}
+    if chosen.stats:
+        out.update({
+            "argument_bytes": chosen.stats["argument_size_in_bytes"],
+            "output_bytes": chosen.stats["output_size_in_bytes"],
+            "alias_bytes": chosen.stats["alias_size_in_bytes"],
+            "temp_bytes": chosen.stats["temp_size_in_bytes"],
+            "generated_code_bytes": chosen.stats["generated_code_size_in_bytes"],
+        })
+    if chosen.dump_dir:
+        memory = _memory(chosen.dump_dir, name, top)
+        if memory is not None:
+            out["peak_heap_bytes"] = memory.peak_heap_bytes
+            out["peak_unpadded_heap_bytes"] = memory.peak_unpadded_heap_bytes
+            out["padding_at_peak_bytes"] = memory.padding_at_peak_bytes
+            out["memory"] = memory
+            out["dump_dir"] = chosen.dump_dir
+    parameters = None
+    if chosen.oom_message or (max_batch and out["max_batch_size"] is None):
+        parameters = out["parameter_bytes"] = _parameter_bytes(spec, dtype, name)
+    if chosen.oom_message:
+        out["oom"] = _oom(chosen.oom_message, batch, compiler.capacity, parameters)
+    if max_batch and out["max_batch_size"] is None:
+        out["verdict"] = _too_large(parameters, chosen, compiler.capacity)
+    return out
+
+
+def _memory(dump_dir: str, target: str, top: int):
+    from pathlib import Path
+
+    from tpuprof.commands import memory
+
+    modules = [m for m in memory.analyze(Path(dump_dir), target=targets.get(target).name, top=top) if m.buffers]
+    return max(modules, key=lambda m: m.peak_heap_bytes or 0) if modules else None
+
+
+def _oom(message: str, batch: int, capacity: int, parameters: int | None) -> dict:
+    """The compiler's RESOURCE_EXHAUSTED text through the OOM triage (when it is available).
+
+    The parameter bytes tell the triage what does not shrink with the batch; its advice to dump or
+    to run preflight is dropped: this is preflight, and the dump is the compile's own."""
+    try:
+        from tpuprof.advice import oom as advice
+        from tpuprof.analyses import oom as triage
+    except ImportError:
+        return {"message": message}
+    report = triage.parse_message(message)
+    if report is None:
+        return {"message": message}
+    estimate = triage.estimate_batch(report, batch, capacity, dump_arguments=parameters)
+    suggestions = [s for s in advice.suggest(report, estimate)
+                   if "--xla_dump_to" not in s["message"] and "tpuprof preflight" not in s["message"]]
+    return {"message": message, "report": report.to_json(), "batch_estimate": estimate.to_json(),
+            "suggestions": suggestions}
+
+
+def _parameter_bytes(spec, dtype, target) -> int | None:
+    from tpuprof.analyses import preflight
+
+    program = spec.program(preflight.STEP, dtype, target)
+    other = spec.program(2 * preflight.STEP, dtype, target) if program.kind == "jax" else None
+    try:
+        return program.parameter_bytes(other)
+    except Exception:  # noqa: BLE001 - an estimate for the message only; the verdict stands without it
+        return None
+
+
+def _too_large(parameters: int | None, chosen, capacity: int) -> str:
+    from tpuprof.advice.memory import fmt_bytes
+    from tpuprof.analyses import preflight
+
+    text = f"does not fit even at batch {preflight.STEP}"
+    if parameters:
+        text += f": parameters alone are {fmt_bytes(parameters)}"
+        if parameters > capacity:
+            text += f", more than the {fmt_bytes(capacity)} of HBM"
+    if chosen.required_bytes is not None:
+        text += f" (the step needs {fmt_bytes(chosen.required_bytes)} of {fmt_bytes(capacity)})"
+    return text + "."

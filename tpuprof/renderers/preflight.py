@@ -1,0 +1,134 @@
+"""preflight results as the JSON contract and as rich tables, plus the progress bar for compiles."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from tpuprof.advice.memory import fmt_bytes
+
+JSON_KEYS = ("target", "topology", "device", "hbm_capacity_bytes", "batch_size", "fits", "required_bytes",
+             "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
+             "peak_heap_bytes", "peak_unpadded_heap_bytes", "padding_at_peak_bytes", "max_batch_size",
+             "recommended_batch_size", "search_limited", "parameter_bytes", "verdict", "compiles", "curve",
+             "curve_fit", "bf16", "oom", "dump_dir", "cache")
+
+
+@contextmanager
+def progress(enabled: bool):
+    """A spinner on stderr while libtpu compiles: `report(label, batch)` before each compile."""
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    if not enabled or not console.is_terminal:
+        yield lambda label, batch: None
+        return
+    count = 0
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("compiling with libtpu", total=None)
+
+        def report(label: str, batch: int) -> None:
+            nonlocal count
+            count += 1
+            bar.update(task, description=f"{label}: compile {count}, batch {batch}")
+
+        yield report
+
+
+def to_json(results: list[dict], top: int) -> dict:
+    from tpuprof.renderers import memory as memory_render
+
+    out = []
+    for result in results:
+        item = {k: result[k] for k in JSON_KEYS if k in result}
+        if result.get("memory") is not None:
+            item["memory"] = memory_render.to_json([result["memory"]], top)["modules"][0]
+        out.append(item)
+    return {"targets": out}
+
+
+def _verdict(r: dict) -> str:
+    if r.get("verdict"):
+        return f"[red]{r['verdict']}[/red]"
+    if r.get("fits"):
+        share = r["required_bytes"] / r["hbm_capacity_bytes"]
+        return f"[green]fits[/green] ({share:.0%} of HBM, {fmt_bytes(r['hbm_capacity_bytes'] - r['required_bytes'])} spare)"
+    if r.get("required_bytes") is not None:
+        over = r["required_bytes"] - r["hbm_capacity_bytes"]
+        return f"[red]does not fit[/red] (over by {fmt_bytes(over)})"
+    return "[red]does not fit[/red] (the compiler refused it: RESOURCE_EXHAUSTED)"
+
+
+def print_report(spec: str, results: list[dict], top: int) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from tpuprof.renderers import memory as memory_render
+    from tpuprof.renderers.output import console
+
+    out = console()
+    out.print(f"[bold]preflight[/bold] {escape(spec)}  (compiled with libtpu for one device, per-device batch)")
+    table = Table(show_header=True, title_justify="left")
+    table.add_column("")
+    for r in results:
+        table.add_column(f"{r['target']} ({r['topology']}, {r['device']})", justify="right")
+
+    def row(label, fn):
+        table.add_row(label, *[fn(r) for r in results])
+
+    def size(key):
+        return lambda r: fmt_bytes(r[key]) if r.get(key) is not None else "-"
+
+    row("batch size", lambda r: str(r["batch_size"]))
+    row("verdict", _verdict)
+    row("required (args+out-alias+temp+code)", size("required_bytes"))
+    row("HBM the compiler offers", size("hbm_capacity_bytes"))
+    row("  arguments", size("argument_bytes"))
+    row("  outputs", size("output_bytes"))
+    row("  aliased (donated)", size("alias_bytes"))
+    row("  temporaries", size("temp_bytes"))
+    row("  generated code", size("generated_code_bytes"))
+    row("peak heap padded / unpadded", lambda r: (f"{fmt_bytes(r['peak_heap_bytes'])} / "
+                                                   f"{fmt_bytes(r['peak_unpadded_heap_bytes'])}")
+        if r.get("peak_heap_bytes") is not None else "-")
+    row("padding live at peak", size("padding_at_peak_bytes"))
+    if any("max_batch_size" in r for r in results):
+        row("max batch (multiple of 8)", lambda r: _max(r))
+        row("recommended (multiple of 128)", lambda r: str(r.get("recommended_batch_size") or "-"))
+        row("memory vs batch", _curve)
+    if any("bf16" in r for r in results):
+        row("bf16: required", lambda r: fmt_bytes(r["bf16"].get("required_bytes")) if r.get("bf16") else "-")
+        row("bf16: peak padded / unpadded", lambda r: (
+            f"{fmt_bytes(r['bf16']['peak_heap_bytes'])} / {fmt_bytes(r['bf16']['peak_unpadded_heap_bytes'])}")
+            if r.get("bf16", {}).get("peak_heap_bytes") is not None else "-")
+        row("bf16: padding live at peak", lambda r: fmt_bytes(r["bf16"].get("padding_at_peak_bytes"))
+            if r.get("bf16") else "-")
+        if any("max_batch_size" in r.get("bf16", {}) for r in results):
+            row("bf16: max batch", lambda r: _max(r["bf16"]) if r.get("bf16") else "-")
+    row("compiles (this run)", lambda r: str(r["compiles"]))
+    out.print(table)
+
+    for r in results:
+        if r.get("oom"):
+            out.print(f"[bold]{r['target']}[/bold]: the compiler ran out of memory at batch {r['batch_size']}:")
+            out.print(f"  {escape(r['oom']['message'].strip().splitlines()[0])}")
+            for s in r["oom"].get("suggestions", [])[:3]:
+                out.print(f"  - {escape(s['message'])}")
+        if r.get("memory") is not None:
+            out.print(f"[bold]{r['target']} at batch {r['batch_size']}: where the memory goes[/bold]")
+            memory_render.print_tables([r["memory"]], min(top, 8))
+    out.print(f"[dim]compiles are cached in {escape(results[0]['cache'])} (--no-cache to recompile)[/dim]")
+
+
+def _max(r: dict) -> str:
+    if r.get("max_batch_size") is None:
+        return "none fits"
+    return f"≥ {r['max_batch_size']} (search limit)" if r.get("search_limited") else str(r["max_batch_size"])
+
+
+def _curve(r: dict) -> str:
+    fit = r.get("curve_fit")
+    if not fit:
+        return "-"
+    return f"{fmt_bytes(fit['fixed_bytes'])} + {fmt_bytes(fit['per_example_bytes'])}/example"
