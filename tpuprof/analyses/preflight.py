@@ -185,40 +185,40 @@ class Compiler:
         self.compiles = 0
         self._libtpu = _libtpu_version()
         self._tpu_compile = tpu_compile
-        self._memo: dict[tuple[int, bool], Measurement] = {}
+        self._memo: dict[int, Measurement] = {}
 
     def _key(self, batch: int) -> str:
         parts = [CACHE_FORMAT, self.spec.digest, self.spec.factory_name, self.topology, batch,
                  self.dtype or "default", self._libtpu]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
-    def measure(self, batch: int, dump: bool = False) -> Measurement:
-        memo = self._memo.get((batch, True)) or self._memo.get((batch, dump))
-        if memo is not None:
+    def measure(self, batch: int, dump: bool = False, need_dump: bool | None = None) -> Measurement:
+        """The program's figures at `batch`. `dump`: a new compile keeps its dump; `need_dump` (default:
+        `dump`): a cached result without a dump is not enough (the breakdown needs it)."""
+        need_dump = dump if need_dump is None else need_dump
+        memo = self._memo.get(batch)
+        if memo is not None and (not need_dump or memo.dump_dir or memo.oom_message):
             return memo
-        root = cache_root()
-        entry = root / f"{self._key(batch)}.json"
-        folder = root / self._key(batch)
+        entry = cache_root() / f"{self._key(batch)}.json"
         if self.use_cache and entry.is_file():
             try:
-                data = json.loads(entry.read_text())
-                cached = Measurement(**{**data, "cached": True})
+                cached = Measurement(**{**json.loads(entry.read_text()), "cached": True})
             except (ValueError, TypeError, OSError):
                 cached = None
-            usable = cached is not None and (not dump or not cached.fits and cached.oom_message
-                                             or (cached.dump_dir and Path(cached.dump_dir).is_dir()))
-            if usable:
-                self._memo[(batch, dump)] = cached
+            if cached is not None and cached.dump_dir and not Path(cached.dump_dir).is_dir():
+                cached.dump_dir = None  # the dump was deleted: the figures still hold
+            if cached is not None and (not need_dump or cached.dump_dir or cached.oom_message):
+                self._memo[batch] = cached
                 return cached
-        result = self._compile(batch, folder if dump else None)
-        self._memo[(batch, dump)] = result
+        result = self._compile(batch, cache_root() / self._key(batch) if dump or need_dump else None)
+        self._memo[batch] = result
         _write_json_atomically(entry, {k: v for k, v in result.__dict__.items() if k != "cached"})
         return result
 
     def drop_dumps(self, keep: set[int]) -> None:
         """Delete the cached dumps of the batches not reported (a search dumps every compile, so
         that the reported one needs no second compile); their figures stay cached."""
-        for (batch, dumped), measurement in list(self._memo.items()):
+        for batch, measurement in list(self._memo.items()):
             if batch in keep or not measurement.dump_dir:
                 continue
             shutil.rmtree(measurement.dump_dir, ignore_errors=True)

@@ -73,7 +73,8 @@ def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progr
                                   on_compile=lambda b: report_progress(label, b))
     out: dict = {}
     if max_batch:
-        search = preflight.search_max_batch(lambda b: compiler.measure(b, dump=True), compiler.capacity)
+        search = preflight.search_max_batch(lambda b: compiler.measure(b, dump=True, need_dump=False),
+                                            compiler.capacity)
         batch = search.max_batch_size or preflight.STEP
         out["max_batch_size"] = search.max_batch_size
         out["recommended_batch_size"] = search.recommended_batch_size

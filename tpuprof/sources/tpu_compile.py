@@ -103,6 +103,8 @@ def _quiet_libtpu() -> None:
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Compile-only touches no TPU: other processes (tests, other tpuprof runs) may hold libtpu too.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 def jax_available() -> bool:

@@ -1,0 +1,205 @@
+"""`tpuprof preflight` end to end: the real CLI process, real libtpu compiles, checked against
+independent compiles of the same models (not against numbers written into the test)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+
+from conftest import SAMPLES, run_cli
+
+sys.path.insert(0, str(SAMPLES / "models"))
+
+MODELS = SAMPLES / "models"
+V5E = 16911433728  # the 15.75G libtpu offers one v5e chip (tpuprof.targets)
+
+
+@pytest.fixture(scope="session")
+def preflight_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
+@pytest.fixture(scope="session")
+def preflight(preflight_cache):
+    """Run `tpuprof preflight ARGS --json` with the session's compile cache; returns (result, document)."""
+
+    def run(*args: str, cache=None):
+        result = run_cli("preflight", *args, "--json", timeout=600,
+                         env={"XDG_CACHE_HOME": str(cache or preflight_cache)})
+        document = json.loads(result.stdout) if result.returncode == 0 else None
+        return result, document
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def jax_search(preflight):
+    result, document = preflight(f"{MODELS / 'mlp.py'}:factory", "--tpu", "v5e", "--max-batch")
+    assert result.returncode == 0, result.stderr
+    return document["targets"][0]
+
+
+@pytest.fixture(scope="session")
+def keras_search(preflight):
+    result, document = preflight(f"{MODELS / 'keras_mlp.py'}:tokens", "--tpu", "v5e", "--max-batch")
+    assert result.returncode == 0, result.stderr
+    return document["targets"][0]
+
+
+def _fits(result) -> bool:
+    return result.required_bytes <= V5E
+
+
+def test_jax_max_batch_is_the_boundary(jax_search):
+    """An independent compile at the max batch fits, and one at the next multiple of 8 does not."""
+    import mlp
+
+    from tpuprof.sources import tpu_compile
+
+    best = jax_search["max_batch_size"]
+    assert best and best % 8 == 0 and jax_search["batch_size"] == best
+    at_best = tpu_compile.compile_jax(*mlp.factory(best), "v5e")
+    assert _fits(at_best)
+    assert at_best.required_bytes == jax_search["required_bytes"]  # the reported figures are the compiler's
+    try:
+        assert not _fits(tpu_compile.compile_jax(*mlp.factory(best + 8), "v5e"))
+    except tpu_compile.CompileResourceExhausted:
+        pass  # the compiler refusing it outright is "does not fit" too
+    assert jax_search["fits"] is True and jax_search["hbm_capacity_bytes"] == V5E
+    assert jax_search["recommended_batch_size"] % 128 == 0 and jax_search["recommended_batch_size"] <= best
+    assert jax_search["compiles"] <= 14
+    # The curve holds what was measured: the fitting points grow with the batch.
+    measured = [p for p in jax_search["curve"] if p["required_bytes"] is not None]
+    assert len(measured) >= 3 and any(p["batch_size"] == best for p in measured)
+    assert jax_search["curve_fit"]["per_example_bytes"] > 0
+
+
+def test_jax_report_carries_the_memory_breakdown_of_the_compile(jax_search):
+    required = (jax_search["argument_bytes"] + jax_search["output_bytes"] - jax_search["alias_bytes"]
+                + jax_search["temp_bytes"] + jax_search["generated_code_bytes"])
+    assert required == jax_search["required_bytes"]
+    memory = jax_search["memory"]
+    assert memory["source_kind"] == "hlo_proto" and memory["buffers"]
+    assert jax_search["peak_heap_bytes"] == memory["peak_heap_bytes"]
+    assert 0 < jax_search["peak_unpadded_heap_bytes"] <= jax_search["peak_heap_bytes"] <= required
+    # The largest buffer is an activation with the batch dimension the search chose.
+    assert str(jax_search["batch_size"]) in memory["buffers"][0]["shape"]
+
+
+def test_keras_max_batch_is_the_boundary(keras_search):
+    import keras_mlp
+
+    from tpuprof.sources import tpu_compile
+
+    best = keras_search["max_batch_size"]
+    assert best and best % 8 == 0
+    at_best = tpu_compile.compile_keras(*keras_mlp.tokens(best), target="v5e")
+    assert _fits(at_best) and at_best.required_bytes == keras_search["required_bytes"]
+    try:
+        assert not _fits(tpu_compile.compile_keras(*keras_mlp.tokens(best + 8), target="v5e"))
+    except tpu_compile.CompileResourceExhausted:
+        pass
+    assert keras_search["alias_bytes"] > 0  # variables updated in place by the train step
+    assert keras_search["memory"]["buffers"]
+
+
+def test_second_run_is_served_from_the_cache(preflight, jax_search):
+    started = time.monotonic()
+    result, document = preflight(f"{MODELS / 'mlp.py'}:factory", "--tpu", "v5e", "--max-batch")
+    assert result.returncode == 0, result.stderr
+    again = document["targets"][0]
+    assert again["compiles"] == 0
+    assert again["max_batch_size"] == jax_search["max_batch_size"]
+    assert again["required_bytes"] == jax_search["required_bytes"]
+    assert time.monotonic() - started < 30  # no compile, no TensorFlow: seconds (the process start)
+
+
+def test_too_large_for_any_batch(preflight):
+    result, document = preflight(f"{MODELS / 'mlp.py'}:too_large", "--tpu", "v5e", "--max-batch")
+    assert result.returncode == 0, result.stderr
+    target = document["targets"][0]
+    assert target["max_batch_size"] is None and target["fits"] is False
+    assert target["parameter_bytes"] == 4 * 32768 * 32768 * 4 + 32768 * 4
+    assert target["verdict"].startswith("does not fit even at batch 8: parameters alone are 16.00 GiB")
+    # The compiler refused it: its message went through the OOM triage.
+    assert "RESOURCE_EXHAUSTED" in target["oom"]["message"]
+    assert target["oom"]["report"]["capacity_bytes"] == V5E
+
+
+def test_two_generations_side_by_side_with_bf16(preflight):
+    result, document = preflight(f"{MODELS / 'mlp.py'}:factory", "--tpu", "v5e,v6e", "--batch", "256",
+                                 "--compare-bf16")
+    assert result.returncode == 0, result.stderr
+    v5e, v6e = document["targets"]
+    assert (v5e["target"], v6e["target"]) == ("v5e", "v6e")
+    assert v6e["hbm_capacity_bytes"] > v5e["hbm_capacity_bytes"]
+    for target in (v5e, v6e):
+        assert target["batch_size"] == 256 and target["fits"] is True
+        assert "max_batch_size" not in target
+        # bfloat16 halves weights and activations: well under the f32 step, but more than a quarter.
+        assert target["required_bytes"] / 4 < target["bf16"]["required_bytes"] < target["required_bytes"] * 0.75
+        assert target["bf16"]["peak_heap_bytes"] < target["peak_heap_bytes"]
+
+
+def test_human_output_says_fits_and_the_max_batch(cli, preflight_cache, jax_search):
+    result = run_cli("preflight", f"{MODELS / 'mlp.py'}:factory", "--tpu", "v5e", "--max-batch",
+                     env={"XDG_CACHE_HOME": str(preflight_cache)})
+    assert result.returncode == 0, result.stderr
+    assert "fits" in result.stdout and str(jax_search["max_batch_size"]) in result.stdout
+    assert "where the memory goes" in result.stdout
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("no/such/file.py:factory", "does not exist"),
+    ("{models}/mlp.py:nope", "has no 'nope'"),
+    ("{models}/mlp.py", "must be path/to/file.py:factory"),
+    ("{bad}:raises", "raised ValueError for batch size 8: no such dataset"),
+    ("{bad}:wrong_type", "returned a dict"),
+    ("{bad}:not_a_function", "is not a function"),
+    ("{broken}:factory", "importing"),
+])
+def test_spec_errors_are_one_sentence_and_exit_2(tmp_path, spec, fragment):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def raises(batch_size):\n    raise ValueError('no such dataset')\n\n"
+                   "def wrong_type(batch_size):\n    return {'batch': batch_size}\n\n"
+                   "not_a_function = 3\n")
+    broken = tmp_path / "broken.py"
+    broken.write_text("import definitely_not_installed_module\n")
+    spec = spec.format(models=MODELS, bad=bad, broken=broken)
+    result = run_cli("preflight", spec, "--tpu", "v5e", "--batch", "8",
+                     env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert result.returncode == 2
+    assert fragment in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert len([line for line in result.stderr.splitlines() if line.startswith("tpuprof:")]) == 1
+
+
+def test_bad_options_exit_2(tmp_path):
+    spec = f"{MODELS / 'mlp.py'}:factory"
+    for args, fragment in ((["--tpu", "v9"], "unknown TPU target"),
+                           (["--tpu", "v5e"], "--batch N"),
+                           (["--tpu", "v5e", "--batch", "8", "--max-batch"], "not both")):
+        result = run_cli("preflight", spec, *args, env={"XDG_CACHE_HOME": str(tmp_path)})
+        assert result.returncode == 2 and fragment in result.stderr, (args, result.stderr)
+
+
+def test_without_libtpu_preflight_explains_the_install_and_the_rest_works(tmp_path):
+    """A Python where `import jax` / `import libtpu` fail, as without `pip install jax[tpu]`."""
+    blocker = tmp_path / "sitecustomize.py"
+    blocker.write_text(
+        "import sys\n"
+        "class _NoJax:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('jax', 'jaxlib', 'libtpu'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}')\n"
+        "sys.meta_path.insert(0, _NoJax())\n")
+    env = {"PYTHONPATH": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    result = run_cli("preflight", f"{MODELS / 'mlp.py'}:factory", "--tpu", "v5e", "--batch", "8", env=env)
+    assert result.returncode == 2
+    assert "pip install 'jax[tpu]'" in result.stderr and "Traceback" not in result.stderr
+    memory = run_cli("memory", str(SAMPLES / "dumps" / "conv18_f32_v5e"), "--json", env=env)
+    assert memory.returncode == 0, memory.stderr
+    assert json.loads(memory.stdout)["modules"][0]["peak_heap_bytes"] > 0

@@ -1,0 +1,118 @@
+"""tpuprof.sources.tpu_compile against the real XLA:TPU compiler (libtpu, compile-only), and the
+committed sample dumps it produced."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from conftest import DUMPS, SAMPLES, sample_dump
+
+sys.path.insert(0, str(SAMPLES / "models"))
+
+V5E_HBM = "15.75G"  # what libtpu 0.0.42.1 states as available HBM for one v5e chip
+
+
+@pytest.fixture(scope="module")
+def tpu_compile():
+    from tpuprof.sources import tpu_compile
+
+    return tpu_compile
+
+
+def test_jax_compile_dumps_only_the_main_module_and_matches_the_committed_sample(tpu_compile, tmp_path):
+    """Recompiling the conv18 sample gives the compiler's same figures as the committed memory_analysis.json
+    (the sample is reproducible), and the dump folder keeps just the four files tpuprof reads."""
+    import conv18
+
+    sample = json.loads((sample_dump("conv18_f32_v5e") / "sample.json").read_text())
+    fn, args = conv18.factory(sample["batch_size"], dtype=sample["dtype"])
+    result = tpu_compile.compile_jax(fn, args, "v5e", tmp_path / "dump")
+
+    committed = json.loads((DUMPS / "conv18_f32_v5e" / "memory_analysis.json").read_text())
+    assert result.memory_analysis() == {k: v for k, v in committed.items() if k != "required_bytes"}
+    assert result.required_bytes == committed["required_bytes"]
+    names = sorted(p.name for p in (tmp_path / "dump").iterdir())
+    assert len(names) == 4 and names == sorted(p.rsplit("/", 1)[-1] for p in result.files)
+    assert {n.split(".cl_")[1].split(".", 1)[1] for n in names} == {s[1:] for s in tpu_compile.KEPT_SUFFIXES}
+    # The 18 channels show up in the TPU layouts of the activations.
+    text = next((tmp_path / "dump").glob("*.after_optimizations.txt")).read_text()
+    assert "f32[256,64,64,18]{" in text
+
+
+def test_each_compile_dumps_into_its_own_folder(tpu_compile, tmp_path):
+    import int8_matmul
+
+    fn, args = int8_matmul.factory(1000)
+    first = tpu_compile.compile_jax(fn, args, "v5e", tmp_path / "a")
+    fn, args = int8_matmul.factory(2000)
+    second = tpu_compile.compile_jax(fn, args, "v5e", tmp_path / "b")
+    assert all(f.startswith(str(tmp_path / "a")) for f in first.files)
+    assert all(f.startswith(str(tmp_path / "b")) for f in second.files)
+    assert "s8[1000,300]" in open(next(p for p in first.files if p.endswith(".after_optimizations.txt"))).read()
+    assert "s8[2000,300]" in open(next(p for p in second.files if p.endswith(".after_optimizations.txt"))).read()
+    assert second.argument_bytes > first.argument_bytes
+    with pytest.raises(ValueError):  # a used folder would mix two modules' files
+        tpu_compile.compile_jax(fn, args, "v5e", tmp_path / "b")
+
+
+def test_resource_exhausted_is_its_own_exception_with_the_compiler_text(tpu_compile):
+    import transformer
+
+    fn, args = transformer.factory(4096)
+    with pytest.raises(tpu_compile.CompileResourceExhausted) as caught:
+        tpu_compile.compile_jax(fn, args, "v5e")
+    assert caught.value.target == "v5e"
+    assert "RESOURCE_EXHAUSTED" in caught.value.message
+    assert f"exceeds available HBM ({V5E_HBM})" in caught.value.message
+    # The committed OOM text is this same compile's message (generate.py --only oom_transformer_v5e).
+    committed = (SAMPLES / "oom" / "libtpu_transformer_v5e.txt").read_text().splitlines()
+    assert committed[0].startswith("# Real compiler output: libtpu")
+    assert committed[1] == caught.value.message.strip()
+
+
+def test_tf_function_compiles_through_hlo_to_libtpu(tpu_compile, tmp_path):
+    """TF -> HloModuleProto -> StableHLO -> libtpu: the 18-channel TF conv net gets real TPU layouts,
+    while the committed tf_hlo_cpu sample (TF's own HLO text) has none."""
+    import tf_conv18
+
+    fn, specs = tf_conv18.factory(128)
+    result = tpu_compile.compile_tf(fn, specs, "v5e", tmp_path / "dump")
+    text = open(next(p for p in result.files if p.endswith(".after_optimizations.txt"))).read()
+    assert "f32[128,64,64,18]{" in text and ":T(" in text  # TPU tiles
+    assert result.argument_bytes >= 128 * 64 * 64 * 3 * 4  # the images at least
+    cpu_text = (sample_dump("tf_hlo_cpu") / "tf_conv18.hlo.txt").read_text()
+    assert "f32[128,64,64,18]" in cpu_text and ":T(" not in cpu_text
+
+
+def test_samples_are_real_libtpu_dumps_under_one_megabyte():
+    from tpuprof.protos import hlo_pb2
+
+    names = ["conv18_f32_v5e", "onehot10_v5e", "transformer_bf16_v6e", "int8_matmul_v5e", "keras_mlp_v5e"]
+    for name in names:
+        folder = sample_dump(name)
+        assert sum(p.stat().st_size for p in folder.iterdir()) < 1 << 20, name
+        sample = json.loads((folder / "sample.json").read_text())
+        proto = hlo_pb2().HloProto.FromString(next(folder.glob("*.after_optimizations.hlo.pb")).read_bytes())
+        assert proto.buffer_assignment.logical_buffers, name
+        assert proto.hlo_module.entry_computation_name
+        stats = json.loads((folder / "memory_analysis.json").read_text())
+        assert stats["required_bytes"] == (stats["argument_size_in_bytes"] + stats["output_size_in_bytes"]
+                                           - stats["alias_size_in_bytes"] + stats["temp_size_in_bytes"]
+                                           + stats["generated_code_size_in_bytes"])
+        assert sample["target"] in name and sample["libtpu"]
+    # The Keras train step's variables are updated in place: outputs alias the arguments.
+    keras = json.loads((DUMPS / "keras_mlp_v5e" / "memory_analysis.json").read_text())
+    assert keras["alias_size_in_bytes"] > 0
+
+
+def test_import_costs_nothing():
+    """Importing the compile library must not import JAX or TensorFlow (memory/oom stay fast)."""
+    import subprocess
+
+    code = ("import sys, tpuprof.sources.tpu_compile, tpuprof.analyses.preflight, tpuprof.commands.preflight;"
+            "print([m for m in ('jax', 'tensorflow', 'keras') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
