@@ -33,6 +33,7 @@ KEPT_SUFFIXES = (
     ".after_optimizations-buffer-assignment.txt",
     ".after_optimizations.txt",
     ".after_optimizations-memory-usage-report.txt",
+    ".target_arguments.txt",  # which TPU the module was compiled for (read by the memory command)
 )
 
 INSTALL_HINT = (
