@@ -160,12 +160,14 @@ def test_human_output_says_fits_and_the_max_batch(cli, preflight_cache, jax_sear
     ("{bad}:wrong_type", "returned a dict"),
     ("{bad}:not_a_function", "is not a function"),
     ("{broken}:factory", "importing"),
+    ("{bad}:not_arrays", "tracing the step failed: TypeError: example argument 'hello' is not an array"),
 ])
 def test_spec_errors_are_one_sentence_and_exit_2(tmp_path, spec, fragment):
     bad = tmp_path / "bad.py"
     bad.write_text("def raises(batch_size):\n    raise ValueError('no such dataset')\n\n"
                    "def wrong_type(batch_size):\n    return {'batch': batch_size}\n\n"
-                   "not_a_function = 3\n")
+                   "not_a_function = 3\n\n"
+                   "def not_arrays(batch_size):\n    return (lambda x: x), ('hello',)\n")
     broken = tmp_path / "broken.py"
     broken.write_text("import definitely_not_installed_module\n")
     spec = spec.format(models=MODELS, bad=bad, broken=broken)

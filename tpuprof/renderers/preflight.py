@@ -75,7 +75,9 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
         table.add_column(f"{r['target']} ({r['topology']}, {r['device']})", justify="right")
 
     def row(label, fn):
-        table.add_row(label, *[fn(r) for r in results])
+        cells = [fn(r) for r in results]
+        if any(cell != "-" for cell in cells):  # e.g. no compiler figures when it refused the program
+            table.add_row(label, *cells)
 
     def size(key):
         return lambda r: fmt_bytes(r[key]) if r.get(key) is not None else "-"

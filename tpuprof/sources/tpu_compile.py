@@ -373,8 +373,12 @@ class Program:
             if self.kind == "tf":
                 return compile_tf(self.value[0], self.value[1], target, dump_dir)
             return compile_keras(*self.value, target=target, dump_dir=dump_dir)
-        except TypeError as error:  # example arguments of the wrong kind, an uncompiled Keras model
-            raise UserError(f"{self.spec}: {_first_line(error)}.") from None
+        except (CompileResourceExhausted, CompileFailed, UserError):
+            raise
+        except Exception as error:  # noqa: BLE001 - the user's step failed to trace: wrong argument
+            # kinds, shape errors in the model, an uncompiled Keras model...
+            raise UserError(f"{self.spec}: tracing the step failed: {type(error).__name__}: "
+                            f"{_first_line(error)}.") from None
 
     def parameter_bytes(self, other: "Program | None" = None) -> int | None:
         """Bytes of the weights (and optimizer state) alone, unpadded.
