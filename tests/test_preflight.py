@@ -205,3 +205,24 @@ def test_without_libtpu_preflight_explains_the_install_and_the_rest_works(tmp_pa
     memory = run_cli("memory", str(SAMPLES / "dumps" / "conv18_f32_v5e"), "--json", env=env)
     assert memory.returncode == 0, memory.stderr
     assert json.loads(memory.stdout)["modules"][0]["peak_heap_bytes"] > 0
+
+
+def test_a_factory_taking_mesh_shards_over_the_topology(tmp_path):
+    """`mesh` is the topology's 4 v5e chips: a batch sharded over them puts a quarter on each device,
+    and the figures are per device."""
+    spec = tmp_path / "sharded.py"
+    spec.write_text(
+        "def factory(batch_size, mesh):\n"
+        "    import jax, jax.numpy as jnp\n"
+        "    from jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "    def step(w, x):\n"
+        "        return jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)\n"
+        "    w = jax.ShapeDtypeStruct((1024, 1024), jnp.float32, sharding=NamedSharding(mesh, P()))\n"
+        "    x = jax.ShapeDtypeStruct((4 * batch_size, 1024), jnp.float32, sharding=NamedSharding(mesh, P('data')))\n"
+        "    return step, (w, x)\n")
+    result = run_cli("preflight", f"{spec}:factory", "--tpu", "v5e", "--batch", "256", "--json",
+                     env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    target = json.loads(result.stdout)["targets"][0]
+    assert target["argument_bytes"] == 1024 * 1024 * 4 + 256 * 1024 * 4  # w whole, x / 4
+    assert target["output_bytes"] == 1024 * 1024 * 4

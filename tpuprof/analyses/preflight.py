@@ -232,8 +232,14 @@ class Compiler:
         program = self.spec.program(batch, self.dtype, self.target)
         staging = None
         if folder is not None:
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent)) / "dump"
+            try:
+                folder.parent.mkdir(parents=True, exist_ok=True)
+                staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent)) / "dump"
+            except OSError as error:
+                from tpuprof.errors import UserError
+
+                raise UserError(f"cannot write the compile cache in {folder.parent} ({error.strerror}): "
+                                "point XDG_CACHE_HOME at a writable folder.") from None
         self.compiles += 1
         try:
             result = program.compile(self.target, staging)
@@ -270,4 +276,7 @@ def _libtpu_version() -> str:
 def _write_json_atomically(path: Path, data: dict) -> None:
     from tpuprof.renderers.output import write_atomically
 
-    write_atomically(path, json.dumps(data, indent=1))
+    try:
+        write_atomically(path, json.dumps(data, indent=1))
+    except OSError:
+        pass  # the cache is an optimisation: a read-only cache only costs a recompile next time

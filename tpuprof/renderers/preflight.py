@@ -112,6 +112,10 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     out.print(table)
 
     for r in results:
+        if len(r.get("curve", [])) > 1:
+            points = ", ".join(f"{p['batch_size']}: {fmt_bytes(p['required_bytes'])}" if p["required_bytes"] is not None
+                               else f"{p['batch_size']}: refused by the compiler" for p in r["curve"])
+            out.print(f"[bold]{r['target']}[/bold] memory vs batch, as compiled: {points}")
         if r.get("oom"):
             out.print(f"[bold]{r['target']}[/bold]: the compiler ran out of memory at batch {r['batch_size']}:")
             out.print(f"  {escape(r['oom']['message'].strip().splitlines()[0])}")
