@@ -106,9 +106,14 @@ def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit
     while (high is None and low < limit) or (high is not None and high - low > STEP):
         predicted = _secant(points, capacity)
         capped = False
-        if predicted is None:
+        if predicted is None and len(points) == 1:
             # 8 and 256: at tiny batches fixed overheads and on-chip scratch hide the per-example slope
-            candidate = low * 32 if high is None else (low + high) // 2
+            candidate = low * 32
+        elif predicted is None:  # memory fell as the batch grew (the compiler rematerialises): no line
+            if high is None:
+                candidate, delta, mode = low + delta, delta * 2, "up"
+            else:
+                candidate = (low + high) // 2
         elif mode == "start":  # jump to where the line through the last two compiles reaches HBM
             candidate = min(predicted, low * 256, high or limit)
             capped = candidate < predicted  # a far extrapolation is not trusted: jump again from there
