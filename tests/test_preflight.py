@@ -186,6 +186,11 @@ def test_bad_options_exit_2(tmp_path):
                            (["--tpu", "v5e", "--batch", "8", "--max-batch"], "not both")):
         result = run_cli("preflight", spec, *args, env={"XDG_CACHE_HOME": str(tmp_path)})
         assert result.returncode == 2 and fragment in result.stderr, (args, result.stderr)
+    # --compare-bf16 needs a factory that takes `dtype` (or a Keras model, built under mixed_bfloat16).
+    result = run_cli("preflight", f"{MODELS / 'int8_matmul.py'}:factory", "--tpu", "v5e", "--batch", "1000",
+                     "--compare-bf16", env={"XDG_CACHE_HOME": str(tmp_path)})
+    assert result.returncode == 2 and "has no `dtype` parameter" in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
 
 
 def test_without_libtpu_preflight_explains_the_install_and_the_rest_works(tmp_path):

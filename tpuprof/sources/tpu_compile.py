@@ -422,6 +422,7 @@ class Spec:
     digest: str  # sha256 of the file: part of the compile cache key
     accepts_dtype: bool
     accepts_mesh: bool
+    kind: str | None = None  # what the factory returned last: jax | tf | keras
 
     def program(self, batch_size: int, dtype: str | None = None, target: str | None = None) -> Program:
         kwargs: dict[str, Any] = {}
@@ -431,6 +432,8 @@ class Spec:
 
             kwargs["dtype"] = jnp.bfloat16
         elif dtype == "bfloat16":
+            if self.kind not in (None, "keras"):
+                raise self._no_dtype()
             keras_policy = "mixed_bfloat16"  # Keras factories: the policy applies to models built next
         if self.accepts_mesh and target is not None:
             kwargs["mesh"] = topology_mesh(target)
@@ -451,9 +454,13 @@ class Spec:
                 f"{self.text} returned {_describe(value)}; a factory returns (jax function, example arguments), "
                 "(tf.function, [tf.TensorSpec...]) or (compiled Keras model, x TensorSpec, y TensorSpec).")
         if keras_policy and kind != "keras":
-            raise UserError(f"{self.factory_name} in {self.path} has no `dtype` parameter, so --compare-bf16 "
-                            "cannot ask it for a bfloat16 version.")
+            raise self._no_dtype()
+        self.kind = kind
         return Program(kind, tuple(value), self.text)
+
+    def _no_dtype(self) -> UserError:
+        return UserError(f"{self.factory_name} in {self.path} has no `dtype` parameter, so --compare-bf16 "
+                         "cannot ask it for a bfloat16 version.")
 
 
 def load_spec(text: str) -> Spec:
