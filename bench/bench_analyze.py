@@ -26,6 +26,8 @@ CACHE = HERE / ".cache" / "analyze"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from timing import median_time  # noqa: E402  (bench/ is on sys.path when run as a script)
+
 XPROF_PROCESS = """
 import sys
 from xprof.convert import raw_to_tool_data
@@ -57,15 +59,6 @@ def large_capture(min_mb: float) -> Path:
     finally:
         job.stop()
 
-
-def median_time(fn, runs: int) -> float:
-    fn()  # warm-up: imports, page cache
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def main() -> int:

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+
+from timing import median_time  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 XPROF_PROCESS = """
 import sys
@@ -45,15 +45,6 @@ def xprof_layout(hlo_pb: Path, scratch: Path) -> Path:
     xplane.write_bytes(protos.xplane_pb2().XSpace().SerializeToString())
     return xplane
 
-
-def median_time(fn, runs: int) -> float:
-    fn()  # warm-up: imports, page cache
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -96,8 +96,8 @@ def suggest(result: ModuleMemory) -> list[Suggestion]:
 
     # Precision: f32 arrays at the peak could be halved with bfloat16.
     at_peak = [b for b in result.buffers if b.live_at_peak]
-    peak_f32 = sum(b.size_bytes for b in at_peak if b.shape.startswith("f32[") and b.allocation_type == "temp")
-    peak_16bit = sum(b.size_bytes for b in at_peak if b.shape.startswith(("bf16[", "f16[")))
+    peak_f32 = sum(b.size_bytes for b in at_peak if b.dtype == "f32" and b.allocation_type == "temp")
+    peak_16bit = sum(b.size_bytes for b in at_peak if b.dtype in ("bf16", "f16"))
     # A model that already computes in 16 bits keeps some f32 on purpose (softmax, loss, optimizer state).
     already_16bit = peak_16bit >= peak_f32
     if result.peak_heap_bytes and not already_16bit and peak_f32 >= max(MIN_PADDING_BYTES,

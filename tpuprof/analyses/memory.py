@@ -112,26 +112,21 @@ def _resolve_shape_proto(shape_proto, shape_index):
     return shape_proto
 
 
-_TUPLE = None
-_ELEMENT_BYTES: dict[int, int] = {}
+_ELEMENTS: dict[int, tuple[str, int]] = {}  # PrimitiveType number -> (name, bits per element)
 
 
-def _unpadded_from_proto(shape_proto) -> int:
-    """Dense bytes of a ShapeProto without building a Shape (the hot loop of large modules)."""
-    global _TUPLE
-    if not _ELEMENT_BYTES:
+def _dense_facts(shape_proto) -> tuple[int, str]:
+    """(dense bytes, dtype) of a ShapeProto without building a Shape (the hot loop of large modules)."""
+    if not _ELEMENTS:
         from tpuprof import protos
 
-        enum = protos.xla_data_pb2().PrimitiveType
-        for name, number in enum.items():
-            bits = shapes.ELEMENT_BITS.get(name.lower())
-            _ELEMENT_BYTES[number] = bits if bits is not None else 0
-        _TUPLE = enum.Value("TUPLE")
-    element_type = shape_proto.element_type
-    if element_type == _TUPLE:
-        return shapes.POINTER_BYTES * len(shape_proto.tuple_shapes)
-    bits = _ELEMENT_BYTES.get(element_type, 0)
-    return math.ceil(math.prod(shape_proto.dimensions) * bits / 8)
+        for name, number in protos.xla_data_pb2().PrimitiveType.items():
+            lowered = "opaque" if name == "OPAQUE_TYPE" else name.lower()
+            _ELEMENTS[number] = (lowered, shapes.ELEMENT_BITS.get(lowered, 0))
+    dtype, bits = _ELEMENTS.get(shape_proto.element_type, ("", 0))
+    if dtype == "tuple":
+        return shapes.POINTER_BYTES * len(shape_proto.tuple_shapes), dtype
+    return math.ceil(math.prod(shape_proto.dimensions) * bits / 8), dtype
 
 
 def from_hlo_proto(proto, source: str) -> ModuleMemory:
@@ -147,19 +142,22 @@ def from_hlo_proto(proto, source: str) -> ModuleMemory:
             if assigned.logical_buffer_id in logical:
                 allocation_of[assigned.logical_buffer_id] = allocation
 
-    unpadded_cache: dict[int, int] = {}
+    facts_cache: dict[int, tuple[int, str]] = {}
 
-    def unpadded(buffer_id: int) -> int:
-        value = unpadded_cache.get(buffer_id)
+    def facts(buffer_id: int) -> tuple[int, str]:
+        value = facts_cache.get(buffer_id)
         if value is None:
             lb = logical[buffer_id]
             instruction = instructions.by_id.get(lb.defined_at.instruction_id)
             if instruction is None:
-                value = lb.size
+                value = (lb.size, "")
             else:
-                value = _unpadded_from_proto(_resolve_shape_proto(instruction.shape, lb.defined_at.shape_index))
-            unpadded_cache[buffer_id] = value
+                value = _dense_facts(_resolve_shape_proto(instruction.shape, lb.defined_at.shape_index))
+            facts_cache[buffer_id] = value
         return value
+
+    def unpadded(buffer_id: int) -> int:
+        return facts(buffer_id)[0]
 
     result = ModuleMemory(name=module.name, source=source, source_kind="hlo_proto")
     replay = _replay_heap_trace(assignment, logical, allocation_of, unpadded)
@@ -209,9 +207,10 @@ def from_hlo_proto(proto, source: str) -> ModuleMemory:
             continue
         index = defined_at.shape_index
         name = instruction.name + ("{" + ",".join(map(str, index)) + "}" if index else "")
+        dense, dtype = facts(lb.id)
         result.buffers.append(Buffer(
-            lb.id, name, instruction.opcode, "", lb.size, unpadded(lb.id), kind_of_allocation[allocation.index],
-            instruction.metadata.op_name, "", HBM, lb.id in live_at_peak,
+            lb.id, name, instruction.opcode, "", lb.size, dense, kind_of_allocation[allocation.index],
+            instruction.metadata.op_name, "", HBM, lb.id in live_at_peak, dtype=dtype,
         ))
     result.buffers.sort(key=lambda b: (-b.size_bytes, b.id))
     result.details_source = (instructions, logical)
@@ -236,6 +235,7 @@ def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
 
 def fill_shape_details(buffer: Buffer, shape: shapes.Shape) -> None:
     buffer.shape = shape.text()
+    buffer.dtype = shape.dtype
     buffer.padded_dims = shape.padded_dims()
     if shape.layout is not None and not shape.is_tuple:
         buffer.minor_to_major = shape.layout.minor_to_major

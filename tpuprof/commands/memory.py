@@ -32,7 +32,7 @@ def analyze(path: Path, module: str | None = None, target: str | None = None, to
         # Shapes and source lines are filled only for what is shown or advised on (large modules).
         analysis.describe(result, result.buffers[: max(top, 0) or len(result.buffers)])
         analysis.describe(result, [b for b in result.buffers if b.padding_bytes >= advice.MIN_PADDING_BYTES])
-        analysis.describe(result, [b for b in result.buffers if b.live_at_peak])
+        analysis.describe(result, [b for b in result.buffers if b.live_at_peak and b.padding_bytes])
         result.suggestions = advice.suggest(result)
     return results
 

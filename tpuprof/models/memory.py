@@ -27,6 +27,7 @@ class Buffer:
     padded_dims: list[tuple[int, int, int]] = field(default_factory=list)
     minor_to_major: tuple[int, ...] = ()
     tile: tuple[int, ...] = ()
+    dtype: str = ""  # element type, known even before the shape text is filled in
 
     @property
     def padding_bytes(self) -> int:
