@@ -64,6 +64,7 @@ def main() -> None:
     instructions = sum(len(c.instructions) for c in proto.hlo_module.computations)
     print(f"input: {hlo_pb} ({hlo_pb.stat().st_size / 1e6:.1f} MB, {instructions} instructions, "
           f"{len(proto.buffer_assignment.logical_buffers)} logical buffers)")
+    del proto  # keep the process as light as each tool's own run
 
     scratch = Path(tempfile.mkdtemp(prefix="tpuprof-bench-"))
     try:

@@ -224,3 +224,17 @@ def test_a_bf16_model_is_not_told_to_use_bf16(cli):
     out = cli("memory", sample_dump("transformer_bf16_v6e"), "--json")
     module = json.loads(out.stdout)["modules"][0]
     assert "bf16" not in {s["kind"] for s in module["suggestions"]}
+
+
+def test_instruction_lookup_without_xla_id_numbering():
+    """Older protos do not number instructions (computation id << 32 | n): the lookup must still find them."""
+    from tpuprof.sources import hlo_dump
+
+    proto = hlo_dump.read_hlo_proto(hlo_pb("transformer_bf16_v6e"))
+    expected = analysis.from_hlo_proto(proto, "numbered")
+    for computation in proto.hlo_module.computations:
+        computation.id += 1_000_000  # no instruction id points at its computation any more
+    renumbered = analysis.from_hlo_proto(proto, "renumbered")
+    assert renumbered.peak_heap_bytes == expected.peak_heap_bytes
+    assert [(b.id, b.instruction, b.unpadded_bytes) for b in renumbered.buffers] == \
+        [(b.id, b.instruction, b.unpadded_bytes) for b in expected.buffers]

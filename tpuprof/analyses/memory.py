@@ -78,14 +78,24 @@ class _Instructions:
     """Instruction lookup by id, with the module's stack frames for source lines."""
 
     def __init__(self, module, needed: set[int] | None = None):
-        # Large modules have tens of thousands of instructions: index only the ones asked for.
+        # Large modules have tens of thousands of instructions, most in fusion computations that own no
+        # buffer. XLA numbers an instruction (computation id << 32 | local id): visit only the computations
+        # that define a needed instruction, and everything if that numbering does not hold.
         self.by_id = {}
+        self._frames = module.stack_frame_index
+        owners = {i >> 32 for i in needed} if needed else None
+        self._index(module, needed, owners)
+        if needed and not needed <= self.by_id.keys():
+            self._index(module, needed, None)
+
+    def _index(self, module, needed, owners) -> None:
         for computation in module.computations:
+            if owners is not None and computation.id not in owners:
+                continue
             for instruction in computation.instructions:
                 instruction_id = instruction.id
                 if needed is None or instruction_id in needed:
                     self.by_id[instruction_id] = instruction
-        self._frames = module.stack_frame_index
 
     def source_line(self, instruction) -> str:
         metadata = instruction.metadata
