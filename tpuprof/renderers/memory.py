@@ -86,7 +86,11 @@ def print_tables(results: list[ModuleMemory], top: int) -> None:
             if m.hbm_capacity_bytes:
                 share = m.peak_heap_bytes / m.hbm_capacity_bytes
                 verdict = "[red]does not fit[/red]" if share > 1 else "[green]fits[/green]"
-                capacity = f"{share:.1%} of {fmt_bytes(m.hbm_capacity_bytes)} HBM ({m.target}): {verdict}"
+                from tpuprof import targets
+
+                generation = targets.get(m.target)
+                capacity = (f"{share:.1%} of the {fmt_bytes(m.hbm_capacity_bytes)} of HBM the compiler offers "
+                            f"{generation.device} of {m.target}: {verdict}")
             summary.add_row("peak HBM (padded)", fmt_bytes(m.peak_heap_bytes), capacity)
             summary.add_row("peak HBM (unpadded)", fmt_bytes(m.peak_unpadded_heap_bytes),
                             "as XProf counts it: the temporaries unpadded, the arguments/outputs as allocated")
