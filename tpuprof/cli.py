@@ -36,8 +36,8 @@ def memory(
     path: Path = typer.Argument(..., help="XLA dump folder, *.hlo.pb (HloProto), *-buffer-assignment.txt or HLO text."),
     module: Optional[str] = typer.Option(None, "--module", "-m", help="Analyse only this module of a dump folder (name or substring)."),
     target: Optional[str] = typer.Option(None, "--target", help="TPU generation (v2 v3 v4 v5e v5p v6e) for HLO without TPU layouts, and for the HBM capacity."),
-    compile_: bool = typer.Option(False, "--compile", help="Recompile HLO text with libtpu for --target to get the real layouts."),
-    top: int = typer.Option(15, "--top", help="Rows in the buffer and op tables."),
+    compile_: bool = typer.Option(False, "--compile", help="Recompile the module proto (*.hlo.pb of a CPU/GPU/TF dump) with libtpu for --target: exact layouts and sizes."),
+    top: int = typer.Option(15, "--top", help="Rows in the buffer and op tables and JSON lists (0: all)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     csv: Optional[str] = typer.Option(None, "--csv", help="Print one table as CSV, every row: buffers or ops."),
 ) -> None:
