@@ -238,3 +238,30 @@ def test_instruction_lookup_without_xla_id_numbering():
     assert renumbered.peak_heap_bytes == expected.peak_heap_bytes
     assert [(b.id, b.instruction, b.unpadded_bytes) for b in renumbered.buffers] == \
         [(b.id, b.instruction, b.unpadded_bytes) for b in expected.buffers]
+
+
+def test_compile_turns_a_cpu_module_proto_into_the_real_tpu_figures(cli, tmp_path):
+    """--compile recompiles an HLO module with no TPU layouts; the argument bytes must be the compiler's own."""
+    pytest.importorskip("jax")
+    import jax
+    import jax.numpy as jnp
+
+    from tpuprof.sources import tpu_compile
+
+    def loss(x, w):
+        return jnp.tanh(x @ w).sum()
+
+    step = jax.grad(loss, argnums=1)
+    args = (jax.ShapeDtypeStruct((1000, 300), jnp.float32), jax.ShapeDtypeStruct((300, 18), jnp.float32))
+    module = tmp_path / "module_0001.jit_loss.before_optimizations.hlo.pb"
+    module.write_bytes(jax.jit(step).lower(*args).compiler_ir("hlo").as_serialized_hlo_module_proto())
+    compiled = tpu_compile.compile_jax(step, args, "v5e")
+
+    estimate = json.loads(cli("memory", module, "--target", "v5e", "--json").stdout)["modules"][0]
+    exact = cli("memory", module, "--target", "v5e", "--compile", "--json")
+    assert exact.returncode == 0, exact.stderr[-2000:]
+    result = json.loads(exact.stdout)["modules"][0]
+    assert estimate["estimated"] is True and result["estimated"] is False
+    assert result["argument_bytes"] == compiled.argument_bytes
+    assert result["output_bytes"] == compiled.output_bytes
+    assert any("Compiled from" in note for note in result["notes"])

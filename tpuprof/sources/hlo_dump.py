@@ -113,33 +113,34 @@ def _sniff(path: Path) -> str:
 
 
 def read_hlo_proto(path: Path):
-    """Parse an HloProto file; a truncated or foreign file is a UserError."""
-    from google.protobuf.message import DecodeError
-
+    """Parse an HloProto (or a bare HloModuleProto) file; a truncated or foreign file is a UserError."""
     from tpuprof import protos
 
     data = path.read_bytes()
     if not data:
         raise UserError(f"{path} is empty.")
     hlo_pb2 = protos.hlo_pb2()
+    proto = _parse(hlo_pb2.HloProto, data)
+    if proto is not None and proto.hlo_module.computations:
+        return proto
+    # An HloModuleProto on its own (`*.before_optimizations.hlo.pb`, TF's compiler IR) is another message.
+    module = _parse(hlo_pb2.HloModuleProto, data)
+    if module is None or not module.computations or not module.name:
+        raise UserError(f"{path} is not a readable HloProto (truncated or another kind of file).")
     proto = hlo_pb2.HloProto()
-    try:
-        proto.ParseFromString(data)
-    except (DecodeError, ValueError, RuntimeError):
-        raise UserError(f"{path} is not a readable HloProto (truncated or another kind of file).") from None
-    if not proto.hlo_module.computations:
-        # An HloModuleProto on its own (e.g. from TF's compiler IR) parses as a different message.
-        module = hlo_pb2.HloModuleProto()
-        try:
-            module.ParseFromString(data)
-        except (DecodeError, ValueError, RuntimeError):
-            module = None
-        if module is not None and module.computations and module.name:
-            proto = hlo_pb2.HloProto()
-            proto.hlo_module.CopyFrom(module)
-        else:
-            raise UserError(f"{path} is not an HloProto: it holds no HLO module (truncated or another kind of file).")
+    proto.hlo_module.CopyFrom(module)
     return proto
+
+
+def _parse(message_class, data: bytes):
+    from google.protobuf.message import DecodeError
+
+    message = message_class()
+    try:
+        message.ParseFromString(data)
+    except (DecodeError, ValueError, RuntimeError):
+        return None
+    return message
 
 
 def read_text(path: Path) -> str:
