@@ -9,22 +9,12 @@ of the two minor-most positions".
 from __future__ import annotations
 
 from tpuprof.models.memory import Buffer, ModuleMemory, Suggestion
+from tpuprof.units import fmt_bytes
 
 MiB = 1 << 20
 # Wastes smaller than this are not worth a user's time.
 MIN_PADDING_BYTES = 1 * MiB
 MAX_PADDING_SUGGESTIONS = 5
-
-
-def fmt_bytes(value: int | float | None) -> str:
-    if value is None:
-        return "n/a"
-    value = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if abs(value) < 1024 or unit == "EiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{value:.2f} EiB"
 
 
 def padding_fix(buffer: Buffer) -> str:

@@ -163,7 +163,7 @@ def _parameter_bytes(spec, dtype, target) -> int | None:
 
 
 def _too_large(parameters: int | None, chosen, capacity: int) -> str:
-    from tpuprof.advice.memory import fmt_bytes
+    from tpuprof.units import fmt_bytes
     from tpuprof.analyses import preflight
 
     text = f"does not fit even at batch {preflight.STEP}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from tpuprof.advice.memory import fmt_bytes
+from tpuprof.units import fmt_bytes
 
 
 def to_json(result: dict) -> dict:

@@ -12,7 +12,7 @@ import datetime as _dt
 import html as _html
 from itertools import count
 
-from tpuprof.advice.memory import fmt_bytes
+from tpuprof.units import fmt_bytes
 from tpuprof.commands.report import KIND_LABELS, MAX_MODULES, MEMORY, OOM, PREFLIGHT, STEPS, Input
 
 MIB = 1024 * 1024

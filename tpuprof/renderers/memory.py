@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpuprof.advice.memory import fmt_bytes
+from tpuprof.units import fmt_bytes
 from tpuprof.models.memory import ModuleMemory
 
 

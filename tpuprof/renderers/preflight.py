@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from tpuprof.advice.memory import fmt_bytes
+from tpuprof.units import fmt_bytes
 
 JSON_KEYS = ("target", "topology", "device", "hbm_capacity_bytes", "batch_size", "fits", "required_bytes",
              "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
