@@ -54,8 +54,8 @@ def from_text(text: str, source: str, target: str | None) -> ModuleMemory:
 
 def from_module_proto(module_proto, source: str, target: str | None) -> ModuleMemory:
     """An HloModuleProto with no buffer assignment: estimate from its entry computation."""
-    from tpuprof.analyses.memory import _Instructions
-    instructions = _Instructions(module_proto)
+    from tpuprof.analyses.memory import InstructionIndex
+    instructions = InstructionIndex(module_proto)
     module = hlo_text.TextModule(name=module_proto.name)
     entry = next((c for c in module_proto.computations if c.id == module_proto.entry_computation_id),
                  module_proto.computations[-1])

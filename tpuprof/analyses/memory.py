@@ -74,7 +74,7 @@ def _is_indefinite(allocation) -> bool:
                 or allocation.maybe_live_out)
 
 
-class _Instructions:
+class InstructionIndex:
     """Instruction lookup by id, with the module's stack frames for source lines."""
 
     def __init__(self, module, needed: set[int] | None = None):
@@ -143,7 +143,7 @@ def from_hlo_proto(proto, source: str) -> ModuleMemory:
     module = proto.hlo_module
     assignment = proto.buffer_assignment
     logical = {lb.id: lb for lb in assignment.logical_buffers}
-    instructions = _Instructions(module, {lb.defined_at.instruction_id for lb in logical.values()})
+    instructions = InstructionIndex(module, {lb.defined_at.instruction_id for lb in logical.values()})
 
     # Which allocation holds each logical buffer, and its offset there.
     allocation_of: dict[int, object] = {}
