@@ -1,0 +1,75 @@
+"""One suggestion model for every command and the report.
+
+A suggestion says what to change, why (the evidence from the user's own dump, log or capture), what it
+saves (bytes of HBM or milliseconds per step, with a range when it is an estimate) and the concrete call in
+the user's framework. Every command ranks its suggestions with `rank`, so the order means the same thing
+everywhere: first the fixes that can make a job that does not fit fit, largest saving first; then the rest
+by saving; then advice that carries no number (how to get more detail).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# What blocks the user first. "blocking": the job does not fit (or the step is bound) and this fix addresses
+# that; "improve": worth doing; "info": context or how to learn more.
+SEVERITIES = ("blocking", "improve", "info")
+
+# How a saving was obtained: "exact" (the compiler's own figure or arithmetic on it), "estimated" (a model of
+# how the bytes or time scale, with a range), "rough" (an order of magnitude).
+CONFIDENCES = ("exact", "estimated", "rough")
+
+# Frameworks whose API a suggestion can speak; None is framework-neutral wording.
+FRAMEWORKS = ("jax", "keras", "tf2", "tf1", "pytorch_xla", "vllm")
+
+
+@dataclass
+class Suggestion:
+    kind: str  # padding, bf16, remat, attention, batch_size, sharding, donation, fragmentation, offload, ...
+    message: str  # what to change and why, in the user's terms, one or two sentences
+    severity: str = "improve"
+    saving_bytes: int | None = None  # HBM freed (point estimate)
+    saving_bytes_range: tuple[int, int] | None = None
+    saving_ms_per_step: float | None = None  # step time saved (point estimate)
+    saving_ms_range: tuple[float, float] | None = None
+    confidence: str = "estimated"
+    evidence: str = ""  # the figures from the input that support it
+    code: str = ""  # the concrete call in the user's framework, e.g. "jax.jit(step, donate_argnums=(0,))"
+    framework: str | None = None
+    source_line: str = ""  # file:line of the buffer or op it is about, when known
+    extra: dict = field(default_factory=dict)  # kind-specific figures (e.g. {"batch": 96})
+
+    def to_dict(self) -> dict:
+        out: dict = {"kind": self.kind, "severity": self.severity, "message": self.message,
+                     "confidence": self.confidence}
+        if self.saving_bytes is not None:
+            out["saving_bytes"] = int(self.saving_bytes)
+        if self.saving_bytes_range is not None:
+            out["saving_bytes_range"] = [int(v) for v in self.saving_bytes_range]
+        if self.saving_ms_per_step is not None:
+            out["saving_ms_per_step"] = round(float(self.saving_ms_per_step), 3)
+        if self.saving_ms_range is not None:
+            out["saving_ms_range"] = [round(float(v), 3) for v in self.saving_ms_range]
+        for key in ("evidence", "code", "framework", "source_line"):
+            if getattr(self, key):
+                out[key] = getattr(self, key)
+        out.update(self.extra)
+        return out
+
+
+def rank(suggestions: list[Suggestion], *, shortfall_bytes: int | None = None) -> list[Suggestion]:
+    """Order suggestions the same way in every command.
+
+    With `shortfall_bytes` (the job needs that much more HBM than it has), a fix whose saving covers the
+    shortfall on its own comes first, largest saving first; then every other fix by saving (bytes and
+    milliseconds are never compared with each other: a document is about one or the other), then advice
+    without a number, by severity. Python's sort is stable: equal keys keep the order they were given in.
+    """
+    severity_order = {name: i for i, name in enumerate(SEVERITIES)}
+
+    def key(s: Suggestion):
+        saving = s.saving_bytes if s.saving_bytes is not None else s.saving_ms_per_step
+        covers = bool(shortfall_bytes and s.saving_bytes is not None and s.saving_bytes >= shortfall_bytes)
+        return (not covers, saving is None, -(saving or 0), severity_order.get(s.severity, len(SEVERITIES)))
+
+    return sorted(suggestions, key=key)
