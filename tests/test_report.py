@@ -287,7 +287,7 @@ def test_csv_tables_hold_every_row():
     ops = list(csv.DictReader(io.StringIO(run_cli("memory", dump, "--csv", "ops").stdout)))
     assert [r["op_name"] for r in ops] == [o["op_name"] for o in document["ops"]]
     bad = run_cli("memory", dump, "--csv", "steps")
-    assert bad.returncode == 2 and "buffers, ops" in bad.stderr
+    assert bad.returncode == 2 and "'buffers', 'ops'" in bad.stderr
 
 
 def test_every_real_oom_text_makes_a_section(tmp_path):

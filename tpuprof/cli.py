@@ -1,58 +1,128 @@
 """The `tpuprof` command line. Options and help only: each command hands its arguments to
 `tpuprof.commands.<name>.run`, which does the work. Imports stay inside the commands so that
 `tpuprof --help` starts instantly and no command pays for another's dependencies.
+
+Usage errors (unknown command or option, missing argument, bad value) are typer's and click's in
+standalone mode: the usage line, one sentence, "Did you mean", exit code 2. `main` adds only what
+they do not know: our `UserError` (one sentence, exit 2) and the last line of defence against an
+internal error's traceback.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from tpuprof import __version__, targets
 from tpuprof.errors import UserError
+from tpuprof.renderers.csv import ANALYZE_TABLES, MEMORY_TABLES
 
 app = typer.Typer(
     name="tpuprof",
     help="Will my model fit in TPU HBM, why not, and why is my step slow?",
-    no_args_is_help=True,
-    add_completion=False,
+    # `tpuprof` alone prints the help and exits 0 (click's no_args_is_help would exit 2): see _root.
+    invoke_without_command=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    # -h as well as --help; help as wide as the terminal up to 120 columns, so descriptions stay whole.
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
 )
 
 JSON_HELP = "Print one JSON document on stdout instead of tables."
+# The generations come from tpuprof.targets, the one place that knows them: help and completion follow it.
+GENERATIONS = " ".join(targets.TARGETS)
+
+# Closed sets are click choices: --help lists them, completion offers them, a wrong one is a usage error.
+MemoryTable = Enum("MemoryTable", {name: name for name in MEMORY_TABLES}, type=str)
+AnalyzeTable = Enum("AnalyzeTable", {name: name for name in ANALYZE_TABLES}, type=str)
+
+
+def _complete_generation(incomplete: str) -> list[str]:
+    """Canonical generation names; after a comma (preflight --tpu v5e,v6e) the list so far is kept."""
+    done, _, last = incomplete.rpartition(",")
+    prefix = f"{done}," if done else ""
+    return [prefix + name for name in targets.TARGETS if name.startswith(last.lower())]
+
+
+def _check_generations(value: Optional[str]) -> Optional[str]:
+    """Any name `targets.get` accepts (aliases such as trillium, topologies such as v5e:2x2, comma lists)."""
+    if value is not None:
+        try:
+            for part in value.split(","):
+                if part.strip():
+                    targets.get(part)
+        except UserError as error:
+            raise typer.BadParameter(str(error)) from None
+    return value
+
+
+def _target_option(help_text: str):
+    return typer.Option(None, "--target", metavar="GENERATION", help=f"{help_text} One of: {GENERATIONS}.",
+                        callback=_check_generations, autocompletion=_complete_generation)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        print(f"tpuprof {__version__}")
+        raise typer.Exit()
+
+
+def _examples(*lines: str) -> str:
+    """A command's --help epilog: real invocations, printed as written (click's \\b: no rewrapping)."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    ctx: typer.Context,
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True,
+                                 callback=_show_version),
+) -> None:
     """Will my model fit in TPU HBM, why not, and why is my step slow?"""
+    if ctx.invoked_subcommand is None:
+        print(ctx.get_help())
+        raise typer.Exit()
 
 
-@app.command()
+@app.command(epilog=_examples(
+    "tpuprof memory sample_profiles/dumps/conv18_f32_v5e",
+    "tpuprof memory DUMP_DIR --module train_step --top 30",
+    "tpuprof memory model.txt --target v5e             # HLO without TPU layouts: an estimate",
+    "tpuprof memory cpu_dump/ --target v5e --compile   # recompiled with libtpu: exact",
+    "tpuprof memory DUMP_DIR --csv buffers > buffers.csv",
+))
 def memory(
-    path: Path = typer.Argument(..., help="XLA dump folder, *.hlo.pb (HloProto), *-buffer-assignment.txt or HLO text."),
+    path: Path = typer.Argument(..., metavar="PATH", help="XLA dump folder, *.hlo.pb (HloProto), *-buffer-assignment.txt or HLO text."),
     module: Optional[str] = typer.Option(None, "--module", "-m", help="Analyse only this module of a dump folder (name or substring)."),
-    target: Optional[str] = typer.Option(None, "--target", help="TPU generation (v2 v3 v4 v5e v5p v6e) for HLO without TPU layouts, and for the HBM capacity."),
+    target: Optional[str] = _target_option("TPU generation for HLO without TPU layouts, and for the HBM capacity."),
     compile_: bool = typer.Option(False, "--compile", help="Recompile the module proto (*.hlo.pb of a CPU/GPU/TF dump) with libtpu for --target: exact layouts and sizes."),
     top: int = typer.Option(15, "--top", help="Rows in the buffer and op tables and JSON lists (0: all)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
-    csv: Optional[str] = typer.Option(None, "--csv", help="Print one table as CSV, every row: buffers or ops."),
+    csv: Optional[MemoryTable] = typer.Option(None, "--csv", help="Print one table as CSV, every row."),
 ) -> None:
     """Padded vs unpadded HBM per buffer and per framework op, the peak, and the fixes."""
     from tpuprof.commands import memory as command
 
-    command.run(path, module=module, target=target, compile_=compile_, top=top, as_json=as_json, csv=csv)
+    command.run(path, module=module, target=target, compile_=compile_, top=top, as_json=as_json,
+                csv=csv.value if csv else None)
 
 
-@app.command()
+@app.command(epilog=_examples(
+    "tpuprof oom error.txt",
+    "tpuprof oom train.log.gz --batch 128      # the batch that failed: estimate the one that fits",
+    "kubectl logs job/train | tpuprof oom      # stdin",
+    "tpuprof oom train.log --dump /tmp/xla_dump --json",
+))
 def oom(
-    log: Optional[str] = typer.Argument(None, help="The error text or a whole training log; '-' or nothing reads stdin."),
+    log: Optional[str] = typer.Argument(None, metavar="[LOG]", help="The error text or a whole training log; '-' or nothing reads stdin."),
     dump: Optional[Path] = typer.Option(None, "--dump", help="XLA dump folder of the same program: join the log with its buffer assignment."),
     batch: Optional[int] = typer.Option(None, "--batch", help="The batch size that failed, to estimate the one that fits."),
-    target: Optional[str] = typer.Option(None, "--target", help="TPU generation (v2 v3 v4 v5e v5p v6e): the capacity when the message has none."),
+    target: Optional[str] = _target_option("TPU generation: the capacity when the message has none."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Explain a TPU out-of-memory error: the numbers, each buffer's padding, the fixes. Exit 2 if none is found."""
@@ -61,20 +131,29 @@ def oom(
     command.run(log, dump=dump, batch=batch, target=target, as_json=as_json)
 
 
-@app.command()
+@app.command(epilog=_examples(
+    "tpuprof analyze sample_profiles/captures/tf_slow_map",
+    "tpuprof analyze LOGDIR/plugins/profile/RUN      # one run: every host's xplane.pb",
+    "tpuprof analyze gs://bucket/logs --json",
+    "tpuprof analyze LOGDIR --csv steps > steps.csv",
+))
 def analyze(
-    path: str = typer.Argument(..., help="Profile logdir, run folder (plugins/profile/<run>), <host>.xplane.pb, or a gs:// path; several hosts make one report."),
+    path: str = typer.Argument(..., metavar="PROFILE", help="Profile logdir (its newest run), run folder (plugins/profile/<run>), <host>.xplane.pb, or a gs:// path; several hosts make one report."),
     top: int = typer.Option(10, "--top", help="Rows in the op and tf.data stage tables (0: all)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
-    csv: Optional[str] = typer.Option(None, "--csv", help="Print one table as CSV: steps (every step), ops or stages."),
+    csv: Optional[AnalyzeTable] = typer.Option(None, "--csv", help="Print one table as CSV, every row."),
 ) -> None:
     """Step time, input-pipeline stalls and host overhead from a saved profile, and what to change."""
     from tpuprof.commands import analyze as command
 
-    command.run(path, top=top, as_json=as_json, csv=csv)
+    command.run(path, top=top, as_json=as_json, csv=csv.value if csv else None)
 
 
-@app.command()
+@app.command(epilog=_examples(
+    "tpuprof capture --tpu my-tpu --zone us-central2-b --duration 5s",
+    "tpuprof capture --service-addr localhost:9012 --logdir logs --analyze",
+    "tpuprof capture --logdir gs://bucket/logs       # on a TPU VM: its own workers",
+))
 def capture(
     tpu: Optional[str] = typer.Option(None, "--tpu", help="Cloud TPU name (resolved with TPUClusterResolver; every worker, profiler port 8466)."),
     zone: Optional[str] = typer.Option(None, "--zone", help="Zone of --tpu (default: this VM's, from the metadata server)."),
@@ -100,11 +179,15 @@ def capture(
                 analyze=analyze_, as_json=as_json)
 
 
-@app.command()
+@app.command(epilog=_examples(
+    "tpuprof report sample_profiles/dumps/conv18_f32_v5e -o conv18.html",
+    "tpuprof report DUMP_DIR LOGDIR oom.txt --title 'train step, batch 128'",
+    "tpuprof report before.json after.json -o compare.html",
+))
 def report(
-    inputs: List[str] = typer.Argument(..., help="Any mix of XLA dump folders/files, profiles (logdir, run, *.xplane.pb), OOM logs and tpuprof --json files."),
+    inputs: List[str] = typer.Argument(..., metavar="INPUT...", help="Any mix of XLA dump folders/files, profiles (logdir, run, *.xplane.pb), OOM logs and tpuprof --json files."),
     output: Path = typer.Option(Path("tpuprof-report.html"), "--output", "-o", help="The HTML file to write (self-contained, opens offline)."),
-    target: Optional[str] = typer.Option(None, "--target", help="TPU generation (v2 v3 v4 v5e v5p v6e) for inputs that do not say."),
+    target: Optional[str] = _target_option("TPU generation for inputs that do not say."),
     top: int = typer.Option(15, "--top", help="Rows in the buffer, op and allocation charts and tables."),
     title: Optional[str] = typer.Option(None, "--title", help="Page title."),
     as_json: bool = typer.Option(False, "--json", help="Print where the page went and what it was made from, as JSON."),
@@ -115,13 +198,17 @@ def report(
     command.run(inputs, output=output, target=target, top=top, title=title, as_json=as_json)
 
 
-@app.command()
+@app.command(epilog=_examples(
+    "tpuprof diff sample_profiles/dumps/diff_b64 sample_profiles/dumps/diff_b128",
+    "tpuprof diff main.json pr.json --fail-if 'peak_heap_bytes>+5%'",
+    "tpuprof diff LOGDIR_A LOGDIR_B --fail-if 'median_ms>+2' --fail-if 'input_bound_percent>20'",
+))
 def diff(
     a: str = typer.Argument(..., metavar="A", help="Before: an XLA dump, a profile, or a tpuprof --json file."),
     b: str = typer.Argument(..., metavar="B", help="After: the same kind of input as A."),
     fail_if: Optional[List[str]] = typer.Option(None, "--fail-if", help="Exit 1 when B regresses, e.g. 'peak_heap_bytes>+5%', 'median_ms>+2', 'input_bound_percent>20'; repeatable."),
     batches: Optional[str] = typer.Option(None, "--batches", help="Batch sizes of A and B, e.g. 64,128, for the per-example growth (default: sample.json, else the shapes)."),
-    target: Optional[str] = typer.Option(None, "--target", help="TPU generation for inputs that do not say."),
+    target: Optional[str] = _target_option("TPU generation for inputs that do not say."),
     top: int = typer.Option(10, "--top", help="Rows of buffers that appear, disappear or change."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
@@ -131,12 +218,17 @@ def diff(
     command.run(a, b, fail_if=fail_if or [], batches=batches, target=target, top=top, as_json=as_json)
 
 
-@app.command()
+@app.command(epilog=_examples(
+    "tpuprof preflight sample_profiles/models/conv18.py:factory --tpu v5e --batch 64",
+    "tpuprof preflight train.py:step --tpu v5e,v6e --max-batch      # compare generations",
+    "tpuprof preflight sample_profiles/models/keras_mlp.py:factory --tpu v5e:2x2 --batch 32",
+))
 def preflight(
-    spec: str = typer.Argument(..., help="path/to/file.py:factory; factory(batch_size) returns (jax fn, example args), "
+    spec: str = typer.Argument(..., metavar="FILE.py:FACTORY", help="path/to/file.py:factory; factory(batch_size) returns (jax fn, example args), "
                                "(tf.function, TensorSpecs) or (compiled Keras model, x spec, y spec)."),
-    tpu: str = typer.Option(..., "--tpu", help="TPU generation (v2 v3 v4 v5e v5p v6e) or topology (v5e:2x2); "
-                            "a comma list compares them."),
+    tpu: str = typer.Option(..., "--tpu", metavar="GENERATION[,...]", help=f"TPU generation ({GENERATIONS}) or topology (v5e:2x2); "
+                            "a comma list compares them.",
+                            callback=_check_generations, autocompletion=_complete_generation),
     batch: Optional[int] = typer.Option(None, "--batch", help="Per-chip batch size to check."),
     max_batch: bool = typer.Option(False, "--max-batch", help="Search the largest per-chip batch that fits."),
     compare_bf16: bool = typer.Option(False, "--compare-bf16", help="Also compile in bfloat16 and compare."),
@@ -151,35 +243,33 @@ def preflight(
                 use_cache=not no_cache, as_json=as_json)
 
 
+# The command list shows each command's first sentence whole, wrapped if need be (click would cut it to
+# fit one line at 80 columns).
+for _command in app.registered_commands:
+    _command.short_help = _command.short_help or _command.callback.__doc__.split(". ")[0].rstrip(".") + "."
+
+
 def main(argv: Optional[List[str]] = None) -> None:
-    """Console entry point: bad input is one sentence on stderr and exit code 2, never a traceback."""
+    """Console entry point. Typer runs in standalone mode: usage errors, --help, --version and completion
+    exit through SystemExit with click's own messages and codes (a pipe closed by `| head` too: silently,
+    exit 1). What reaches us is ours: a UserError (one sentence, exit 2), an interrupt, or a bug (one line,
+    exit 1; TPUPROF_DEBUG=1 shows the traceback).
+    """
     try:
-        code = app(args=argv, standalone_mode=False)
-        # Typer turns Ctrl-C into Exit(130) and, without standalone mode, *returns* that code.
-        if code == 130:
+        app(args=argv, prog_name="tpuprof")
+    except SystemExit as done:
+        if done.code in (0, None):
+            return  # success returns, so that main() can also be called in-process
+        if done.code == 130:  # typer turns Ctrl-C into exit code 130, silently
             print("tpuprof: interrupted.", file=sys.stderr)
-        if isinstance(code, int) and code:
-            sys.exit(code)
+        raise
     except UserError as error:
         print(f"tpuprof: {error}", file=sys.stderr)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         print("tpuprof: interrupted.", file=sys.stderr)
         sys.exit(130)
-    except BrokenPipeError:
-        # `tpuprof ... | head` closed the pipe: not an error worth a word.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
     except Exception as error:  # noqa: BLE001 - the last line of defence against tracebacks
-        import click
-
-        if isinstance(error, click.exceptions.Exit):
-            sys.exit(error.exit_code)
-        if isinstance(error, click.ClickException):
-            error.show()
-            sys.exit(2)
-        if isinstance(error, click.exceptions.Abort):
-            sys.exit(130)
         if os.environ.get("TPUPROF_DEBUG"):
             raise
         print(f"tpuprof: internal error: {type(error).__name__}: {error} "

@@ -1,0 +1,178 @@
+"""First contact: what a new user types before anything works. Usage errors, help, version and shell
+completion, each run as a separate `tpuprof` process (exit code, both streams)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, run_cli
+from tpuprof import __version__, targets
+
+COMMANDS = ("memory", "oom", "analyze", "capture", "report", "diff", "preflight")
+
+# (arguments, exit code, what stderr must say): every usage error of issue #10 and a few more.
+USAGE_ERRORS = [
+    (["memroy", "x"], "No such command 'memroy'. Did you mean 'memory'?"),
+    (["memory"], "Missing argument 'PATH'."),
+    (["diff", "a"], "Missing argument 'B'."),
+    (["preflight", "x.py:f"], "Missing option '--tpu'."),
+    (["memory", "--top", "abc", "DIR"], "Invalid value for '--top': 'abc' is not a valid int."),
+    (["memory", "--target", "v9", "DIR"], "Invalid value for '--target': unknown TPU target 'v9'"),
+    (["memory", "--csv", "steps", "DIR"], "Invalid value for '--csv': 'steps' is not one of 'buffers', 'ops'."),
+    (["analyze", "--csv", "buffers", "DIR"], "'buffers' is not one of 'steps', 'ops', 'stages'."),
+    (["preflight", "x.py:f", "--tpu", "v5e,v9"], "unknown TPU target 'v9'"),
+    (["memory", "--frobnicate", "DIR"], "No such option: --frobnicate"),
+    (["report"], "Missing argument 'INPUT...'."),
+]
+
+
+@pytest.mark.parametrize("args,message", USAGE_ERRORS, ids=[" ".join(a) for a, _ in USAGE_ERRORS])
+def test_usage_error_is_the_usage_line_and_one_sentence(args, message):
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[0].startswith("Usage: tpuprof") and len(lines) <= 4, result.stderr
+
+
+@pytest.mark.parametrize("args", [[], ["-h"], ["--help"]], ids=["alone", "-h", "--help"])
+def test_help_lists_every_command_with_its_whole_description(args):
+    result = run_cli(*args, env={"COLUMNS": "80"})
+    assert result.returncode == 0 and result.stderr == ""
+    listing = result.stdout.split("Commands:")[1]
+    for command in COMMANDS:
+        assert f"\n  {command} " in listing
+    # Descriptions are whole (wrapped at 80 columns, never cut with "...").
+    assert "..." not in listing
+    assert "the peak, and the fixes." in " ".join(listing.split())
+    assert max(map(len, result.stdout.splitlines())) <= 80
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_help_ends_with_real_examples(command):
+    result = run_cli(command, "-h")
+    assert result.returncode == 0 and result.stderr == ""
+    examples = result.stdout.split("Examples:\n")[1].splitlines()
+    assert len(examples) >= 2 and all(line.strip().startswith(("tpuprof ", "kubectl ")) for line in examples)
+    assert all(f"tpuprof {command} " in line for line in examples if line.strip().startswith("tpuprof"))
+
+
+def test_closed_sets_are_listed_by_help():
+    generations = " ".join(targets.TARGETS)
+    for command in ("memory", "oom", "report", "diff", "preflight"):
+        assert generations in " ".join(run_cli(command, "-h").stdout.split()), command
+    assert "--csv <buffers|ops>" in run_cli("memory", "-h").stdout
+    assert "--csv <steps|ops|stages>" in run_cli("analyze", "-h").stdout
+
+
+def test_generation_aliases_and_topologies_are_accepted():
+    """Aliases pass the option check: the command runs (and here fails on the missing path, not the name)."""
+    for name in ("trillium", "v5litepod", "v5e:2x2"):
+        result = run_cli("memory", "/nonexistent", "--target", name)
+        assert result.returncode == 2 and "Invalid value" not in result.stderr
+        assert result.stderr.startswith("tpuprof: /nonexistent"), result.stderr
+
+
+def test_version():
+    result = run_cli("--version")
+    assert (result.returncode, result.stdout, result.stderr) == (0, f"tpuprof {__version__}\n", "")
+
+
+def test_internal_error_is_one_line_without_traceback(tmp_path):
+    """A bug (here: a sitecustomize that breaks the memory command's module) is one line and exit 1."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys, types\n"
+        "broken = types.ModuleType('tpuprof.commands.memory')\n"
+        "def run(*args, **kwargs):\n"
+        "    raise ZeroDivisionError('simulated bug')\n"
+        "broken.run = run\n"
+        "sys.modules['tpuprof.commands.memory'] = broken\n")
+    result = run_cli("memory", "x", env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr == ("tpuprof: internal error: ZeroDivisionError: simulated bug "
+                             "(set TPUPROF_DEBUG=1 for the traceback).\n")
+    debug = run_cli("memory", "x", env={"PYTHONPATH": str(tmp_path), "TPUPROF_DEBUG": "1"})
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+# Shell completion. The scripts call `tpuprof` by name: a `tpuprof` on PATH that runs this checkout.
+@pytest.fixture()
+def shell_env(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "tpuprof"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tpuprof "$@"\n')
+    wrapper.chmod(0o755)
+    # HOME in tmp: --install-completion writes there, never to the developer's own shell files.
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
+            "HOME": str(tmp_path / "home")}
+
+
+def _bash(script: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+def test_bash_completion_offers_commands_generations_and_tables(shell_env):
+    """The real thing: bash sources `tpuprof --show-completion` (the shell is detected) and calls the
+    completion function as its completion engine does (the command name as $1)."""
+    def complete(*words: str) -> list[str]:
+        quoted = " ".join(f"'{w}'" for w in words)
+        script = ('source <(tpuprof --show-completion) && '
+                  f'COMP_WORDS=(tpuprof {quoted}) && COMP_CWORD={len(words)} && '
+                  '_tpuprof_completion tpuprof && printf "%s\\n" "${COMPREPLY[@]}"')
+        result = _bash(script, shell_env)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        return result.stdout.split()
+
+    assert set(COMMANDS) <= set(complete(""))
+    assert complete("mem") == ["memory"]
+    assert complete("memory", "--target", "") == list(targets.TARGETS)
+    assert complete("memory", "--target", "v5") == [n for n in targets.TARGETS if n.startswith("v5")]
+    assert complete("preflight", "m.py:f", "--tpu", "v5e,v6") == [
+        f"v5e,{n}" for n in targets.TARGETS if n.startswith("v6")]
+    assert complete("analyze", "--csv", "") == ["steps", "ops", "stages"]
+    assert "--install-completion" in complete("--")
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+def test_install_completion_writes_the_script_for_the_detected_shell(shell_env):
+    result = _bash("tpuprof --install-completion", shell_env)
+    assert result.returncode == 0, result.stderr
+    home = shell_env["HOME"]
+    script = open(f"{home}/.bash_completions/tpuprof.sh").read()
+    assert "_TPUPROF_COMPLETE=complete_bash" in script
+    assert f"source '{home}/.bash_completions/tpuprof.sh'" in open(f"{home}/.bashrc").read()
+
+
+def test_zsh_and_fish_completion(shell_env):
+    """zsh and fish are not installed here: their scripts, and the answers the scripts ask `tpuprof` for
+    (the same environment variables the scripts set)."""
+    def run(**variables: str) -> str:
+        result = subprocess.run(["tpuprof"], capture_output=True, text=True, timeout=60,
+                                env={**shell_env, **variables})
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        return result.stdout
+
+    zsh = run(_TPUPROF_COMPLETE="source_zsh")
+    assert zsh.lstrip().startswith("#compdef tpuprof") and "_TPUPROF_COMPLETE=complete_zsh tpuprof" in zsh
+    answer = run(_TPUPROF_COMPLETE="complete_zsh", _TYPER_COMPLETE_ARGS="tpuprof ")
+    assert all(f'"{command}":"' in answer for command in COMMANDS)  # each with its description
+    answer = run(_TPUPROF_COMPLETE="complete_zsh", _TYPER_COMPLETE_ARGS="tpuprof oom --target v")
+    assert re.findall(r'"([^"]+)"', answer) == list(targets.TARGETS)
+
+    fish = run(_TPUPROF_COMPLETE="source_fish")
+    assert "complete --command tpuprof" in fish and "_TPUPROF_COMPLETE=complete_fish" in fish
+    answer = run(_TPUPROF_COMPLETE="complete_fish", _TYPER_COMPLETE_FISH_ACTION="get-args",
+                 _TYPER_COMPLETE_ARGS="tpuprof report --target ")
+    assert [line.split("\t")[0] for line in answer.splitlines()] == list(targets.TARGETS)
+    answer = run(_TPUPROF_COMPLETE="complete_fish", _TYPER_COMPLETE_FISH_ACTION="get-args",
+                 _TYPER_COMPLETE_ARGS="tpuprof memory --csv ")
+    assert [line.split("\t")[0] for line in answer.splitlines()] == ["buffers", "ops"]
