@@ -69,8 +69,8 @@ def _precision(report: Report) -> dict:
 
 def print_tables(report: Report, top: int) -> None:
     from rich.markup import escape
-    from rich.table import Table
 
+    from tpuprof.renderers import tables
     from tpuprof.renderers.output import console
 
     out = console()
@@ -83,34 +83,28 @@ def print_tables(report: Report, top: int) -> None:
         out.print(f"Steps: {report.step_count}, mean {report.mean_ms:.2f} ms, median {report.median_ms:.2f} ms, "
                   f"p90 {report.p90_ms:.2f} ms" + (f", {report.batches_per_step:g} batches per step call"
                                                    if report.batches_per_step > 1 else ""))
-        table = Table(title="Where the step time goes", title_justify="left")
-        for column, justify in (("category", "left"), ("% of step", "right"), ("ms per step", "right")):
-            table.add_column(column, justify=justify)
         labels = {"compute": "compute", "input": "waiting for input",
                   "host_overhead": "host overhead (launch, return, between steps)", "compile": "compilation",
                   "other": "other"}
-        for category in CATEGORIES:
-            table.add_row(labels[category], f"{report.breakdown_percent[category]:.1f}",
-                          f"{report.breakdown_ms_per_step[category]:.2f}")
-        out.print(table)
+        rows = [(labels[category], f"{report.breakdown_percent[category]:.1f}",
+                 f"{report.breakdown_ms_per_step[category]:.2f}") for category in CATEGORIES]
+        columns = [tables.text("category"), tables.number("% of step"), tables.number("ms per step")]
+        out.print(tables.table(columns, rows, out.width, title="Where the step time goes"))
     colour = "red" if "input" in report.verdict else "yellow" if report.verdict != "compute-bound" else "green"
     out.print(f"Verdict: [bold {colour}]{report.verdict}[/bold {colour}]. {escape(report.verdict_reason)}")
 
     if report.stages:
-        table = Table(title="tf.data stages by own time (summed over repeat epochs)", title_justify="left")
-        for column, justify in (("stage", "left"), ("calls", "right"), ("own ms", "right"), ("in Python ms", "right")):
-            table.add_column(column, justify=justify, overflow="fold")
-        for s in input_pipeline.merged(report.stages)[: top if top > 0 else None]:
-            table.add_row(escape(s.name), str(s.count), f"{s.self_ps / 1e9:.1f}", f"{s.py_function_ps / 1e9:.1f}")
-        out.print(table)
+        columns = [tables.name("stage", least=24), tables.number("calls"), tables.number("own ms"),
+                   tables.number("in Python ms", drop=1)]
+        rows = [(escape(s.name), str(s.count), f"{s.self_ps / 1e9:.1f}", f"{s.py_function_ps / 1e9:.1f}")
+                for s in input_pipeline.merged(report.stages)[: top if top > 0 else None]]
+        out.print(tables.table(columns, rows, out.width, title="tf.data stages by own time (summed over repeat epochs)"))
     if report.top_ops:
-        table = Table(title="Top ops by self time", title_justify="left")
-        for column, justify in (("op", "left"), ("type", "left"), ("where", "left"), ("count", "right"),
-                                ("self ms", "right")):
-            table.add_column(column, justify=justify, overflow="fold")
-        for o in report.top_ops:
-            table.add_row(escape(o.name[:90]), escape(o.kind), o.where, str(o.count), f"{o.self_ps / 1e9:.2f}")
-        out.print(table)
+        columns = [tables.name("op", least=24), tables.text("type", drop=2), tables.text("where", drop=3),
+                   tables.number("count", drop=1), tables.number("self ms")]
+        rows = [(escape(o.name), escape(o.kind), o.where, str(o.count), f"{o.self_ps / 1e9:.2f}")
+                for o in report.top_ops]
+        out.print(tables.table(columns, rows, out.width, title="Top ops by self time"))
     for h, value, middle in report.stragglers:
         out.print(f"[yellow]Straggler:[/yellow] {escape(h)} median step {value:.2f} ms vs {middle:.2f} ms")
     if not report.suggestions and report.verdict == "compute-bound":

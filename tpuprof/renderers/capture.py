@@ -49,8 +49,9 @@ def _size(n: int) -> str:
 
 
 def print_summary(result: CaptureResult, target: Target, options: TraceOptions) -> None:
-    from rich.table import Table
+    from rich.markup import escape
 
+    from tpuprof.renderers import tables
     from tpuprof.renderers.output import console
 
     out = console()
@@ -59,14 +60,9 @@ def print_summary(result: CaptureResult, target: Target, options: TraceOptions) 
     out.print(f"{options.duration_ms / 1000:g} s trace from {', '.join(result.addresses)} ({attempts}, "
               f"{result.seconds:.1f} s in all)")
     out.print(f"Address {target.why}" + (f"; {'; '.join(target.notes)}." if target.notes else "."))
-    table = Table(show_edge=False, header_style="bold")
-    table.add_column("host")
-    table.add_column("file size", justify="right")
-    table.add_column("events", justify="right")
-    table.add_column("planes", justify="right")
-    for host in result.hosts:
-        table.add_row(host.host, _size(host.size_bytes), f"{host.events:,}", str(host.planes))
-    out.print(table)
+    columns = [tables.name("host"), tables.number("file size"), tables.number("events"), tables.number("planes")]
+    rows = [(escape(host.host), _size(host.size_bytes), f"{host.events:,}", str(host.planes)) for host in result.hosts]
+    out.print(tables.table(columns, rows, out.width))
     if result.silent:
         out.print(f"[bold yellow]No trace event from {', '.join(result.silent)}[/]: that job was idle or between "
                   "steps, or never started its profiler server; capture again while every worker trains.")

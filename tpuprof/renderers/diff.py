@@ -64,8 +64,9 @@ def fmt_percent(value) -> str:
 
 def print_tables(result: dict) -> None:
     from rich.markup import escape
-    from rich.table import Table
 
+    from tpuprof.renderers import tables
+    from tpuprof.renderers.memory import wrappable_shape
     from tpuprof.renderers.output import console
 
     out = console()
@@ -73,32 +74,31 @@ def print_tables(result: dict) -> None:
     if result["identical"]:
         out.print("[green]no change[/green]: every metric and buffer is the same in A and B.")
     for g in result["groups"]:
-        table = Table(title=f"{result['kind']}: {g['name']}", title_justify="left")
-        for column, justify in (("metric", "left"), ("A", "right"), ("B", "right"), ("change", "right"),
-                                ("%", "right")):
-            table.add_column(column, justify=justify)
+        rows = []
         for m in g["metrics"]:
             change, percent = m.change, m.percent
             colour = _colour(m.name, change)
             cells = [fmt_change(change, m.unit), fmt_percent(percent)]
             if colour:
                 cells = [f"[{colour}]{c}[/{colour}]" for c in cells]
-            table.add_row(m.name, fmt_value(m.a, m.unit), fmt_value(m.b, m.unit), *cells)
-        out.print(table)
+            rows.append((m.name, fmt_value(m.a, m.unit), fmt_value(m.b, m.unit), *cells))
+        columns = [tables.name("metric"), tables.number("A"), tables.number("B"), tables.number("change"),
+                   tables.number("%")]
+        out.print(tables.table(columns, rows, out.width, title=f"{result['kind']}: {g['name']}"))
         verdict = g.get("verdict")
         if verdict and verdict["a"] != verdict["b"]:
             out.print(f"verdict: {escape(str(verdict['a']))} -> [bold]{escape(str(verdict['b']))}[/bold]")
         if g.get("ops"):
-            table = Table(title="Top ops, self time per step (from each report's top list)", title_justify="left")
-            for column, justify in (("op", "left"), ("where", "left"), ("A ms", "right"), ("B ms", "right"),
-                                    ("change", "right")):
-                table.add_column(column, justify=justify, overflow="fold")
+            rows = []
             for r in g["ops"]:
                 cells = [fmt_value(r[k], "ms").replace(" ms", "") if r[k] is not None else "-"
                          for k in ("a_ms_per_step", "b_ms_per_step")]
-                table.add_row(escape(r["name"][:90]), r["where"], *cells,
-                              fmt_change(r["change_ms"], "ms") if r["change_ms"] is not None else "")
-            out.print(table)
+                rows.append((escape(r["name"]), r["where"], *cells,
+                             fmt_change(r["change_ms"], "ms") if r["change_ms"] is not None else ""))
+            columns = [tables.name("op", least=24), tables.text("where", drop=1), tables.number("A ms"),
+                       tables.number("B ms"), tables.number("change")]
+            out.print(tables.table(columns, rows, out.width,
+                                   title="Top ops, self time per step (from each report's top list)"))
         growth = g.get("per_example")
         if growth:
             measure = "peak HBM" if growth.get("measure", "peak_heap_bytes") == "peak_heap_bytes" else "required HBM"
@@ -111,21 +111,20 @@ def print_tables(result: dict) -> None:
             out.print(line + ".")
         buffers = g.get("buffers")
         if buffers and any(buffers[k] for k in ("appeared", "disappeared", "changed")):
-            table = Table(title="Buffers (matched by HLO instruction)", title_justify="left")
-            for column, justify in (("", "left"), ("instruction", "left"), ("shape", "left"), ("A", "right"),
-                                    ("B", "right"), ("change", "right")):
-                table.add_column(column, justify=justify, overflow="fold")
+            rows = []
             for r in buffers["changed"]:
                 shape = r["b_shape"] if r["a_shape"] == r["b_shape"] else f"{r['a_shape']} -> {r['b_shape']}"
-                table.add_row("changed", escape(r["instruction"]), escape(shape), fmt_bytes(r["a_bytes"]),
-                              fmt_bytes(r["b_bytes"]), fmt_change(r["change"], "bytes"))
+                rows.append(("changed", escape(r["instruction"]), escape(wrappable_shape(shape)),
+                             fmt_bytes(r["a_bytes"]), fmt_bytes(r["b_bytes"]), fmt_change(r["change"], "bytes")))
             for r in buffers["appeared"]:
-                table.add_row("[red]new[/red]", escape(r["instruction"]), escape(r["shape"]), "",
-                              fmt_bytes(r["size_bytes"]), fmt_change(r["size_bytes"], "bytes"))
+                rows.append(("[red]new[/red]", escape(r["instruction"]), escape(wrappable_shape(r["shape"])), "",
+                             fmt_bytes(r["size_bytes"]), fmt_change(r["size_bytes"], "bytes")))
             for r in buffers["disappeared"]:
-                table.add_row("[green]gone[/green]", escape(r["instruction"]), escape(r["shape"]),
-                              fmt_bytes(r["size_bytes"]), "", fmt_change(-r["size_bytes"], "bytes"))
-            out.print(table)
+                rows.append(("[green]gone[/green]", escape(r["instruction"]), escape(wrappable_shape(r["shape"])),
+                             fmt_bytes(r["size_bytes"]), "", fmt_change(-r["size_bytes"], "bytes")))
+            columns = [tables.text(""), tables.name("instruction", least=20), tables.text("shape", drop=1),
+                       tables.number("A"), tables.number("B"), tables.number("change")]
+            out.print(tables.table(columns, rows, out.width, title="Buffers (matched by HLO instruction)"))
             counts = (f"{buffers['changed_count']} changed, {buffers['appeared_count']} new, "
                       f"{buffers['disappeared_count']} gone")
             if buffers["partial"]:

@@ -66,6 +66,7 @@ def print_tables(results: list[ModuleMemory], top: int) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from tpuprof.renderers import tables
     from tpuprof.renderers.output import console
 
     out = console()
@@ -103,27 +104,22 @@ def print_tables(results: list[ModuleMemory], top: int) -> None:
         out.print(summary)
 
         shown = m.buffers[:top] if top > 0 else m.buffers
-        table = Table(title=f"Largest HBM buffers ({len(shown)} of {len(m.buffers)})", title_justify="left")
-        for column, justify in (("instruction", "left"), ("shape", "left"), ("padded", "right"),
-                                ("unpadded", "right"), ("padding", "right"), ("x", "right"),
-                                ("kind", "left"), ("peak", "center"), ("framework op", "left")):
-            table.add_column(column, justify=justify, overflow="fold")
-        for b in shown:
-            table.add_row(escape(b.instruction), escape(b.shape), fmt_bytes(b.size_bytes), fmt_bytes(b.unpadded_bytes),
-                          fmt_bytes(b.padding_bytes), f"{b.expansion:.1f}", b.allocation_type,
-                          "*" if b.live_at_peak else "", escape(_short(b.op_name)))
-        out.print(table)
+        columns = [tables.name("instruction", least=20), tables.text("shape"), tables.number("padded"),
+                   tables.number("unpadded", drop=3), tables.number("padding"), tables.number("x", drop=4),
+                   tables.text("kind", drop=2), tables.text("peak", drop=5, justify="center"),
+                   tables.name("framework op", drop=1)]
+        rows = [(escape(b.instruction), escape(wrappable_shape(b.shape)), fmt_bytes(b.size_bytes), fmt_bytes(b.unpadded_bytes),
+                 fmt_bytes(b.padding_bytes), f"{b.expansion:.1f}", b.allocation_type, "*" if b.live_at_peak else "",
+                 escape(b.op_name)) for b in shown]
+        out.print(tables.table(columns, rows, out.width, title=f"Largest HBM buffers ({len(shown)} of {len(m.buffers)})"))
 
         ops = m.ops[:top] if top > 0 else m.ops
         scope = "live at the peak" if m.ops_scope == "peak" else "all buffers"
-        op_table = Table(title=f"By framework op ({scope})", title_justify="left")
-        for column, justify in (("framework op", "left"), ("padded", "right"), ("unpadded", "right"),
-                                ("padding", "right"), ("buffers", "right"), ("worst buffer", "left")):
-            op_table.add_column(column, justify=justify, overflow="fold")
-        for o in ops:
-            op_table.add_row(escape(_short(o.op_name, 70)), fmt_bytes(o.size_bytes), fmt_bytes(o.unpadded_bytes),
-                             fmt_bytes(o.padding_bytes), str(o.buffers), escape(o.worst_buffer))
-        out.print(op_table)
+        columns = [tables.name("framework op", least=24), tables.number("padded"), tables.number("unpadded", drop=2),
+                   tables.number("padding"), tables.number("buffers", drop=3), tables.name("worst buffer", drop=1)]
+        rows = [(escape(o.op_name), fmt_bytes(o.size_bytes), fmt_bytes(o.unpadded_bytes), fmt_bytes(o.padding_bytes),
+                 str(o.buffers), escape(o.worst_buffer)) for o in ops]
+        out.print(tables.table(columns, rows, out.width, title=f"By framework op ({scope})"))
 
         if m.suggestions:
             out.print("[bold]What to change[/bold]")
@@ -133,5 +129,10 @@ def print_tables(results: list[ModuleMemory], top: int) -> None:
         out.print()
 
 
-def _short(text: str, width: int = 48) -> str:
-    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+def wrappable_shape(shape: str) -> str:
+    """'bf16[8,512]{1,0:T(8,128)(2,1)}' -> 'bf16[8,512] {1,0:T(8,128)(2,1)}': a narrow column wraps the
+    layout onto its own line instead of cutting the dimensions."""
+    if shape.startswith("(") or "]{" not in shape:
+        return shape
+    return shape.replace("]{", "] {", 1)

@@ -8,6 +8,8 @@ from rich.table import Table
 
 from tpuprof.analyses.oom import format_bytes as fmt
 from tpuprof.models.oom import BatchEstimate, OomReport
+from tpuprof.renderers import tables
+from tpuprof.renderers.memory import wrappable_shape
 
 KIND_TEXT = {
     "compile": "compile time: the program does not fit",
@@ -19,7 +21,7 @@ KIND_TEXT = {
 
 def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], source: str,
            dump_rows: dict | None = None, console: Console | None = None) -> None:
-    console = console or Console(highlight=False)
+    console = console or tables.console()
     where = f"{source}, line {report.line_number}" if report.line_number else source
     console.print(f"[bold]TPU out of memory[/bold] ({e(where)})")
     console.print(f"  {e(report.headline[:300])}")
@@ -65,10 +67,7 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
 
     if report.allocations:
         console.print()
-        table = Table(title="Largest allocations (log) with padding recomputed from the shape", title_justify="left")
-        for column, justify in (("#", "right"), ("size", "right"), ("shape", "left"), ("unpadded", "right"),
-                                ("x", "right"), ("recomputed", "right"), ("op", "left")):
-            table.add_column(column, justify=justify, overflow="fold")
+        rows = []
         for entry in report.allocations:
             size = entry.size_bytes
             unpadded = entry.unpadded_bytes if entry.unpadded_bytes is not None else entry.recomputed_unpadded_bytes
@@ -79,10 +78,12 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
                 if entry.assumed_tiling:
                     check += f" ({entry.assumed_tiling}?)"
             op = entry.op_name or entry.op_type or (entry.xla_label or "")
-            if len(op) > 60:
-                op = op[:57] + "..."
-            table.add_row(str(entry.index or ""), fmt(size), e(entry.shape or ""), fmt(unpadded),
-                          f"{expansion:.1f}" if expansion else "", check, e(op))
+            rows.append((str(entry.index or ""), fmt(size), e(wrappable_shape(entry.shape or "")), fmt(unpadded),
+                         f"{expansion:.1f}" if expansion else "", check, e(op)))
+        columns = [tables.number("#"), tables.number("size"), tables.text("shape"), tables.number("unpadded", drop=3),
+                   tables.number("x", drop=4), tables.text("recomputed", drop=2), tables.name("op", drop=1)]
+        table = tables.table(columns, rows, console.width,
+                             title="Largest allocations (log) with padding recomputed from the shape")
         console.print(table)
         for entry in report.allocations:
             for message in entry.disagreements:
@@ -93,12 +94,12 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
         joined = "listed allocations" if any("index" in r for r in dump_rows["buffers"]) else "largest buffers"
         console.print(f"Dump {e(dump_rows['module'])}: arguments {fmt(dump_rows['argument_bytes'])}, "
                       f"temporaries {fmt(dump_rows['temp_bytes'])}, output {fmt(dump_rows['output_bytes'])}")
-        table = Table(title=f"The dump's {joined}", title_justify="left")
-        for column in ("#", "instruction", "shape", "size", "unpadded", "type", "op"):
-            table.add_column(column, overflow="fold")
-        for row in dump_rows["buffers"]:
-            table.add_row(str(row.get("index", "")), e(row["instruction"]), e(row["shape"]), fmt(row["size_bytes"]),
-                          fmt(row["unpadded_bytes"]), e(row["allocation_type"]), e((row.get("op_name") or "")[:60]))
+        columns = [tables.number("#"), tables.name("instruction"), tables.text("shape"), tables.number("size"),
+                   tables.number("unpadded", drop=3), tables.text("type", drop=2), tables.name("op", drop=1)]
+        rows = [(str(row.get("index", "")), e(row["instruction"]), e(wrappable_shape(row["shape"])),
+                 fmt(row["size_bytes"]), fmt(row["unpadded_bytes"]), e(row["allocation_type"]),
+                 e(row.get("op_name") or "")) for row in dump_rows["buffers"]]
+        table = tables.table(columns, rows, console.width, title=f"The dump's {joined}")
         console.print(table)
 
     console.print()

@@ -16,12 +16,10 @@ def print_json(document) -> None:
 
 
 def console():
-    from rich.console import Console
+    """The rich console of human output; its width follows the one rule in renderers/tables.py."""
+    from tpuprof.renderers.tables import console as make_console
 
-    out = Console(highlight=False, soft_wrap=False)
-    if not out.is_terminal:
-        out.width = max(out.width, 160)  # pipes and CI logs: do not fold tables to 80 columns
-    return out
+    return make_console()
 
 
 def write_atomically(path: Path, data: bytes | str) -> None:

@@ -62,22 +62,19 @@ def _verdict(r: dict) -> str:
 
 def print_report(spec: str, results: list[dict], top: int) -> None:
     from rich.markup import escape
-    from rich.table import Table
 
     from tpuprof.renderers import memory as memory_render
+    from tpuprof.renderers import tables
     from tpuprof.renderers.output import console
 
     out = console()
     out.print(f"[bold]preflight[/bold] {escape(spec)}  (compiled with libtpu for one device, per-device batch)")
-    table = Table(show_header=True, title_justify="left")
-    table.add_column("")
-    for r in results:
-        table.add_column(f"{r['target']} ({r['topology']}, {r['device']})", justify="right")
+    rows = []
 
     def row(label, fn):
         cells = [fn(r) for r in results]
         if any(cell != "-" for cell in cells):  # e.g. no compiler figures when it refused the program
-            table.add_row(label, *cells)
+            rows.append((label, *cells))
 
     def size(key):
         return lambda r: fmt_bytes(r[key]) if r.get(key) is not None else "-"
@@ -109,7 +106,9 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
         if any("max_batch_size" in r.get("bf16", {}) for r in results):
             row("bf16: max batch", lambda r: _max(r["bf16"]) if r.get("bf16") else "-")
     row("compiles (this run)", lambda r: str(r["compiles"]))
-    out.print(table)
+    columns = [tables.text("")] + [tables.text(f"{r['target']} ({r['topology']}, {r['device']})", justify="right")
+                                   for r in results]
+    out.print(tables.table(columns, rows, out.width))
 
     for r in results:
         if len(r.get("curve", [])) > 1:

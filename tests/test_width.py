@@ -1,0 +1,114 @@
+"""One width rule for every command (tpuprof/renderers/tables.py): each command's human output, piped with
+COLUMNS=80 and COLUMNS=100, has no line wider than that and no figure split across lines or cells."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from rich.cells import cell_len
+
+from conftest import DUMPS, ROOT, SAMPLES, run_cli
+
+CAPTURES = SAMPLES / "captures"
+OOM = ROOT / "tests" / "fixtures" / "oom"
+
+COMMANDS = {
+    "memory conv18": ["memory", DUMPS / "conv18_f32_v5e", "--top", "20"],
+    "memory transformer": ["memory", DUMPS / "transformer_bf16_v6e"],
+    "memory tf estimate": ["memory", DUMPS / "tf_hlo_cpu", "--target", "v5e"],
+    "oom detailed": ["oom", OOM / "pytorch_xla_3041_indented.txt"],
+    "oom gemma": ["oom", OOM / "easydel_142_gemma_bf16.txt"],
+    "oom libtpu": ["oom", SAMPLES / "oom" / "libtpu_transformer_v5e.txt"],
+    "analyze tf": ["analyze", CAPTURES / "tf_slow_map"],
+    "analyze two hosts": ["analyze", CAPTURES / "jax_two_hosts_straggler"],
+    "diff dumps": ["diff", DUMPS / "diff_b64", DUMPS / "diff_b128"],
+    "diff profiles": ["diff", CAPTURES / "tf_slow_map", CAPTURES / "tf_cached"],
+}
+
+BYTES_UNIT = re.compile(r"\b(?:KiB|MiB|GiB|TiB)\b")
+DECIMAL = re.compile(r"(?<![\w.])[-+]?\d+\.\d+(?![\w.])")
+
+
+def check_width(output: str, width: int, reference: str | None = None) -> None:
+    """No line wider than WIDTH; every byte size whole (its number on the same line); with the REFERENCE
+    output at 200 columns, no decimal number that it does not hold (a fragment of a folded one)."""
+    lines = output.splitlines()
+    assert lines, "no output"
+    for line in lines:
+        assert cell_len(line) <= width, f"{cell_len(line)} > {width}: {line!r}"
+        for unit in BYTES_UNIT.finditer(line):
+            assert re.search(r"\d \Z", line[:unit.start()]), f"a size cut from its number: {line!r}"
+    if reference is not None:
+        known = set(DECIMAL.findall(reference))
+        for line in lines:
+            for number in DECIMAL.findall(line):
+                assert number in known, f"{number} is not a figure of the wide output (split?): {line!r}"
+
+
+@pytest.fixture(scope="module")
+def wide():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            result = run_cli(*COMMANDS[name], env={"COLUMNS": "200"})
+            assert result.returncode == 0, result.stderr
+            cache[name] = result.stdout
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("width", [80, 100])
+@pytest.mark.parametrize("name", COMMANDS)
+def test_tables_fit_the_width(name, width, wide):
+    result = run_cli(*COMMANDS[name], env={"COLUMNS": str(width)})
+    assert result.returncode == 0, result.stderr
+    check_width(result.stdout, width, wide(name))
+
+
+def test_pipe_without_columns_is_120_wide():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    process = subprocess.run([sys.executable, "-m", "tpuprof", "memory", str(DUMPS / "transformer_bf16_v6e")],
+                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert process.returncode == 0, process.stderr
+    assert max(cell_len(line) for line in process.stdout.splitlines()) == 120
+
+
+def test_narrow_tables_name_what_they_left_out():
+    result = run_cli("memory", DUMPS / "conv18_f32_v5e", env={"COLUMNS": "80"})
+    assert "left out at 80 columns: unpadded" in result.stdout and "framework op" in result.stdout
+    assert "left out" not in run_cli("memory", DUMPS / "conv18_f32_v5e", env={"COLUMNS": "200"}).stdout
+
+
+def test_long_names_keep_both_ends():
+    """At 80 columns a framework op keeps its scope's start and its op's end around the ellipsis."""
+    out = run_cli("memory", DUMPS / "conv18_f32_v5e", env={"COLUMNS": "80"}).stdout
+    ops = out.split("By framework op")[1]
+    assert re.search(r"jit\(train_\S*…\S*conv_general_dilated", ops), ops
+
+
+def test_preflight_table_fits(tmp_path):
+    """Two generations side by side, compiled with libtpu (one small compile each, cached for the 2nd width)."""
+    args = ["preflight", f"{SAMPLES / 'models' / 'conv18.py'}:factory", "--tpu", "v5e,v6e", "--batch", "8"]
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    reference = run_cli(*args, env={**env, "COLUMNS": "200"}, timeout=600)
+    assert reference.returncode == 0, reference.stderr
+    for width in (80, 100):
+        result = run_cli(*args, env={**env, "COLUMNS": str(width)}, timeout=600)
+        assert result.returncode == 0, result.stderr
+        check_width(result.stdout, width, reference.stdout)
+
+
+def test_capture_summary_fits(profiler_job, tmp_path):
+    job = profiler_job("jax_job.py", "--slow-loader-ms", "20")  # the same job test_capture.py uses
+    for width in (80, 100):
+        result = run_cli("capture", "--service-addr", job.address, "--logdir", tmp_path / str(width),
+                         "--duration", "500ms", env={"COLUMNS": str(width)}, timeout=120)
+        assert result.returncode == 0, result.stderr
+        check_width(result.stdout, width)
