@@ -181,7 +181,9 @@ def test_jax_recompiling_every_step_is_compile_bound_where_xprof_sees_no_compile
     assert report.verdict == "compile-bound" and report.breakdown_percent["compile"] >= 50
     advice = report.suggestions[0]
     assert advice["kind"] == "compile" and "backend_compile_and_load" in advice["evidence"]
-    assert f"x{report.step_count}" in advice["evidence"]  # one compilation per step
+    # At least one compilation per step (the last step, whose end the capture does not show, is left out).
+    compiles = int(re.search(r"`backend_compile_and_load` x(\d+)", advice["evidence"]).group(1))
+    assert compiles >= report.step_count >= 1
 
 
 def test_two_hosts_one_with_a_slower_loader_is_the_straggler(reports):
@@ -203,14 +205,15 @@ def test_json_contract_from_the_cli(capsys):
     assert set(document) >= {"hosts", "steps", "breakdown_percent", "input_bound_percent", "verdict",
                              "suggestions", "top_ops"}
     assert set(document["steps"]) >= {"count", "mean_ms", "median_ms", "p90_ms"}
-    assert set(document["breakdown_percent"]) == {"compute", "input", "host_overhead", "compile", "other"}
+    assert set(document["breakdown_percent"]) == {"compute", "input", "host_transfer", "collective", "host_overhead",
+                                                  "compile", "other"}
     assert abs(sum(document["breakdown_percent"].values()) - 100) < 0.5
     assert all(set(s) >= {"kind", "message", "evidence"} for s in document["suggestions"])
     assert len(document["top_ops"]) <= 5 and document["top_ops"][0]["name"] == "EagerPyFunc"
     assert document["hosts"][0]["platform"] == "cpu"
     steps = document["hosts"][0]["step_list"]
     assert len(steps) == document["steps"]["count"]
-    assert all(abs(sum(s[f"{c}_ms"] for c in ("compute", "input", "host_overhead", "compile", "other"))
+    assert all(abs(sum(s[f"{c}_ms"] for c in document["breakdown_percent"])
                    - s["duration_ms"]) < 0.01 for s in steps)
 
 
@@ -218,7 +221,7 @@ def test_tables_render(capsys):
     cli.main(["analyze", str(capture("tf_slow_map"))])
     out = capsys.readouterr().out
     assert "highly input-bound" in out and "[input_pipeline]" in out and "tf.data stages" in out
-    assert "Top ops" in out and "EagerPyFunc" in out
+    assert "Host ops by self time" in out and "EagerPyFunc" in out
 
 
 def test_fsspec_url_is_read(tmp_path):
@@ -316,7 +319,7 @@ def test_tpu_cores_and_hosts_straggler(tmp_path):
     fast = Layout(idle_ms=0.2, matmul_ms=4.0, other_ms=1.0, cores=2, matmul_dtype="bf16")
     slow = Layout(idle_ms=2.2, matmul_ms=4.0, other_ms=1.0, cores=2, matmul_dtype="bf16")
     report = analyze_layout(tmp_path, fast, **{"tpu-vm-1": fast, "tpu-vm-2": slow})
-    assert len(report.hosts) == 3 and "2 TPU core(s)" in report.hosts[0].step_source
+    assert len(report.hosts) == 3 and "2 TPU chip(s)" in report.hosts[0].step_source
     assert [host for host, *_ in report.stragglers] == ["tpu-vm-2"]
     assert any(s["kind"] == "straggler" and "tpu-vm-2" in s["message"] for s in report.suggestions)
 

@@ -26,6 +26,9 @@ class Target:
     hbm_gbps: float  # per chip
     # Second-minor tile for 32/16/8-bit types in the default TPU layouts (minor dim tiles to 128).
     second_minor_tile: tuple[int, int, int] = (8, 16, 32)
+    # The link between the host and one chip, GB/s per direction, and what that figure is (None: not published).
+    host_link_gbps: float | None = None
+    host_link: str = ""
 
 
 def _g(value: float) -> int:
@@ -40,7 +43,10 @@ TARGETS: dict[str, Target] = {
         Target("v4", "v4:2x2x1", "one TensorCore", _g(15.25), 16 * GiB, 275, 1200),
         Target("v5e", "v5e:2x2", "one chip", _g(15.75), 16 * 10**9, 197, 819),
         Target("v5p", "v5p:2x2x1", "one TensorCore", _g(95.74), 95 * 10**9, 459, 2765),
-        Target("v6e", "v6e:2x2", "one chip", _g(31.25), 32 * 10**9, 918, 1638),
+        # Cloud TPU docs: "each v6e chip ... connects to the host through a PCIe Gen5 interface"; the lane count
+        # is not published: 32 GT/s x 16 lanes x 128/130 / 8 = 63 GB/s per direction if it is x16.
+        Target("v6e", "v6e:2x2", "one chip", _g(31.25), 32 * 10**9, 918, 1638, host_link_gbps=63.0,
+               host_link="PCIe Gen5, 63 GB/s per direction if x16 (lanes not published)"),
     )
 }
 ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e", "v5": "v5p"}
@@ -53,6 +59,18 @@ def get(name: str) -> Target:
     if key not in TARGETS:
         raise UserError(f"unknown TPU target {name!r}: use one of {', '.join(TARGETS)}.")
     return TARGETS[key]
+
+
+# `device_type_string` of a capture's /device:TPU:N plane -> generation.
+_DEVICE_TYPES = {"tpu v2": "v2", "tpu v3": "v3", "tpu v4": "v4", "tpu v5 lite": "v5e", "tpu v5e": "v5e",
+                 "tpu v5": "v5p", "tpu v5p": "v5p", "tpu v6 lite": "v6e", "tpu v6e": "v6e"}
+
+
+def from_device_type(text: str) -> str | None:
+    """`TPU v6 Lite` (a profiler capture's device_type_string) -> `v6e`; None when unknown."""
+    key = " ".join(text.lower().split())
+    name = _DEVICE_TYPES.get(key)
+    return name if name in TARGETS else None
 
 
 # libtpu's chip codenames in a dump's `*.target_arguments.txt` (tpu_topology_args.version / variant).

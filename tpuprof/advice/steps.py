@@ -1,4 +1,8 @@
-"""Suggestions from a step report: {"kind", "message", "evidence"}, most valuable first."""
+"""Suggestions from a step report (tpuprof.models.suggestion.Suggestion), ranked by the time per step they can win.
+
+Savings are estimates (a range up to the category's time per step): a fix removes at most the time its
+category takes, and usually less.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,12 @@ import math
 
 from tpuprof.analyses import input_pipeline
 from tpuprof.analyses.summary import COMPILE_BOUND, MODERATELY_INPUT_BOUND, Report
+from tpuprof.models.suggestion import Suggestion, rank
+from tpuprof.units import fmt_bytes
+
+# Host transfers and collectives worth a suggestion (share of step time).
+MIN_HOST_TRANSFER_PERCENT = 5.0
+MIN_COLLECTIVE_PERCENT = 10.0
 
 # Host overhead per step we aim for once the loop is amortised over N steps (share of step time).
 TARGET_OVERHEAD = 0.05
@@ -24,7 +34,7 @@ def _framework(report: Report) -> str:
     return found.pop() if len(found) == 1 else ""
 
 
-def _input(report: Report) -> dict | None:
+def _input(report: Report) -> Suggestion | None:
     share = report.breakdown_percent.get("input", 0.0)
     if share < MODERATELY_INPUT_BOUND:
         return None
@@ -77,7 +87,9 @@ def _input(report: Report) -> dict | None:
     else:
         message = ("The step waits for input: parallelise the pipeline (`num_parallel_calls=tf.data.AUTOTUNE`), "
                    "`cache()` and `prefetch(tf.data.AUTOTUNE)`.")
-    return {"kind": "input_pipeline", "message": message, "evidence": "; ".join(evidence) + "."}
+    return Suggestion(kind="input_pipeline", message=message, evidence="; ".join(evidence) + ".",
+                      severity="blocking" if share >= 20 else "improve", saving_ms_per_step=per_step,
+                      saving_ms_range=(0.0, per_step), framework=_framework(report) or None)
 
 
 def steps_per_execution_for(overhead_ms: float, compute_ms_per_batch: float, current: int) -> int | None:
@@ -89,7 +101,7 @@ def steps_per_execution_for(overhead_ms: float, compute_ms_per_batch: float, cur
     return n if n >= 2 * current else None
 
 
-def _host_overhead(report: Report) -> dict | None:
+def _host_overhead(report: Report) -> Suggestion | None:
     share = report.breakdown_percent.get("host_overhead", 0.0)
     if share < MIN_OVERHEAD_PERCENT:
         return None
@@ -122,10 +134,14 @@ def _host_overhead(report: Report) -> dict | None:
     else:
         message = (f"Set `model.compile(..., steps_per_execution={n})` (now {k}) so Keras runs {n} steps per call "
                    f"and pays the per-call host overhead once; {effect}. A larger batch also amortises it.")
-    return {"kind": "steps_per_execution", "message": message, "evidence": evidence, "steps_per_execution": n}
+    saving = (now_per_batch - then_per_batch) * k
+    return Suggestion(kind="steps_per_execution", message=message, evidence=evidence, saving_ms_per_step=saving,
+                      saving_ms_range=(0.0, saving), severity="blocking" if share >= 20 else "improve",
+                      code=f"model.compile(..., steps_per_execution={n})" if framework == "tf" else "",
+                      framework=framework or None, extra={"steps_per_execution": n})
 
 
-def _precision(report: Report) -> dict | None:
+def _precision(report: Report) -> Suggestion | None:
     matmul = sum(h.matmul_ps for h in report.hosts)
     wide = sum(h.matmul_f32_ps for h in report.hosts)
     compute = sum(h.total("compute") for h in report.hosts)
@@ -139,17 +155,17 @@ def _precision(report: Report) -> dict | None:
     jax_way = "bfloat16 params/activations (`jnp.bfloat16`, e.g. `param_dtype`/`dtype` in Flax)"
     how = keras_way if framework == "tf" else jax_way if framework == "jax" else f"{keras_way} (Keras) or {jax_way}"
     per_step_ms = wide / 1e9 / max(report.step_count, 1)
-    return {
-        "kind": "bf16",
-        "message": (f"{share:.0f}% of device compute is matmuls/convolutions with 32-bit results. Use {how}: the "
-                    "MXU is a bfloat16 unit and 16-bit operands halve the HBM traffic and activation memory, so "
-                    f"expect up to about half of those {per_step_ms:.2f} ms per step back."),
-        "evidence": f"{wide / 1e9:.1f} ms of {matmul / 1e9:.1f} ms in matmuls/convolutions return f32; "
-                    f"compute {compute / 1e9:.1f} ms in total.",
-    }
+    return Suggestion(
+        kind="bf16",
+        message=(f"{share:.0f}% of device compute is matmuls/convolutions with 32-bit results. Use {how}: the "
+                 "MXU is a bfloat16 unit and 16-bit operands halve the HBM traffic and activation memory, so "
+                 f"expect up to about half of those {per_step_ms:.2f} ms per step back."),
+        evidence=f"{wide / 1e9:.1f} ms of {matmul / 1e9:.1f} ms in matmuls/convolutions return f32; "
+                 f"compute {compute / 1e9:.1f} ms in total.",
+        saving_ms_per_step=per_step_ms / 2, saving_ms_range=(0.0, per_step_ms / 2), framework=framework or None)
 
 
-def _compile(report: Report) -> dict | None:
+def _compile(report: Report) -> Suggestion | None:
     share = report.breakdown_percent.get("compile", 0.0)
     if share < COMPILE_BOUND / 2:
         return None
@@ -161,27 +177,116 @@ def _compile(report: Report) -> dict | None:
             entry[1] += spent
     biggest = sorted(events.items(), key=lambda item: item[1][1], reverse=True)[:2]
     named = ", ".join(f"`{name}` x{count} ({spent / 1e9:.0f} ms)" for name, (count, spent) in biggest)
-    return {"kind": "compile",
-            "message": ("Steps keep compiling: keep shapes and Python arguments the same from step to step (pad "
-                        "batches to fixed shapes or a few bucket sizes, `drop_remainder=True`, mark config "
-                        "arguments static); JAX's `jax.config.update(\"jax_explain_cache_misses\", True)` names "
-                        "what changed."),
-            "evidence": f"{share:.1f}% of step time in tracing/compilation over {report.step_count} steps"
-                        + (f": {named}." if named else ".")}
+    per_step = report.breakdown_ms_per_step.get("compile", 0.0)
+    return Suggestion(kind="compile",
+                      message=("Steps keep compiling: keep shapes and Python arguments the same from step to step "
+                               "(pad batches to fixed shapes or a few bucket sizes, `drop_remainder=True`, mark "
+                               "config arguments static); JAX's `jax.config.update(\"jax_explain_cache_misses\", "
+                               "True)` names what changed."),
+                      evidence=f"{share:.1f}% of step time in tracing/compilation over {report.step_count} steps"
+                               + (f": {named}." if named else "."),
+                      severity="blocking" if share >= COMPILE_BOUND else "improve",
+                      saving_ms_per_step=per_step, saving_ms_range=(0.0, per_step))
 
 
-def _stragglers(report: Report) -> list[dict]:
-    return [{"kind": "straggler",
-             "message": (f"Host {host} is slower than the others; every synchronous step waits for it: check its "
-                         "input pipeline, CPU load and data locality."),
-             "evidence": f"median step {value:.2f} ms against {middle:.2f} ms across hosts."}
-            for host, value, middle in report.stragglers]
+def _stragglers(report: Report) -> list[Suggestion]:
+    found = [Suggestion(kind="straggler",
+                        message=(f"Host {host} is slower than the others; every synchronous step waits for it: check "
+                                 "its input pipeline, CPU load and data locality."),
+                        evidence=f"median step {value:.2f} ms against {middle:.2f} ms across hosts.",
+                        saving_ms_per_step=value - middle, saving_ms_range=(0.0, value - middle))
+             for host, value, middle in report.stragglers]
+    for chip in report.slow_chips:
+        found.append(Suggestion(
+            kind="slow_chip",
+            message=(f"Chip {chip.chip} of {chip.host} does more work per step than the others, which wait for it: "
+                     "balance the sharding (uneven shards or padding land on one chip) or check that chip's ops "
+                     "in the per-chip breakdown."),
+            evidence=f"its own work {chip.work_ms:.2f} ms per step against {chip.fastest_ms:.2f} ms on the "
+                     "least-busy chip (median over aligned steps).",
+            saving_ms_per_step=chip.work_ms - chip.fastest_ms, saving_ms_range=(0.0, chip.work_ms - chip.fastest_ms)))
+    return found
 
 
-def suggest(report: Report) -> list[dict]:
-    share = report.breakdown_percent
-    ranked = [(share.get("input", 0.0), _input(report)), (share.get("host_overhead", 0.0), _host_overhead(report)),
-              (share.get("compile", 0.0), _compile(report))]
-    ranked.sort(key=lambda pair: pair[0], reverse=True)  # the biggest stall's fix first
-    found = [s for _, s in ranked] + [_precision(report), *_stragglers(report)]
-    return [s for s in found if s]
+def _host_transfer(report: Report) -> Suggestion | None:
+    share = report.breakdown_percent.get("host_transfer", 0.0)
+    if share < MIN_HOST_TRANSFER_PERCENT:
+        return None
+    per_step = report.breakdown_ms_per_step["host_transfer"]
+    ops = [o for o in report.device_ops if o.category == "host_transfer" and o.step_count]
+    steps = max(report.chip_steps, 1)
+    copies = [o for o in ops if o.transfer and not o.async_start]
+    incoming = sum(o.bytes_accessed * o.step_count for o in copies if o.transfer == "to_device") / steps
+    outgoing = sum(o.bytes_accessed * o.step_count for o in copies if o.transfer == "to_host") / steps
+    capacity = ""
+    from tpuprof import targets
+
+    target = targets.TARGETS.get(report.roof.device_kind) if report.roof else None
+    if target and incoming:
+        fits = "fits" if incoming < target.compiler_hbm_bytes else "does not fit"
+        capacity = (f" ({fmt_bytes(int(incoming))} of arrays come in each step; a {target.name} chip offers "
+                    f"{fmt_bytes(target.compiler_hbm_bytes)} of HBM: it {fits})")
+    framework = _framework(report)
+    jax_way = ("place them with `jax.device_put(x, NamedSharding(mesh, spec))` (memory_kind \"device\", not "
+               "\"pinned_host\") and keep them as the jitted step's donated state")
+    message = (f"The step waits for copies between host memory and HBM ({per_step:.0f} ms per step). Keep the "
+               f"arrays in HBM across steps if they fit{capacity}: {jax_way}; if they must live on the host "
+               "(host offload), overlap the copies with compute: issue the next step's transfers before this step's "
+               "work (prefetch to device), split the arrays so a copy and the ops that use it pipeline, and move "
+               "fewer bytes (bf16 halves them).")
+    evidence = (f"{share:.1f}% of step time in host transfers: {fmt_bytes(int(incoming))} into HBM and "
+                f"{fmt_bytes(int(outgoing))} back per step per chip")
+    rates = [report.rates(o) for o in copies if report.rates(o) and report.rates(o).bytes_per_s]
+    if rates:
+        fastest = max(r.bytes_per_s for r in rates)
+        evidence += f"; waited-for copies run at {min(r.bytes_per_s for r in rates) / 1e9:.1f}-{fastest / 1e9:.1f} GB/s"
+    return Suggestion(kind="host_transfer", message=message, evidence=evidence + ".",
+                      severity="blocking" if share >= 20 else "improve", saving_ms_per_step=per_step,
+                      saving_ms_range=(0.0, per_step), framework=framework or None,
+                      code="jax.device_put(x, jax.sharding.NamedSharding(mesh, spec, memory_kind='device'))",
+                      extra={"host_transfer_bytes_per_step": int(incoming + outgoing)})
+
+
+def _collective(report: Report) -> Suggestion | None:
+    share = report.breakdown_percent.get("collective", 0.0)
+    if share < MIN_COLLECTIVE_PERCENT:
+        return None
+    per_step = report.breakdown_ms_per_step["collective"]
+    ops = [o for o in report.device_ops if o.category == "collective" and (report.ms_per_step(o) or 0) > 0]
+    named = ", ".join(f"{o.hlo_op} {o.shape.split('{')[0]} ({report.ms_per_step(o):.2f} ms)" for o in ops[:3])
+    return Suggestion(
+        kind="collective",
+        message=("The step waits for collectives between chips. Overlap them with compute (XLA's async collectives "
+                 "and latency-hiding scheduler: keep the -start and -done of each collective apart), shard so that "
+                 "less crosses chips (FSDP/ZeRO-style parameter sharding moves gradients once; keep activations "
+                 "sharded along the batch), reduce in bf16, and avoid collectives over the data-centre network "
+                 "(DCN) inside the step."),
+        evidence=f"{share:.1f}% of step time ({per_step:.2f} ms per step) waiting in collectives"
+                 + (f": {named}." if named else "."),
+        severity="blocking" if share >= 20 else "improve", saving_ms_per_step=per_step,
+        saving_ms_range=(0.0, per_step))
+
+
+def _memory_bound(report: Report) -> Suggestion | None:
+    if report.verdict != "memory-bound":
+        return None
+    ops = report.verdict_ops
+    spent = sum(report.ms_per_step(o) or 0 for o in ops)
+    named = ", ".join(f"{o.hlo_op} {o.shape.split('{')[0]} ({report.ms_per_step(o):.2f} ms, intensity "
+                      f"{report.rates(o).intensity:.2f} FLOP/B)" for o in ops[:3] if report.rates(o).intensity)
+    ridge = report.roof.ridge if report.roof else None
+    return Suggestion(
+        kind="memory_bound",
+        message=("Most device time is vector work limited by HBM bandwidth (few FLOPs per byte). Let XLA fuse it into "
+                 "the matmuls around it (avoid reshapes/transposes and dtype changes between them, keep elementwise "
+                 "chains inside one jitted function), store activations in bf16 (half the bytes), and recompute "
+                 "cheap elementwise results rather than writing and reading them back."),
+        evidence=(f"{100 * (spent / report.mean_ms if report.mean_ms else 0):.0f}% of the step in HBM-bound ops"
+                  + (f" (ridge point {ridge:.0f} FLOP/B)" if ridge else "") + (f": {named}." if named else ".")),
+        saving_ms_per_step=spent / 2, saving_ms_range=(0.0, spent / 2))
+
+
+def suggest(report: Report) -> list[Suggestion]:
+    found = [_input(report), _host_overhead(report), _compile(report), _host_transfer(report), _collective(report),
+             _memory_bound(report), _precision(report), *_stragglers(report)]
+    return rank([s for s in found if s])

@@ -2,17 +2,16 @@
 
 Two ways to find steps:
 
-- TPU device planes (`/device:TPU:N`): the `Steps` line (one event per step), else the executions of
-  the busiest program on the `XLA Modules` line. Inside a step period, time on `XLA Ops` is compute,
-  infeed ops are input, and device idle time (no program running) is the host's: input when the host
-  was waiting for data at that moment, host overhead otherwise. This is XProf's TPU model.
+- TPU device planes (`/device:TPU:N`): each chip's own steps and device-time categories (compute,
+  host_transfer, input, collective, host overhead, compile, other), see analyses.chips.
 - Host-only captures (CPU jobs, or GPU without device steps), where XProf answers "No step time
   measured": step markers on the host, in order of trust: explicit `StepTraceAnnotation` /
   `tf.profiler.experimental.Trace(..., step_num=)` events, Keras' compiled step function
   (`multi_step_on_iterator`, ...), then the busiest jitted function (`PjitFunction(...)`).
 
 A step period runs from one step's start to the next step's start, so the time between steps (the
-host's Python loop) belongs to it. Within it, with this priority:
+host's Python loop) belongs to it; the last step, whose next start is not in the capture, is left out
+unless it is the only one. Within a host step, with this priority:
   compile       - tracing/compiling events;
   input         - the training thread blocked on the tf.data iterator (`IteratorGetNext...`);
   compute       - kernels running on executor threads (TF ops, XLA:CPU thunks, GPU kernels), and the step
@@ -30,11 +29,10 @@ import re
 
 import numpy as np
 
-from tpuprof.analyses import input_pipeline, top_ops
+from tpuprof.analyses import chips, input_pipeline, top_ops
 from tpuprof.analyses.timeline import Line, Spans, read_line, top_level
 from tpuprof.models.profile import HostProfile, Step
 
-TPU_PLANE = re.compile(r"^/device:TPU:(\d+)$")
 GPU_PLANE = re.compile(r"^/device:GPU:(\d+)$")
 HOST_PLANE = "/host:CPU"
 
@@ -87,7 +85,7 @@ def _periods(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return starts, np.maximum(period_end, starts)
 
 
-def _split(a, b, layers: list[tuple[str, Spans]], rest: str | None) -> dict[str, np.ndarray]:
+def split_layers(a, b, layers: list[tuple[str, Spans]], rest: str | None) -> dict[str, np.ndarray]:
     """Time of [a, b) per category: each layer takes what the layers before it did not."""
     result: dict[str, np.ndarray] = {}
     covered = Spans.empty()
@@ -102,7 +100,7 @@ def _split(a, b, layers: list[tuple[str, Spans]], rest: str | None) -> dict[str,
     return result
 
 
-def _make_steps(a, b, parts: dict[str, np.ndarray], numbers=None, batches=None) -> list[Step]:
+def make_steps(a, b, parts: dict[str, np.ndarray], numbers=None, batches=None) -> list[Step]:
     steps = []
     for i in range(len(a)):
         values = {f"{k}_ps": int(max(v[i], 0)) for k, v in parts.items()}
@@ -254,7 +252,7 @@ def host_steps(view: HostView, profile: HostProfile) -> None:
     profile.input_visible = view.input_visible
     if view.input_visible:
         layers = [("compile", view.compile), ("input", view.input_wait), ("compute", core | view.work)]
-        parts = _split(a, b, layers, rest="host_overhead")
+        parts = split_layers(a, b, layers, rest="host_overhead")
     else:
         # No input pipeline in the trace: untraced host time is the Python data loader's.
         profile.untraced_input = True
@@ -271,80 +269,21 @@ def host_steps(view: HostView, profile: HostProfile) -> None:
         launch = Spans(np.minimum(launch_start, core_start), core_start)
         layers = [("compile", view.compile), ("input", view.input_wait), ("compute", core | view.work),
                   ("host_overhead", traced | launch | Spans(core_end, end))]
-        parts = _split(a, b, layers, rest="input")
+        parts = split_layers(a, b, layers, rest="input")
     numbers = view.step_numbers(line, idx)
     batches = view.batches_per_step(start, end)
-    profile.steps = _make_steps(a, b, parts, numbers, batches)
+    profile.steps = make_steps(a, b, parts, numbers, batches)
+    if len(profile.steps) > 1:
+        # The last step's period ends with its marker: the gap before the next step is not in the capture, so
+        # it would be measured shorter than the others. Leave it out.
+        profile.steps = profile.steps[:-1]
 
 
 # --------------------------------------------------------------------------------------------------
-# TPU device planes.
+# Shared by the TPU chips' split (analyses.chips).
 
 
-def _category_ids(plane, categories: tuple[str, ...], name_pattern: re.Pattern) -> set[int]:
-    names = _stat_names(plane)
-    result = set()
-    for key, meta in plane.event_metadata.items():
-        category = ""
-        for stat in meta.stats:
-            if names.get(stat.metadata_id) == "hlo_category":
-                category = str(_stat(plane, stat, names)).lower()
-        if category in categories or name_pattern.search(meta.name):
-            result.add(key)
-    return result
-
-
-INFEED = re.compile(r"(?i)infeed|host-to-device|recv-done")
-OUTFEED = re.compile(r"(?i)outfeed|device-to-host|send-done")
-
-
-def device_steps(plane, host_wait: Spans) -> tuple[list[Step], str] | None:
-    """Steps of one TPU core, or None when the plane has no steps or programs."""
-    lines = {line.name: line for line in plane.lines if len(line.events)}
-    ops_line = lines.get("XLA Ops")
-    modules_line = lines.get("XLA Modules")
-    if ops_line is None and modules_line is None:
-        return None
-    ops = read_line(ops_line) if ops_line is not None else None
-    modules = read_line(modules_line) if modules_line is not None else None
-    steps_line = lines.get("Steps")
-    if steps_line is not None:
-        marker = read_line(steps_line)
-        start, end = marker.start, marker.end
-        source = "the device `Steps` line"
-    elif modules is not None:
-        # The training program is the one that takes the most device time.
-        totals: dict[int, int] = {}
-        for mid, duration in zip(modules.mid.tolist(), (modules.end - modules.start).tolist()):
-            totals[mid] = totals.get(mid, 0) + duration
-        busiest = max(totals, key=totals.get)
-        idx = np.flatnonzero(modules.mid == busiest)
-        start, end = modules.start[idx], modules.end[idx]
-        source = f"executions of program `{plane.event_metadata[busiest].name}`"
-    else:
-        return None
-    if len(start) < 1:
-        return None
-    a, b = _periods(start, end)
-    if ops is not None:
-        infeed = ops.select(_category_ids(plane, ("infeed",), INFEED))
-        outfeed = ops.select(_category_ids(plane, ("outfeed",), OUTFEED))
-        infeed_spans = Spans(ops.start[infeed], ops.end[infeed])
-        outfeed_spans = Spans(ops.start[outfeed], ops.end[outfeed])
-        op_spans = Spans(ops.start, ops.end)
-    else:
-        infeed_spans = outfeed_spans = Spans.empty()
-        op_spans = Spans(modules.start, modules.end)
-    program = Spans(modules.start, modules.end) if modules is not None else op_spans
-    # Device idle (no program running) while the host was blocked on input is input; else host overhead.
-    idle_waiting = _complement_within(program | op_spans, host_wait, a, b)
-    layers = [("input", infeed_spans), ("other", outfeed_spans), ("compute", op_spans),
-              ("other", program), ("input", idle_waiting)]
-    parts = _split(a, b, layers, rest="host_overhead")
-    return _make_steps(a, b, parts), source
-
-
-def _complement_within(busy: Spans, wanted: Spans, a, b) -> Spans:
+def complement_within(busy: Spans, wanted: Spans, a, b) -> Spans:
     """The parts of WANTED that fall where BUSY is not, clipped to the step periods."""
     if not len(wanted.starts) or not len(a):
         return Spans.empty()
@@ -361,20 +300,6 @@ def _complement_within(busy: Spans, wanted: Spans, a, b) -> Spans:
             ends.append(min(e, int(gaps.ends[i])))
             i += 1
     return Spans(starts, ends)
-
-
-def _mean_steps(per_core: list[list[Step]]) -> list[Step]:
-    """Average the cores' steps position by position (cores of one host run the same steps)."""
-    count = min(len(steps) for steps in per_core)
-    result = []
-    for i in range(count):
-        group = [steps[i] for steps in per_core]
-        mean = lambda attr: int(round(sum(getattr(s, attr) for s in group) / len(group)))  # noqa: E731
-        result.append(Step(number=group[0].number, start_ps=group[0].start_ps, duration_ps=mean("duration_ps"),
-                           compute_ps=mean("compute_ps"), input_ps=mean("input_ps"),
-                           host_overhead_ps=mean("host_overhead_ps"), compile_ps=mean("compile_ps"),
-                           other_ps=mean("other_ps")))
-    return result
 
 
 # --------------------------------------------------------------------------------------------------
@@ -411,7 +336,8 @@ def _host_waiting(view: HostView) -> Spans:
 def analyze_xspace(space, host: str, path: str = "") -> HostProfile:
     planes = list(space.planes)
     host_plane = next((p for p in planes if p.name == HOST_PLANE), None)
-    tpu_planes = sorted((p for p in planes if TPU_PLANE.match(p.name)), key=lambda p: int(TPU_PLANE.match(p.name)[1]))
+    tpu_planes = sorted((p for p in planes if chips.TPU_PLANE.match(p.name)),
+                        key=lambda p: int(chips.TPU_PLANE.match(p.name)[1]))
     gpu_planes = [p for p in planes if GPU_PLANE.match(p.name)]
     platform = "tpu" if tpu_planes else "gpu" if gpu_planes else "cpu"
     profile = HostProfile(host=host, path=path, platform=platform, step_source="")
@@ -425,16 +351,14 @@ def analyze_xspace(space, host: str, path: str = "") -> HostProfile:
         # GPU kernels and copies run on the device planes' stream lines: they are the step's compute.
         kernels = [read_line(line) for plane in gpu_planes for line in plane.lines if len(line.events)]
         view.work = view.work | _spans([(k.start, k.end) for k in kernels])
-    per_core, source = [], ""
     host_wait = _host_waiting(view) if view is not None and tpu_planes else Spans.empty()
-    for plane in tpu_planes:
-        found = device_steps(plane, host_wait)
-        if found:
-            per_core.append(found[0])
-            source = found[1]
-    if per_core and all(per_core):
-        profile.steps = _mean_steps(per_core)
-        profile.step_source = f"{source} of {len(per_core)} TPU core(s)"
+    host_compile = view.compile if view is not None else Spans.empty()
+    found = chips.analyze(tpu_planes, host_wait, host_compile) if tpu_planes else None
+    if found is not None and found.steps:
+        profile.steps = found.steps
+        profile.devices = found.devices
+        profile.chip_steps = found.chip_steps
+        profile.step_source = f"{found.source} of {len(found.devices)} TPU chip(s)"
     elif view is not None:
         host_steps(view, profile)
     else:
@@ -442,8 +366,10 @@ def analyze_xspace(space, host: str, path: str = "") -> HostProfile:
 
     if view is not None:
         profile.stages = input_pipeline.stages(view.plane, view.lines)
-    profile.ops = top_ops.device_ops(tpu_planes) + (top_ops.host_ops(view.plane, view.lines) if view else [])
-    profile.matmul_ps, profile.matmul_f32_ps = top_ops.matmul_precision(tpu_planes)
+    profile.ops = (found.ops if found is not None else []) + \
+        (top_ops.host_ops(view.plane, view.lines) if view else [])
+    if found is not None:
+        profile.matmul_ps, profile.matmul_f32_ps = found.matmul_ps, found.matmul_f32_ps
     return profile
 
 

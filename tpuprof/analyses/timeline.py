@@ -21,6 +21,7 @@ class Line:
     end: np.ndarray
     mid: np.ndarray  # event metadata ids
     events: object  # the proto's repeated events, for the rare look at stats
+    origin_ps: int = 0  # the line's timestamp: event offsets are relative to it
 
     def select(self, ids) -> np.ndarray:
         """Indices of the events whose metadata id is in IDS."""
@@ -40,7 +41,8 @@ def read_line(line) -> Line:
     duration = np.fromiter(map(_DURATION, events), np.int64, n)
     mid = np.fromiter(map(_METADATA, events), np.int64, n)
     start = offset + np.int64(line.timestamp_ns) * 1000
-    return Line(line.name or line.display_name or str(line.id), start, start + duration, mid, events)
+    return Line(line.name or line.display_name or str(line.id), start, start + duration, mid, events,
+                int(line.timestamp_ns) * 1000)
 
 
 class Spans:

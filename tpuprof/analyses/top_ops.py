@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
-from tpuprof.analyses.timeline import Line, read_line, self_times
+from tpuprof.analyses.timeline import Line, self_times
 from tpuprof.models.profile import Op
 
 TF_OP = re.compile(r"^([^ :]+):([A-Za-z_]\w*)$")
@@ -33,8 +34,8 @@ def framework_name(scope: str) -> str:
     return parts[-1]
 
 
-def _stats(plane, meta) -> dict[str, object]:
-    names = {k: m.name for k, m in plane.stat_metadata.items()}
+def _stats(plane, meta, names: dict[int, str] | None = None) -> dict[str, object]:
+    names = names if names is not None else {k: m.name for k, m in plane.stat_metadata.items()}
     result = {}
     for stat in meta.stats:
         kind = stat.WhichOneof("value")
@@ -74,43 +75,170 @@ def host_ops(plane, lines: list[Line]) -> list[Op]:
     return [Op(name=n, kind=k, where="host", count=c, self_ps=s) for (n, k), (c, s) in rows.items()]
 
 
-def _op_lines(planes):
-    for plane in planes:
-        for line in plane.lines:
-            if line.name == "XLA Ops" and len(line.events):
-                yield plane, read_line(line)
+# --------------------------------------------------------------------------------------------------
+# TPU device ops: one row per HLO instruction, with what the capture says about it.
+
+# `S(5)` in a layout is XLA's host memory space (xla::Layout::kHostMemorySpace: pinned host memory).
+HOST_MEMORY = "S(5)"
+ARRAY = re.compile(r"\b[a-z]\w*\[[\d,]*\](?:\{[^}]*\})?")
+# `%name = <result shape> opcode(<operands>), attributes`: the opcode is the first ` word(` after the result.
+INSTRUCTION = re.compile(r"^%?(?P<name>[\w.\-]+) = (?P<result>.*?) (?P<opcode>[a-z][a-z0-9\-]*)\((?P<rest>.*)$", re.S)
+COLLECTIVE = re.compile(r"(?i)^(all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all|ragged-all-to-all|"
+                        r"collective-broadcast|send|recv|megascale|dcn)")
+COLLECTIVE_CATEGORY = re.compile(r"(?i)all-reduce|all-gather|reduce-scatter|collective|all-to-all|megascale|dcn")
+INFEED_OP = re.compile(r"(?i)^infeed")
+HOST_OPS = re.compile(r"(?i)^(outfeed|host-compute|move-?to-?host|move-?to-?device)")
+# The HBM entry of XProf's MemoryAccessBreakdown (op_metrics.proto: MEMORY_SPACE_HBM = 1).
+HBM_SPACE = 1
 
 
-def device_ops(planes) -> list[Op]:
-    rows: dict[tuple[str, str], list[int]] = {}
-    for plane, line in _op_lines(planes):
-        labels = {}
-        for key, meta in plane.event_metadata.items():
-            stats = _stats(plane, meta)
-            name = stats.get("tf_op") or meta.display_name or meta.name
-            labels[key] = (str(name), str(stats.get("hlo_category") or "xla"))
-        _aggregate(rows, line, np.arange(len(line.mid)), labels.__getitem__)
-    return [Op(name=n, kind=k, where="device", count=c, self_ps=s) for (n, k), (c, s) in rows.items()]
+@dataclass
+class DeviceOpInfo:
+    """One HLO instruction of a TPU plane's `XLA Ops` line (one event metadata entry)."""
+
+    hlo_op: str
+    framework_op: str
+    hlo_category: str
+    category: str  # compute | host_transfer | collective | input
+    program: str
+    shape: str
+    flops: float = 0.0
+    model_flops: float = 0.0
+    bytes_accessed: float = 0.0
+    hbm_bytes: float | None = None
+    flops_source: str = ""
+    transfer: str = ""  # to_device | to_host
+    async_start: bool = False
+    matmul: bool = False
+    wide_result: bool = False  # a 32/64-bit result type
 
 
-def matmul_precision(planes) -> tuple[int, int]:
-    """(device ps in matmuls/convolutions, of which with a 32-bit result) from the TPU op lines."""
-    total = wide = 0
-    for plane, line in _op_lines(planes):
-        kinds = {}
-        for key, meta in plane.event_metadata.items():
-            stats = _stats(plane, meta)
-            category = str(stats.get("hlo_category") or "").lower()
-            text = " ".join(str(stats.get(k) or "") for k in ("shape_with_layout", "long_name")) + " " + meta.name
-            if category in MATMUL_CATEGORIES or (not category and MATMUL_NAME.search(meta.display_name or meta.name)):
-                found = RESULT_TYPE.search(text)
-                kinds[key] = found.group(1) if found else ""
-        if not kinds:
+def _hbm_bytes(raw: bytes) -> float | None:
+    """HBM bytes from a `memory_access_breakdown` stat (XProf's MemoryAccessBreakdown proto), if readable."""
+    try:
+        from xprof.protobuf import op_metrics_pb2
+    except ImportError:
+        return None
+    breakdown = op_metrics_pb2.MemoryAccessBreakdown()
+    try:
+        breakdown.ParseFromString(raw)
+    except Exception:  # noqa: BLE001 - a foreign or truncated stat: the breakdown is unknown, not an error
+        return None
+    return float(sum(m.bytes_accessed for m in breakdown.memory_accessed if m.memory_space == HBM_SPACE))
+
+
+def matmul_estimate(text: str) -> float | None:
+    """FLOPs of a custom call whose two operands chain like a matmul, (..., M, K) x (..., K, N) -> (..., M, N):
+    2 * M * K * N per batch element. Pallas kernels carry no FLOPs in XProf; this is an estimate."""
+    match = INSTRUCTION.match(text)
+    if not match:
+        return None
+    dims = lambda shape: [int(d) for d in re.match(r"\w+\[([\d,]*)\]", shape).group(1).split(",") if d]  # noqa: E731
+    result = ARRAY.findall(match.group("result"))
+    operands = ARRAY.findall(match.group("rest").split("), ")[0])
+    if len(result) != 1 or len(operands) != 2:
+        return None
+    out, a, b = dims(result[0]), dims(operands[0]), dims(operands[1])
+    if len(a) < 2 or len(a) != len(b) or len(out) != len(a) or a[:-2] != b[:-2] or out[:-2] != a[:-2]:
+        return None
+    m, k, k2, n = a[-2], a[-1], b[-2], b[-1]
+    if k != k2 or out[-2:] != [m, n]:
+        return None
+    batch = int(np.prod(a[:-2])) if len(a) > 2 else 1
+    return 2.0 * batch * m * k * n
+
+
+def _classify(opcode: str, hlo_category: str, text: str, result: str, operands: str) -> tuple[str, str]:
+    """(category, transfer direction) of one HLO instruction."""
+    destination = ARRAY.search(result)
+    if destination and HOST_MEMORY in destination.group(0):
+        return "host_transfer", "to_host"
+    if HOST_MEMORY in operands:
+        return "host_transfer", "to_device"
+    if INFEED_OP.match(opcode) or hlo_category == "infeed":
+        return "input", ""
+    if HOST_OPS.match(opcode) or hlo_category == "outfeed" or "is_host_transfer=true" in text:
+        return "host_transfer", ""
+    if COLLECTIVE.match(opcode) or COLLECTIVE_CATEGORY.search(hlo_category):
+        return "collective", ""
+    return "compute", ""
+
+
+def device_op_infos(plane) -> dict[int, DeviceOpInfo]:
+    """What the plane's event metadata say about each HLO instruction (flops, bytes, category, shape)."""
+    names = {k: m.name for k, m in plane.stat_metadata.items()}
+    programs = {}
+    infos = {}
+    for key, meta in plane.event_metadata.items():
+        stats = _stats(plane, meta, names)
+        text = meta.name if " = " in meta.name else str(stats.get("long_name") or meta.name)
+        match = INSTRUCTION.match(text)
+        hlo_op = meta.display_name or (match.group("name") if match else meta.name)
+        opcode = match.group("opcode") if match else re.sub(r"\.\d+$", "", hlo_op)
+        result = match.group("result") if match else str(stats.get("shape_with_layout") or "")
+        operands = match.group("rest").split("), ")[0] if match else ""
+        hlo_category = str(stats.get("hlo_category") or "").lower()
+        category, transfer = _classify(opcode, hlo_category, text, result, operands)
+        shape = str(stats.get("shape_with_layout") or (ARRAY.search(result).group(0) if ARRAY.search(result) else ""))
+        flops = float(stats.get("flops") or 0)
+        info = DeviceOpInfo(
+            hlo_op=hlo_op, framework_op=str(stats.get("tf_op") or "").rstrip(":") or hlo_op,
+            hlo_category=hlo_category or opcode, category=category,
+            program=programs.setdefault(stats.get("program_id"), str(stats.get("program_id") or "")),
+            shape=shape, flops=flops, model_flops=float(stats.get("model_flops") or flops),
+            bytes_accessed=float(stats.get("bytes_accessed") or 0),
+            hbm_bytes=_hbm_bytes(stats["memory_access_breakdown"])
+            if isinstance(stats.get("memory_access_breakdown"), bytes) else None,
+            flops_source="capture (op metadata)" if flops else "",
+            transfer=transfer, async_start=opcode.endswith("-start"))
+        if hlo_category in MATMUL_CATEGORIES or (not hlo_category and MATMUL_NAME.search(hlo_op)):
+            found = RESULT_TYPE.search(" ".join((shape, text)))
+            info.matmul = True
+            info.wide_result = bool(found and found.group(1) in WIDE_TYPES)
+        if opcode == "custom-call":
+            estimate = matmul_estimate(text)
+            if estimate:
+                info.flops = info.model_flops = estimate
+                info.flops_source = ("estimated: a custom call whose operands chain like a matmul "
+                                     "(..., M, K) x (..., K, N), 2*M*K*N")
+        infos[key] = info
+    return infos
+
+
+def fill_from_events(plane, line: Line, infos: dict[int, DeviceOpInfo]) -> None:
+    """Some captures put flops and bytes on each event rather than on the op's metadata (Pallas kernels with
+    kernel profiling on): take them from the first event of each op that lacks them."""
+    from tpuprof.sources.xplane import event_stats
+
+    names = {k: m.name for k, m in plane.stat_metadata.items()}
+    missing = {k for k, info in infos.items() if not info.bytes_accessed or not info.flops}
+    if not missing:
+        return
+    for i, key in enumerate(line.mid.tolist()):
+        if key not in missing:
             continue
-        own = self_times(line.start, line.end)
-        for key, dtype in kinds.items():
-            spent = int(own[line.mid == key].sum())
-            total += spent
-            if dtype in WIDE_TYPES:
-                wide += spent
+        missing.discard(key)
+        values = {names.get(s.metadata_id): s for s in event_stats(line.events[i])}
+        info = infos[key]
+        number = lambda stat: float(getattr(stat, stat.WhichOneof("value") or "int64_value", 0) or 0)  # noqa: E731
+        if not info.flops and "flops" in values and number(values["flops"]):
+            info.flops = number(values["flops"])
+            info.model_flops = number(values["model_flops"]) if "model_flops" in values else info.flops
+            info.flops_source = "capture (per-event stat)"
+        if not info.bytes_accessed and "bytes_accessed" in values:
+            info.bytes_accessed = number(values["bytes_accessed"])
+        if not missing:
+            break
+
+
+def matmul_precision_of(infos: dict[int, DeviceOpInfo], mid: np.ndarray, own: np.ndarray) -> tuple[int, int]:
+    """(ps in matmuls/convolutions, of which with a 32-bit result) on one op line."""
+    total = wide = 0
+    for key, info in infos.items():
+        if not info.matmul:
+            continue
+        spent = int(own[mid == key].sum())
+        total += spent
+        if info.wide_result:
+            wide += spent
     return total, wide

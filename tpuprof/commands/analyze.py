@@ -21,7 +21,7 @@ def analyze(path: str, top: int = 10, workers: int | None = None) -> Report:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             profiles = list(pool.map(analysis.analyze_file, files))
     report = summarize(profiles, top=top)
-    report.suggestions = advice.suggest(report)
+    report.suggestions = [s.to_dict() for s in advice.suggest(report)]
     return report
 
 

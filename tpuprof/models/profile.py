@@ -9,7 +9,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-CATEGORIES = ("compute", "input", "host_overhead", "compile", "other")
+# Where step time goes. On TPU planes: compute (MXU and vector ops, Pallas and other custom calls),
+# host_transfer (copies to/from host memory such as pinned host S(5), outfeed, host send/recv), input (infeed,
+# device idle while the host waits for data), collective (all-reduce, all-gather... and their waits),
+# host_overhead (device idle between programs), compile, other (a program running with no op on the timeline).
+CATEGORIES = ("compute", "input", "host_transfer", "collective", "host_overhead", "compile", "other")
 
 
 @dataclass
@@ -21,10 +25,16 @@ class Step:
     duration_ps: int
     compute_ps: int = 0
     input_ps: int = 0
+    host_transfer_ps: int = 0
+    collective_ps: int = 0
     host_overhead_ps: int = 0
     compile_ps: int = 0
     other_ps: int = 0
     batches: int = 1  # training batches run by this step (Keras steps_per_execution > 1)
+
+    def work_ps(self) -> int:
+        """Time the device spent on its own work (not waiting on the host, other chips or the input)."""
+        return self.compute_ps + self.host_transfer_ps + self.other_ps
 
 
 @dataclass
@@ -40,12 +50,43 @@ class Stage:
 
 
 @dataclass
+class Device:
+    """One TPU chip (a `/device:TPU:N` plane) and its own steps, aligned with the other chips' steps."""
+
+    id: str  # TPU:0
+    kind: str  # the generation (v6e), or the plane's device_type_string when tpuprof does not know it
+    device_type: str  # as the capture says: "TPU v6 Lite"
+    steps: list[Step] = field(default_factory=list)
+    capture_peak_tflops: float | None = None  # what the capture states (peak_teraflops_per_second)
+
+    def median_step_ms(self) -> float:
+        return statistics.median(s.duration_ps / 1e9 for s in self.steps) if self.steps else 0.0
+
+    def median_work_ms(self) -> float:
+        return statistics.median(s.work_ps() / 1e9 for s in self.steps) if self.steps else 0.0
+
+
+@dataclass
 class Op:
     name: str  # framework op (tf_op stat or TF op name) when known, else the HLO / event name
     kind: str  # op type or HLO category
     where: str  # device | host
     count: int
-    self_ps: int
+    self_ps: int  # over the whole capture, summed over chips
+    # Device ops only (one row per HLO instruction and program):
+    hlo_op: str = ""  # the HLO instruction name, e.g. copy-done.2
+    category: str = ""  # one of CATEGORIES: compute, host_transfer, collective, input
+    program: str = ""  # the XLA program (module) it belongs to
+    step_self_ps: int = 0  # self time inside the measured step periods, summed over chips
+    step_count: int = 0  # occurrences inside the measured step periods, summed over chips
+    flops: float = 0.0  # per occurrence
+    model_flops: float = 0.0  # per occurrence (the model's FLOPs, without rematerialisation)
+    bytes_accessed: float = 0.0  # per occurrence, every memory space (XProf's roofline bytes)
+    hbm_bytes: float | None = None  # per occurrence, HBM only, when the capture breaks bytes down by memory space
+    flops_source: str = ""  # how `flops` was obtained (capture metadata, capture event, estimated from shapes)
+    shape: str = ""  # result shape with layout
+    transfer: str = ""  # to_device | to_host, for copies between host memory and HBM
+    async_start: bool = False  # issues asynchronous work (copy-start, all-gather-start...) and returns at once
 
 
 @dataclass
@@ -61,6 +102,8 @@ class HostProfile:
     untraced_input: bool = False  # idle host time between steps is counted as input (see analyses.steps)
     framework: str = ""  # jax | tf | "" (unknown), from the host's events
     compile_events: list[tuple[str, int, int]] = field(default_factory=list)  # (name, count, ps), largest first
+    devices: list[Device] = field(default_factory=list)  # TPU chips, each with its own aligned steps
+    chip_steps: int = 0  # steps measured on every chip, summed over chips (divides device op times per step)
     matmul_ps: int = 0  # device time in matmuls/convolutions
     matmul_f32_ps: int = 0  # ... of which with a 32-bit result
     notes: list[str] = field(default_factory=list)

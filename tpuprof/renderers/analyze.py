@@ -7,8 +7,81 @@ from tpuprof.analyses.summary import Report
 from tpuprof.models.profile import CATEGORIES
 
 
+CATEGORY_LABELS = {"compute": "compute", "input": "waiting for input",
+                   "host_transfer": "host transfers (host memory <-> HBM)",
+                   "collective": "collectives (waiting for other chips)",
+                   "host_overhead": "host overhead (launch, return, between steps)", "compile": "compilation",
+                   "other": "other (program running, no op)"}
+
+
+def _fmt(value, unit: float, digits: int) -> str:
+    return "" if value is None or value is False else f"{value / unit:.{digits}f}"
+
+
 def _ms(ps: int | float) -> float:
     return round(ps / 1e9, 3)
+
+
+def _rate(value: float | None, digits: int = 0):
+    return None if value is None else round(float(value), digits) if digits else int(round(float(value)))
+
+
+def op_json(report: Report, o) -> dict:
+    row = {"name": o.name, "kind": o.kind, "where": o.where, "count": o.count, "self_ms": _ms(o.self_ps)}
+    if o.where != "device":
+        return row
+    rates = report.rates(o)
+    per_step = report.ms_per_step(o)
+    row.update({
+        "hlo_op": o.hlo_op, "category": o.category, "program": o.program, "shape": o.shape,
+        "self_ms_per_step": None if per_step is None else round(per_step, 4),
+        "flops": int(round(o.flops)), "bytes_accessed": int(round(o.bytes_accessed)),
+        "flops_source": o.flops_source or None,
+        "flops_per_s": _rate(rates.flops_per_s) if rates else None,
+        "bytes_per_s": _rate(rates.bytes_per_s) if rates else None,
+        "intensity": _rate(rates.intensity, 4) if rates else None,
+        "bound": rates.bound if rates else None,
+        "percent_of_roof": _rate(rates.percent_of_roof, 1) if rates else None,
+    })
+    if o.transfer:
+        row["transfer"] = o.transfer
+    if rates and rates.note:
+        row["note"] = rates.note
+    return row
+
+
+def roofline_json(report: Report) -> dict | None:
+    roof, program = report.roof, report.roofline
+    if roof is None:
+        return None
+    return {
+        "device_kind": roof.device_kind, "peak_flops_per_s": _rate(roof.peak_flops_per_s),
+        "peak_hbm_bytes_per_s": _rate(roof.peak_hbm_bytes_per_s),
+        "host_link_bytes_per_s": _rate(roof.host_link_bytes_per_s), "host_link": roof.host_link or None,
+        "ridge_flops_per_byte": _rate(roof.ridge, 1), "peak_source": roof.source,
+        "capture_peak_flops_per_s": next((_rate(d.capture_peak_tflops * 1e12) for _, d in report.devices
+                                          if d.capture_peak_tflops), None),
+        "flops_per_s": _rate(program.flops_per_s) if program else None,
+        "hbm_bytes_per_s": _rate(program.hbm_bytes_per_s) if program else None,
+        "mfu_percent": _rate(program.mfu_percent, 4) if program else None,
+        "flops_per_step": _rate(program.flops_per_step) if program else None,
+        "model_flops_per_step": _rate(program.model_flops_per_step) if program else None,
+        "hbm_bytes_per_step": _rate(program.hbm_bytes_per_step) if program else None,
+        "host_transfer_bytes_per_step": _rate(program.host_transfer_bytes_per_step) if program else None,
+        "how": "per chip per step: FLOPs and bytes from the capture's op stats over the ops inside the measured "
+               "steps, averaged over chips, divided by the mean step time; MFU = model FLOPs / (step time x peak)",
+    }
+
+
+def devices_json(report: Report) -> list[dict]:
+    out = []
+    for host, d in report.devices:
+        total = sum(s.duration_ps for s in d.steps)
+        out.append({"id": d.id, "host": host, "kind": d.kind, "device_type": d.device_type, "steps": len(d.steps),
+                    "median_ms": round(d.median_step_ms(), 3), "work_median_ms": round(d.median_work_ms(), 3),
+                    "breakdown_percent": {c: round(100.0 * sum(getattr(s, f"{c}_ps") for s in d.steps) / total, 1)
+                                          if total else 0.0 for c in CATEGORIES}})
+    return out
 
 
 def to_json(report: Report, top: int) -> dict:
@@ -41,6 +114,11 @@ def to_json(report: Report, top: int) -> dict:
         "input_bound_percent": report.input_bound_percent,
         "verdict": report.verdict,
         "verdict_reason": report.verdict_reason,
+        "verdict_ops": [o.hlo_op or o.name for o in report.verdict_ops],
+        "devices": devices_json(report),
+        "slow_chips": [{"host": c.host, "chip": c.chip, "work_median_ms": round(c.work_ms, 3),
+                        "fastest_work_median_ms": round(c.fastest_ms, 3)} for c in report.slow_chips],
+        "roofline": roofline_json(report),
         "input_pipeline": {
             "bottleneck": None if stage is None else {
                 "stage": stage.name, "kind": stage.kind, "count": stage.count, "self_ms": _ms(stage.self_ps),
@@ -53,8 +131,7 @@ def to_json(report: Report, top: int) -> dict:
         "stragglers": [{"host": h, "median_ms": round(v, 3), "hosts_median_ms": round(m, 3)}
                        for h, v, m in report.stragglers],
         "suggestions": report.suggestions,
-        "top_ops": [{"name": o.name, "kind": o.kind, "where": o.where, "count": o.count, "self_ms": _ms(o.self_ps)}
-                    for o in report.top_ops],
+        "top_ops": [op_json(report, o) for o in report.top_ops],
     }
 
 
@@ -83,15 +160,35 @@ def print_tables(report: Report, top: int) -> None:
         out.print(f"Steps: {report.step_count}, mean {report.mean_ms:.2f} ms, median {report.median_ms:.2f} ms, "
                   f"p90 {report.p90_ms:.2f} ms" + (f", {report.batches_per_step:g} batches per step call"
                                                    if report.batches_per_step > 1 else ""))
-        labels = {"compute": "compute", "input": "waiting for input",
-                  "host_overhead": "host overhead (launch, return, between steps)", "compile": "compilation",
-                  "other": "other"}
-        rows = [(labels[category], f"{report.breakdown_percent[category]:.1f}",
+        rows = [(CATEGORY_LABELS[category], f"{report.breakdown_percent[category]:.1f}",
                  f"{report.breakdown_ms_per_step[category]:.2f}") for category in CATEGORIES]
         columns = [tables.text("category"), tables.number("% of step"), tables.number("ms per step")]
         out.print(tables.table(columns, rows, out.width, title="Where the step time goes"))
+    devices = report.devices
+    if len(devices) > 1:
+        rows = []
+        for row in devices_json(report):
+            name = row["id"] if len(report.hosts) == 1 else f"{row['host']}/{row['id']}"
+            rows.append((escape(name), escape(row["kind"]), str(row["steps"]), f"{row['median_ms']:.2f}",
+                         f"{row['work_median_ms']:.2f}", f"{row['breakdown_percent']['host_transfer']:.1f}",
+                         f"{row['breakdown_percent']['collective']:.1f}"))
+        columns = [tables.name("chip"), tables.text("kind", drop=3), tables.number("steps", drop=2),
+                   tables.number("median step ms"), tables.number("own work ms"),
+                   tables.number("host transfer %", drop=1), tables.number("collective %", drop=1)]
+        out.print(tables.table(columns, rows, out.width, title="Chips (aligned steps; device time per step)"))
+    for chip in report.slow_chips:
+        out.print(f"[yellow]Slowest chip:[/yellow] {escape(chip.chip)} ({escape(chip.host)}): {chip.work_ms:.2f} ms of "
+                  f"its own work per step vs {chip.fastest_ms:.2f} ms on the least-busy chip")
     colour = "red" if "input" in report.verdict else "yellow" if report.verdict != "compute-bound" else "green"
     out.print(f"Verdict: [bold {colour}]{report.verdict}[/bold {colour}]. {escape(report.verdict_reason)}")
+    roofline = roofline_json(report)
+    if roofline and roofline["flops_per_s"] is not None:
+        peak = roofline["peak_flops_per_s"]
+        out.print(f"Roofline ({escape(roofline['device_kind'])}, per chip): "
+                  f"{roofline['flops_per_s'] / 1e12:.2f} TFLOP/s and {roofline['hbm_bytes_per_s'] / 1e9:.1f} GB/s of "
+                  f"HBM per step" + (f" against {peak / 1e12:g} TFLOP/s and "
+                                     f"{roofline['peak_hbm_bytes_per_s'] / 1e9:g} GB/s peaks; MFU "
+                                     f"{roofline['mfu_percent']:.2f}%" if peak else "") + ".")
 
     if report.stages:
         columns = [tables.name("stage", least=24), tables.number("calls"), tables.number("own ms"),
@@ -99,12 +196,30 @@ def print_tables(report: Report, top: int) -> None:
         rows = [(escape(s.name), str(s.count), f"{s.self_ps / 1e9:.1f}", f"{s.py_function_ps / 1e9:.1f}")
                 for s in input_pipeline.merged(report.stages)[: top if top > 0 else None]]
         out.print(tables.table(columns, rows, out.width, title="tf.data stages by own time (summed over repeat epochs)"))
-    if report.top_ops:
-        columns = [tables.name("op", least=24), tables.text("type", drop=2), tables.text("where", drop=3),
-                   tables.number("count", drop=1), tables.number("self ms")]
-        rows = [(escape(o.name), escape(o.kind), o.where, str(o.count), f"{o.self_ps / 1e9:.2f}")
-                for o in report.top_ops]
-        out.print(tables.table(columns, rows, out.width, title="Top ops by self time"))
+    device = [o for o in report.top_ops if o.where == "device"]
+    host = [o for o in report.top_ops if o.where != "device"]
+    if device:
+        rows = []
+        for o in device:
+            rates = report.rates(o)
+            per_step = report.ms_per_step(o)
+            bound = ""
+            if rates and rates.bound:
+                bound = rates.bound + (f" {rates.percent_of_roof:.0f}%" if rates.percent_of_roof is not None else "")
+            rows.append((escape(o.name), escape(o.hlo_op), o.category,
+                         f"{per_step:.3f}" if per_step is not None else "",
+                         _fmt(rates and rates.flops_per_s, 1e12, 2), _fmt(rates and rates.bytes_per_s, 1e9, 1),
+                         _fmt(rates and rates.intensity, 1, 2), bound))
+        columns = [tables.name("op", least=20), tables.name("HLO op", drop=4), tables.text("category", drop=3),
+                   tables.number("ms/step"), tables.number("TFLOP/s", drop=2), tables.number("GB/s", drop=2),
+                   tables.number("FLOP/B", drop=1), tables.text("bound")]
+        out.print(tables.table(columns, rows, out.width,
+                               title="Device ops by time per step (per chip: averaged over chips)"))
+    if host:
+        columns = [tables.name("op", least=24), tables.text("type", drop=2), tables.number("count", drop=1),
+                   tables.number("self ms")]
+        rows = [(escape(o.name), escape(o.kind), str(o.count), f"{o.self_ps / 1e9:.2f}") for o in host]
+        out.print(tables.table(columns, rows, out.width, title="Host ops by self time"))
     for h, value, middle in report.stragglers:
         out.print(f"[yellow]Straggler:[/yellow] {escape(h)} median step {value:.2f} ms vs {middle:.2f} ms")
     if not report.suggestions and report.verdict == "compute-bound":

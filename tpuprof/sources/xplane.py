@@ -209,3 +209,75 @@ def parse_xspace(data: bytes, path: str = "<bytes>", light: bool = True):
 def read_xspace(path: str):
     """One host's XSpace. The bytes are dropped as soon as they are parsed (large files)."""
     return parse_xspace(read_bytes(path), path)
+
+
+_VARINT_BYTES = 10
+MISSING = -(2**63)  # int_stat_values: the event has no such stat
+
+
+def _varints(buf, positions):
+    """Protobuf varints starting at POSITIONS of the uint8 array BUF: (values as uint64, their byte lengths)."""
+    import numpy as np
+
+    values = np.zeros(len(positions), dtype=np.uint64)
+    lengths = np.zeros(len(positions), dtype=np.int64)
+    going = np.ones(len(positions), dtype=bool)
+    for k in range(_VARINT_BYTES):
+        byte = buf[positions + k].astype(np.uint64)
+        values |= np.where(going, (byte & np.uint64(0x7F)) << np.uint64(7 * k), np.uint64(0))
+        lengths += going
+        going &= (byte & np.uint64(0x80)) != 0
+        if not going.any():
+            break
+    return values, lengths
+
+
+def int_stat_values(events, stat_ids: dict[str, int]) -> dict[str, "object"]:
+    """Integer stats of every event of a line, vectorised: {name: int64 array, MISSING where an event lacks it}.
+
+    The light XSpace keeps each event's stats as serialized XStat bytes. Decoding them one by one costs
+    about 1.5 us per stat in Python; here all of a line's stats are joined into one buffer and their
+    `metadata_id` and integer value (uint64_value, int64_value or ref_value) are read with numpy.
+    """
+    import numpy as np
+    from itertools import chain
+    from operator import attrgetter
+
+    n = len(events)
+    result = {name: np.full(n, MISSING, dtype=np.int64) for name in stat_ids}
+    if not n or not stat_ids:
+        return result
+    per_event = list(map(attrgetter("stats"), events))
+    counts = np.fromiter(map(len, per_event), np.int64, n)
+    stats = list(chain.from_iterable(per_event))
+    if not stats:
+        return result
+    if not isinstance(stats[0], bytes):  # a real XSpace (tests, schema-built captures): decode directly
+        by_id = {key: name for name, key in stat_ids.items()}
+        for i, event in enumerate(events):
+            for stat in event.stats:
+                name = by_id.get(stat.metadata_id)
+                if name is not None:
+                    kind = stat.WhichOneof("value")
+                    result[name][i] = int(getattr(stat, kind)) if kind in ("int64_value", "uint64_value",
+                                                                             "ref_value") else 0
+        return result
+    lengths = np.fromiter(map(len, stats), np.int64, len(stats))
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    buf = np.frombuffer(b"".join(stats) + bytes(2 * _VARINT_BYTES + 1), dtype=np.uint8)
+    owner = np.repeat(np.arange(n), counts)
+    # Field 1 (metadata_id, tag 0x08) comes first; proto3 omits it when 0 (then the stat has no id we want).
+    has_id = buf[starts] == 0x08
+    ids, id_len = _varints(buf, starts + 1)
+    ids = np.where(has_id, ids, 0).astype(np.int64)
+    value_at = starts + 1 + id_len
+    tag = np.where(value_at < starts + lengths, buf[np.minimum(value_at, len(buf) - 1)], 0)
+    values, _ = _varints(buf, value_at + 1)
+    integer = np.isin(tag, (0x18, 0x20, 0x38))  # uint64_value, int64_value, ref_value
+    # A stat with an id and no value field holds 0 (proto3 omits defaults).
+    values = np.where(integer, values, 0).view(np.int64)
+    for name, key in stat_ids.items():
+        mask = has_id & (ids == key) & (integer | (tag == 0))
+        result[name][owner[mask]] = values[mask]
+    return result
+

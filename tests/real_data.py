@@ -1,0 +1,124 @@
+"""Real public artefacts (TPU captures...) that the tests use but the repository must not hold.
+
+The workplace forbids committing files that the `fetch` tool brought, so a test names the artefact by
+(repository, commit, path, sha256) and `real_artefact` finds it, in this order:
+
+1. `$TPUPROF_REAL_DATA`: a folder holding `<owner>+<name>/<path>` or just the file's base name;
+2. `shared/real_data/` beside the clone (or beside any folder above it), laid out the same way: the place
+   where the CEO can put data files for every engineer;
+3. a local bare mirror `.mirror/<owner>+<name>/repo` beside the clone (or above it), read with
+   `git show <commit>:<path>`.
+
+The file is copied into a folder of the caller's (XProf writes cache files beside what it reads, and no
+test may write next to an input), its sha256 checked, and the test skipped with the reasons when no
+source has it. sample_profiles/real/README.md says where each artefact comes from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Artefact:
+    repository: str  # owner/name on GitHub
+    commit: str  # full commit id the file is pinned to
+    path: str  # path inside the repository
+    sha256: str
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+    @property
+    def folder_name(self) -> str:
+        return self.repository.replace("/", "+")
+
+
+# A JAX program on a 4-chip v6e (openxla/xprof test data, Apache-2.0): three f32[5,1024,1024,256] arrays in
+# pinned host memory (S(5)) copied into HBM, added to, and copied back, every step.
+TPU_HOST_OFFLOAD_V6E_4 = Artefact(
+    "openxla/xprof", "01d85deb6a7a1bc712e00588ef43b4fc523ee5f7",
+    "xprof/convert/test_xplanes/tpu_inference_2.xplane.pb",
+    "e312ef8bd5a5104a44b36201bec0e743ef4868cb179c9b67b679c9955f8279c6")
+# A Pallas matmul (m, k, n = 2048, 1024, 2048; blocks 512, 512, 1024) run 3 times on a 1-chip v6e
+# (vlasenkoalexey/xprof-cli test fixture).
+TPU_PALLAS_MATMUL_V6E_1 = Artefact(
+    "vlasenkoalexey/xprof-cli", "bdb8194298cdb2986f399b3507db5d609691b00a",
+    "tests/fixtures/logdir/plugins/profile/testrun/host0.xplane.pb",
+    "cda3e23efdffff0698055de57eaa1a01e50e974a428ff86d7644688906deb4e9")
+
+# The same path at a later commit: the file was committed mangled (every byte above 0x7f replaced by the
+# UTF-8 replacement character EF BF BD), a real broken capture.
+TPU_HOST_OFFLOAD_MANGLED = Artefact(
+    "openxla/xprof", "bfd424c8755973f09f85ba772d25aeebd15c9fed",
+    "xprof/convert/test_xplanes/tpu_inference_2.xplane.pb",
+    "fb7491b0d632492fc698e54e406c13614fc5eaad52382e649b3ed869fdada6a2")
+
+REAL_TPU_CAPTURES = {"v6e_4_host_offload": TPU_HOST_OFFLOAD_V6E_4, "v6e_1_pallas_matmul": TPU_PALLAS_MATMUL_V6E_1}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _ancestors() -> list[Path]:
+    return [ROOT, *ROOT.parents]
+
+
+def _candidates(artefact: Artefact) -> list[Path]:
+    folders = []
+    if os.environ.get("TPUPROF_REAL_DATA"):
+        folders.append(Path(os.environ["TPUPROF_REAL_DATA"]))
+    # "beside the clone": ../shared/real_data of the clone, and of the folders above it (worktrees live deeper).
+    folders += [parent / "shared" / "real_data" for parent in _ancestors()[1:]]
+    found = []
+    for folder in folders:
+        found += [folder / artefact.folder_name / artefact.path, folder / artefact.name]
+    return found
+
+
+def _mirrors(artefact: Artefact) -> list[Path]:
+    return [parent / ".mirror" / artefact.folder_name / "repo" for parent in _ancestors()[1:]]
+
+
+def real_artefact(artefact: Artefact, into: Path) -> Path:
+    """A verified copy of ARTEFACT in the folder INTO (created), or pytest.skip with why none was found."""
+    into.mkdir(parents=True, exist_ok=True)
+    target = into / artefact.name
+    if target.exists() and _sha256(target) == artefact.sha256:
+        return target
+    tried = []
+    for candidate in _candidates(artefact):
+        if not candidate.is_file():
+            continue
+        shutil.copyfile(candidate, target)
+        if _sha256(target) == artefact.sha256:
+            return target
+        tried.append(f"{candidate} has another sha256")
+    for mirror in _mirrors(artefact):
+        if not mirror.is_dir():
+            continue
+        with open(target, "wb") as out:
+            done = subprocess.run(["git", "-C", str(mirror), "show", f"{artefact.commit}:{artefact.path}"],
+                                  stdout=out, stderr=subprocess.PIPE, timeout=120)
+        if done.returncode == 0 and _sha256(target) == artefact.sha256:
+            return target
+        tried.append(f"{mirror}: " + (done.stderr.decode(errors="replace").strip().splitlines() or ["sha256 differs"])[-1])
+    target.unlink(missing_ok=True)
+    where = "; ".join(tried) or "no copy in $TPUPROF_REAL_DATA, shared/real_data/ or a .mirror/ beside the clone"
+    pytest.skip(f"real artefact {artefact.repository}@{artefact.commit[:8]}:{artefact.path} not available ({where}); "
+                "see sample_profiles/real/README.md")

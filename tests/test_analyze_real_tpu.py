@@ -1,0 +1,233 @@
+"""`tpuprof analyze` on real public TPU captures, against XProf 2.24 on the same files.
+
+The captures are not in the repository (sample_profiles/real/README.md says where they come from);
+tests/real_data.py finds them and skips with the reason when they are not available here.
+
+- v6e-4 host offload (openxla/xprof test data): a JAX program on 4 chips whose arrays f32[5,1024,1024,256]
+  live in pinned host memory (S(5)): each step copies three of them into HBM, adds to them, and copies three
+  back. XProf measures no step and calls the copies HBM-bound.
+- v6e-1 Pallas matmul (vlasenkoalexey/xprof-cli test fixture): a Pallas kernel with m, k, n = 2048, 1024, 2048
+  called 3 times, each call waited for (`block_until_ready`). XProf gives the kernel 0 FLOPs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_cli
+from real_data import TPU_HOST_OFFLOAD_MANGLED, TPU_HOST_OFFLOAD_V6E_4, TPU_PALLAS_MATMUL_V6E_1, real_artefact
+from xprof_oracle import roofline_rows, tool_data
+
+from tpuprof.commands import analyze as command
+from tpuprof.renderers import analyze as render
+
+GiB = 1 << 30
+ARRAY = "f32[5,1024,1024,256]"
+ARRAY_BYTES = 5 * 1024 * 1024 * 256 * 4
+PALLAS_M, PALLAS_K, PALLAS_N = 2048, 1024, 2048  # the job's shapes (the fixture's capture_fixtures.py)
+
+
+@pytest.fixture(scope="module")
+def offload(tmp_path_factory):
+    path = real_artefact(TPU_HOST_OFFLOAD_V6E_4, tmp_path_factory.mktemp("offload"))
+    return path, command.analyze(str(path), top=0)
+
+
+@pytest.fixture(scope="module")
+def pallas(tmp_path_factory):
+    path = real_artefact(TPU_PALLAS_MATMUL_V6E_1, tmp_path_factory.mktemp("pallas"))
+    return path, command.analyze(str(path), top=0)
+
+
+@pytest.fixture(scope="module")
+def xprof(tmp_path_factory):
+    """XProf's tool output on a copy of a capture (one scratch folder per capture, so its cache is reused)."""
+    cache = {}
+
+    def get(path, tool):
+        if (path, tool) not in cache:
+            cache[(path, tool)] = tool_data(path, tool, tmp_path_factory.mktemp("xprof") / path.stem)
+        return cache[(path, tool)]
+
+    return get
+
+
+def device_op(report, hlo_op):
+    return next(o for o in report.device_ops if o.hlo_op == hlo_op)
+
+
+def program_node(op_profile: dict, prefix: str) -> dict:
+    return next(n for n in op_profile["byProgram"]["children"] if n["name"].startswith(prefix))
+
+
+def category_node(program: dict, category: str) -> dict:
+    return next(n for n in program["children"] if n["name"] == category)
+
+
+# --- v6e-4 host offload ------------------------------------------------------------------------------
+
+
+def test_steps_per_chip_are_aligned_and_measured_like_xprofs_program_time(offload, xprof):
+    path, report = offload
+    assert "No step time measured" in xprof(path, "overview_page")[1]["p"]["input_conclusion"]
+    program = program_node(xprof(path, "op_profile"), "jit_f")
+    # XProf: the program's op time over 4 chips x 100 executions; per execution per chip:
+    per_execution_ms = program["metrics"]["rawTime"] / 1e9 / 400
+    assert [d.id for _, d in report.devices] == ["TPU:0", "TPU:1", "TPU:2", "TPU:3"]
+    for _, chip in report.devices:
+        assert chip.kind == "v6e" and chip.device_type == "TPU v6 Lite"
+        # 100 executions; the last one's idle gap is not in the capture, so it is left out.
+        assert len(chip.steps) == 99
+        assert chip.median_step_ms() == pytest.approx(per_execution_ms, rel=1e-3)
+    assert report.step_count == 99 and report.median_ms == pytest.approx(per_execution_ms, rel=1e-3)
+    # The chips run in lock step: no chip is slower than the others.
+    assert report.slow_chips == []
+
+
+def test_device_time_categories_are_host_transfers_and_compute_as_xprof_times_them(offload, xprof):
+    path, report = offload
+    program = program_node(xprof(path, "op_profile"), "jit_f")
+    copies_ms = category_node(program, "copy-done")["metrics"]["rawTime"] / 1e9 / 400
+    fusions_ms = category_node(program, "loop fusion")["metrics"]["rawTime"] / 1e9 / 400
+    per_step = report.breakdown_ms_per_step
+    assert per_step["host_transfer"] == pytest.approx(copies_ms, rel=5e-3)  # ~760 ms of a 784 ms step
+    assert per_step["compute"] == pytest.approx(fusions_ms, rel=5e-3)
+    assert report.breakdown_percent["host_transfer"] >= 95
+    assert per_step["collective"] == per_step["compile"] == 0 and per_step["input"] < 0.001
+    assert abs(sum(report.breakdown_percent.values()) - 100) < 0.5
+
+
+def test_verdict_names_the_host_transfer_in_the_users_terms(offload):
+    _, report = offload
+    assert report.verdict == "host-transfer-bound"
+    reason = report.verdict_reason
+    assert reason.startswith("96.9% of step time") and "pinned host memory, S(5)" in reason
+    assert f"3 x {ARRAY} from host memory into HBM (15.00 GiB per step)" in reason
+    assert f"3 x {ARRAY} from HBM to host memory (15.00 GiB per step)" in reason
+    assert "GB/s" in reason and "of the host link" in reason
+    assert [o.hlo_op for o in report.verdict_ops] == ["copy-done.4", "copy-done.2", "copy-done", "copy-done.5"]
+    first = report.suggestions[0]
+    assert first["kind"] == "host_transfer" and first["severity"] == "blocking"
+    assert "Keep the arrays in HBM" in first["message"] and "prefetch to device" in first["message"]
+    assert first["saving_ms_per_step"] == pytest.approx(report.breakdown_ms_per_step["host_transfer"], rel=1e-3)
+    assert first["host_transfer_bytes_per_step"] == 6 * ARRAY_BYTES
+
+
+def test_op_times_per_step_are_per_chip_never_summed_over_chips(offload, xprof):
+    path, report = offload
+    rows = {r["operation"]: r for r in roofline_rows(xprof(path, "roofline_model"))}
+    for op in report.device_ops:
+        assert report.ms_per_step(op) <= report.median_ms
+    copy = device_op(report, "copy-done.4")
+    # XProf's average time of one occurrence (us) is one chip's wait for one copy per step.
+    assert report.ms_per_step(copy) == pytest.approx(rows["copy-done.4"]["avg_time"] / 1e3, rel=1e-3)
+    assert copy.count == 400 and copy.step_count == 4 * 99
+
+
+def test_per_op_rates_equal_xprofs_roofline_where_it_measures_them(offload, xprof):
+    path, report = offload
+    compared = 0
+    for row in roofline_rows(xprof(path, "roofline_model")):
+        op = device_op(report, row["operation"])
+        rates = report.rates(op)
+        theirs_flops = row["measured_flop_rate"] * 1e9  # GFLOP/s
+        theirs_bytes = row["measured_memory_bw"] * GiB  # GiB/s
+        if rates.bytes_per_s is None:
+            # Where tpuprof gives no rate, XProf's figure is not a measurement: a -start that returns at once,
+            # or a -done whose copy had finished (more than the HBM's peak bytes per second).
+            assert op.async_start or theirs_bytes > report.roof.peak_hbm_bytes_per_s, row["operation"]
+            continue
+        compared += 1
+        assert rates.flops_per_s == pytest.approx(theirs_flops, rel=0.03), row["operation"]
+        assert rates.bytes_per_s == pytest.approx(theirs_bytes, rel=0.03), row["operation"]
+    assert compared >= 8  # 4 waited-for copies, 3 fusions, the all-reduce, the broadcast
+
+
+def test_roofline_judges_copies_against_the_host_link_and_fusions_against_hbm(offload, xprof):
+    path, report = offload
+    theirs = {r["operation"]: r["bound_by"] for r in roofline_rows(xprof(path, "roofline_model"))}
+    copy, fusion = device_op(report, "copy-done.4"), device_op(report, "broadcast_add_fusion.1")
+    assert theirs["copy-done.4"] == "HBM"  # XProf: an HBM-bound op at 1.7% of HBM bandwidth
+    assert report.rates(copy).bound == "host link"
+    assert report.rates(copy).percent_of_roof == pytest.approx(100 * 27.6e9 / 63e9, abs=1)
+    assert report.rates(fusion).bound == "HBM" and 75 < report.rates(fusion).percent_of_roof < 90
+    assert report.rates(fusion).intensity == pytest.approx(1342177280 / 10737418240)  # 1 FLOP per 8 bytes
+    assert report.rates(device_op(report, "copy-start.4")).bytes_per_s is None
+    roofline = render.roofline_json(report)
+    assert roofline["device_kind"] == "v6e" and roofline["peak_flops_per_s"] == 918e12
+    # Per chip per step: 3 fusions of 1.34 GFLOP; HBM: 3 x 10 GiB in fusions, 5 GiB per copy in or out.
+    assert roofline["flops_per_step"] == 3 * 1342177280
+    assert roofline["hbm_bytes_per_step"] == 3 * 2 * ARRAY_BYTES + 6 * ARRAY_BYTES
+    assert report.roofline.mfu_percent == pytest.approx(100 * 3 * 1342177280 / (report.mean_ms / 1e3) / 918e12)
+
+
+def test_json_document_from_the_cli_has_the_tpu_additions(offload):
+    path, _ = offload
+    done = run_cli("analyze", path, "--json", "--top", "0")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert set(document["breakdown_percent"]) == {"compute", "input", "host_transfer", "collective",
+                                                  "host_overhead", "compile", "other"}
+    assert [(d["id"], d["kind"], d["steps"]) for d in document["devices"]] == [
+        (f"TPU:{i}", "v6e", 99) for i in range(4)]
+    assert all(783 < d["median_ms"] < 786 for d in document["devices"])
+    assert set(document["roofline"]) >= {"device_kind", "peak_flops_per_s", "peak_hbm_bytes_per_s", "flops_per_s",
+                                         "hbm_bytes_per_s", "mfu_percent"}
+    device_ops = [o for o in document["top_ops"] if o["where"] == "device"]
+    # --top 0: every op: 17 HLO ops (6 copy-start, 6 copy-done, 3 fusions, an all-reduce, a broadcast; the rows
+    # of XProf's roofline_model); the host runs no TF or XLA:CPU ops.
+    assert len(device_ops) == len(document["top_ops"]) == 17
+    for row in device_ops:
+        assert set(row) >= {"hlo_op", "category", "self_ms_per_step", "flops_per_s", "bytes_per_s", "intensity",
+                            "bound"}
+    copy = next(o for o in device_ops if o["hlo_op"] == "copy-done.4")
+    assert copy["category"] == "host_transfer" and copy["transfer"] == "to_device" and copy["bound"] == "host link"
+    assert copy["shape"].startswith(ARRAY) and copy["bytes_accessed"] == ARRAY_BYTES
+
+
+def test_tables_show_chips_roofline_and_host_transfers(offload):
+    path, _ = offload
+    done = run_cli("analyze", path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "host transfers (host memory <-> HBM)" in out and "Chips (aligned steps" in out
+    assert "Verdict: host-transfer-bound" in out and "Roofline (v6e, per chip)" in out
+    assert "copy-done.4" in out and "host link 44%" in out
+
+
+def test_a_capture_committed_mangled_is_one_clear_error(tmp_path):
+    """openxla/xprof later committed the same file with every byte above 0x7f replaced by U+FFFD."""
+    path = real_artefact(TPU_HOST_OFFLOAD_MANGLED, tmp_path)
+    done = run_cli("analyze", path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "is not a readable xplane.pb" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+# --- v6e-1 Pallas matmul -----------------------------------------------------------------------------
+
+
+def test_pallas_kernel_gets_its_matmul_flops_where_xprof_shows_none(pallas, xprof):
+    path, report = pallas
+    (row,) = roofline_rows(xprof(path, "roofline_model"))
+    assert row["operation"] == "matmul_optimized.1" and row["measured_flop_rate"] == 0
+    kernel = device_op(report, "matmul_optimized.1")
+    assert kernel.kind == "custom-call" and kernel.category == "compute"
+    assert kernel.flops == 2 * PALLAS_M * PALLAS_K * PALLAS_N and kernel.flops_source.startswith("estimated")
+    # Same kernel time as XProf's (avg_time in us), so the same FLOP/s once the FLOPs are known.
+    achieved = kernel.flops / (row["avg_time"] / 1e6)
+    assert report.rates(kernel).flops_per_s == pytest.approx(achieved, rel=0.03)
+    assert 100e12 < report.rates(kernel).flops_per_s < 120e12
+    assert report.rates(kernel).bound == "compute" and "f32" in report.rates(kernel).note
+
+
+def test_pallas_loop_waiting_on_each_call_is_host_overhead_bound_with_the_last_call_left_out(pallas):
+    _, report = pallas
+    (chip,) = [d for _, d in report.devices]
+    assert len(chip.steps) == 2  # three calls: the last one has no next call to end its step
+    assert report.verdict == "host-overhead-bound"
+    # Each call is ~76 us of kernel and then the host waits for it before the next: most of the step is idle.
+    assert report.breakdown_ms_per_step["compute"] == pytest.approx(0.0757, abs=0.002)
+    assert report.breakdown_percent["host_overhead"] > 50
+    assert report.suggestions[0]["kind"] == "steps_per_execution"
+    assert "lax.scan" in report.suggestions[0]["message"]  # a JAX job: the JAX way
