@@ -231,3 +231,49 @@ def test_pallas_loop_waiting_on_each_call_is_host_overhead_bound_with_the_last_c
     assert report.breakdown_percent["host_overhead"] > 50
     assert report.suggestions[0]["kind"] == "steps_per_execution"
     assert "lax.scan" in report.suggestions[0]["message"]  # a JAX job: the JAX way
+
+
+def test_diff_uses_the_new_categories_and_per_chip_op_times(offload, tmp_path):
+    path, report = offload
+    saved = tmp_path / "offload.json"
+    done = run_cli("analyze", path, "--json")
+    saved.write_text(done.stdout)
+    done = run_cli("diff", saved, path, "--json", "--fail-if", "host_transfer_percent>50")
+    assert done.returncode == 1, done.stderr  # the threshold trips: 96.9% of the step is host transfers
+    document = json.loads(done.stdout)
+    (group,) = document["groups"]
+    metrics = {m["name"]: m for m in group["metrics"]}
+    assert metrics["host_transfer_percent"]["b"] == 96.9 and metrics["host_transfer_percent"]["change"] == 0
+    assert metrics["collective_ms_per_step"]["b"] == 0
+    ops = {r["hlo_op"]: r for r in group["ops"] if r.get("hlo_op")}
+    # One chip's wait per step, not the four chips' summed (XProf-style totals gave 4 x 194 ms).
+    assert ops["copy-done.2"]["b_ms_per_step"] == pytest.approx(194.1, abs=0.1)
+    assert ops["copy-done.2"]["category"] == "host_transfer" and ops["copy-done.2"]["change_ms"] == 0
+    assert all(r["b_ms_per_step"] <= report.median_ms for r in group["ops"])
+
+
+def test_report_page_shows_the_roofline_and_the_categories(offload, pallas, tmp_path):
+    from test_report import plots, title
+
+    (offload_path, report), (pallas_path, _) = offload, pallas
+    out = tmp_path / "report.html"
+    done = run_cli("report", offload_path, pallas_path, "-o", out)
+    assert done.returncode == 0, done.stderr
+    page = out.read_text()
+    figures = {title(layout): (data, layout) for data, layout in plots(page).values()}
+    data, layout = figures["Device ops against the roof (marker size: time per step)"]
+    assert layout["xaxis"]["type"] == layout["yaxis"]["type"] == "log"
+    assert layout["xaxis"]["title"]["text"] == "operational intensity (FLOP/byte of HBM)"
+    assert layout["yaxis"]["title"]["text"] == "achieved FLOP/s"
+    roof, *points = data
+    assert max(roof["y"]) == 918e12 and roof["y"][0] == pytest.approx(roof["x"][0] * 1638e9)
+    fusions = next(t for t in points if t["name"] == "compute")
+    expected = sorted(report.rates(o).flops_per_s for o in report.device_ops if o.hlo_op.startswith("broadcast_add"))
+    assert sorted(fusions["y"]) == pytest.approx(expected)
+    bars, layout = figures["Ops that move bytes without FLOPs (copies, collectives): achieved bandwidth"]
+    assert "copy-done.4 (host_transfer)" in bars[0]["y"] and layout["xaxis"]["title"]["text"] == "GB/s (log)"
+    step_bars, _ = next(f for t, f in figures.items() if t.startswith("Step time per step, by category"))
+    assert [t["name"] for t in step_bars] == ["compute", "waiting for input", "host transfers", "collectives",
+                                              "host overhead", "compilation", "other"]
+    assert "Where the step time goes" in page and "Chips (aligned steps)" in page
+    assert "matmul_optimized.1: 113." in page and "estimated: a custom call" in page

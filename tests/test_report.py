@@ -145,7 +145,8 @@ def test_steps_sections_show_every_step_and_the_input_stages(every_sample_report
     per_step = next(data for data, layout in figures.values()
                     if title(layout).startswith("Step time per step") and len(data[0]["x"]) == len(steps)
                     and data[1]["y"][0] == pytest.approx(float(steps[0]["input_ms"])))
-    assert [t["name"] for t in per_step] == ["compute", "waiting for input", "host overhead", "compilation", "other"]
+    assert [t["name"] for t in per_step] == ["compute", "waiting for input", "host transfers", "collectives",
+                                             "host overhead", "compilation", "other"]
     # The job sleeps 2 ms per example inside a tf.data map: its Map stage is the input bottleneck shown.
     stages = [data for data, layout in figures.values() if title(layout).startswith("Input pipeline")]
     assert any(d[0]["y"][0].endswith("Map") for d in stages)

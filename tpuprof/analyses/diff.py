@@ -20,7 +20,9 @@ PREFLIGHT_METRICS = (
     ("required_bytes", "bytes"), ("peak_heap_bytes", "bytes"), ("peak_unpadded_heap_bytes", "bytes"),
     ("argument_bytes", "bytes"), ("temp_bytes", "bytes"), ("max_batch_size", "count"),
 )
-CATEGORIES = ("compute", "input", "host_overhead", "compile", "other")
+# The step categories of `tpuprof analyze` (tpuprof.models.profile.CATEGORIES; repeated so that a diff does not
+# import the analysis). Older --json documents lack host_transfer and collective: their metrics are n/a.
+CATEGORIES = ("compute", "input", "host_transfer", "collective", "host_overhead", "compile", "other")
 UNIT_BYTES = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}  # powers of 1024, as XLA prints
 # A per-example growth needs the batch dimension to explain most of the bytes whose shape changed.
 BATCH_SHARE = 0.5
@@ -134,20 +136,32 @@ def compare_buffers(a: dict, b: dict, top: int) -> dict:
 
 def compare_ops(a: dict, b: dict, top: int) -> list[dict]:
     """Top ops' self time per step (a capture's totals grow with its length; per step they compare).
-    Only the ops in each report's top list are known: one missing from a list is `None`, not zero."""
+    Device ops use their time per step per chip (`self_ms_per_step`: inside the measured steps, averaged over
+    chips) and are matched by HLO op; host ops divide their self time by the steps. Only the ops in each
+    report's top list are known: one missing from a list is `None`, not zero."""
     def per_step(document: dict) -> dict:
         steps = (document.get("steps") or {}).get("count") or 0
-        if not steps:
-            return {}
-        return {(o["where"], o["name"]): o["self_ms"] / steps for o in document.get("top_ops", [])}
+        found = {}
+        for o in document.get("top_ops", []):
+            key = (o["where"], o.get("hlo_op") or o["name"])
+            if o.get("self_ms_per_step") is not None:
+                found[key] = (o["self_ms_per_step"], o)
+            elif steps:
+                found[key] = (o["self_ms"] / steps, o)
+        return found
 
     a_ops, b_ops = per_step(a), per_step(b)
     rows = []
     for key in dict.fromkeys([*a_ops, *b_ops]):
-        ms_a, ms_b = a_ops.get(key), b_ops.get(key)
+        ms_a, op_a = a_ops.get(key, (None, {}))
+        ms_b, op_b = b_ops.get(key, (None, {}))
         change = None if ms_a is None or ms_b is None else ms_b - ms_a
-        rows.append({"where": key[0], "name": key[1], "a_ms_per_step": ms_a, "b_ms_per_step": ms_b,
-                     "change_ms": change})
+        op = op_b or op_a
+        row = {"where": key[0], "name": op.get("name", key[1]), "a_ms_per_step": ms_a, "b_ms_per_step": ms_b,
+               "change_ms": change}
+        if op.get("hlo_op"):
+            row.update(hlo_op=op["hlo_op"], category=op.get("category"))
+        rows.append(row)
     rows.sort(key=lambda r: -abs(r["change_ms"] if r["change_ms"] is not None
                                  else (r["a_ms_per_step"] or r["b_ms_per_step"] or 0)))
     return rows[: top if top > 0 else None]

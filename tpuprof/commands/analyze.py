@@ -32,7 +32,7 @@ def run(path: str, top: int, as_json: bool, csv: str | None = None) -> None:
         from tpuprof.renderers import csv as render_csv
 
         render_csv.check_analyze(csv)
-        render_csv.print_analyze(analyze(str(path), top=top), csv)
+        render_csv.print_analyze(analyze(str(path), top=0), csv)  # CSV: every row
         return
     report = analyze(str(path), top=top)
     if as_json:

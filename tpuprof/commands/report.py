@@ -177,8 +177,13 @@ def _load_steps(path: str, top: int) -> Input:
     from tpuprof.models.profile import CATEGORIES
     from tpuprof.renderers.analyze import to_json
 
+    from tpuprof.renderers.analyze import op_json
+
     report = analyze.analyze(path, top=top)
     document = to_json(report, top)
+    # Every device op with a rate, for the roofline chart (the JSON's top_ops holds only the top ones).
+    document["roofline_points"] = [op_json(report, o) for o in report.device_ops if report.rates(o)
+                                   and (report.rates(o).flops_per_s or report.rates(o).bytes_per_s)]
     document["per_step"] = [
         {"host": h.host,
          "steps": [{"number": s.number, "duration_ms": round(s.duration_ps / 1e9, 4),

@@ -61,8 +61,17 @@ def print_analyze(report, table: str) -> None:
                  *[round(getattr(s, f"{c}_ps") / 1e9, 4) for c in CATEGORIES], s.batches]
                 for h in report.hosts for s in h.steps))
     elif table == "ops":
-        _write(["name", "kind", "where", "count", "self_ms"],
-               ([o.name, o.kind, o.where, o.count, round(o.self_ps / 1e9, 4)] for o in report.top_ops))
+        def rates(o):
+            found = report.rates(o) if o.where == "device" else None
+            per_step = report.ms_per_step(o)
+            return [o.hlo_op, o.category, "" if per_step is None else round(per_step, 6),
+                    *("" if found is None or getattr(found, k) is None else round(getattr(found, k), 4)
+                      for k in ("flops_per_s", "bytes_per_s", "intensity")),
+                    (found.bound or "") if found else ""]
+
+        _write(["name", "kind", "where", "count", "self_ms", "hlo_op", "category", "self_ms_per_step", "flops_per_s",
+                "bytes_per_s", "intensity", "bound"],
+               ([o.name, o.kind, o.where, o.count, round(o.self_ps / 1e9, 4), *rates(o)] for o in report.top_ops))
     else:
         _write(["stage", "kind", "count", "total_ms", "self_ms", "py_function_ms"],
                ([s.name, s.kind, s.count, round(s.total_ps / 1e9, 4), round(s.self_ps / 1e9, 4),

@@ -93,12 +93,14 @@ def print_tables(result: dict) -> None:
             for r in g["ops"]:
                 cells = [fmt_value(r[k], "ms").replace(" ms", "") if r[k] is not None else "-"
                          for k in ("a_ms_per_step", "b_ms_per_step")]
-                rows.append((escape(r["name"]), r["where"], *cells,
+                where = r["where"] + (f" ({r['category']})" if r.get("category") else "")
+                rows.append((escape(r.get("hlo_op") or r["name"]), where, *cells,
                              fmt_change(r["change_ms"], "ms") if r["change_ms"] is not None else ""))
             columns = [tables.name("op", least=24), tables.text("where", drop=1), tables.number("A ms"),
                        tables.number("B ms"), tables.number("change")]
             out.print(tables.table(columns, rows, out.width,
-                                   title="Top ops, self time per step (from each report's top list)"))
+                                   title="Top ops, self time per step (device ops: per chip; from each report's "
+                                         "top list)"))
         growth = g.get("per_example")
         if growth:
             measure = "peak HBM" if growth.get("measure", "peak_heap_bytes") == "peak_heap_bytes" else "required HBM"

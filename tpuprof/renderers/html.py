@@ -16,10 +16,11 @@ from tpuprof.units import fmt_bytes
 from tpuprof.commands.report import KIND_LABELS, MAX_MODULES, MEMORY, OOM, PREFLIGHT, STEPS, Input
 
 MIB = 1024 * 1024
-CATEGORY_LABELS = {"compute": "compute", "input": "waiting for input", "host_overhead": "host overhead",
-                   "compile": "compilation", "other": "other"}
-CATEGORY_COLOURS = {"compute": "#2e7d32", "input": "#c62828", "host_overhead": "#ef6c00", "compile": "#6a1b9a",
-                    "other": "#9e9e9e"}
+CATEGORY_LABELS = {"compute": "compute", "input": "waiting for input", "host_transfer": "host transfers",
+                   "collective": "collectives", "host_overhead": "host overhead", "compile": "compilation",
+                   "other": "other"}
+CATEGORY_COLOURS = {"compute": "#2e7d32", "input": "#c62828", "host_transfer": "#1565c0", "collective": "#00838f",
+                    "host_overhead": "#ef6c00", "compile": "#6a1b9a", "other": "#9e9e9e"}
 TREEMAP_OPS = 150  # ops in the padding treemap: beyond that the boxes are too small to read
 
 CSS = """
@@ -352,7 +353,7 @@ def _steps(page: _Page, item: Input, top: int) -> None:
         fig = go.Figure()
         numbers = [st["number"] for st in host["steps"]]
         for category, label in CATEGORY_LABELS.items():
-            fig.add_bar(x=numbers, y=[st[f"{category}_ms"] for st in host["steps"]], name=label,
+            fig.add_bar(x=numbers, y=[st.get(f"{category}_ms", 0) for st in host["steps"]], name=label,
                         marker_color=CATEGORY_COLOURS[category])
         more = f" (host {host['host']}; {len(hosts) - 1} more hosts in the table above)" if len(hosts) > 1 else ""
         fig.update_layout(barmode="stack", title=esc(f"Step time per step, by category{more}"),
@@ -365,6 +366,9 @@ def _steps(page: _Page, item: Input, top: int) -> None:
                         marker_color=CATEGORY_COLOURS[category])
         fig.update_layout(barmode="stack", title="Mean step time by category", yaxis_title="ms")
         page.figure(fig, height=360)
+    _breakdown(page, d)
+    _chips(page, d)
+    _roofline(page, d)
 
     stages = d.get("input_pipeline", {}).get("stages", [])
     if stages:
@@ -385,11 +389,120 @@ def _steps(page: _Page, item: Input, top: int) -> None:
         page.add('<p class="note">No tf.data stages in this capture (a JAX process records only its own '
                  "events; the breakdown above counts untraced gaps between steps as waiting for input).</p>")
     ops = d.get("top_ops", [])[: max(top, 1)]
-    if ops:
+    device = [o for o in ops if o.get("where") == "device"]
+    host = [o for o in ops if o.get("where") != "device"]
+    if device:
+        def rate(value, unit):
+            return "" if value is None else f"{value / unit:.2f}"
+
+        rows = "".join(
+            f'<tr><td class="mono">{esc(o["name"])}</td><td class="mono">{esc(o.get("hlo_op"))}</td>'
+            f'<td>{esc(o.get("category"))}</td><td class="n">{esc(_num(o.get("self_ms_per_step"), 3))}</td>'
+            f'<td class="n">{rate(o.get("flops_per_s"), 1e12)}</td><td class="n">{rate(o.get("bytes_per_s"), 1e9)}</td>'
+            f'<td class="n">{esc(_num(o.get("intensity"), 3))}</td><td>{esc(o.get("bound") or "")}'
+            f'{esc(" " + format(o["percent_of_roof"], ".0f") + "%" if o.get("percent_of_roof") is not None else "")}'
+            "</td></tr>" for o in device)
+        page.add("<h3>Device ops by time per step (per chip: averaged over chips)</h3><table><tr><th>op</th>"
+                 "<th>HLO op</th><th>category</th><th>ms per step</th><th>TFLOP/s</th><th>GB/s</th><th>FLOP/byte</th>"
+                 f"<th>bound, % of roof</th></tr>{rows}</table>")
+    if host:
         rows = "".join(f'<tr><td class="mono">{esc(o["name"])}</td><td>{esc(o["kind"])}</td><td>{esc(o["where"])}</td>'
-                       f'<td class="n">{esc(o["count"])}</td><td class="n">{o["self_ms"]:.2f}</td></tr>' for o in ops)
-        page.add("<h3>Top ops by self time</h3><table><tr><th>op</th><th>type</th><th>where</th><th>count</th>"
+                       f'<td class="n">{esc(o["count"])}</td><td class="n">{o["self_ms"]:.2f}</td></tr>' for o in host)
+        page.add("<h3>Host ops by self time</h3><table><tr><th>op</th><th>type</th><th>where</th><th>count</th>"
                  f"<th>self ms</th></tr>{rows}</table>")
+
+
+def _num(value, digits: int) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def _breakdown(page: _Page, d: dict) -> None:
+    """The mean step split into the categories, as a table (the chart above shows them per step)."""
+    shares, per_step = d.get("breakdown_percent") or {}, d.get("breakdown_ms_per_step") or {}
+    if not shares:
+        return
+    rows = "".join(f'<tr><td><span style="color:{CATEGORY_COLOURS[c]}">&#9632;</span> {esc(label)}</td>'
+                   f'<td class="n">{shares.get(c, 0):.1f}</td><td class="n">{per_step.get(c, 0):.2f}</td></tr>'
+                   for c, label in CATEGORY_LABELS.items() if c in shares)
+    page.add("<h3>Where the step time goes</h3><table><tr><th>category</th><th>% of step</th>"
+             f"<th>ms per step</th></tr>{rows}</table>")
+
+
+def _chips(page: _Page, d: dict) -> None:
+    devices = d.get("devices") or []
+    if len(devices) < 2:
+        return
+    rows = "".join(f'<tr><td class="mono">{esc(x["host"])}/{esc(x["id"])}</td><td>{esc(x["kind"])}</td>'
+                   f'<td class="n">{esc(x["steps"])}</td><td class="n">{x["median_ms"]:.2f}</td>'
+                   f'<td class="n">{x["work_median_ms"]:.2f}</td>'
+                   + "".join(f'<td class="n">{x["breakdown_percent"].get(c, 0):.1f}</td>'
+                             for c in ("compute", "host_transfer", "collective", "host_overhead")) + "</tr>"
+                   for x in devices)
+    slow = "".join(f'<p class="warn">Slowest chip: {esc(c["chip"])} of {esc(c["host"])}, {c["work_median_ms"]:.2f} ms '
+                   f'of its own work per step vs {c["fastest_work_median_ms"]:.2f} ms</p>' for c in d.get("slow_chips", []))
+    page.add("<h3>Chips (aligned steps)</h3><table><tr><th>chip</th><th>kind</th><th>steps</th><th>median step ms</th>"
+             "<th>own work ms</th><th>compute %</th><th>host transfers %</th><th>collectives %</th>"
+             f"<th>host overhead %</th></tr>{rows}</table>{slow}")
+
+
+def _roofline(page: _Page, d: dict) -> None:
+    """Device ops as points against the chip's roofs (log-log), and the transfers against their links."""
+    import plotly.graph_objects as go
+
+    roof = d.get("roofline") or {}
+    points = d.get("roofline_points") or [o for o in d.get("top_ops", []) if o.get("where") == "device"]
+    peak, hbm = roof.get("peak_flops_per_s"), roof.get("peak_hbm_bytes_per_s")
+    placed = [o for o in points if o.get("flops_per_s") and o.get("intensity")]
+    transfers = [o for o in points if o.get("bytes_per_s") and not o.get("flops_per_s")]
+    unplaced = [o for o in points if o.get("flops_per_s") and not o.get("intensity")]
+    if not peak or not hbm or not (placed or transfers or unplaced):
+        return
+    page.add(f'<h3>Roofline ({esc(roof.get("device_kind"))}, per chip)</h3><p class="meta">Peaks: '
+             f'{peak / 1e12:g} TFLOP/s, HBM {hbm / 1e9:g} GB/s ({esc(roof.get("peak_source"))}). Program: '
+             f'{_num((roof.get("flops_per_s") or 0) / 1e12, 3)} TFLOP/s, '
+             f'{_num((roof.get("hbm_bytes_per_s") or 0) / 1e9, 1)} GB/s of HBM, MFU '
+             f'{_num(roof.get("mfu_percent"), 3)}%. Op rates are FLOPs (bytes) over self time, as XProf measures them.'
+             '</p>')
+    for o in unplaced:
+        page.add(f'<p class="note">{esc(o.get("hlo_op"))}: {o["flops_per_s"] / 1e12:.2f} TFLOP/s '
+                 f'({esc(o.get("bound"))} {_num(o.get("percent_of_roof"), 0)}% of peak), not placed on the chart: the '
+                 f'capture gives no bytes for it. FLOPs: {esc(o.get("flops_source") or "from the capture")}.</p>')
+    if placed:
+        intensities = [o["intensity"] for o in placed] + [roof.get("ridge_flops_per_byte") or peak / hbm]
+        low, high = min(intensities) / 4, max(intensities) * 4
+        xs = [low * (high / low) ** (i / 60) for i in range(61)]
+        fig = go.Figure()
+        fig.add_scatter(x=xs, y=[min(peak, x * hbm) for x in xs], mode="lines", name="roof: min(peak, intensity x HBM)",
+                        line=dict(color="#57606a"))
+        by_category: dict[str, list] = {}
+        for o in placed:
+            by_category.setdefault(o.get("category") or "compute", []).append(o)
+        for category, ops in by_category.items():
+            fig.add_scatter(
+                x=[o["intensity"] for o in ops], y=[o["flops_per_s"] for o in ops], mode="markers",
+                name=CATEGORY_LABELS.get(category, category),
+                marker=dict(color=CATEGORY_COLOURS.get(category, "#333"), size=[
+                    8 + min(24, 4 * (o.get("self_ms_per_step") or 0) ** 0.5) for o in ops]),
+                text=[esc(f'{o.get("hlo_op")} ({o.get("name")}): {(o.get("self_ms_per_step") or 0):.3f} ms per step, '
+                          f'{o.get("bound")} {_num(o.get("percent_of_roof"), 0)}% of roof') for o in ops],
+                hovertemplate="%{text}<br>%{x:.3g} FLOP/byte, %{y:.3g} FLOP/s<extra></extra>")
+        fig.update_layout(title="Device ops against the roof (marker size: time per step)",
+                          xaxis=dict(type="log", title="operational intensity (FLOP/byte of HBM)"),
+                          yaxis=dict(type="log", title="achieved FLOP/s"), legend=dict(orientation="h", y=-0.25))
+        page.figure(fig)
+    if transfers:
+        link = roof.get("host_link_bytes_per_s")
+        labels = [esc(f'{o.get("hlo_op")} ({o.get("category")})') for o in transfers]
+        fig = go.Figure()
+        fig.add_bar(y=labels, x=[o["bytes_per_s"] / 1e9 for o in transfers], orientation="h", name="achieved",
+                    marker_color=[CATEGORY_COLOURS.get(o.get("category"), "#333") for o in transfers])
+        fig.add_vline(x=hbm / 1e9, line_dash="dot", annotation_text=f"HBM {hbm / 1e9:g} GB/s")
+        if link:
+            fig.add_vline(x=link / 1e9, line_dash="dash", annotation_text=esc(f"host link {link / 1e9:g} GB/s"))
+        fig.update_layout(title="Ops that move bytes without FLOPs (copies, collectives): achieved bandwidth",
+                          xaxis=dict(type="log", title="GB/s (log)"), yaxis=dict(autorange="reversed", automargin=True),
+                          showlegend=False)
+        page.figure(fig, height=max(300, 100 + 30 * len(transfers)))
 
 
 # ---------------------------------------------------------------- OOM and preflight
