@@ -151,7 +151,12 @@ class HostView:
         self.work = _spans(work)
 
     def markers(self):
-        """(line, event indices, description) of the best step markers, or None."""
+        """(line, event indices, description) of the best step markers, or None (computed once)."""
+        if not hasattr(self, "_markers"):
+            self._markers = self._find_markers()
+        return self._markers
+
+    def _find_markers(self):
         meta = self.plane.event_metadata
         explicit = _ids(self.plane, EXPLICIT_MARKER.match)
         tf_step = _ids(self.plane, lambda n: n in TF_STEP_FUNCTIONS)
@@ -164,8 +169,9 @@ class HostView:
                                    (1, explicit, "step markers"), (1, tf_step, "TF step function")):
             best = None
             for line in self.lines:
-                for key in ids:
-                    idx = line.select({key})
+                found = line.select(ids)
+                for key in np.unique(line.mid[found]).tolist():
+                    idx = found[line.mid[found] == key]
                     if len(idx) < fewest:
                         continue
                     idx = idx[top_level(line.start[idx], line.end[idx])]
@@ -288,18 +294,8 @@ def complement_within(busy: Spans, wanted: Spans, a, b) -> Spans:
     if not len(wanted.starts) or not len(a):
         return Spans.empty()
     lo, hi = int(np.min(a)), int(np.max(b))
-    gap_starts = np.concatenate([[lo], busy.ends])
-    gap_ends = np.concatenate([busy.starts, [hi]])
-    gaps = Spans(gap_starts, gap_ends)
-    # Intersection of two unions: |A ∩ B| spans, built from the pieces of B clipped to gaps of A.
-    starts, ends = [], []
-    for s, e in zip(wanted.starts.tolist(), wanted.ends.tolist()):
-        i = np.searchsorted(gaps.ends, s, side="right")
-        while i < len(gaps.starts) and gaps.starts[i] < e:
-            starts.append(max(s, int(gaps.starts[i])))
-            ends.append(min(e, int(gaps.ends[i])))
-            i += 1
-    return Spans(starts, ends)
+    gaps = Spans(np.concatenate([[lo], busy.ends]), np.concatenate([busy.starts, [hi]]))
+    return gaps.intersect(wanted)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -77,6 +77,18 @@ class Spans:
     def __or__(self, other: "Spans") -> "Spans":
         return Spans(np.concatenate([self.starts, other.starts]), np.concatenate([self.ends, other.ends]))
 
+    def intersect(self, other: "Spans") -> "Spans":
+        """Where both unions cover: a sweep over both sets of merged boundaries (depth 2 = both)."""
+        if not len(self.starts) or not len(other.starts):
+            return Spans.empty()
+        points = np.concatenate([self.starts, self.ends, other.starts, other.ends])
+        steps = np.concatenate([np.ones(len(self.starts)), -np.ones(len(self.ends)),
+                                np.ones(len(other.starts)), -np.ones(len(other.ends))]).astype(np.int64)
+        order = np.lexsort((steps, points))  # at equal times, ends (-1) before starts: touching spans do not overlap
+        points, depth = points[order], np.cumsum(steps[order])
+        inside = depth == 2
+        return Spans(points[:-1][inside[:-1]], points[1:][inside[:-1]])
+
     @property
     def total(self) -> int:
         return int(self._before[-1])

@@ -9,6 +9,7 @@ Accepted paths, local or any fsspec URL (gs://...):
 
 from __future__ import annotations
 
+import os
 import posixpath
 from functools import lru_cache
 
@@ -28,11 +29,35 @@ def _quiet_remote_loggers() -> None:
         logger.propagate = False
 
 
+class _LocalFS:
+    """The three file-system calls `find_host_files` makes, for local paths without importing fsspec (60 ms of
+    start-up that a local capture does not need)."""
+
+    protocol = "file"
+
+    @staticmethod
+    def exists(path: str) -> bool:
+        return os.path.exists(path)
+
+    @staticmethod
+    def isdir(path: str) -> bool:
+        return os.path.isdir(path)
+
+    @staticmethod
+    def ls(path: str, detail: bool = False) -> list[str]:
+        return sorted(os.path.join(path, name) for name in os.listdir(path))
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
 def _fs(path: str):
+    if _is_local(path):
+        return _LocalFS(), os.path.abspath(path.removeprefix("file://"))
     import fsspec
 
-    if "://" in path and not path.startswith("file://"):
-        _quiet_remote_loggers()
+    _quiet_remote_loggers()
 
     try:
         return fsspec.core.url_to_fs(path)
@@ -89,6 +114,12 @@ def host_name(path: str) -> str:
 
 
 def read_bytes(path: str) -> bytes:
+    if _is_local(path):
+        try:
+            with open(path.removeprefix("file://"), "rb") as handle:
+                return handle.read()
+        except OSError as error:
+            raise UserError(f"cannot read {path}: {error.strerror or error}.") from None
     import fsspec
 
     try:

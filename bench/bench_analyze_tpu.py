@@ -1,0 +1,105 @@
+"""tpuprof analyze vs XProf overview_page on real public TPU captures: time ratio, largest capture first.
+
+    .venv/bin/python bench/bench_analyze_tpu.py [--runs 5]
+
+The captures are found by tests/real_data.py (they are not in the repository; see
+sample_profiles/real/README.md). XProf writes a cache file (ALL_HOSTS.op_stats*) beside the capture it
+reads, so every XProf run gets a fresh copy. In-process times are medians after one warm-up; whole-process
+times include interpreter start-up and imports (tpuprof's CLI; XProf's converter called from Python).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from timing import median_time  # noqa: E402  (bench/ is on sys.path when run as a script)
+
+XPROF_PROCESS = """
+import sys
+from xprof.convert import raw_to_tool_data
+data, _ = raw_to_tool_data.xspace_to_tool_data([sys.argv[1]], "overview_page", {})
+sys.stdout.write(data if isinstance(data, str) else data.decode())
+"""
+
+
+def captures(scratch: Path) -> list[tuple[str, Path]]:
+    import pytest
+    from real_data import REAL_TPU_CAPTURES, real_artefact
+
+    found = []
+    for name, artefact in REAL_TPU_CAPTURES.items():
+        try:
+            found.append((name, real_artefact(artefact, scratch / name)))
+        except pytest.skip.Exception as reason:
+            print(f"{name}: skipped ({reason})")
+    return sorted(found, key=lambda item: item[1].stat().st_size, reverse=True)
+
+
+def bench(name: str, path: Path, runs: int, scratch: Path) -> None:
+    from xprof.convert import raw_to_tool_data
+
+    from tpuprof.commands import analyze
+
+    def fresh_copy() -> str:
+        folder = Path(tempfile.mkdtemp(dir=scratch))
+        shutil.copy(path, folder / path.name)
+        return str(folder / path.name)
+
+    def run_xprof() -> float:
+        copy = fresh_copy()
+        started = time.perf_counter()
+        raw_to_tool_data.xspace_to_tool_data([copy], "overview_page", {})
+        return time.perf_counter() - started
+
+    report = analyze.analyze(str(path))
+    print(f"{name}: {path.stat().st_size / 1e6:.2f} MB, {len(report.devices)} chip(s), {report.step_count} steps, "
+          f"{len(report.device_ops)} device ops, verdict {report.verdict}")
+    ours = median_time(lambda: analyze.analyze(str(path)), runs)
+    run_xprof()  # warm-up
+    theirs = statistics.median(run_xprof() for _ in range(runs))
+    print(f"  in-process:    tpuprof analyze {ours * 1e3:.0f} ms, XProf overview_page {theirs * 1e3:.0f} ms, "
+          f"ratio {ours / theirs:.2f}")
+
+    def whole(command: list[str]) -> float:
+        started = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
+        return time.perf_counter() - started
+
+    ours_p = statistics.median(whole([sys.executable, "-m", "tpuprof", "analyze", str(path), "--json"])
+                               for _ in range(runs))
+    theirs_p = statistics.median(whole([sys.executable, "-c", XPROF_PROCESS, fresh_copy()]) for _ in range(runs))
+    print(f"  whole process: tpuprof analyze {ours_p:.2f} s, XProf overview_page {theirs_p:.2f} s, "
+          f"ratio {ours_p / theirs_p:.2f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="bench-analyze-tpu-"))
+    try:
+        found = captures(scratch)
+        if not found:
+            print("no real TPU capture available: see sample_profiles/real/README.md")
+            return 0
+        for name, path in found:
+            bench(name, path, args.runs, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
