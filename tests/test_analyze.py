@@ -324,6 +324,63 @@ def test_tpu_cores_and_hosts_straggler(tmp_path):
     assert any(s["kind"] == "straggler" and "tpu-vm-2" in s["message"] for s in report.suggestions)
 
 
+def test_tpu_collectives_bound_names_the_collective(tmp_path):
+    """No public capture here has a step dominated by collectives: an all-reduce takes 5 of a 8.2 ms step."""
+    layout = Layout(idle_ms=0.2, matmul_ms=2.0, other_ms=1.0, collective_ms=5.0, matmul_dtype="bf16")
+    report = analyze_layout(tmp_path, layout)
+    assert report.breakdown_percent["collective"] == pytest.approx(100 * 5 / layout.step_ms, abs=0.2)
+    assert report.verdict == "collective-bound"
+    assert "all-reduce.2 f32[1024,1024] (5.00 ms)" in report.verdict_reason
+    assert [o.hlo_op for o in report.verdict_ops] == ["all-reduce.2"]
+    first = report.suggestions[0]
+    assert first["kind"] == "collective" and first["saving_ms_per_step"] == pytest.approx(5.0, abs=0.01)
+
+
+def test_tpu_slowest_chip_is_named_and_op_times_are_per_chip(tmp_path):
+    """Two chips in lock step: chip 1's matmul takes 1.5 ms more, chip 0 waits for it in the all-reduce."""
+    layout = Layout(idle_ms=0.2, matmul_ms=4.0, other_ms=1.0, collective_ms=0.5, cores=2, slow_core=1,
+                    slow_core_ms=1.5, matmul_dtype="bf16")
+    report = analyze_layout(tmp_path, layout)
+    devices = render.to_json(report, 5)["devices"]
+    assert [(d["id"], d["steps"], d["median_ms"]) for d in devices] == [
+        ("TPU:0", 20, pytest.approx(layout.step_ms, abs=0.01)), ("TPU:1", 20, pytest.approx(layout.step_ms, abs=0.01))]
+    assert devices[0]["breakdown_percent"]["collective"] > devices[1]["breakdown_percent"]["collective"]
+    (slow,) = report.slow_chips
+    assert slow.chip == "TPU:1" and slow.work_ms == pytest.approx(6.5) and slow.fastest_ms == pytest.approx(5.0)
+    assert any(s["kind"] == "slow_chip" and "TPU:1" in s["message"] for s in report.suggestions)
+    # Per chip per step: the mean of 4.0 and 5.5 ms, not their sum.
+    matmul = next(o for o in report.device_ops if o.hlo_op == "convolution.7")
+    assert report.ms_per_step(matmul) == pytest.approx((4.0 + 5.5) / 2)
+
+
+def test_tpu_memory_bound_vector_work_gets_fusion_and_bf16_advice(tmp_path):
+    """A v5e step whose elementwise fusion (0.25 FLOP/byte) takes 6 of its 8 ms of compute."""
+    layout = Layout(idle_ms=0.1, matmul_ms=2.0, other_ms=6.0, matmul_dtype="bf16", device_type="TPU v5 Lite",
+                    matmul_flops=200 * 10**9, matmul_bytes=400 * 10**6, other_flops=10**9, other_bytes=4 * 10**9)
+    report = analyze_layout(tmp_path, layout)
+    assert report.roof.device_kind == "v5e" and report.roof.ridge == pytest.approx(197e12 / 819e9)
+    fusion = next(o for o in report.device_ops if o.hlo_op == "fusion.3")
+    matmul = next(o for o in report.device_ops if o.hlo_op == "convolution.7")
+    assert report.rates(fusion).bound == "HBM" and report.rates(fusion).bytes_per_s == pytest.approx(4e9 / 6e-3)
+    assert report.rates(fusion).percent_of_roof == pytest.approx(100 * (4e9 / 6e-3) / 819e9)
+    assert report.rates(matmul).bound == "compute" and report.rates(matmul).flops_per_s == pytest.approx(200e9 / 2e-3)
+    assert report.verdict == "memory-bound" and "fusion.3" in report.verdict_reason
+    advice = next(s for s in report.suggestions if s["kind"] == "memory_bound")
+    assert "fuse" in advice["message"] and "bf16" in advice["message"]
+    # MFU: 201 GFLOP per 8.1 ms step against 197 TFLOP/s.
+    assert report.roofline.mfu_percent == pytest.approx(100 * 201e9 / 8.1e-3 / 197e12, rel=1e-3)
+
+
+def test_tpu_outfeed_is_a_host_transfer_and_idle_while_compiling_is_compile(tmp_path):
+    layout = Layout(idle_ms=2.0, matmul_ms=3.0, other_ms=1.0, outfeed_ms=1.0, host_compiles_in_idle=True,
+                    matmul_dtype="bf16")
+    report = analyze_layout(tmp_path, layout)
+    assert report.breakdown_ms_per_step["host_transfer"] == pytest.approx(1.0, abs=0.01)
+    assert report.breakdown_ms_per_step["compile"] == pytest.approx(2.0, abs=0.01)
+    assert report.breakdown_ms_per_step["host_overhead"] == pytest.approx(0.0, abs=0.01)
+    assert next(o for o in report.device_ops if o.hlo_op == "outfeed.4").category == "host_transfer"
+
+
 # --- bad input ---------------------------------------------------------------------------------------
 
 
