@@ -9,7 +9,8 @@ same time: their steps are aligned by start time, and only the steps every chip 
 Inside a step period, with this priority (nested events go to the first layer that claims them):
   input         - infeed ops;
   host_transfer - ops that copy between host memory (`S(5)`, pinned host) and HBM, outfeed, host send/recv;
-  collective    - all-reduce, all-gather, reduce-scatter, collective-permute, all-to-all, their -start/-done;
+  collective    - all-reduce, all-gather, reduce-scatter, collective-permute, all-to-all, their -start/-done,
+                  and `barrier-cores` (a program waiting for the other chips, on the `XLA TraceMe` line);
   compute       - every other op on `XLA Ops` (MXU and vector work, Pallas and other custom calls);
   other         - a program running with no op on the timeline;
   compile       - device idle while the host compiles;
@@ -104,6 +105,7 @@ class Chip:
     steps_line: Line | None
     infos: dict[int, top_ops.DeviceOpInfo]
     own: np.ndarray  # self time of each op event
+    barriers: Spans  # `barrier-cores` on `XLA TraceMe`: a program waiting for the other chips
     clock: DeviceClock | None = None  # timeline -> device clock (None: the capture has only timeline times)
 
     def to_device(self, spans: Spans) -> Spans:
@@ -146,13 +148,18 @@ def read_chip(plane) -> Chip | None:
         ops, clock = _on_device_clock(plane, ops)
     modules = read_line(lines["XLA Modules"]) if "XLA Modules" in lines else None
     steps_line = read_line(lines["Steps"]) if "Steps" in lines else None
+    barriers = Spans.empty()
+    if "XLA TraceMe" in lines:
+        traceme = read_line(lines["XLA TraceMe"])
+        idx = traceme.select({k for k, m in plane.event_metadata.items() if m.name == "barrier-cores"})
+        barriers = Spans(traceme.start[idx], traceme.end[idx])
     if clock is not None:
-        modules, steps_line = clock.line(modules), clock.line(steps_line)
+        modules, steps_line, barriers = clock.line(modules), clock.line(steps_line), clock.spans(barriers)
     peak = stats.get("peak_teraflops_per_second")
     return Chip(plane=plane, id=plane.name.removeprefix("/device:"),
                 device_type=str(stats.get("device_type_string") or ""),
                 capture_peak_tflops=float(peak) if isinstance(peak, (int, float)) and peak else None,
-                ops=ops, modules=modules, steps_line=steps_line, infos=infos,
+                ops=ops, modules=modules, steps_line=steps_line, infos=infos, barriers=barriers,
                 own=self_times(ops.start, ops.end) if ops is not None else np.zeros(0, np.int64), clock=clock)
 
 
@@ -222,7 +229,8 @@ def split(chip: Chip, a: np.ndarray, b: np.ndarray, host_wait: Spans, host_compi
             by_category.setdefault(info.category, set()).add(key)
         for category in ("input", "host_transfer", "collective"):
             idx = ops.select(by_category.get(category, set()))
-            layers.append((category, Spans(ops.start[idx], ops.end[idx])))
+            spans = Spans(ops.start[idx], ops.end[idx])
+            layers.append((category, spans | chip.barriers if category == "collective" else spans))
         op_spans = Spans(ops.start, ops.end)
         layers.append(("compute", op_spans))
     else:

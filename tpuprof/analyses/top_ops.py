@@ -211,7 +211,8 @@ def fill_from_events(plane, line: Line, infos: dict[int, DeviceOpInfo]) -> None:
     from tpuprof.sources.xplane import event_stats
 
     names = {k: m.name for k, m in plane.stat_metadata.items()}
-    missing = {k for k, info in infos.items() if not info.bytes_accessed or not info.flops}
+    present = set(np.unique(line.mid).tolist())
+    missing = {k for k, info in infos.items() if k in present and (not info.bytes_accessed or not info.flops)}
     if not missing:
         return
     for i, key in enumerate(line.mid.tolist()):
