@@ -277,3 +277,25 @@ def test_report_page_shows_the_roofline_and_the_categories(offload, pallas, tmp_
                                               "host overhead", "compilation", "other"]
     assert "Where the step time goes" in page and "Chips (aligned steps)" in page
     assert "matmul_optimized.1: 113." in page and "estimated: a custom call" in page
+
+
+def test_vectorised_stat_reader_equals_protobufs_decoding(offload):
+    """The device clock comes from stats read straight from the serialized bytes: same values as protobuf's."""
+    from tpuprof.protos import xplane_pb2
+    from tpuprof.sources import xplane
+
+    path, _ = offload
+    light = xplane.read_xspace(str(path))
+    full = xplane_pb2().XSpace.FromString(path.read_bytes())
+    checked = 0
+    for light_plane, plane in zip(light.planes, full.planes):
+        wanted = {m.name: k for k, m in plane.stat_metadata.items()
+                  if m.name in ("device_offset_ps", "device_duration_ps", "run_id", "program_id", "flops")}
+        for light_line, line in zip(light_plane.lines, plane.lines):
+            fast = xplane.int_stat_values(light_line.events, wanted)
+            for name, key in wanted.items():
+                expected = [next((s.int64_value or s.uint64_value for s in e.stats if s.metadata_id == key),
+                                 xplane.MISSING) for e in line.events]
+                assert fast[name].tolist() == expected, (plane.name, line.name, name)
+                checked += int((fast[name] != xplane.MISSING).sum())
+    assert checked > 6000  # every op event's device offset and duration, and the programs' run ids

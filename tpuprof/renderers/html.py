@@ -160,7 +160,8 @@ def _header(page: _Page, inputs: list[Input], title: str | None) -> None:
 
 
 # The step-time category each kind of step suggestion removes: its ms per step bound what the fix can win.
-STEP_SAVINGS = {"input_pipeline": "input", "steps_per_execution": "host_overhead", "compile": "compile"}
+STEP_SAVINGS = {"input_pipeline": "input", "steps_per_execution": "host_overhead", "compile": "compile",
+                "host_transfer": "host_transfer", "collective": "collective"}
 
 
 def _suggestions(page: _Page, inputs: list[Input]) -> None:
@@ -179,7 +180,8 @@ def _suggestions(page: _Page, inputs: list[Input]) -> None:
                     continue
                 if item.kind == STEPS:
                     category = STEP_SAVINGS.get(s.get("kind"))
-                    saving = (d.get("breakdown_ms_per_step") or {}).get(category) if category else None
+                    saving = (d.get("breakdown_ms_per_step") or {}).get(category) if category else \
+                        s.get("saving_ms_per_step")
                     steps.append((number, s, saving if isinstance(saving, (int, float)) else None))
                 else:
                     saving = s.get("saving_bytes")
