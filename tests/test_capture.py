@@ -76,7 +76,7 @@ def test_keras_job_capture_holds_its_slow_steps(keras_job, tmp_path):
     assert host["host"] == f"localhost_{keras_job.port}"
     assert Path(host["path"]).parent == tmp_path / "plugins" / "profile" / doc["run"]
     assert host["size_bytes"] == Path(host["path"]).stat().st_size and host["events"] > 100
-    assert doc["address_source"] == "given with --service-addr"
+    assert doc["address_source"] == "The address was given with --service-addr"
     steps = events_named(host["path"], "multi_step_on_iterator")  # Keras 3's compiled train step
     assert len(steps) >= 3
     # Every step waits for 64 examples through a map that sleeps SLOW_MAP_MS each.
@@ -115,6 +115,46 @@ def test_second_capture_is_a_new_run_and_leaves_the_first_untouched(jax_capture,
     assert [p.name for p in run_dirs(logdir)] == sorted([first["run"], second["run"]])
     assert (hashlib.sha256(first_file.read_bytes()).hexdigest(), first_file.stat().st_mtime_ns) == before
     assert not [p for p in logdir.iterdir() if p.name.startswith(".tpuprof")]  # scratch removed
+
+
+def test_human_summary_is_sentences_and_names_a_viewer_the_install_provides(jax_job, tmp_path):
+    result = run_cli("capture", "--service-addr", jax_job.address, "--logdir", str(tmp_path), "--duration", "500ms")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (f"tpuprof: capturing {jax_job.address}. The address was given with --service-addr.\n")
+    lines = result.stdout.splitlines()
+    (run_dir,) = run_dirs(tmp_path)
+    assert lines[0] == f"Captured run {run_dir.name} in {run_dir}."
+    assert lines[1].startswith("Traced 0.5 s on ") and lines[1].endswith(" s in all).")
+    assert lines[2] == "The address was given with --service-addr."
+    assert lines[-2] == f"To analyse the run: tpuprof analyze {run_dir}"
+    assert lines[-1] == (f"To browse it in XProf's viewer: xprof --logdir {tmp_path} --port 8791, "
+                         "then open http://localhost:8791/")
+    assert "tensorboard" not in result.stdout
+
+
+def test_the_viewer_named_in_the_hint_serves_the_logdir(tmp_path):
+    """`xprof --logdir LOGDIR --port P` (the hint, on a free port) is installed and answers over HTTP."""
+    import shutil
+    import urllib.request
+
+    xprof = shutil.which("xprof", path=str(Path(sys.executable).parent))
+    assert xprof, "the xprof command is not installed beside this Python"
+    port = free_port()
+    server = subprocess.Popen([xprof, "--logdir", str(ROOT / "sample_profiles" / "captures" / "jax_compute"),
+                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://localhost:{port}/", timeout=2) as page:
+                    assert page.status == 200
+                    break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "xprof did not start serving"
+                time.sleep(0.5)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
 
 
 def test_two_jobs_one_command_give_two_hosts_in_one_run(keras_job, jax_job, tmp_path):
@@ -216,8 +256,9 @@ def test_dead_port_is_a_clear_error_within_the_attempts(tmp_path):
     elapsed = time.monotonic() - started
     assert result.returncode == 2
     (message,) = result.stderr.strip().splitlines()  # one line: cause, attempts, fix
-    assert message.startswith(f"tpuprof: Nothing is listening at localhost:{port} (given with --service-addr; "
-                              "connection refused, 2 attempt(s))")
+    assert message.startswith(f"tpuprof: Nothing is listening at localhost:{port} (connection refused, "
+                              "2 attempt(s))")
+    assert message.endswith(" The address was given with --service-addr.")
     for start_line in (f"tf.profiler.experimental.server.start({port})", f"jax.profiler.start_server({port})",
                        f"torch_xla.debug.profiler.start_server({port})"):
         assert start_line in message
@@ -298,7 +339,7 @@ def test_bad_options_are_one_sentence(argv, message):
     ({"port": 9012}, {"TPU_GRPC_URL": "grpc://10.1.2.3:8470"}, ["10.1.2.3:9012"], "TPU_GRPC_URL"),
     ({}, {"COLAB_TPU_ADDR": "10.4.5.6:8470"}, ["10.4.5.6:8466"], "COLAB_TPU_ADDR"),
     ({"port": 9999}, {"TPU_WORKER_HOSTNAMES": "t1k-w-0,t1k-w-1,t1k-w-2,t1k-w-3"},
-     ["t1k-w-0:9999", "t1k-w-1:9999", "t1k-w-2:9999", "t1k-w-3:9999"], "every worker"),
+     ["t1k-w-0:9999", "t1k-w-1:9999", "t1k-w-2:9999", "t1k-w-3:9999"], "Every worker"),
     ({}, {"TPU_PROCESS_ADDRESSES": "10.0.0.5:8476,10.0.0.6:8476"}, ["10.0.0.5:8466", "10.0.0.6:8466"],
      "TPU_PROCESS_ADDRESSES"),
     ({"port": 9012}, {}, ["localhost:9012"], "this machine"),
@@ -343,7 +384,7 @@ def test_same_second_run_name_gets_a_suffix_and_keeps_the_first(tmp_path):
 
 def test_tpu_grpc_url_needs_no_lookup():
     target = addresses.resolve(tpu="grpc://10.2.3.4:8470")
-    assert target.addresses == ["10.2.3.4:8466"] and target.why == "given as a gRPC URL with --tpu"
+    assert target.addresses == ["10.2.3.4:8466"] and target.why == "The address was given as a gRPC URL with --tpu"
 
 
 @pytest.mark.parametrize("text, ms", [("2s", 2000), ("500ms", 500), ("1.5s", 1500), ("1m", 60000), ("3", 3000)])

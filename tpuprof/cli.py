@@ -18,7 +18,7 @@ from typing import List, Optional
 
 import typer
 
-from tpuprof import __version__, targets
+from tpuprof import __version__, library_output, targets
 from tpuprof.errors import UserError
 from tpuprof.renderers.csv import ANALYZE_TABLES, MEMORY_TABLES
 
@@ -34,6 +34,7 @@ app = typer.Typer(
 )
 
 JSON_HELP = "Print one JSON document on stdout instead of tables."
+VERBOSE_HELP = "Also show what TensorFlow, JAX, libtpu and the profiler print on stderr."
 # The generations come from tpuprof.targets, the one place that knows them: help and completion follow it.
 GENERATIONS = " ".join(targets.TARGETS)
 
@@ -104,8 +105,10 @@ def memory(
     top: int = typer.Option(15, "--top", help="Rows in the buffer and op tables and JSON lists (0: all)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     csv: Optional[MemoryTable] = typer.Option(None, "--csv", help="Print one table as CSV, every row."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Padded vs unpadded HBM per buffer and per framework op, the peak, and the fixes."""
+    library_output.hold(verbose)
     from tpuprof.commands import memory as command
 
     command.run(path, module=module, target=target, compile_=compile_, top=top, as_json=as_json,
@@ -124,8 +127,10 @@ def oom(
     batch: Optional[int] = typer.Option(None, "--batch", help="The batch size that failed, to estimate the one that fits."),
     target: Optional[str] = _target_option("TPU generation: the capacity when the message has none."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Explain a TPU out-of-memory error: the numbers, each buffer's padding, the fixes. Exit 2 if none is found."""
+    library_output.hold(verbose)
     from tpuprof.commands import oom as command
 
     command.run(log, dump=dump, batch=batch, target=target, as_json=as_json)
@@ -142,8 +147,10 @@ def analyze(
     top: int = typer.Option(10, "--top", help="Rows in the op and tf.data stage tables (0: all)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     csv: Optional[AnalyzeTable] = typer.Option(None, "--csv", help="Print one table as CSV, every row."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Step time, input-pipeline stalls and host overhead from a saved profile, and what to change."""
+    library_output.hold(verbose)
     from tpuprof.commands import analyze as command
 
     command.run(path, top=top, as_json=as_json, csv=csv.value if csv else None)
@@ -169,8 +176,10 @@ def capture(
     python_tracer_level: int = typer.Option(0, "--python-tracer-level", help="1 traces every Python call (large)."),
     analyze_: bool = typer.Option(False, "--analyze", help="Run `tpuprof analyze` on the new run."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Capture a profile from a running job (TPU name, addresses or environment), from every worker."""
+    library_output.hold(verbose)
     from tpuprof.commands import capture as command
 
     command.run(logdir=logdir, tpu=tpu, zone=zone, project=project, service_addr=service_addr, port=port,
@@ -191,8 +200,10 @@ def report(
     top: int = typer.Option(15, "--top", help="Rows in the buffer, op and allocation charts and tables."),
     title: Optional[str] = typer.Option(None, "--title", help="Page title."),
     as_json: bool = typer.Option(False, "--json", help="Print where the page went and what it was made from, as JSON."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """One self-contained HTML page: memory over time, padding, step time, input pipeline and ranked fixes."""
+    library_output.hold(verbose)
     from tpuprof.commands import report as command
 
     command.run(inputs, output=output, target=target, top=top, title=title, as_json=as_json)
@@ -211,8 +222,10 @@ def diff(
     target: Optional[str] = _target_option("TPU generation for inputs that do not say."),
     top: int = typer.Option(10, "--top", help="Rows of buffers that appear, disappear or change."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """What changed between two runs (peak, padding, buffers, step time, input %); --fail-if for CI."""
+    library_output.hold(verbose)
     from tpuprof.commands import diff as command
 
     command.run(a, b, fail_if=fail_if or [], batches=batches, target=target, top=top, as_json=as_json)
@@ -235,8 +248,10 @@ def preflight(
     top: int = typer.Option(10, "--top", help="Rows in the memory breakdown tables."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Recompile even if a cached result exists."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Will it fit on a TPU, and the largest batch that does: compiled with libtpu, no TPU needed."""
+    library_output.hold(verbose)
     from tpuprof.commands import preflight as command
 
     command.run(spec, tpu, batch=batch, max_batch=max_batch, compare_bf16=compare_bf16, top=top,
@@ -253,8 +268,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     """Console entry point. Typer runs in standalone mode: usage errors, --help, --version and completion
     exit through SystemExit with click's own messages and codes (a pipe closed by `| head` too: silently,
     exit 1). What reaches us is ours: a UserError (one sentence, exit 2), an interrupt, or a bug (one line,
-    exit 1; TPUPROF_DEBUG=1 shows the traceback).
+    exit 1; TPUPROF_DEBUG=1 shows the traceback). What the libraries printed meanwhile is held back
+    (tpuprof/library_output.py) and shown only before an internal error.
     """
+    internal_error = False
     try:
         app(args=argv, prog_name="tpuprof")
     except SystemExit as done:
@@ -270,12 +287,16 @@ def main(argv: Optional[List[str]] = None) -> None:
         print("tpuprof: interrupted.", file=sys.stderr)
         sys.exit(130)
     except Exception as error:  # noqa: BLE001 - the last line of defence against tracebacks
+        internal_error = True
+        library_output.release(replay=True)  # what the libraries printed may explain it
         if os.environ.get("TPUPROF_DEBUG"):
             raise
         print(f"tpuprof: internal error: {type(error).__name__}: {error} "
               "(set TPUPROF_DEBUG=1 for the traceback).", file=sys.stderr)
         sys.exit(1)
-
+    finally:
+        if not internal_error:
+            library_output.release(replay=False)
 
 if __name__ == "__main__":
     main()

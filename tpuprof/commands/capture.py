@@ -48,8 +48,8 @@ def run(
 
     target = addressing.resolve(service_addr=service_addr, tpu=tpu, zone=zone, project=project, port=port)
     addressing.check_reachable(target.addresses, attempts=attempts, why=target.why)
-    notes = f" ({'; '.join(target.notes)})" if target.notes else ""
-    render.say(f"tpuprof: capturing {', '.join(target.addresses)}: {target.why}{notes}.")
+    notes = f"; {'; '.join(target.notes)}" if target.notes else ""
+    render.say(f"tpuprof: capturing {', '.join(target.addresses)}. {target.why}{notes}.")
 
     progress = render.LiveProgress(target.addresses, options)
     try:

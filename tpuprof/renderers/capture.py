@@ -12,10 +12,15 @@ from tpuprof.sources.addresses import Target
 from tpuprof.sources.capture import CaptureResult, TraceOptions, attempts_started
 
 
+# XProf's own viewer: the `xprof` command that tensorboard-plugin-profile installs (TensorBoard is not
+# a dependency any more), on its default port.
+VIEWER_PORT = 8791
+
+
 def next_commands(result: CaptureResult) -> list[str]:
     return [
         f"tpuprof analyze {shlex.quote(result.run_dir)}",
-        f"tensorboard --logdir {shlex.quote(result.logdir)}",
+        f"xprof --logdir {shlex.quote(result.logdir)} --port {VIEWER_PORT}",
     ]
 
 
@@ -55,20 +60,20 @@ def print_summary(result: CaptureResult, target: Target, options: TraceOptions) 
     from tpuprof.renderers.output import console
 
     out = console()
-    out.print(f"[bold]Captured run {result.run}[/bold] -> {result.run_dir}")
+    out.print(f"[bold]Captured run {escape(result.run)}[/bold] in {escape(result.run_dir)}.")
     attempts = f"{result.attempts_used} attempt{'s' if result.attempts_used != 1 else ''}"
-    out.print(f"{options.duration_ms / 1000:g} s trace from {', '.join(result.addresses)} ({attempts}, "
-              f"{result.seconds:.1f} s in all)")
-    out.print(f"Address {target.why}" + (f"; {'; '.join(target.notes)}." if target.notes else "."))
+    out.print(f"Traced {options.duration_ms / 1000:g} s on {', '.join(result.addresses)} in {attempts} "
+              f"({result.seconds:.1f} s in all).")
+    out.print(escape(target.why) + (f"; {escape('; '.join(target.notes))}." if target.notes else "."))
     columns = [tables.name("host"), tables.number("file size"), tables.number("events"), tables.number("planes")]
     rows = [(escape(host.host), _size(host.size_bytes), f"{host.events:,}", str(host.planes)) for host in result.hosts]
     out.print(tables.table(columns, rows, out.width))
     if result.silent:
-        out.print(f"[bold yellow]No trace event from {', '.join(result.silent)}[/]: that job was idle or between "
-                  "steps, or never started its profiler server; capture again while every worker trains.")
-    out.print("Next:")
-    for command in next_commands(result):
-        out.print(f"  {command}", markup=False)
+        out.print(f"[bold yellow]No trace event came from {', '.join(result.silent)}[/]: that job was idle or "
+                  "between steps, or never started its profiler server; capture again while every worker trains.")
+    analyze, viewer = next_commands(result)
+    out.print(f"To analyse the run: {escape(analyze)}")
+    out.print(f"To browse it in XProf's viewer: {escape(viewer)}, then open http://localhost:{VIEWER_PORT}/")
 
 
 def say(message: str) -> None:
@@ -81,9 +86,9 @@ def say(message: str) -> None:
 class LiveProgress:
     """Countdown while tracing, then 'writing' until the client returns; drawn on the real stderr.
 
-    The capture redirects fds 1 and 2 (the C++ client prints there), so `start` receives the saved
-    terminal fds and draws on its own duplicate of stderr. Only on a terminal: logs and pipes get
-    the one-line status instead.
+    The capture redirects fds 1 and 2 (the C++ client prints there) while it runs. The progress draws on
+    Python's `sys.stderr`, which the CLI keeps apart from fd 2 (tpuprof/library_output.py), and, when
+    nothing split them, on the saved fd 2. Only on a terminal: logs and pipes get the one-line status.
     """
 
     def __init__(self, addresses: list[str], options: TraceOptions):
@@ -98,7 +103,13 @@ class LiveProgress:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn
 
-        self.stream = os.fdopen(os.dup(saved_fds[1]), "w")
+        import sys
+
+        try:
+            ours = sys.stderr.fileno()
+        except (AttributeError, OSError, ValueError):  # replaced by a non-file (pytest's capture)
+            ours = 2
+        self.stream = os.fdopen(os.dup(ours if ours != 2 else saved_fds[1]), "w")
         terminal = Console(file=self.stream, stderr=True)
         if not terminal.is_terminal:
             return

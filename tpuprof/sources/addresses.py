@@ -31,7 +31,7 @@ METADATA_TIMEOUT_S = 2.0
 @dataclass
 class Target:
     addresses: list[str]  # host:port of each profiler server, no scheme
-    why: str  # one sentence: which rule chose these addresses
+    why: str  # one sentence, without its full stop: which rule chose these addresses
     # A TPU Node name: the node's profiler service can run one session over all workers
     # (XProf's worker_list capture); None for everything else.
     tpu_master: Optional[str] = None
@@ -105,29 +105,38 @@ def resolve(
                 found = PROFILER_PORT  # a TPU gRPC URL pasted as is: its profiler is on 8466
                 notes = [f"port {TPU_RUNTIME_PORT} is the TPU runtime's; its profiler listens on {PROFILER_PORT}"]
             addresses.append(join_host_port(host, found if found is not None else (port or PROFILER_PORT)))
-        return _target(addresses, "given with --service-addr", notes)
+        return _target(addresses, f"The {_noun(addresses)} given with --service-addr", notes)
     if tpu:
         return resolve_tpu_name(tpu, zone, project, port)
     if env.get("TPU_GRPC_URL"):
         addresses = _profiler_addresses(_split_list(env["TPU_GRPC_URL"]), port, notes)
-        return _target(addresses, "from TPU_GRPC_URL (set by the platform, e.g. Gradient)", notes)
+        return _target(addresses, f"The {_noun(addresses)} taken from TPU_GRPC_URL, which the platform "
+                                  "(e.g. Gradient) sets", notes)
     if env.get("COLAB_TPU_ADDR"):
         addresses = _profiler_addresses(_split_list(env["COLAB_TPU_ADDR"]), port, notes)
-        return _target(addresses, "from COLAB_TPU_ADDR (Colab TPU runtime)", notes)
+        return _target(addresses, f"The {_noun(addresses)} taken from COLAB_TPU_ADDR, which the Colab TPU "
+                                  "runtime sets", notes)
     for variable in ("TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES"):
         if env.get(variable):
             # Only the hosts count: ports in TPU_PROCESS_ADDRESSES are the runtime's, not the profiler's.
             hosts = [split_host_port(entry)[0] for entry in _split_list(env[variable])]
             addresses = _profiler_addresses(hosts, port, notes)
-            return _target(addresses, f"from {variable}: every worker of this TPU slice", notes)
+            return _target(addresses, f"Every worker of this TPU slice is traced; the {_noun(addresses)} taken "
+                                      f"from {variable}", notes)
     workers = _tpu_vm_workers()
     if workers and len(workers) > 1:
         addresses = _profiler_addresses(workers, port, notes)
-        return _target(addresses, "this TPU VM's slice workers (metadata server): every worker", notes)
+        return _target(addresses, "Every worker of this TPU VM's slice is traced; the addresses "
+                                  "were taken from the metadata server", notes)
     chosen = port or PROFILER_PORT
-    how = "--port" if port else "the default port"
+    how = "the port given with --port" if port else f"the default port {PROFILER_PORT}"
     return _target([join_host_port("localhost", chosen)],
-                   f"no --tpu, --service-addr or TPU environment variable: this machine on {how}", notes)
+                   f"No --tpu, --service-addr or TPU environment variable names a job, so the address is this "
+                   f"machine on {how}", notes)
+
+
+def _noun(addresses: list[str]) -> str:
+    return "address was" if len(addresses) == 1 else "addresses were"
 
 
 def _target(addresses: list[str], why: str, notes: list[str], tpu_master: Optional[str] = None) -> Target:
@@ -176,7 +185,7 @@ def resolve_tpu_name(tpu: str, zone: Optional[str], project: Optional[str], port
     """
     if tpu.startswith("grpc://"):  # TPUClusterResolver takes worker URLs as names too
         target = resolve(service_addr=tpu, port=port)
-        target.why = "given as a gRPC URL with --tpu"
+        target.why = f"The {_noun(target.addresses)} given as a gRPC URL with --tpu"
         return target
     where = []
     if not project or not zone:
@@ -205,8 +214,8 @@ def resolve_tpu_name(tpu: str, zone: Optional[str], project: Optional[str], port
     notes: list[str] = []
     addresses = _profiler_addresses(workers, port, notes)
     master_address = _profiler_addresses([master], port, [])[0]
-    return _target(addresses, f"TPU '{tpu}' ({where}) resolved with TPUClusterResolver: "
-                              f"{len(addresses)} worker(s)", notes, tpu_master=master_address)
+    return _target(addresses, f"TPUClusterResolver resolved TPU '{tpu}' ({where}) to {len(addresses)} worker(s)",
+                   notes, tpu_master=master_address)
 
 
 def _tpu_error_sentence(tpu: str, where: str, error: Exception) -> str:
@@ -258,10 +267,10 @@ def check_reachable(addresses: Sequence[str], attempts: int, wait_s: float = 1.0
             time.sleep(wait_s)
     port = split_host_port(pending[0])[1]
     raise UserError(
-        f"Nothing is listening at {', '.join(pending)} ({why + '; ' if why else ''}connection refused, "
-        f"{max(1, attempts)} attempt(s)): "
+        f"Nothing is listening at {', '.join(pending)} (connection refused, {max(1, attempts)} attempt(s)): "
         f"start the profiler server in the training job first - TF: tf.profiler.experimental.server.start({port}); "
         f"JAX: jax.profiler.start_server({port}); PyTorch/XLA: torch_xla.debug.profiler.start_server({port})."
+        + (f" {why}." if why else "")
     )
 
 
