@@ -106,6 +106,39 @@ def test_jax_job_capture_holds_annotated_steps(jax_capture, jax_job):
     assert doc["analysis"]["steps"]["count"] >= 5
 
 
+def test_short_capture_warns_and_the_duration_it_names_gives_20_steps(jax_job, tmp_path):
+    """A 100 ms capture of the >= 20 ms steps holds at most 4 whole steps: analyze warns and names a
+    --duration; capturing that long does give at least 20 steps."""
+    import math
+    import re
+
+    short = capture_json("--service-addr", jax_job.address, "--logdir", str(tmp_path / "short"),
+                         "--duration", "100ms", "--analyze")
+    analysis = short["analysis"]
+    assert 1 <= analysis["steps"]["count"] < 5, analysis["steps"]
+    (warning,) = analysis["warnings"]
+    assert warning.startswith(f"Only {analysis['steps']['count']} step")
+    seconds = int(re.search(r"--duration (\d+)s", warning).group(1))
+    assert seconds == math.ceil(21 * analysis["steps"]["mean_ms"] / 1000)
+    long = capture_json("--service-addr", jax_job.address, "--logdir", str(tmp_path / "long"),
+                        "--duration", f"{seconds}s", "--analyze")
+    assert long["analysis"]["steps"]["count"] >= 20 and long["analysis"]["warnings"] == []
+
+
+def test_analyze_names_the_run_it_reads_among_several(jax_capture, jax_job, tmp_path):
+    logdir, first = jax_capture
+    result = run_cli("analyze", logdir)
+    assert result.returncode == 0, result.stderr
+    runs = run_dirs(logdir)
+    newest, others = runs[-1], len(runs) - 1
+    expected = (f"Run {newest.name}, the newest in {logdir}/plugins/profile; {others} older run"
+                if others else f"Run {newest.name}, the only run in {logdir}/plugins/profile.")
+    assert " ".join(result.stdout.split()).startswith(expected), result.stdout[:300]
+    document = json.loads(run_cli("analyze", logdir, "--json").stdout)
+    assert document["run"] == {"name": newest.name, "folder": f"{logdir}/plugins/profile", "other_runs": others}
+    assert json.loads(run_cli("analyze", newest, "--json").stdout)["run"] is None  # a run folder: nothing chosen
+
+
 def test_second_capture_is_a_new_run_and_leaves_the_first_untouched(jax_capture, jax_job):
     logdir, first = jax_capture
     first_file = Path(first["hosts"][0]["path"])

@@ -10,6 +10,7 @@ import numpy as np
 from tpuprof.analyses import input_pipeline
 from tpuprof.analyses.roofline import OpRoofline, ProgramRoofline, Roof, op_roofline, program_roofline, roof_for
 from tpuprof.models.profile import CATEGORIES, Device, HostProfile, Op, Stage
+from tpuprof.sources.xplane import RunChoice
 from tpuprof.units import fmt_bytes
 
 # XProf's input-pipeline thresholds (op_stats_to_input_pipeline_analysis): share of step time waiting for input.
@@ -65,6 +66,8 @@ class Report:
     roofline: ProgramRoofline | None = None
     op_rooflines: dict[tuple[str, str], OpRoofline] = field(default_factory=dict)  # (program, hlo_op) ->
     suggestions: list[dict] = field(default_factory=list)
+    run: RunChoice | None = None  # the run read from a logdir, and how many others it holds
+    warnings: list[str] = field(default_factory=list)  # what limits trust in the figures (too few steps)
 
     @property
     def input_bound_percent(self) -> float:

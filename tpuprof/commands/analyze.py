@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from tpuprof.advice import steps as advice
+from tpuprof.analyses import coverage
 from tpuprof.analyses import steps as analysis
 from tpuprof.analyses.summary import Report, summarize
 from tpuprof.sources import xplane
 
 
 def analyze(path: str, top: int = 10, workers: int | None = None) -> Report:
-    files = xplane.find_host_files(path)
+    files, run = xplane.find_capture(path)
     if len(files) == 1:
         profiles = [analysis.analyze_file(files[0])]
     else:
@@ -22,6 +23,8 @@ def analyze(path: str, top: int = 10, workers: int | None = None) -> Report:
             profiles = list(pool.map(analysis.analyze_file, files))
     report = summarize(profiles, top=top)
     report.suggestions = [s.to_dict() for s in advice.suggest(report)]
+    report.run = run
+    report.warnings = [w for w in (coverage.few_steps_warning(report),) if w]
     return report
 
 

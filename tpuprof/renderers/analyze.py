@@ -132,7 +132,21 @@ def to_json(report: Report, top: int) -> dict:
                        for h, v, m in report.stragglers],
         "suggestions": report.suggestions,
         "top_ops": [op_json(report, o) for o in report.top_ops],
+        "run": None if report.run is None else {"name": report.run.name, "folder": report.run.folder,
+                                                "other_runs": report.run.others},
+        "warnings": report.warnings,
     }
+
+
+def run_sentence(run) -> str:
+    """Which run of a logdir was read: the newest, and how many others there are."""
+    from rich.markup import escape
+
+    if not run.others:
+        return f"Run {escape(run.name)}, the only run in {escape(run.folder)}."
+    others = f"{run.others} older run{'s' if run.others != 1 else ''}"
+    return (f"Run {escape(run.name)}, the newest in {escape(run.folder)}; {others} not read "
+            f"(pass {escape(run.folder)}/RUN to read another).")
 
 
 def _precision(report: Report) -> dict:
@@ -151,6 +165,8 @@ def print_tables(report: Report, top: int) -> None:
     from tpuprof.renderers.output import console
 
     out = console()
+    if report.run is not None:
+        out.print(run_sentence(report.run))
     for h in report.hosts:
         source = f"steps from {escape(h.step_source)}" if h.step_source else "no steps found"
         out.print(f"[bold]{escape(h.host)}[/bold] ({h.platform}): {len(h.steps)} steps, {source}")
@@ -164,6 +180,8 @@ def print_tables(report: Report, top: int) -> None:
                  f"{report.breakdown_ms_per_step[category]:.2f}") for category in CATEGORIES]
         columns = [tables.text("category"), tables.number("% of step"), tables.number("ms per step")]
         out.print(tables.table(columns, rows, out.width, title="Where the step time goes"))
+    for warning in report.warnings:
+        out.print(f"[bold yellow]Warning:[/bold yellow] {escape(warning)}")
     devices = report.devices
     if len(devices) > 1:
         rows = []

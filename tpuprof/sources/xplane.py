@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+from dataclasses import dataclass
 from functools import lru_cache
 
 from tpuprof.errors import UserError
@@ -75,8 +76,21 @@ def _runs(fs, folder: str) -> list[str]:
     return sorted(runs, key=posixpath.basename)
 
 
+@dataclass(frozen=True)
+class RunChoice:
+    """The run read from a logdir: its folder name, where the runs are, and how many other runs are there."""
+    name: str
+    folder: str
+    others: int
+
+
 def find_host_files(path: str) -> list[str]:
     """The xplane.pb files (one per host) of the capture PATH names; URLs keep their protocol."""
+    return find_capture(path)[0]
+
+
+def find_capture(path: str) -> tuple[list[str], RunChoice | None]:
+    """find_host_files, and for a logdir the run it chose (the newest) among how many."""
     path = str(path)
     fs, local = _fs(path)
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
@@ -88,15 +102,16 @@ def find_host_files(path: str) -> list[str]:
         if not fs.exists(local):
             raise UserError(f"{path} does not exist.")
         if not fs.isdir(local):
-            return [url(local)]
+            return [url(local)], None
         files = _host_files(fs, local)
         if files:
-            return [url(f) for f in files]
+            return [url(f) for f in files], None
         for candidate in (posixpath.join(local, "plugins", "profile"), posixpath.join(local, "profile"), local):
             if fs.isdir(candidate):
                 runs = _runs(fs, candidate)
                 if runs:
-                    return [url(f) for f in _host_files(fs, runs[-1])]
+                    chosen = RunChoice(posixpath.basename(runs[-1]), url(candidate), len(runs) - 1)
+                    return [url(f) for f in _host_files(fs, runs[-1])], chosen
         # A folder of logdirs (one per job): name a few rather than guess which one was meant.
         logdirs = [posixpath.basename(p) for p in sorted(fs.ls(local, detail=False))
                    if fs.isdir(posixpath.join(p, "plugins", "profile"))]
