@@ -222,9 +222,20 @@ def test_pallas_kernel_gets_its_matmul_flops_where_xprof_shows_none(pallas, xpro
 
 
 def test_pallas_loop_waiting_on_each_call_is_host_overhead_bound_with_the_last_call_left_out(pallas):
-    _, report = pallas
+    from tpuprof.protos import xplane_pb2
+
+    path, report = pallas
     (chip,) = [d for _, d in report.devices]
+    assert chip.id == "TPU:0" and chip.kind == "v6e"
     assert len(chip.steps) == 2  # three calls: the last one has no next call to end its step
+    # A step is from one call's start to the next, on the device clock the program events carry.
+    plane = next(p for p in xplane_pb2().XSpace.FromString(path.read_bytes()).planes if p.name == "/device:TPU:0")
+    offset_id = next(k for k, m in plane.stat_metadata.items() if m.name == "device_offset_ps")
+    modules = next(line for line in plane.lines if line.name == "XLA Modules")
+    starts = sorted(next(s.int64_value or s.uint64_value for s in e.stats if s.metadata_id == offset_id)
+                    for e in modules.events)
+    gaps_ms = [(b - a) / 1e9 for a, b in zip(starts, starts[1:])]
+    assert [s.duration_ps / 1e9 for s in chip.steps] == pytest.approx(gaps_ms, abs=1e-4)
     assert report.verdict == "host-overhead-bound"
     # Each call is ~76 us of kernel and then the host waits for it before the next: most of the step is idle.
     assert report.breakdown_ms_per_step["compute"] == pytest.approx(0.0757, abs=0.002)
