@@ -38,6 +38,14 @@ def title(layout: dict) -> str:
     return (layout.get("title") or {}).get("text", "")
 
 
+BYTE_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def axis_unit(layout: dict, axis: str) -> int:
+    """Bytes per unit of a size axis, from its title ('size (KiB)')."""
+    return BYTE_UNITS[re.search(r"\((\w+)\)$", layout[axis]["title"]["text"]).group(1)]
+
+
 class Tags(HTMLParser):
     """Every element, with its attributes, and the text of each <script>."""
 
@@ -105,10 +113,10 @@ def test_memory_curve_peak_and_padding_match_the_memory_command(every_sample_rep
     assert max(conv[1]["y"]) * 2**20 == pytest.approx(memory["peak_unpadded_heap_bytes"])
     # The padding bar chart: data + padding of the worst buffer, which is conv18's 18-channel activation.
     worst = max(memory["buffers"], key=lambda b: b["padding_bytes"])
-    bars = next(data for data, layout in figures.values() if title(layout).startswith("Top padding wasters")
-                and worst["instruction"] in data[0]["y"][0])
-    assert bars[1]["x"][0] * 2**20 == pytest.approx(worst["padding_bytes"])
-    assert "channels 18" in bars[1]["hovertext"][0]  # the fix travels with the bar
+    bars, layout = next((data, layout) for data, layout in figures.values()
+                        if title(layout).startswith("Top padding wasters") and worst["instruction"] in data[0]["y"][0])
+    assert bars[1]["x"][0] * axis_unit(layout, "xaxis") == pytest.approx(worst["padding_bytes"])
+    assert "channels 18" in bars[1]["customdata"][0][1]  # the fix travels with the bar
     # The header: conv18's target (from its sample.json) and its fit verdict against the compiler's HBM.
     assert re.search(r"v5e, HBM 15\.75 GiB<br><span class=\"fit\">fits", page)
 
@@ -120,10 +128,11 @@ def test_memory_curve_is_xprof_memory_viewers(every_sample_report, name, tmp_pat
 
     xprof = memory_viewer(next((DUMPS / name).glob("*.after_optimizations.hlo.pb")), tmp_path)
     _, _, page = every_sample_report
-    if not xprof.get("heapSizes"):  # int8_matmul: one allocation event, XProf draws nothing; we draw one point
-        assert any(title(layout).startswith("Memory over program order") and len(data[0]["y"]) == 1
-                   and data[0]["y"][0] == pytest.approx(xprof["peakHeapMib"], abs=1e-6)
-                   for data, layout in plots(page).values())
+    if not xprof.get("heapSizes"):  # int8_matmul: one allocation event, XProf draws nothing; we say its size
+        from tpuprof.units import fmt_bytes
+
+        peak = fmt_bytes(round(xprof["peakHeapMib"] * 2**20))
+        assert f"One allocation event in the heap-simulator trace: the heap holds {peak} throughout" in page
         return
     curves = [(data, layout) for data, layout in plots(page).values()
               if title(layout).startswith("Memory over program order")
@@ -174,8 +183,16 @@ def test_page_renders_in_headless_chromium(every_sample_report):
     if browser.chromium() is None:
         pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run does it): browser check skipped.")
     out, _, page = every_sample_report
-    loaded = browser.load(out, screenshot=ARTIFACTS / "report-samples.png", height=6000)
+    loaded = browser.load(out, screenshot=ARTIFACTS / "report-samples.png", width=1400, height=6000)
     assert loaded.console == [], loaded.console  # no error, no warning, nothing printed
+    # Tick labels as drawn: no SI micro prefix on a byte axis ('100μ' MiB), no NaN.
+    ticks = re.findall(r'class="[xy]tick"><text[^>]*>([^<]*)<', loaded.dom)
+    assert ticks and not [t for t in ticks if "μ" in t or "NaN" in t], [t for t in ticks if "μ" in t][:5]
+    # Every axis title that the page asks for is drawn.
+    wanted = sum(bool((layout.get(axis) or {}).get("title", {}).get("text")) for _, layout in plots(page).values()
+                 for axis in ("xaxis", "yaxis"))
+    drawn = len(re.findall(r'class="[xy]title"', loaded.dom))
+    assert drawn >= wanted
     dom = parse(loaded.dom)
     plot_ids = {a["id"] for t, a in parse(page).tags if t == "div" and a.get("id", "").startswith("plot-")}
     rendered = {a["id"] for t, a in dom.tags
@@ -338,3 +355,128 @@ def test_every_string_of_a_json_input_is_escaped(tmp_path):
     assert result.returncode == 0, result.stderr
     page = out.read_text()
     assert page.count("&lt;script&gt;alert(1)") > 20 and "<script>alert" not in page
+
+
+# ---- presentation: what the page shows has units, data and no empty parts (issue #10)
+
+# An axis of numbers names its unit (or what it counts); label axes of horizontal bars need none.
+AXIS_UNITS = re.compile(r"\((B|KiB|MiB|GiB|TiB|ms|MiB)\)|GB/s|FLOP/s|FLOP/byte|steps|events|examples|step number")
+# A hover states the figure with its unit: a size, a time, a rate or a count.
+HOVER_UNITS = re.compile(r"\b(B|KiB|MiB|GiB|ms|GB/s|FLOP/s|FLOP/byte|steps|calls)\b")
+SIZE = re.compile(r"^\d+(\.\d+)? (B|KiB|MiB|GiB|TiB)$")
+
+
+class Tables(HTMLParser):
+    """Every <table> as rows of cell texts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr" and self.tables:
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[-1][-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+@pytest.fixture(scope="session")
+def every_page(every_sample_report, tmp_path_factory):
+    """The all-samples page and the preflight JSON's page."""
+    out = tmp_path_factory.mktemp("preflight-page") / "preflight.html"
+    assert run_cli("report", PREFLIGHT, "-o", out).returncode == 0
+    return [every_sample_report[2], out.read_text()]
+
+
+def test_every_chart_has_data_and_units(every_page):
+    for page in every_page:
+        for plot, (data, layout) in plots(page).items():
+            name = title(layout) or plot
+            for trace in data:
+                values = trace.get("values") or trace.get("x") or trace.get("y")
+                assert values is not None and len(values) > 0, (name, trace.get("name"))
+                if trace["type"] == "treemap":  # every box says its size
+                    assert "customdata[0]" in trace["texttemplate"], name
+                    assert all(SIZE.match(row[0]) for row in trace["customdata"]), name
+                elif not HOVER_UNITS.search(trace.get("hovertemplate", "")):  # then a formatted size
+                    assert "%{customdata[0]}" in trace.get("hovertemplate", ""), (name, trace.get("name"))
+                    assert all(SIZE.match(row[0]) for row in trace["customdata"]), (name, trace.get("name"))
+            for axis in ("xaxis", "yaxis"):
+                spec = layout.get(axis, {})
+                categorical = any(t.get("orientation") == "h" for t in data) and axis == "yaxis"
+                if data[0]["type"] != "treemap" and not categorical:
+                    assert AXIS_UNITS.search((spec.get("title") or {}).get("text", "")), (name, axis)
+
+
+def test_negligible_padding_is_a_sentence_not_a_chart(every_sample_report):
+    """diff_b64: 1.44 KiB of padding at a 1.17 GiB peak (508-byte scalars)."""
+    _, _, page = every_sample_report
+    number = EVERY_SAMPLE.index(DUMPS / "diff_b64") + 1
+    section = page[page.index(f'id="input-{number}"'):page.index(f'id="input-{number + 1}"')]
+    assert "Padding is negligible: 1.44 KiB live at the peak" in section
+    assert "Top padding wasters" not in section and "Padding by framework op" not in section
+    # Where padding matters (conv18), the chart is there with a size axis in a unit that reads 1 to 1023.
+    for data, layout in plots(page).values():
+        if title(layout).startswith("Top padding wasters"):
+            largest = max(sum(values) for values in zip(*(t["x"] for t in data)))
+            assert 1 <= largest < 1024, (title(layout), largest, layout["xaxis"]["title"]["text"])
+
+
+def test_thousands_of_steps_are_binned_with_a_distribution(every_sample_report):
+    _, _, page = every_sample_report
+    for data, layout in plots(page).values():
+        if title(layout).startswith("Step time per step"):
+            assert len(data[0]["x"]) <= 150, title(layout)
+    spe1 = CAPTURES[[p.name for p in CAPTURES].index("tf_tiny_spe1")]
+    steps = list(csv.DictReader(io.StringIO(run_cli("analyze", spe1, "--csv", "steps").stdout)))
+    assert len(steps) > 150  # 286 one-batch steps
+    binned, layout = next((d, l) for d, l in plots(page).values()
+                          if title(l).endswith(f"{len(steps)} steps, each bar the mean of 2"))
+    assert len(binned[0]["x"]) == -(-len(steps) // 2)
+    assert binned[0]["y"][0] == pytest.approx((float(steps[0]["compute_ms"]) + float(steps[1]["compute_ms"])) / 2,
+                                              abs=1e-3)
+    histogram = next(l for d, l in plots(page).values() if title(l) == f"Step time distribution ({len(steps)} steps, every host)")
+    assert [a["text"].split()[0] for a in histogram["annotations"]] == ["p50", "p90", "p99"]
+
+
+def test_tf_data_stages_are_summed_over_repeat_epochs(every_sample_report):
+    _, _, page = every_sample_report
+    spe1 = CAPTURES[[p.name for p in CAPTURES].index("tf_tiny_spe1")]
+    document = json.loads(run_cli("analyze", spe1, "--json", "--top", "0").stdout)
+    epochs = [s for s in document["input_pipeline"]["stages"] if re.search(r"\[\d+\]", s["stage"])]
+    assert len(epochs) > 2  # the capture spans several repeat() epochs
+    for data, layout in plots(page).values():
+        if title(layout).startswith("Input pipeline"):
+            assert not [y for y in data[0]["y"] if re.search(r"\[\d+\]", y)]
+    name = "Iterator::Root::Prefetch::BatchV2::ForeverRepeat::ParallelMapV2"
+    whole = sum(s["self_ms"] - s["py_function_ms"] for s in epochs if re.sub(r"\[\d+\]", "", s["stage"]) == name)
+    assert any(name in data[0]["y"] and data[0]["x"][data[0]["y"].index(name)] == pytest.approx(whole, abs=0.01)
+               for data, layout in plots(page).values() if title(layout).startswith("Input pipeline"))
+
+
+def test_no_empty_column_no_literal_backtick_and_numbers_on_every_card(every_page):
+    for page in every_page:
+        tables = Tables()
+        tables.feed(page)
+        for table in tables.tables:
+            header, *rows = table
+            for i, name in enumerate(header):
+                assert any(len(row) > i and row[i] for row in rows), f"empty column {name!r}"
+        text = re.sub(r"<script.*?</script>|<code>.*?</code>|<[^>]+>", "", page, flags=re.S)
+        assert "`" not in text
+        for card in re.findall(r'<div class="card">(.*?)</div>', page):
+            assert re.search(r"\d(\.\d+)? (B|KiB|MiB|GiB|ms)", card), card
+    _, *_ = every_page
+    assert "62.15 GiB of temporaries, 15.75 GiB available (3.9x) at compile time" in every_page[0]

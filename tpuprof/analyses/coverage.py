@@ -27,4 +27,4 @@ def few_steps_warning(report: Report) -> str | None:
     seconds = math.ceil(capture_seconds_for(WANTED_STEPS, report.mean_ms))
     return (f"Only {fewest} step{'s' if fewest != 1 else ''} measured{where}: the shares and the verdict rest on "
             f"too few steps to trust. At {report.mean_ms:.1f} ms per step, a {seconds} s capture would hold "
-            f"{WANTED_STEPS} (tpuprof capture --duration {seconds}s).")
+            f"{WANTED_STEPS} (`tpuprof capture --duration {seconds}s`).")

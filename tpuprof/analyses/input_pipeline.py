@@ -65,12 +65,17 @@ def stages(plane, lines: list[Line]) -> list[Stage]:
     return result
 
 
+def without_epochs(name: str) -> str:
+    """`...ForeverRepeat[24]::ParallelMapV2` -> `...ForeverRepeat::ParallelMapV2`: one stage over all epochs."""
+    return re.sub(r"\[\d+\]", "", name)
+
+
 def merged(all_stages: list[Stage]) -> list[Stage]:
     """Stages summed over the `[n]` indices that `repeat()` epochs and interleave inputs add to iterator
     names, so a map that runs over several epochs in the capture counts once, whole; largest own time first."""
     result: dict[str, Stage] = {}
     for stage in all_stages:
-        name = re.sub(r"\[\d+\]", "", stage.name)
+        name = without_epochs(stage.name)
         into = result.setdefault(name, Stage(name, stage.kind, 0, 0, 0, 0))
         into.count += stage.count
         into.total_ps += stage.total_ps

@@ -181,6 +181,8 @@ def _load_steps(path: str, top: int) -> Input:
 
     report = analyze.analyze(path, top=top)
     document = to_json(report, top)
+    # Every tf.data stage: the page sums them over repeat() epochs before it keeps the top ones.
+    document["input_pipeline"]["stages"] = to_json(report, 0)["input_pipeline"]["stages"]
     # Every device op with a rate, for the roofline chart (the JSON's top_ops holds only the top ones).
     document["roofline_points"] = [op_json(report, o) for o in report.device_ops if report.rates(o)
                                    and (report.rates(o).flops_per_s or report.rates(o).bytes_per_s)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import html as _html
+import re
 from itertools import count
 
 from tpuprof.units import fmt_bytes
@@ -36,7 +37,8 @@ h3{margin:20px 0 6px}
 table{border-collapse:collapse;background:#fff;margin:8px 0;font-size:.9em;width:100%}
 th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:top}
 td.n{text-align:right;white-space:nowrap}
-code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.9em;word-break:break-all}
+code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.9em;overflow-wrap:anywhere}
+td>.mono{display:inline-block;min-width:16ch}
 a.path{word-break:normal;white-space:nowrap}
 ol.suggestions li{margin:6px 0}
 .saving{background:#ddf4ff;border-radius:4px;padding:1px 6px;font-size:.85em;white-space:nowrap}
@@ -49,8 +51,47 @@ def esc(value) -> str:
     return _html.escape("" if value is None else str(value), quote=True)
 
 
+def prose(value) -> str:
+    """A message for people: escaped, and its `code` spans (the advice quotes settings that way) as <code>."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", esc(value))
+
+
 def _short(text: str, width: int = 60) -> str:
     return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+# ---------------------------------------------------------------- units and sizes on charts
+
+BYTE_UNITS = (("B", 1), ("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("TiB", 1 << 40))
+# A quantity under both is not worth a chart (a sentence says it): 1.45 KiB of padding in a 1 GiB peak.
+NEGLIGIBLE_BYTES = 1 << 20
+NEGLIGIBLE_SHARE = 0.01
+# Bars under this share of the largest are left off a bar chart (the table beside it lists them).
+VISIBLE_SHARE = 0.01
+# Legends above the plot area, right-aligned: below it they collide with the x axis title.
+_TOP_LEGEND = dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0)
+
+
+def byte_unit(largest: float) -> tuple[str, int]:
+    """The binary unit in which LARGEST reads 1 to 1023, so that axes never tick at 0.0001 MiB ('100μ')."""
+    chosen = BYTE_UNITS[0]
+    for unit in BYTE_UNITS:
+        if largest >= unit[1]:
+            chosen = unit
+    return chosen
+
+
+def negligible(part: float, whole: float | None) -> bool:
+    return part < NEGLIGIBLE_BYTES and (not whole or part < NEGLIGIBLE_SHARE * whole)
+
+
+def _table(headers: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
+    """An HTML table of already-escaped cells; a column empty in every row is left out."""
+    keep = [i for i in range(len(headers)) if any(row[i] not in ("", None) for row in rows)]
+    head = "".join(f"<th>{headers[i]}</th>" for i in keep)
+    body = "".join("<tr>" + "".join(f'<td class="n">{row[i]}</td>' if i in numeric else f"<td>{row[i]}</td>"
+                                    for i in keep) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 class _Page:
@@ -111,6 +152,26 @@ def _capacity_card(name: str, target: str | None, peak: int | None, capacity: in
             "</div>")
 
 
+def _oom_numbers(d: dict) -> str:
+    """The OOM card's one line of figures: what was needed against what there was."""
+    when = {"compile": "at compile time", "early_abort": "at compile time (early abort)",
+            "runtime_allocation": "at run time", "reservation": "when loading the program"}.get(d.get("kind"), "")
+    capacity, used = d.get("capacity_bytes"), d.get("used_bytes")
+    if used and capacity:
+        figures = f"{fmt_bytes(used)} needed, {fmt_bytes(capacity)} available ({used / capacity:.1f}x)"
+    elif d.get("hlo_temp_bytes") and capacity:
+        temp = d["hlo_temp_bytes"]
+        figures = f"{fmt_bytes(temp)} of temporaries, {fmt_bytes(capacity)} available ({temp / capacity:.1f}x)"
+    elif d.get("requested_bytes"):
+        free = f", {fmt_bytes(d['free_bytes'])} free" if d.get("free_bytes") is not None else ""
+        figures = f"{fmt_bytes(d['requested_bytes'])} requested{free}"
+    elif d.get("exceeded_bytes"):
+        figures = f"over by {fmt_bytes(d['exceeded_bytes'])}"
+    else:
+        figures = "the message gives no sizes"
+    return f"{figures} {when}".strip()
+
+
 def _header(page: _Page, inputs: list[Input], title: str | None) -> None:
     from tpuprof import __version__
 
@@ -127,15 +188,8 @@ def _header(page: _Page, inputs: list[Input], title: str | None) -> None:
                                             m.get("hbm_capacity_bytes")))
         elif item.kind == OOM:
             space = (d.get("memory_space") or "device memory").upper()
-            if d.get("used_bytes") and d.get("capacity_bytes"):
-                numbers = f"used {fmt_bytes(d['used_bytes'])} of {fmt_bytes(d['capacity_bytes'])}"
-            elif d.get("requested_bytes"):
-                free = f", {fmt_bytes(d['free_bytes'])} free" if d.get("free_bytes") is not None else ""
-                numbers = f"{d.get('kind', '').replace('_', ' ')}: asked for {fmt_bytes(d['requested_bytes'])}{free}"
-            else:
-                numbers = d.get("kind", "").replace("_", " ")
             cards.append(f'<div class="card">OOM log <span class="mono">{esc(_short(item.path, 40))}</span>'
-                         f'<b class="oom">out of {esc(space)}</b>{esc(numbers)}</div>')
+                         f'<b class="oom">out of {esc(space)}</b>{esc(_oom_numbers(d))}</div>')
         elif item.kind == PREFLIGHT:
             for t in d["targets"]:
                 cards.append(_capacity_card(f"preflight {t.get('target')} batch {t.get('batch_size')}",
@@ -152,11 +206,9 @@ def _header(page: _Page, inputs: list[Input], title: str | None) -> None:
         made = item.meta.get("note") or ""
         if item.meta.get("batch_size"):
             made = f"batch {item.meta['batch_size']}, {item.meta.get('dtype') or ''} — {made}"
-        rows.append(f'<tr><td class="n">{number}</td><td><a href="#input-{number}" class="mono path">{esc(item.path)}'
-                    f"</a></td><td>{esc(KIND_LABELS[item.kind])}{' (JSON)' if item.from_json else ''}</td>"
-                    f"<td>{esc(made)}</td></tr>")
-    page.add("<table><tr><th>#</th><th>input</th><th>kind</th><th>how it was made</th></tr>"
-             + "".join(rows) + "</table>")
+        rows.append([str(number), f'<a href="#input-{number}" class="mono path">{esc(item.path)}</a>',
+                     f"{esc(KIND_LABELS[item.kind])}{' (JSON)' if item.from_json else ''}", esc(made)])
+    page.add(_table(["#", "input", "kind", "how it was made"], rows, {0}))
 
 
 # The step-time category each kind of step suggestion removes: its ms per step bound what the fix can win.
@@ -199,8 +251,8 @@ def _suggestions(page: _Page, inputs: list[Input]) -> None:
                 badge = f' <span class="saving">saves ~{esc(fmt_bytes(saving))}</span>'
             elif saving:
                 badge = f' <span class="saving">up to {saving:.2f} ms per step</span>'
-            evidence = f'<br><span class="meta">evidence: {esc(s["evidence"])}</span>' if s.get("evidence") else ""
-            page.add(f'<li><b>[{esc(s.get("kind", ""))}]</b> {esc(s["message"])}{badge} '
+            evidence = f'<br><span class="meta">evidence: {prose(s["evidence"])}</span>' if s.get("evidence") else ""
+            page.add(f'<li><b>[{esc(s.get("kind", ""))}]</b> {prose(s["message"])}{badge} '
                      f'<a href="#input-{number}" class="meta">(input {number})</a>{evidence}</li>')
         page.add("</ol>")
 
@@ -223,7 +275,7 @@ def _memory_module(page: _Page, m: dict, top: int) -> None:
         page.add(f'<p class="warn">Estimate: simulated default TPU tilings for {esc(m.get("target") or "TPU")}; '
                  "compile with libtpu (tpuprof memory --compile) for the real layouts.</p>")
     for note in m.get("notes", []):
-        page.add(f'<p class="note">{esc(note)}</p>')
+        page.add(f'<p class="note">{prose(note)}</p>')
     rows = [("peak HBM (padded)", m.get("peak_heap_bytes")), ("peak HBM (unpadded)",
             m.get("peak_unpadded_heap_bytes")), ("padding live at the peak", m.get("padding_at_peak_bytes")),
             ("arguments", m.get("argument_bytes")), ("outputs", m.get("output_bytes")),
@@ -244,12 +296,19 @@ def _memory_timeline(page: _Page, m: dict) -> None:
             page.add('<p class="note">No heap-simulator trace in this input: no memory-over-time curve.</p>')
         return
     x = timeline["position"]
+    if len(x) < 2:  # one allocation event: a curve of one point is an empty chart
+        page.add(f'<p class="note">One allocation event in the heap-simulator trace: the heap holds '
+                 f'{esc(fmt_bytes(timeline["padded_bytes"][0]))} throughout (no curve to draw).</p>')
+        return
     fig = go.Figure()
+    # MiB on every curve whatever the size: the unit of XProf's memory viewer, which the tests compare with.
     fig.add_scatter(x=x, y=[v / MIB for v in timeline["padded_bytes"]], name="padded (allocated)",
-                    mode="lines", line=dict(shape="hv", color="#1f6feb"))
+                    mode="lines", line=dict(shape="hv", color="#1f6feb"),
+                    hovertemplate="event %{x}: %{y:.3f} MiB allocated<extra></extra>")
     if timeline.get("unpadded_bytes"):
         fig.add_scatter(x=x, y=[v / MIB for v in timeline["unpadded_bytes"]], name="unpadded (the data)",
-                        mode="lines", line=dict(shape="hv", color="#2da44e", dash="dot"))
+                        mode="lines", line=dict(shape="hv", color="#2da44e", dash="dot"),
+                        hovertemplate="event %{x}: %{y:.3f} MiB of data<extra></extra>")
     peak = m.get("peak_heap_bytes")
     if peak is not None:
         fig.add_vline(x=timeline["peak_position"], line=dict(color="#cf222e", dash="dash"),
@@ -259,40 +318,63 @@ def _memory_timeline(page: _Page, m: dict) -> None:
         fig.add_hline(y=capacity / MIB, line=dict(color="#9a6700"),
                       annotation_text=esc(f"HBM {fmt_bytes(capacity)}"), annotation_position="bottom right")
     fig.update_layout(title="Memory over program order (heap-simulator trace, as XProf's memory viewer)",
-                      xaxis_title="program order (allocation events)", yaxis_title="MiB",
-                      legend=dict(orientation="h", y=-0.2))
+                      xaxis=dict(title="program order (allocation events)", tickformat="d",
+                                 dtick=1 if len(x) <= 12 else None),
+                      yaxis_title="heap size (MiB)", legend=_TOP_LEGEND)
     page.figure(fig)
 
 
 def _padding_wasters(page: _Page, m: dict, top: int) -> None:
     import plotly.graph_objects as go
 
-    wasters = sorted((b for b in m.get("buffers", []) if b.get("padding_bytes", 0) > 0),
-                     key=lambda b: -b["padding_bytes"])[: max(top, 1)]
-    # Bytes-sized paddings next to megabyte ones are noise on the chart: keep those within 1/1000 of the worst.
-    wasters = [b for b in wasters if b["padding_bytes"] * 1000 >= wasters[0]["padding_bytes"]] if wasters else []
-    if not wasters:
+    padded = sorted((b for b in m.get("buffers", []) if b.get("padding_bytes", 0) > 0), key=lambda b: -b["padding_bytes"])
+    if not padded:
         page.add('<p class="note">No buffer is padded: the layouts fit the TPU tiles exactly.</p>')
         return
-    labels = [esc(f"{b['instruction']} {_short(b['shape'], 40)}") for b in wasters]
-    hover = [esc(b.get("fix") or b.get("op_name") or "") for b in wasters]
-    fig = go.Figure()
-    fig.add_bar(y=labels, x=[b["unpadded_bytes"] / MIB for b in wasters], orientation="h", name="data (unpadded)",
-                marker_color="#2da44e", hovertext=hover)
-    fig.add_bar(y=labels, x=[b["padding_bytes"] / MIB for b in wasters], orientation="h", name="padding",
-                marker_color="#cf222e", hovertext=hover)
-    fig.update_layout(barmode="stack", title="Top padding wasters (buffers by bytes of padding)",
-                      xaxis_title="MiB", yaxis=dict(autorange="reversed", automargin=True),
-                      legend=dict(orientation="h", y=-0.2))
-    page.figure(fig, height=max(300, 60 + 28 * len(wasters)))
-    fixes = any(b.get("fix") for b in wasters)  # a saved --json has none: the fixes are in the suggestions
-    rows = "".join(
-        f'<tr><td class="mono">{esc(b["instruction"])}</td><td class="mono">{esc(b["shape"])}</td>'
-        f'<td class="n">{esc(fmt_bytes(b["padding_bytes"]))}</td><td class="n">{b.get("expansion", 1):.1f}x</td>'
-        f'<td>{"yes" if b.get("live_at_peak") else ""}</td><td class="mono">{esc(b.get("op_name"))}</td>'
-        + (f'<td>{esc(b.get("fix") or "")}</td>' if fixes else "") + "</tr>" for b in wasters)
-    page.add("<table><tr><th>buffer</th><th>shape</th><th>padding</th><th>expansion</th><th>live at peak</th>"
-             f"<th>framework op</th>{'<th>fix</th>' if fixes else ''}</tr>{rows}</table>")
+    wasters = padded[: max(top, 1)]
+    at_peak = m.get("padding_at_peak_bytes")
+    total = at_peak if at_peak is not None else sum(b["padding_bytes"] for b in padded)
+    if negligible(total, m.get("peak_heap_bytes")):
+        wasters = wasters[:5]  # a long table of 508-byte scalars says no more than its first rows
+        worst = wasters[0]
+        page.add(f'<p class="note">Padding is negligible: {esc(fmt_bytes(total))} '
+                 f'{"live at the peak" if at_peak is not None else "in all"}'
+                 f'{_share(total, m.get("peak_heap_bytes"))}; the most padded buffer, '
+                 f'<span class="mono">{esc(worst["instruction"])}</span>, has {esc(fmt_bytes(worst["padding_bytes"]))}.'
+                 "</p>")
+    else:
+        shown = [b for b in wasters if b["padding_bytes"] >= VISIBLE_SHARE * wasters[0]["padding_bytes"]]
+        unit, size = byte_unit(max(b["size_bytes"] for b in shown))
+        labels = [esc(f"{b['instruction']} {_short(b['shape'], 40)}") for b in shown]
+        hover = [esc(b.get("fix") or b.get("op_name") or "") for b in shown]
+        fig = go.Figure()
+        for name, key, colour in (("data (unpadded)", "unpadded_bytes", "#2da44e"), ("padding", "padding_bytes", "#cf222e")):
+            fig.add_bar(y=labels, x=[b[key] / size for b in shown], orientation="h", name=name, marker_color=colour,
+                        customdata=[[fmt_bytes(b[key]), h] for b, h in zip(shown, hover)],
+                        hovertemplate=f"%{{y}}<br>{name}: %{{customdata[0]}}<br>%{{customdata[1]}}<extra></extra>")
+        left = len(wasters) - len(shown)
+        more = f"; {left} smaller in the table" if left else ""
+        fig.update_layout(barmode="stack", title=f"Top padding wasters (buffers by bytes of padding{more})",
+                          xaxis_title=f"size ({unit})", yaxis=dict(autorange="reversed", automargin=True),
+                          legend=_TOP_LEGEND)
+        page.figure(fig, height=max(260, 110 + 28 * len(shown)))
+    rows = [[f'<span class="mono">{esc(b["instruction"])}</span>', f'<span class="mono">{esc(b["shape"])}</span>',
+             esc(fmt_bytes(b["padding_bytes"])), f'{b.get("expansion", 1):.1f}x', "yes" if b.get("live_at_peak") else "",
+             f'<span class="mono">{esc(b.get("op_name") or "")}</span>' if b.get("op_name") else "",
+             esc(_fix_only(b.get("fix"), b))] for b in wasters]
+    page.add(_table(["buffer", "shape", "padding", "expansion", "live at peak", "framework op", "fix"], rows, {2, 3}))
+
+
+def _fix_only(fix: str | None, buffer: dict) -> str:
+    """A buffer's fix without the 'instruction shape: ' it starts with (the table's own columns say those)."""
+    if not fix:
+        return ""
+    prefix = f"{buffer['instruction']} {buffer['shape']}: "
+    return fix[len(prefix):] if fix.startswith(prefix) else fix
+
+
+def _share(part: float, whole: float | None) -> str:
+    return f" ({part / whole:.2%} of the {fmt_bytes(whole)} peak)" if whole else ""
 
 
 def _padding_by_op(page: _Page, m: dict, top: int) -> None:
@@ -301,36 +383,48 @@ def _padding_by_op(page: _Page, m: dict, top: int) -> None:
     ops = sorted((o for o in m.get("ops", []) if o.get("padding_bytes", 0) > 0), key=lambda o: -o["padding_bytes"])
     if not ops:
         return
-    # A treemap over the op-name path (jit(step)/jvp()/conv...): each scope's box is its ops' padding.
-    ids, labels, parents, values, hover = [], [], [], [], []
-    index: dict[tuple[str, ...], str] = {}
-    totals: dict[str, int] = {}
-    for o in ops[:TREEMAP_OPS]:
-        parts = tuple(p for p in (o["op_name"] or "(no framework op)").split("/") if p) or ("(no framework op)",)
-        for depth in range(1, len(parts) + 1):
-            key = parts[:depth]
-            if key not in index:
-                index[key] = f"n{len(index)}"
-                ids.append(index[key])
-                labels.append(esc(_short(parts[depth - 1], 40)))
-                parents.append(index[key[:-1]] if depth > 1 else "")
-                hover.append(esc("/".join(key)))
-                values.append(0)
-            totals[index[key]] = totals.get(index[key], 0) + o["padding_bytes"]
-        if o.get("fix"):
-            hover[ids.index(index[parts])] = esc(f"{'/'.join(parts)} — fix: {o['fix']}")
-    values = [totals[i] / MIB for i in ids]
-    fig = go.Figure(go.Treemap(ids=ids, labels=labels, parents=parents, values=values, branchvalues="total",
-                               hovertext=hover, hoverinfo="label+value+text", textinfo="label+value"))
+    total = sum(o["padding_bytes"] for o in ops)
     scope = "live at the peak" if m.get("ops_scope") == "peak" else "all buffers"
-    fig.update_layout(title=f"Padding by framework op (MiB, {scope})")
-    page.figure(fig, height=480)
-    rows = "".join(
-        f'<tr><td class="mono">{esc(o["op_name"])}</td><td class="n">{esc(fmt_bytes(o["padding_bytes"]))}</td>'
-        f'<td class="n">{esc(fmt_bytes(o["size_bytes"]))}</td><td class="n">{esc(o.get("buffers", ""))}</td>'
-        f'<td>{esc(o.get("fix") or o.get("worst_buffer") or "")}</td></tr>' for o in ops[: max(top, 1)])
-    page.add("<table><tr><th>framework op</th><th>padding</th><th>padded size</th><th>buffers</th>"
-             f"<th>fix (its worst buffer)</th></tr>{rows}</table>")
+    worst = ops[0]
+    if negligible(total, m.get("peak_heap_bytes")):
+        pass  # _padding_wasters said it in a sentence; the table below lists the ops
+    elif worst["padding_bytes"] >= 0.9 * total:
+        # One op holds (nearly) all of it: a treemap would be one big box.
+        page.add(f'<p>{worst["padding_bytes"] / total:.0%} of the padding ({esc(fmt_bytes(worst["padding_bytes"]))} of '
+                 f'{esc(fmt_bytes(total))}, {scope}) is in one framework op: '
+                 f'<span class="mono">{esc(worst["op_name"])}</span>.</p>')
+    else:
+        # A treemap over the op-name path (jit(step)/jvp()/conv...): each scope's box is its ops' padding.
+        ids, labels, parents, paths = [], [], [], []
+        index: dict[tuple[str, ...], str] = {}
+        totals: dict[str, int] = {}
+        fixes: dict[str, str] = {}
+        for o in ops[:TREEMAP_OPS]:
+            parts = tuple(p for p in (o["op_name"] or "(no framework op)").split("/") if p) or ("(no framework op)",)
+            for depth in range(1, len(parts) + 1):
+                key = parts[:depth]
+                if key not in index:
+                    index[key] = f"n{len(index)}"
+                    ids.append(index[key])
+                    labels.append(esc(_short(parts[depth - 1], 40)))
+                    parents.append(index[key[:-1]] if depth > 1 else "")
+                    paths.append(esc("/".join(key)))
+                totals[index[key]] = totals.get(index[key], 0) + o["padding_bytes"]
+            if o.get("fix"):
+                fixes[index[parts]] = esc(f"fix: {o['fix']}")
+        unit, size = byte_unit(max(totals.values()))
+        sizes = [esc(fmt_bytes(totals[i])) for i in ids]
+        fig = go.Figure(go.Treemap(
+            ids=ids, labels=labels, parents=parents, values=[totals[i] / size for i in ids], branchvalues="total",
+            customdata=[[sz, path, fixes.get(i, "")] for sz, path, i in zip(sizes, paths, ids)],
+            texttemplate="%{label}<br>%{customdata[0]}",
+            hovertemplate="%{customdata[1]}<br>%{customdata[0]} of padding<br>%{customdata[2]}<extra></extra>"))
+        fig.update_layout(title=f"Padding by framework op ({scope}; box area: bytes of padding)")
+        page.figure(fig, height=420)
+    rows = [[f'<span class="mono">{esc(o["op_name"])}</span>', esc(fmt_bytes(o["padding_bytes"])),
+             esc(fmt_bytes(o["size_bytes"])), esc(o.get("buffers", "")), esc(o.get("fix") or o.get("worst_buffer") or "")]
+            for o in ops[: max(top, 1)]]
+    page.add(_table(["framework op", "padding", "padded size", "buffers", "fix (its worst buffer)"], rows, {1, 2, 3}))
 
 
 # ---------------------------------------------------------------- steps
@@ -340,49 +434,55 @@ def _steps(page: _Page, item: Input, top: int) -> None:
 
     d = item.document
     s = d.get("steps", {})
-    page.add(f'<p><b>{esc(d.get("verdict"))}</b>. {esc(d.get("verdict_reason"))}</p>')
+    page.add(f'<p><b>{esc(d.get("verdict"))}</b>. {prose(d.get("verdict_reason"))}</p>')
     if s.get("count"):
-        page.add(f'<p>{esc(s["count"])} steps: mean {s["mean_ms"]:.2f} ms, median {s["median_ms"]:.2f} ms, '
+        page.add(f'<p>{esc(s["count"])} step{"s" if s["count"] != 1 else ""}: mean {s["mean_ms"]:.2f} ms, median {s["median_ms"]:.2f} ms, '
                  f'p90 {s["p90_ms"]:.2f} ms.</p>')
     for h in d.get("hosts", []):
         notes = "; ".join(h.get("notes") or [])
         page.add(f'<p class="meta">{esc(h["host"])} ({esc(h.get("platform"))}): {esc(h.get("steps", 0))} steps, '
-                 f'{esc(h.get("step_source") or "no steps found")}{esc(". " + notes if notes else "")}</p>')
+                 f'{prose(h.get("step_source") or "no steps found")}{prose(". " + notes if notes else "")}</p>')
+    if d.get("run"):
+        run = d["run"]
+        others = run.get("other_runs") or 0
+        which = f"the newest of {others + 1} runs" if others else "the only run"
+        page.add(f'<p class="meta">Run <span class="mono">{esc(run["name"])}</span>, {which} in '
+                 f'<span class="mono">{esc(run["folder"])}</span>.</p>')
+    for warning in d.get("warnings") or []:
+        page.add(f'<p class="warn">{prose(warning)}</p>')
 
     hosts = [h for h in d.get("per_step", []) if h["steps"]]
-    if hosts:
-        host = hosts[0]
-        fig = go.Figure()
-        numbers = [st["number"] for st in host["steps"]]
-        for category, label in CATEGORY_LABELS.items():
-            fig.add_bar(x=numbers, y=[st.get(f"{category}_ms", 0) for st in host["steps"]], name=label,
-                        marker_color=CATEGORY_COLOURS[category])
-        more = f" (host {host['host']}; {len(hosts) - 1} more hosts in the table above)" if len(hosts) > 1 else ""
-        fig.update_layout(barmode="stack", title=esc(f"Step time per step, by category{more}"),
-                          xaxis_title="step", yaxis_title="ms", legend=dict(orientation="h", y=-0.2))
-        page.figure(fig)
+    if hosts and len(hosts[0]["steps"]) >= MIN_STEP_BARS:
+        _step_chart(page, hosts)
+    elif hosts:
+        pass  # a bar or two: the table below has the same numbers
     elif d.get("breakdown_ms_per_step"):
         fig = go.Figure()
         for category, label in CATEGORY_LABELS.items():
             fig.add_bar(x=["mean step"], y=[d["breakdown_ms_per_step"].get(category, 0)], name=label,
-                        marker_color=CATEGORY_COLOURS[category])
-        fig.update_layout(barmode="stack", title="Mean step time by category", yaxis_title="ms")
+                        marker_color=CATEGORY_COLOURS[category], hovertemplate=f"{label}: %{{y:.2f}} ms<extra></extra>")
+        fig.update_layout(barmode="stack", title="Mean step time by category", yaxis_title="time per step (ms)",
+                          legend=_TOP_LEGEND)
         page.figure(fig, height=360)
     _breakdown(page, d)
     _chips(page, d)
     _roofline(page, d)
 
-    stages = d.get("input_pipeline", {}).get("stages", [])
+    stages = _merged_stages(d.get("input_pipeline", {}).get("stages", []))[: max(top, 1)]
     if stages:
         labels = [esc(_short(st["stage"], 70)) for st in stages]
         fig = go.Figure()
         fig.add_bar(y=labels, x=[max(st["self_ms"] - st.get("py_function_ms", 0), 0) for st in stages],
-                    orientation="h", name="own time", marker_color="#1f6feb")
+                    orientation="h", name="own time, not Python", marker_color="#1f6feb",
+                    customdata=[[st["count"]] for st in stages],
+                    hovertemplate="%{y}<br>%{x:.1f} ms own time outside Python, %{customdata[0]} calls<extra></extra>")
         fig.add_bar(y=labels, x=[st.get("py_function_ms", 0) for st in stages], orientation="h",
-                    name="of which Python (py_function)", marker_color="#cf222e")
-        fig.update_layout(barmode="stack", title="Input pipeline: tf.data stages by own time", xaxis_title="ms",
-                          yaxis=dict(autorange="reversed", automargin=True), legend=dict(orientation="h", y=-0.2))
-        page.figure(fig, height=max(300, 80 + 30 * len(stages)))
+                    name="Python (py_function)", marker_color="#cf222e",
+                    hovertemplate="%{y}<br>%{x:.1f} ms in Python<extra></extra>")
+        fig.update_layout(barmode="stack", title="Input pipeline: tf.data stages by own time (summed over repeat "
+                          "epochs, as the terminal)", xaxis_title="own time in the capture (ms)",
+                          yaxis=dict(autorange="reversed", automargin=True), legend=_TOP_LEGEND)
+        page.figure(fig, height=max(260, 110 + 30 * len(stages)))
         bottleneck = d["input_pipeline"].get("bottleneck")
         if bottleneck:
             page.add(f'<p>Slowest stage: <span class="mono">{esc(bottleneck["stage"])}</span> '
@@ -412,6 +512,64 @@ def _steps(page: _Page, item: Input, top: int) -> None:
                        f'<td class="n">{esc(o["count"])}</td><td class="n">{o["self_ms"]:.2f}</td></tr>' for o in host)
         page.add("<h3>Host ops by self time</h3><table><tr><th>op</th><th>type</th><th>where</th><th>count</th>"
                  f"<th>self ms</th></tr>{rows}</table>")
+
+
+# Beyond this many steps one bar per step is a blur of hairlines: bins of consecutive steps, and the
+# distribution of step times beside them.
+MAX_STEP_BARS = 150
+MIN_STEP_BARS = 3  # fewer steps are not worth a chart: the breakdown table says the same
+
+
+def _step_chart(page: _Page, hosts: list[dict]) -> None:
+    import plotly.graph_objects as go
+
+    host = hosts[0]
+    steps = host["steps"]
+    more = f" (host {host['host']}; {len(hosts) - 1} more hosts in the table above)" if len(hosts) > 1 else ""
+    width = -(-len(steps) // MAX_STEP_BARS)  # steps per bar
+    bins = [steps[i:i + width] for i in range(0, len(steps), width)]
+    x = [b[0]["number"] for b in bins]
+    spans = [f"step {b[0]['number']}" if len(b) == 1 else f"steps {b[0]['number']}-{b[-1]['number']}" for b in bins]
+    fig = go.Figure()
+    for category, label in CATEGORY_LABELS.items():
+        y = [sum(st.get(f"{category}_ms", 0) for st in b) / len(b) for b in bins]
+        fig.add_bar(x=x, y=y, name=label, marker_color=CATEGORY_COLOURS[category], customdata=spans,
+                    hovertemplate=f"%{{customdata}}<br>{label}: %{{y:.2f}} ms" +
+                    (" (mean)" if width > 1 else "") + "<extra></extra>")
+    binned = f"; {len(steps)} steps, each bar the mean of {width}" if width > 1 else ""
+    fig.update_layout(barmode="stack", title=esc(f"Step time per step, by category{more}{binned}"),
+                      xaxis_title="step number", yaxis_title="time per step (ms)", legend=_TOP_LEGEND,
+                      bargap=0.1 if len(bins) > 20 else 0.4)
+    page.figure(fig)
+    if width == 1:
+        return
+    import numpy as np
+
+    durations = np.array([st["duration_ms"] for h in hosts for st in h["steps"]])
+    fig = go.Figure()
+    fig.add_histogram(x=durations, nbinsx=80, marker_color="#57606a", name="steps",
+                      hovertemplate="%{x} ms: %{y} steps<extra></extra>")
+    for q, dash in ((50, "solid"), (90, "dash"), (99, "dot")):
+        value = float(np.percentile(durations, q))
+        fig.add_vline(x=value, line=dict(color="#cf222e", dash=dash),
+                      annotation_text=f"p{q} {value:.2f} ms", annotation_position="top right")
+    fig.update_layout(title=f"Step time distribution ({len(durations)} steps, every host)",
+                      xaxis_title="step time (ms)", yaxis_title="steps", showlegend=False)
+    page.figure(fig, height=340)
+
+
+def _merged_stages(stages: list[dict]) -> list[dict]:
+    """tf.data stages summed over the `[n]` that repeat() epochs add to their names, as in the terminal."""
+    from tpuprof.analyses.input_pipeline import without_epochs
+
+    merged: dict[str, dict] = {}
+    for st in stages:
+        into = merged.setdefault(without_epochs(st["stage"]), {"stage": without_epochs(st["stage"]), "count": 0,
+                                                               "self_ms": 0.0, "py_function_ms": 0.0})
+        into["count"] += st.get("count", 0)
+        into["self_ms"] += st.get("self_ms", 0)
+        into["py_function_ms"] += st.get("py_function_ms", 0)
+    return sorted(merged.values(), key=lambda st: -st["self_ms"])
 
 
 def _num(value, digits: int) -> str:
@@ -475,7 +633,8 @@ def _roofline(page: _Page, d: dict) -> None:
         xs = [low * (high / low) ** (i / 60) for i in range(61)]
         fig = go.Figure()
         fig.add_scatter(x=xs, y=[min(peak, x * hbm) for x in xs], mode="lines", name="roof: min(peak, intensity x HBM)",
-                        line=dict(color="#57606a"))
+                        line=dict(color="#57606a"),
+                        hovertemplate="roof at %{x:.3g} FLOP/byte: %{y:.3g} FLOP/s<extra></extra>")
         by_category: dict[str, list] = {}
         for o in placed:
             by_category.setdefault(o.get("category") or "compute", []).append(o)
@@ -497,6 +656,7 @@ def _roofline(page: _Page, d: dict) -> None:
         labels = [esc(f'{o.get("hlo_op")} ({o.get("category")})') for o in transfers]
         fig = go.Figure()
         fig.add_bar(y=labels, x=[o["bytes_per_s"] / 1e9 for o in transfers], orientation="h", name="achieved",
+                    hovertemplate="%{y}: %{x:.3g} GB/s<extra></extra>",
                     marker_color=[CATEGORY_COLOURS.get(o.get("category"), "#333") for o in transfers])
         fig.add_vline(x=hbm / 1e9, line_dash="dot", annotation_text=f"HBM {hbm / 1e9:g} GB/s")
         if link:
@@ -532,23 +692,24 @@ def _oom(page: _Page, item: Input, top: int) -> None:
     if allocations:
         labels = [esc(f"#{a.get('index', i + 1)} {_short(a.get('shape') or a.get('op_name') or '', 50)}")
                   for i, a in enumerate(allocations)]
-        unpadded = [(a.get("unpadded_bytes") or a.get("recomputed_unpadded_bytes") or a["size_bytes"]) / MIB
-                    for a in allocations]
+        data = [a.get("unpadded_bytes") or a.get("recomputed_unpadded_bytes") or a["size_bytes"] for a in allocations]
+        unit, size = byte_unit(max(a["size_bytes"] for a in allocations))
         fig = go.Figure()
-        fig.add_bar(y=labels, x=unpadded, orientation="h", name="data (unpadded)", marker_color="#2da44e",
-                    hovertext=[esc(a.get("op_name") or "") for a in allocations])
-        fig.add_bar(y=labels, x=[a["size_bytes"] / MIB - u for a, u in zip(allocations, unpadded)], orientation="h",
-                    name="padding", marker_color="#cf222e")
-        fig.update_layout(barmode="stack", title="Largest program allocations in the log", xaxis_title="MiB",
-                          yaxis=dict(autorange="reversed", automargin=True), legend=dict(orientation="h", y=-0.2))
-        page.figure(fig, height=max(300, 60 + 28 * len(allocations)))
-        rows = "".join(
-            f'<tr><td class="mono">{esc(a.get("shape"))}</td><td class="n">{esc(fmt_bytes(a["size_bytes"]))}</td>'
-            f'<td class="mono">{esc(a.get("op_name"))}</td><td class="mono">{esc(a.get("source"))}</td></tr>'
-            for a in allocations)
-        page.add("<table><tr><th>shape</th><th>size</th><th>operator</th><th>source</th></tr>" + rows + "</table>")
+        for name, values, colour in (("data (unpadded)", data, "#2da44e"),
+                                     ("padding", [a["size_bytes"] - u for a, u in zip(allocations, data)], "#cf222e")):
+            fig.add_bar(y=labels, x=[v / size for v in values], orientation="h", name=name, marker_color=colour,
+                        customdata=[[fmt_bytes(v), esc(a.get("op_name") or "")] for v, a in zip(values, allocations)],
+                        hovertemplate=f"%{{y}}<br>{name}: %{{customdata[0]}}<br>%{{customdata[1]}}<extra></extra>")
+        fig.update_layout(barmode="stack", title="Largest program allocations in the log", xaxis_title=f"size ({unit})",
+                          yaxis=dict(autorange="reversed", automargin=True), legend=_TOP_LEGEND)
+        page.figure(fig, height=max(260, 110 + 28 * len(allocations)))
+        rows = [[f'<span class="mono">{esc(a.get("shape") or "")}</span>', esc(fmt_bytes(a["size_bytes"])),
+                 f'<span class="mono">{esc(a.get("op_name") or "")}</span>' if a.get("op_name") else "",
+                 f'<span class="mono">{esc(a.get("source") or "")}</span>' if a.get("source") else ""]
+                for a in allocations]
+        page.add(_table(["shape", "size", "operator", "source"], rows, {1}))
     for note in d.get("notes", []):
-        page.add(f'<p class="note">{esc(note)}</p>')
+        page.add(f'<p class="note">{prose(note)}</p>')
 
 
 def _preflight(page: _Page, item: Input, top: int) -> None:
@@ -562,26 +723,30 @@ def _preflight(page: _Page, item: Input, top: int) -> None:
             if fits is not None else ""
         if t.get("verdict"):
             verdict += f' <span class="meta">{esc(t["verdict"])}</span>'
-        rows.append(f'<tr><td>{esc(t.get("target"))} <span class="meta">{esc(t.get("topology"))}</span></td>'
-                    f'<td class="n">{esc(t.get("batch_size"))}</td><td>{verdict}</td>'
-                    f'<td class="n">{esc(fmt_bytes(t.get("required_bytes")))}</td>'
-                    f'<td class="n">{esc(fmt_bytes(t.get("hbm_capacity_bytes")))}</td>'
-                    f'<td class="n">{esc(t.get("max_batch_size", ""))}</td>'
-                    f'<td class="n">{esc((t.get("bf16") or {}).get("max_batch_size", ""))}</td></tr>')
-    page.add("<table><tr><th>target</th><th>batch</th><th>verdict</th><th>required</th><th>HBM</th>"
-             "<th>max batch</th><th>max batch bf16</th></tr>" + "".join(rows) + "</table>")
+        bf16 = t.get("bf16") or {}
+        rows.append([f'{esc(t.get("target"))} <span class="meta">{esc(t.get("topology"))}</span>',
+                     esc(t.get("batch_size", "")), verdict,
+                     esc(fmt_bytes(t["required_bytes"])) if t.get("required_bytes") is not None else "",
+                     esc(fmt_bytes(t["hbm_capacity_bytes"])) if t.get("hbm_capacity_bytes") else "",
+                     esc(t.get("max_batch_size") or ""), esc(bf16.get("max_batch_size") or "")])
+    page.add(_table(["target", "batch", "verdict", "required", "HBM", "max batch", "max batch bf16"], rows,
+                    {1, 3, 4, 5, 6}))
     curves = [t for t in targets if len(t.get("curve") or []) > 1]  # one point is no curve
     if curves:
+        unit, size = byte_unit(max([p["required_bytes"] or 0 for t in curves for p in t["curve"]]
+                                   + [t.get("hbm_capacity_bytes") or 0 for t in curves]))
         fig = go.Figure()
         for t in curves:
-            points = sorted(t["curve"], key=lambda p: p["batch_size"])
-            fig.add_scatter(x=[p["batch_size"] for p in points], y=[p["required_bytes"] / MIB for p in points],
-                            mode="lines+markers", name=esc(f"{t.get('target')} required"))
+            points = sorted((p for p in t["curve"] if p["required_bytes"] is not None), key=lambda p: p["batch_size"])
+            fig.add_scatter(x=[p["batch_size"] for p in points], y=[p["required_bytes"] / size for p in points],
+                            mode="lines+markers", name=esc(f"{t.get('target')} required"),
+                            customdata=[fmt_bytes(p["required_bytes"]) for p in points],
+                            hovertemplate="batch %{x}: %{customdata} required<extra></extra>")
             if t.get("hbm_capacity_bytes"):
-                fig.add_hline(y=t["hbm_capacity_bytes"] / MIB, line=dict(dash="dot"),
-                              annotation_text=esc(f"{t.get('target')} HBM"))
-        fig.update_layout(title="Memory vs batch size (measured compiles)", xaxis_title="per-chip batch",
-                          yaxis_title="MiB")
+                fig.add_hline(y=t["hbm_capacity_bytes"] / size, line=dict(dash="dot"),
+                              annotation_text=esc(f"{t.get('target')} HBM {fmt_bytes(t['hbm_capacity_bytes'])}"))
+        fig.update_layout(title="Memory vs batch size (measured compiles)", xaxis_title="per-chip batch (examples)",
+                          yaxis_title=f"HBM required ({unit})", legend=_TOP_LEGEND)
         page.figure(fig)
     for t in targets:
         if t.get("oom", {}).get("headline"):
