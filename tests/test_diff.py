@@ -128,3 +128,45 @@ def test_bad_input_exit_2(args, message):
 def test_threshold_syntax(expression, on, limit):
     threshold = analysis.parse_threshold(expression)
     assert (threshold.on, threshold.limit) == (on, limit)
+
+
+# ---- presentation (issue #10): what a diff of two profiles compares, and how --fail-if reads it
+
+def test_profiles_diff_compares_shares_in_points_and_nothing_window_dependent():
+    slow, cached = CAPTURES / "tf_slow_map", CAPTURES / "tf_cached"
+    document = json.loads(run_cli("diff", slow, cached, "--json").stdout)
+    group = document["groups"][0]
+    names = [m["name"] for m in group["metrics"]]
+    assert len(names) == len(set(names)) and "input_percent" not in names  # input: one row, XProf's name
+    assert "step_count" not in names  # it grows with the capture's length
+    assert group["steps_measured"]["a"] >= 5 and group["steps_measured"]["b"] > group["steps_measured"]["a"]
+    for m in group["metrics"]:
+        if m["unit"] == "percent":  # a share: its change is in points, never a relative %
+            assert m["percent"] is None and m["change"] == pytest.approx(m["b"] - m["a"])
+    text = run_cli("diff", slow, cached, env={"COLUMNS": "120"}).stdout
+    assert "steps: steps" not in text and "Step time" in text
+    assert "+2809" not in text and " pts" in text
+    # Ops in only one report's top list say so: EagerPyFunc (the Python map) is gone with the cache.
+    eager = next(line for line in text.splitlines() if line.startswith("EagerPyFunc"))
+    assert eager.split()[-1] == "gone"
+
+
+def test_fail_if_on_a_share_takes_points_and_either_name():
+    slow, cached = CAPTURES / "tf_slow_map", CAPTURES / "tf_cached"
+    relative = run_cli("diff", cached, slow, "--fail-if", "input_bound_percent>+5%")
+    assert relative.returncode == 2 and "compared in percentage points" in relative.stderr
+    for name in ("input_bound_percent", "input_percent"):  # the same figure under XProf's and the breakdown's name
+        tripped = run_cli("diff", cached, slow, "--fail-if", f"{name}>+50")
+        assert tripped.returncode == 1 and "input_bound_percent +" in tripped.stdout
+
+
+def test_fail_if_compares_the_figure_it_prints():
+    """b64 -> b128: the peak grows by 98.99...%, printed +99.0%: `>=+99%` trips, as the table suggests."""
+    document = json.loads(run_cli("diff", B64, B128, "--json").stdout)
+    peak = metric(document, "peak_heap_bytes")
+    exact = 100 * (peak["b"] - peak["a"]) / peak["a"]
+    assert 98.95 <= exact < 99
+    result = run_cli("diff", B64, B128, "--fail-if", "peak_heap_bytes>=+99%")
+    assert result.returncode == 1 and "+99.0%" in result.stdout
+    assert "FAIL --fail-if peak_heap_bytes>=+99% (jit_train_step): peak_heap_bytes +99.0%." in result.stdout
+    assert run_cli("diff", B64, B128, "--fail-if", "peak_heap_bytes>+99%").returncode == 0  # 99.0 is not > 99

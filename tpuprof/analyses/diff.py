@@ -41,7 +41,9 @@ class Metric:
 
     @property
     def percent(self) -> float | None:
-        if self.change is None:
+        """Relative change. None for shares (unit percent): those change in percentage points, and a relative
+        change of a share (2 % -> 61 %: +2850 %) says nothing."""
+        if self.change is None or self.unit == "percent":
             return None
         if self.a == 0:
             return 0.0 if self.b == 0 else math.copysign(math.inf, self.b)
@@ -68,14 +70,18 @@ def _memory_metrics(module: dict) -> list[Metric]:
     return metrics
 
 
+# Another name for the same figure: one row per metric, either name works in --fail-if.
+ALIASES = {"input_percent": "input_bound_percent"}
+
+
 def _steps_metrics(document: dict) -> list[Metric]:
+    """Step time and its shares. Nothing that grows with the length of the capture (the step count, totals):
+    two captures of one job compare alike however long each ran."""
     steps = document.get("steps", {})
     metrics = [Metric(f"{name}", "ms", steps.get(name), None) for name in ("median_ms", "mean_ms", "p90_ms")]
-    metrics.append(Metric("step_count", "count", steps.get("count"), None))
-    metrics.append(Metric("input_bound_percent", "percent", document.get("input_bound_percent"), None))
     for category in CATEGORIES:
-        metrics.append(Metric(f"{category}_percent", "percent",
-                              document.get("breakdown_percent", {}).get(category), None))
+        name = ALIASES.get(f"{category}_percent", f"{category}_percent")  # input: XProf's input_bound_percent
+        metrics.append(Metric(name, "percent", document.get("breakdown_percent", {}).get(category), None))
         metrics.append(Metric(f"{category}_ms_per_step", "ms",
                               document.get("breakdown_ms_per_step", {}).get(category), None))
     return metrics
@@ -248,6 +254,9 @@ def compare(kind: str, a_doc: dict, b_doc: dict, top: int = 10, batches: tuple[i
                                                key="required_bytes") if all(sizes) else None
         if kind == "steps":
             group["verdict"] = {"a": a_raw.get("verdict"), "b": b_raw.get("verdict")}
+            # Context, not a metric: how many steps each capture measured depends on how long it ran.
+            group["steps_measured"] = {"a": (a_raw.get("steps") or {}).get("count"),
+                                       "b": (b_raw.get("steps") or {}).get("count")}
             group["ops"] = compare_ops(a_raw, b_raw, top)
         groups.append(group)
     unpaired = abs(len(a_groups) - len(b_groups))
@@ -274,11 +283,25 @@ class Threshold:
     on: str  # percent (relative change) | change (absolute change) | value (B's value)
 
     def trips(self, metric: Metric) -> bool | None:
-        value = {"percent": metric.percent, "change": metric.change, "value": metric.b}[self.on]
+        value = printed(metric, self.on)
         if value is None:
             return None
         return {">": value > self.limit, ">=": value >= self.limit, "<": value < self.limit,
                 "<=": value <= self.limit}[self.op]
+
+
+# Decimals of each figure as `tpuprof diff` prints it: a threshold compares the printed figure, so that a
+# change shown as +99.0% trips `>=+99%` (the exact change may be +98.996 %). Sizes and counts are exact.
+PRINTED_DECIMALS = {"relative": 1, "percent": 1, "ms": 3}
+
+
+def printed(metric: Metric, on: str) -> float | None:
+    """METRIC's relative change, change or B value (ON: percent | change | value), rounded as printed."""
+    value = {"percent": metric.percent, "change": metric.change, "value": metric.b}[on]
+    if value is None or math.isinf(value):
+        return value
+    decimals = PRINTED_DECIMALS["relative"] if on == "percent" else PRINTED_DECIMALS.get(metric.unit)
+    return round(value, decimals) if decimals is not None else value
 
 
 def parse_threshold(expression: str) -> Threshold:
@@ -302,18 +325,25 @@ def parse_threshold(expression: str) -> Threshold:
 
 def evaluate(diff: dict, thresholds: list[Threshold]) -> list[dict]:
     names = sorted({m.name for g in diff["groups"] for m in g["metrics"]})
+    units = {m.name: m.unit for g in diff["groups"] for m in g["metrics"]}
     results = []
     for threshold in thresholds:
-        if threshold.metric not in names:
+        name = ALIASES.get(threshold.metric, threshold.metric)
+        if name not in names:
             raise UserError(f"--fail-if {threshold.expression!r}: no metric {threshold.metric!r} in a "
                             f"{diff['kind']} diff; metrics: {', '.join(names)}.")
+        if threshold.on == "percent" and units[name] == "percent":
+            raise UserError(f"--fail-if {threshold.expression!r}: {name} is a share, compared in percentage "
+                            f"points: write {name}>+5 (B - A, in points) or {name}>20 (B's value).")
         for group in diff["groups"]:
-            metric = next(m for m in group["metrics"] if m.name == threshold.metric)
+            metric = next(m for m in group["metrics"] if m.name == name)
             tripped = threshold.trips(metric)
+            seen = printed(metric, threshold.on)
             results.append({"expression": threshold.expression, "group": group["name"], "metric": metric.name,
                             "on": threshold.on, "limit": threshold.limit, "a": metric.a, "b": metric.b,
                             "change": metric.change,
                             "percent": None if metric.percent is None or math.isinf(metric.percent)
                             else round(metric.percent, 2),
+                            "compared": None if seen is None or math.isinf(seen) else seen,
                             "tripped": bool(tripped), "evaluated": tripped is not None})
     return results

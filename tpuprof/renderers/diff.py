@@ -21,7 +21,8 @@ def to_json(result: dict) -> dict:
 # Red means worse. For most metrics (sizes, times, input share) more is worse; for these, more is better,
 # and for counts that only describe the run (steps captured, buffers) neither.
 HIGHER_IS_BETTER = {"compute_percent", "max_batch_size"}
-NEUTRAL = {"step_count", "buffer_count"}
+NEUTRAL = {"buffer_count"}
+TITLES = {"steps": "Step time", "memory": "Memory", "preflight": "Preflight"}
 
 
 def _colour(name: str, change) -> str:
@@ -75,32 +76,49 @@ def print_tables(result: dict) -> None:
         out.print("[green]no change[/green]: every metric and buffer is the same in A and B.")
     for g in result["groups"]:
         rows = []
+        # Zero in A and in B (host transfers of a CPU job): no row; --json and --fail-if still have them.
+        zero = [m for m in g["metrics"] if m.a == 0 and m.b == 0 and result["kind"] == "steps"]
         for m in g["metrics"]:
+            if m in zero:
+                continue
             change, percent = m.change, m.percent
             colour = _colour(m.name, change)
             cells = [fmt_change(change, m.unit), fmt_percent(percent)]
             if colour:
                 cells = [f"[{colour}]{c}[/{colour}]" for c in cells]
             rows.append((m.name, fmt_value(m.a, m.unit), fmt_value(m.b, m.unit), *cells))
-        columns = [tables.name("metric"), tables.number("A"), tables.number("B"), tables.number("change"),
-                   tables.number("%")]
-        out.print(tables.table(columns, rows, out.width, title=f"{result['kind']}: {g['name']}"))
+        columns = [tables.name("metric (--fail-if name)"), tables.number("A"), tables.number("B"),
+                   tables.number("change"), tables.number("%")]
+        title = TITLES.get(result["kind"], result["kind"])
+        if g["name"] != result["kind"]:  # one group per module or target: name it
+            title += f": {g['name']}"
+        notes = []
+        if any(m.unit == "percent" for m in g["metrics"]):
+            notes.append("shares change in percentage points (pts), not in %")
+        if zero:
+            notes.append(f"{len(zero)} metrics are 0 in A and B: " + ", ".join(m.name for m in zero))
+        out.print(tables.table(columns, rows, out.width, title=escape(title), caption="; ".join(notes) or None))
+        measured = g.get("steps_measured")
+        if measured:
+            out.print(f"Steps measured: {measured['a']} in A, {measured['b']} in B (that depends on how long each "
+                      "capture ran: not compared).")
         verdict = g.get("verdict")
         if verdict and verdict["a"] != verdict["b"]:
-            out.print(f"verdict: {escape(str(verdict['a']))} -> [bold]{escape(str(verdict['b']))}[/bold]")
+            out.print(f"Verdict: {escape(str(verdict['a']))} -> [bold]{escape(str(verdict['b']))}[/bold].")
         if g.get("ops"):
             rows = []
             for r in g["ops"]:
                 cells = [fmt_value(r[k], "ms").replace(" ms", "") if r[k] is not None else "-"
                          for k in ("a_ms_per_step", "b_ms_per_step")]
+                change = (fmt_change(r["change_ms"], "ms") if r["change_ms"] is not None
+                          else "[red]new[/red]" if r["a_ms_per_step"] is None else "[green]gone[/green]")
                 where = r["where"] + (f" ({r['category']})" if r.get("category") else "")
-                rows.append((escape(r.get("hlo_op") or r["name"]), where, *cells,
-                             fmt_change(r["change_ms"], "ms") if r["change_ms"] is not None else ""))
+                rows.append((escape(r.get("hlo_op") or r["name"]), where, *cells, change))
             columns = [tables.name("op", least=24), tables.text("where", drop=1), tables.number("A ms"),
                        tables.number("B ms"), tables.number("change")]
-            out.print(tables.table(columns, rows, out.width,
-                                   title="Top ops, self time per step (device ops: per chip; from each report's "
-                                         "top list)"))
+            out.print(tables.table(
+                columns, rows, out.width, title="Top ops: self time per step (device ops per chip)",
+                caption="from each report's top list: new/gone = in only one of them"))
         growth = g.get("per_example")
         if growth:
             measure = "peak HBM" if growth.get("measure", "peak_heap_bytes") == "peak_heap_bytes" else "required HBM"
@@ -115,8 +133,7 @@ def print_tables(result: dict) -> None:
         if buffers and any(buffers[k] for k in ("appeared", "disappeared", "changed")):
             rows = []
             for r in buffers["changed"]:
-                shape = r["b_shape"] if r["a_shape"] == r["b_shape"] else f"{r['a_shape']} -> {r['b_shape']}"
-                rows.append(("changed", escape(r["instruction"]), escape(wrappable_shape(shape)),
+                rows.append(("changed", escape(r["instruction"]), escape(_shape_change(r["a_shape"], r["b_shape"])),
                              fmt_bytes(r["a_bytes"]), fmt_bytes(r["b_bytes"]), fmt_change(r["change"], "bytes")))
             for r in buffers["appeared"]:
                 rows.append(("[red]new[/red]", escape(r["instruction"]), escape(wrappable_shape(r["shape"])), "",
@@ -137,8 +154,23 @@ def print_tables(result: dict) -> None:
     for check in result["thresholds"]:
         status = "[red]FAIL[/red]" if check["tripped"] else "[green]ok[/green]"
         unit = next((m.unit for g in result["groups"] for m in g["metrics"] if m.name == check["metric"]), "")
+        # The figure the threshold compared: the one printed in the table (rounded alike).
         seen = fmt_percent(check["percent"]) if check["on"] == "percent" else \
             fmt_change(check["change"], unit) if check["on"] == "change" else fmt_value(check["b"], unit)
-        out.print(f"{status} --fail-if {escape(check['expression'])} [{escape(check['group'])}]: {seen}")
+        group = "" if check["group"] == result["kind"] else f" ({escape(check['group'])})"
+        out.print(f"{status} --fail-if {escape(check['expression'])}{group}: {check['metric']} {seen}.")
     if result["regression"]:
         out.print("[red bold]regression[/red bold]: a --fail-if threshold tripped (exit code 1).")
+
+
+def _shape_change(a: str, b: str) -> str:
+    """'f32[64,8]{1,0:T(8,128)}' and 'f32[128,8]{1,0:T(8,128)}' -> 'f32[64,8] -> f32[128,8] {1,0:T(8,128)}'."""
+    from tpuprof.renderers.memory import wrappable_shape
+
+    if a == b:
+        return wrappable_shape(b)
+    a_dims, _, a_layout = a.partition("]{")
+    b_dims, _, b_layout = b.partition("]{")
+    if a_layout and a_layout == b_layout:
+        return f"{a_dims}] -> {b_dims}] {{{b_layout}"
+    return f"{wrappable_shape(a)} -> {wrappable_shape(b)}"
