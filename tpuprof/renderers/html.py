@@ -497,21 +497,19 @@ def _steps(page: _Page, item: Input, top: int) -> None:
         def rate(value, unit):
             return "" if value is None else f"{value / unit:.2f}"
 
-        rows = "".join(
-            f'<tr><td class="mono">{esc(o["name"])}</td><td class="mono">{esc(o.get("hlo_op"))}</td>'
-            f'<td>{esc(o.get("category"))}</td><td class="n">{esc(_num(o.get("self_ms_per_step"), 3))}</td>'
-            f'<td class="n">{rate(o.get("flops_per_s"), 1e12)}</td><td class="n">{rate(o.get("bytes_per_s"), 1e9)}</td>'
-            f'<td class="n">{esc(_num(o.get("intensity"), 3))}</td><td>{esc(o.get("bound") or "")}'
-            f'{esc(" " + format(o["percent_of_roof"], ".0f") + "%" if o.get("percent_of_roof") is not None else "")}'
-            "</td></tr>" for o in device)
-        page.add("<h3>Device ops by time per step (per chip: averaged over chips)</h3><table><tr><th>op</th>"
-                 "<th>HLO op</th><th>category</th><th>ms per step</th><th>TFLOP/s</th><th>GB/s</th><th>FLOP/byte</th>"
-                 f"<th>bound, % of roof</th></tr>{rows}</table>")
+        rows = [[f'<span class="mono">{esc(o["name"])}</span>', f'<span class="mono">{esc(o.get("hlo_op") or "")}</span>'
+                 if o.get("hlo_op") else "", esc(o.get("category") or ""), esc(_num(o.get("self_ms_per_step"), 3)),
+                 rate(o.get("flops_per_s"), 1e12), rate(o.get("bytes_per_s"), 1e9), esc(_num(o.get("intensity"), 3)),
+                 esc((o.get("bound") or "") + (" " + format(o["percent_of_roof"], ".0f") + "%"
+                                               if o.get("percent_of_roof") is not None else "")).strip()]
+                for o in device]
+        page.add("<h3>Device ops by time per step (per chip: averaged over chips)</h3>" + _table(
+            ["op", "HLO op", "category", "ms per step", "TFLOP/s", "GB/s", "FLOP/byte", "bound, % of roof"], rows,
+            {3, 4, 5, 6}))
     if host:
-        rows = "".join(f'<tr><td class="mono">{esc(o["name"])}</td><td>{esc(o["kind"])}</td><td>{esc(o["where"])}</td>'
-                       f'<td class="n">{esc(o["count"])}</td><td class="n">{o["self_ms"]:.2f}</td></tr>' for o in host)
-        page.add("<h3>Host ops by self time</h3><table><tr><th>op</th><th>type</th><th>where</th><th>count</th>"
-                 f"<th>self ms</th></tr>{rows}</table>")
+        rows = [[f'<span class="mono">{esc(o["name"])}</span>', esc(o["kind"]), esc(o["where"]), esc(o["count"]),
+                 f'{o["self_ms"]:.2f}'] for o in host]
+        page.add("<h3>Host ops by self time</h3>" + _table(["op", "type", "where", "count", "self ms"], rows, {3, 4}))
 
 
 # Beyond this many steps one bar per step is a blur of hairlines: bins of consecutive steps, and the
