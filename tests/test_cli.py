@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +41,25 @@ def test_usage_error_is_the_usage_line_and_one_sentence(args, message):
     assert "Traceback" not in result.stderr and result.stdout == ""
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines[0].startswith("Usage: tpuprof") and len(lines) <= 4, result.stderr
+
+
+def test_the_installed_console_script():
+    """`tpuprof` as pip installs it (the console script beside this Python; in a fresh clone's .venv it runs
+    the checkout): a usage error, the help and the version, as in the tests above."""
+    script = Path(sys.executable).parent / "tpuprof"
+    if not script.exists():
+        pytest.skip(f"no tpuprof console script beside {sys.executable}: pip install -e . to test it")
+
+    def run(*args):
+        return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "COLUMNS": "100"})
+
+    typo = run("memroy", "x")
+    assert typo.returncode == 2 and "Did you mean 'memory'?" in typo.stderr and "Traceback" not in typo.stderr
+    assert typo.stderr.startswith("Usage: tpuprof ")
+    alone = run()
+    assert alone.returncode == 0 and "Commands:" in alone.stdout and alone.stderr == ""
+    assert run("--version").stdout.startswith("tpuprof ")
 
 
 @pytest.mark.parametrize("args", [[], ["-h"], ["--help"]], ids=["alone", "-h", "--help"])
