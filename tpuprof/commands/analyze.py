@@ -6,10 +6,11 @@ from tpuprof.advice import steps as advice
 from tpuprof.analyses import coverage
 from tpuprof.analyses import steps as analysis
 from tpuprof.analyses.summary import Report, summarize
-from tpuprof.sources import xplane
+from tpuprof.sources import inputs, xplane
 
 
 def analyze(path: str, top: int = 10, workers: int | None = None) -> Report:
+    inputs.expect(path, inputs.STEPS)  # a dump given by mistake: name the command that reads it
     files, run = xplane.find_capture(path)
     if len(files) == 1:
         profiles = [analysis.analyze_file(files[0])]

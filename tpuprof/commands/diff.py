@@ -29,7 +29,8 @@ def _batches(option: str | None, a, b) -> tuple[tuple[int, int] | None, str]:
 def compute(a_path: str, b_path: str, fail_if: list[str], batches: str | None = None, target: str | None = None,
             top: int = 10) -> dict:
     from tpuprof.analyses import diff as analysis
-    from tpuprof.commands.report import KIND_LABELS, load
+    from tpuprof.commands.report import load
+    from tpuprof.sources.inputs import KIND_LABELS
 
     thresholds = [analysis.parse_threshold(t) for t in fail_if]  # bad syntax fails before any work
     if target is not None:

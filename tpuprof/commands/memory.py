@@ -9,11 +9,13 @@ from tpuprof.advice import memory as advice
 from tpuprof.analyses import memory as analysis
 from tpuprof.errors import UserError
 from tpuprof.models.memory import ModuleMemory
+from tpuprof.sources import inputs
 
 
 def analyze(path: Path, module: str | None = None, target: str | None = None, top: int = 15,
             compile_: bool = False) -> list[ModuleMemory]:
     """The whole memory pipeline, for other commands (oom --dump, preflight, report) too."""
+    inputs.expect(path, inputs.MEMORY)  # a profile or a log given by mistake: name the command that reads it
     generation = targets.get(target) if target else None
     if compile_:
         if generation is None:

@@ -8,105 +8,31 @@ command's --json document, and becomes one JSON-like section; the HTML renderer 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpuprof.errors import UserError
+from tpuprof.sources import inputs
+from tpuprof.sources.inputs import MEMORY, OOM, PREFLIGHT, STEPS, Input
 
-MEMORY, STEPS, OOM, PREFLIGHT = "memory", "steps", "oom", "preflight"
-KIND_LABELS = {MEMORY: "XLA dump (memory)", STEPS: "profile (steps)", OOM: "OOM log", PREFLIGHT: "preflight JSON"}
 # Points kept per memory-over-program-order curve: enough for the eye, small enough for a light page.
 MAX_TIMELINE_POINTS = 3000
-MAX_MODULES = 4  # per dump folder: the largest modules (a JAX dump holds dozens of tiny ones)
-
-
-@dataclass
-class Input:
-    path: str
-    kind: str  # memory | steps | oom | preflight
-    document: dict  # the command's --json document, plus "timeline"/"per_step"/"fix" extras when computed here
-    from_json: bool = False
-    meta: dict = field(default_factory=dict)  # sample.json beside a dump (how the sample was made)
-
-
-def json_kind(document) -> str | None:
-    """Which command's --json document this is."""
-    if not isinstance(document, dict):
-        return None
-    if isinstance(document.get("modules"), list):
-        return MEMORY
-    if isinstance(document.get("targets"), list):
-        return PREFLIGHT
-    if isinstance(document.get("hosts"), list) and isinstance(document.get("steps"), dict):
-        return STEPS
-    if "headline" in document and "allocations" in document:
-        return OOM
-    return None
-
-
-def _is_profile(path: Path) -> bool:
-    if path.is_file():
-        return path.name.endswith(".xplane.pb")
-    patterns = ("*.xplane.pb", "*/*.xplane.pb", "plugins/profile/*/*.xplane.pb", "*/plugins/profile/*/*.xplane.pb")
-    return any(next(path.glob(p), None) is not None for p in patterns)
-
-
-def _looks_like_dump_text(path: Path) -> bool:
-    from tpuprof.sources import hlo_dump
-
-    if hlo_dump.classify(path) is not None:
-        return True
-    with open(path, "rb") as handle:
-        head = handle.read(4096)
-    if head[:2] == b"\x1f\x8b":  # gzip: a saved job log (`tpuprof oom` reads them)
-        return False
-    if b"\0" in head:  # binary: an HloProto without the usual name
-        return True
-    text = head.decode("utf-8", "replace").lstrip()
-    return text.startswith(("HloModule", "BufferAssignment")) or "\nallocation 0: size" in text
-
-
-def detect(path: str) -> str:
-    """The kind of one input, from its name and first bytes: memory, steps, oom or json."""
-    if "://" in path:
-        return STEPS  # gs:// and other remote logdirs are profiles
-    p = Path(path)
-    if not p.exists():
-        raise UserError(f"{path} does not exist.")
-    if _is_profile(p):
-        return STEPS
-    if p.is_dir():
-        return MEMORY  # the memory reader says clearly if the folder holds no dump
-    if p.suffix == ".json":
-        return "json"
-    try:
-        return MEMORY if _looks_like_dump_text(p) else OOM
-    except OSError as error:
-        raise UserError(f"cannot read {path}: {error.strerror or error}.") from None
 
 
 def load(path: str, target: str | None = None, top: int = 15) -> Input:
-    """Recognise PATH and run its command's analysis (or read its --json document)."""
-    kind = detect(path)
-    if kind == MEMORY:
+    """Recognise PATH (the input registry, tpuprof.sources.inputs) and run its command's analysis, or read
+    its --json document."""
+    family = inputs.identify(path).family
+    if family == MEMORY:
         return _load_memory(Path(path), target, top)
-    if kind == STEPS:
+    if family == STEPS:
         return _load_steps(path, top)
-    if kind == OOM:
+    if family == OOM:
         return _load_oom(path, target)
     return _load_json(Path(path))
 
 
 def _load_json(path: Path) -> Input:
-    try:
-        document = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"cannot read {path}: {error}.") from None
-    except json.JSONDecodeError as error:
-        raise UserError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}).") from None
-    kind = json_kind(document)
-    if kind is None:
-        raise UserError(f"{path} is not a tpuprof --json document (memory, analyze, oom or preflight).")
+    kind, document = inputs.read_document(path)
     if kind == PREFLIGHT:
         _reload_preflight_dumps(document)
     return Input(str(path), kind, document, from_json=True)

@@ -14,7 +14,7 @@ import re
 from itertools import count
 
 from tpuprof.units import fmt_bytes
-from tpuprof.commands.report import KIND_LABELS, MAX_MODULES, MEMORY, OOM, PREFLIGHT, STEPS, Input
+from tpuprof.sources.inputs import KIND_LABELS, MEMORY, OOM, PREFLIGHT, STEPS, Input
 
 MIB = 1024 * 1024
 CATEGORY_LABELS = {"compute": "compute", "input": "waiting for input", "host_transfer": "host transfers",
@@ -22,6 +22,7 @@ CATEGORY_LABELS = {"compute": "compute", "input": "waiting for input", "host_tra
                    "other": "other"}
 CATEGORY_COLOURS = {"compute": "#2e7d32", "input": "#c62828", "host_transfer": "#1565c0", "collective": "#00838f",
                     "host_overhead": "#ef6c00", "compile": "#6a1b9a", "other": "#9e9e9e"}
+MAX_MODULES = 4  # per dump folder: the largest modules (a JAX dump holds dozens of tiny ones)
 TREEMAP_OPS = 150  # ops in the padding treemap: beyond that the boxes are too small to read
 
 CSS = """

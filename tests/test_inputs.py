@@ -1,0 +1,89 @@
+"""The input registry (tpuprof.sources.inputs): what each kind of input on disk is, and commands that are
+given another command's input name the one that reads it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+
+import pytest
+
+from conftest import DUMPS, ROOT, SAMPLES, run_cli
+from tpuprof.errors import UserError
+from tpuprof.sources import inputs
+
+CAPTURE = SAMPLES / "captures" / "tf_slow_map"
+DUMP = DUMPS / "conv18_f32_v5e"
+OOM = SAMPLES / "oom" / "libtpu_transformer_v5e.txt"
+
+
+def _run_folder():
+    return next((CAPTURE / "plugins" / "profile").iterdir())
+
+
+@pytest.mark.parametrize("path, kind, family", [
+    (DUMP, "dump_folder", "memory"),
+    (DUMPS / "tf_hlo_cpu", "dump_folder", "memory"),
+    (next(DUMP.glob("*.after_optimizations.hlo.pb")), "hlo_proto", "memory"),
+    (next(DUMP.glob("*-buffer-assignment.txt")), "buffer_assignment", "memory"),
+    (next(DUMP.glob("*.after_optimizations.txt")), "hlo_text", "memory"),
+    (CAPTURE, "profile_logdir", "steps"),
+    (SAMPLES / "captures", "profile_logdir", "steps"),  # a folder of logdirs: analyze names them
+    ("RUN", "profile_run", "steps"),
+    ("XPLANE", "xplane", "steps"),
+    ("gs://bucket/logs", "remote_profile", "steps"),
+    (OOM, "oom_log", "oom"),
+    (ROOT / "pyproject.toml", "oom_log", "oom"),  # any other text is a log the OOM triage searches
+    (ROOT / "tests" / "fixtures" / "memory" / "photo.jpg", "hlo_proto", "memory"),  # binary: HloProto reader says
+])
+def test_identify_samples(path, kind, family):
+    if path == "RUN":
+        path = _run_folder()
+    elif path == "XPLANE":
+        path = next(_run_folder().glob("*.xplane.pb"))
+    source = inputs.identify(path)
+    assert (source.kind.name, source.family) == (kind, family)
+
+
+def test_identify_renamed_and_compressed_files(tmp_path):
+    proto = tmp_path / "model.bin"  # an HloProto under another name: its bytes say
+    shutil.copy(next(DUMP.glob("*.after_optimizations.hlo.pb")), proto)
+    assert inputs.identify(proto).kind.name == "hlo_proto"
+    text = tmp_path / "module.log"
+    text.write_text(next(DUMP.glob("*.after_optimizations.txt")).read_text())
+    assert inputs.identify(text).kind.name == "hlo_text"
+    log = tmp_path / "train.log.gz"
+    log.write_bytes(gzip.compress(OOM.read_bytes()))
+    assert inputs.identify(log).kind.name == "oom_log"
+    saved = tmp_path / "memory.json"
+    saved.write_text(run_cli("memory", DUMP, "--json").stdout)
+    assert inputs.identify(saved).kind.name == "document"
+    assert inputs.read_document(saved)[0] == "memory"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert inputs.identify(empty).kind.name == "folder"
+
+
+def test_identify_missing_path():
+    with pytest.raises(UserError, match="does not exist"):
+        inputs.identify("/no/such/input")
+
+
+def test_read_document_refuses_other_json(tmp_path):
+    other = tmp_path / "package.json"
+    other.write_text(json.dumps({"name": "x"}))
+    with pytest.raises(UserError, match="not a tpuprof --json document"):
+        inputs.read_document(other)
+
+
+@pytest.mark.parametrize("command, path, names", [
+    ("memory", CAPTURE, "`tpuprof analyze"),
+    ("analyze", DUMP, "`tpuprof memory"),
+    ("analyze", next(DUMP.glob("*.after_optimizations.hlo.pb")), "`tpuprof memory"),
+])
+def test_command_given_another_commands_input_names_it(command, path, names):
+    result = run_cli(command, path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert names in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

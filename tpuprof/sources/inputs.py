@@ -1,0 +1,189 @@
+"""The one input registry: what a path or URL given to tpuprof is, and which pipeline loads it.
+
+Every command, `report`, `diff` and the Python API ask `identify` instead of guessing on their own:
+
+- XLA dumps (memory): a dump folder (`--xla_dump_to`), an HloProto (`*.hlo.pb`), buffer-assignment text,
+  HLO text;
+- profiles (steps): a logdir (its newest run under `plugins/profile/`), a run folder, a `<host>.xplane.pb`,
+  or a remote URL (gs://...) of any of these;
+- an OOM log (any other text, gzipped or not: `tpuprof oom` finds the error in it);
+- a tpuprof `--json` document (memory, analyze, oom or preflight), read by `read_document`.
+
+Identification reads names and at most the first 4 KiB of a file; it never parses a whole input. The
+`Input` dataclass at the end is what `report` and `diff` hold per input once loaded: a command's document.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpuprof.errors import UserError
+
+# Families: which pipeline reads an input (and the kind of document it becomes).
+MEMORY, STEPS, OOM, PREFLIGHT = "memory", "steps", "oom", "preflight"
+DOCUMENT = "document"  # a tpuprof --json document: its family is the document's own
+FAMILY_LABELS = {MEMORY: "XLA dump (memory)", STEPS: "profile (steps)", OOM: "OOM log", PREFLIGHT: "preflight JSON"}
+# Kept under its old name: the report's section titles and diff's messages use it.
+KIND_LABELS = FAMILY_LABELS
+FAMILY_NOUNS = {MEMORY: "an XLA dump", STEPS: "a profile", OOM: "a log with a TPU out-of-memory error"}
+COMMANDS = {MEMORY: "memory", STEPS: "analyze", OOM: "oom", PREFLIGHT: "preflight"}
+
+HEAD_BYTES = 4096  # what identification reads of a file
+PROFILE_SUFFIX = ".xplane.pb"
+# Where a folder's capture files may sit: a run, a plugins/profile folder, a logdir, a folder of logdirs.
+PROFILE_PATTERNS = ("*.xplane.pb", "*/*.xplane.pb", "plugins/profile/*/*.xplane.pb",
+                    "*/plugins/profile/*/*.xplane.pb")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of input: its name, the family (pipeline) that reads it, and words for people."""
+
+    name: str
+    family: str
+    label: str  # with its article: "an XLA dump folder"
+
+
+KINDS = {kind.name: kind for kind in (
+    Kind("dump_folder", MEMORY, "an XLA dump folder"),
+    Kind("hlo_proto", MEMORY, "an HloProto"),
+    Kind("buffer_assignment", MEMORY, "a buffer-assignment text file"),
+    Kind("hlo_text", MEMORY, "an HLO text file"),
+    Kind("profile_logdir", STEPS, "a profile logdir"),
+    Kind("profile_run", STEPS, "a profile run folder"),
+    Kind("xplane", STEPS, "a profile (xplane.pb)"),
+    Kind("remote_profile", STEPS, "a remote profile"),
+    Kind("oom_log", OOM, "a log"),
+    Kind("document", DOCUMENT, "a tpuprof --json document"),
+    # A folder with neither dumps nor captures: the memory reader says what it expected.
+    Kind("folder", MEMORY, "a folder"),
+)}
+
+
+@dataclass(frozen=True)
+class Source:
+    """A path (or URL) and what it is."""
+
+    path: str
+    kind: Kind
+
+    @property
+    def family(self) -> str:
+        return self.kind.family
+
+
+def identify(path: str | Path) -> Source:
+    """What PATH is, from its name and first bytes. A missing local path is a UserError."""
+    text = str(path)
+    if "://" in text and not text.startswith("file://"):
+        return Source(text, KINDS["remote_profile"])  # gs:// and other remote paths are profiles
+    local = Path(text.removeprefix("file://"))
+    if not local.exists():
+        raise UserError(f"{text} does not exist.")
+    if local.is_dir():
+        return Source(text, KINDS[_folder_kind(local)])
+    return Source(text, KINDS[_file_kind(local)])
+
+
+def _folder_kind(path: Path) -> str:
+    if next(path.glob("*" + PROFILE_SUFFIX), None) is not None:
+        return "profile_run"
+    if any(next(path.glob(p), None) is not None for p in PROFILE_PATTERNS[1:]):
+        return "profile_logdir"
+    from tpuprof.sources import hlo_dump
+
+    try:
+        if any(entry.is_file() and hlo_dump.classify(entry) is not None for entry in path.iterdir()):
+            return "dump_folder"
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror or error}.") from None
+    return "folder"
+
+
+def _file_kind(path: Path) -> str:
+    from tpuprof.sources import hlo_dump
+
+    if path.name.endswith(PROFILE_SUFFIX):
+        return "xplane"
+    if path.suffix == ".json":
+        return "document"
+    try:
+        classified = hlo_dump.classify(path)
+        if classified is not None:
+            return classified[0]
+        with open(path, "rb") as handle:
+            head = handle.read(HEAD_BYTES)
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror or error}.") from None
+    if head[:2] == b"\x1f\x8b":  # gzip: a saved job log (`tpuprof oom` reads them)
+        return "oom_log"
+    if b"\0" in head:  # binary: an HloProto without the usual name
+        return "hlo_proto"
+    text = head.decode("utf-8", "replace").lstrip()
+    if text.startswith("BufferAssignment") or "\nallocation 0: size" in text:
+        return "buffer_assignment"
+    if text.startswith("HloModule"):
+        return "hlo_text"
+    return "oom_log"
+
+
+def expect(path: str | Path, family: str) -> Source | None:
+    """For a command that reads one family: a UserError naming the right command when PATH is clearly
+    another family's input (a profile given to `memory`, a dump given to `analyze`); else what it is.
+    Inputs whose kind is only a guess (a folder with nothing known in it, any text) are left to the
+    command's own reader, which says what it expected."""
+    source = identify(path)
+    other = source.family
+    if other == family or source.kind.name in ("folder", "oom_log", "document"):
+        return source
+    raise UserError(f"{path} is {source.kind.label}, not {FAMILY_NOUNS[family]}: "
+                    f"`tpuprof {COMMANDS[other]} {path}` reads it.")
+
+
+# ---------------------------------------------------------------- tpuprof --json documents
+
+def document_kind(document) -> str | None:
+    """Which command's --json document this is (memory, steps, oom, preflight), from its keys."""
+    if not isinstance(document, dict):
+        return None
+    if isinstance(document.get("modules"), list):
+        return MEMORY
+    if isinstance(document.get("targets"), list):
+        return PREFLIGHT
+    if isinstance(document.get("hosts"), list) and isinstance(document.get("steps"), dict):
+        return STEPS
+    if "headline" in document and "allocations" in document:
+        return OOM
+    return None
+
+
+def read_document(path: str | Path) -> tuple[str, dict]:
+    """(family, document) of a saved tpuprof --json file; anything else is a UserError."""
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"cannot read {path}: {error}.") from None
+    except json.JSONDecodeError as error:
+        raise UserError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}).") from None
+    kind = document_kind(document)
+    if kind is None:
+        raise UserError(f"{path} is not a tpuprof --json document (memory, analyze, oom or preflight).")
+    return kind, document
+
+
+# ---------------------------------------------------------------- a loaded input
+
+@dataclass
+class Input:
+    """One input of `report` or `diff`, loaded: its command's --json document (plus extras the page draws:
+    "timeline", "per_step", "fix"...), whether it was read from a saved document, and the sample.json that
+    may sit beside a committed sample dump (how it was made)."""
+
+    path: str
+    kind: str  # memory | steps | oom | preflight
+    document: dict
+    from_json: bool = False
+    meta: dict = field(default_factory=dict)
