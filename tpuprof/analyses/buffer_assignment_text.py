@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tpuprof.analyses.memory import aggregate_ops, fill_shape_details
+from tpuprof.analyses.buffers import aggregate_ops, fill_shape_details
 from tpuprof.errors import UserError
 from tpuprof.models import shape as shapes
 from tpuprof.models.memory import CONSTANT, OUTPUT, PARAMETER, TEMP, THREAD_LOCAL, Buffer, ModuleMemory

@@ -30,6 +30,7 @@ import numpy as np
 
 from tpuprof import targets
 from tpuprof.analyses import top_ops
+from tpuprof.analyses.step_split import complement_within, make_steps, split_layers
 from tpuprof.analyses.timeline import Line, Spans, read_line, self_times
 from tpuprof.models.profile import Device, Op, Step
 
@@ -219,8 +220,6 @@ def align(chip_starts: list[np.ndarray]) -> list[np.ndarray]:
 
 def split(chip: Chip, a: np.ndarray, b: np.ndarray, host_wait: Spans, host_compile: Spans) -> list[Step]:
     """One chip's step periods split into categories."""
-    from tpuprof.analyses.steps import complement_within, make_steps, split_layers
-
     layers = []
     if chip.ops is not None:
         ops = chip.ops

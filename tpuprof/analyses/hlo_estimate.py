@@ -9,7 +9,7 @@ from its instruction to its last use), not the compiler's heap simulation.
 
 from __future__ import annotations
 
-from tpuprof.analyses.memory import aggregate_ops, fill_shape_details
+from tpuprof.analyses.buffers import aggregate_ops, fill_shape_details
 from tpuprof.errors import UserError
 from tpuprof.models import shape as shapes
 from tpuprof.models.memory import CONSTANT, OUTPUT, PARAMETER, TEMP, Buffer, ModuleMemory
@@ -54,7 +54,7 @@ def from_text(text: str, source: str, target: str | None) -> ModuleMemory:
 
 def from_module_proto(module_proto, source: str, target: str | None) -> ModuleMemory:
     """An HloModuleProto with no buffer assignment: estimate from its entry computation."""
-    from tpuprof.analyses.memory import InstructionIndex
+    from tpuprof.analyses.buffers import InstructionIndex
     instructions = InstructionIndex(module_proto)
     module = hlo_text.TextModule(name=module_proto.name)
     entry = next((c for c in module_proto.computations if c.id == module_proto.entry_computation_id),
@@ -166,44 +166,3 @@ def _tuple_aware_sizes(shape: shapes.Shape) -> tuple[int, int]:
             padded, unpadded = padded + p, unpadded + u
         return padded, unpadded
     return shape.padded_bytes(), shape.unpadded_bytes()
-
-
-def compile_with_libtpu(path, module: str | None, target: str) -> list[ModuleMemory]:
-    """--compile: recompile an HLO module proto with libtpu for TARGET, then analyse the real dump.
-
-    HLO text cannot be turned back into a module without XLA's parser (no Python package ships it), so
-    this takes the `*.before_optimizations.hlo.pb` (or any HloModuleProto/HloProto) of a CPU/GPU/TF dump.
-    """
-    import tempfile
-    from pathlib import Path
-
-    from tpuprof.analyses.memory import analyze_path
-    from tpuprof.sources import hlo_dump, tpu_compile
-
-    path = Path(path)
-    if path.is_dir():
-        protos = sorted(path.glob("*before_optimizations.hlo.pb")) or sorted(path.glob("*.hlo.pb"))
-        if module:
-            protos = [p for p in protos if module in p.name]
-        if not protos:
-            raise UserError(f"--compile needs an HLO module proto in {path}: dump with "
-                            "XLA_FLAGS='--xla_dump_to=DIR --xla_dump_hlo_as_proto' (HLO text cannot be recompiled).")
-        path = max(protos, key=lambda p: p.stat().st_size)
-    elif not path.name.endswith(hlo_dump.PROTO_SUFFIXES):
-        raise UserError("--compile takes an HLO module proto (*.hlo.pb from --xla_dump_hlo_as_proto): "
-                        "HLO text cannot be recompiled.")
-    if not tpu_compile.jax_available():
-        raise UserError(tpu_compile.INSTALL_HINT)
-    proto = hlo_dump.read_hlo_proto(path)
-    dump_dir = Path(tempfile.mkdtemp(prefix="tpuprof-compile-"))
-    try:
-        tpu_compile.compile_hlo_module(proto.hlo_module.SerializeToString(), target, dump_dir)
-    except tpu_compile.CompileResourceExhausted as error:
-        raise UserError(f"libtpu ran out of memory compiling {path.name} for {target}; run "
-                        f"`tpuprof oom` on its message: {error.message.splitlines()[0]}") from None
-    except tpu_compile.CompileFailed as error:
-        raise UserError(f"libtpu could not compile {path.name} for {target}: {error}") from None
-    results = analyze_path(dump_dir, None, target)
-    for result in results:
-        result.notes.append(f"Compiled from {path} with libtpu for {target}.")
-    return results

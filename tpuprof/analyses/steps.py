@@ -30,8 +30,9 @@ import re
 import numpy as np
 
 from tpuprof.analyses import chips, input_pipeline, top_ops
+from tpuprof.analyses.step_split import make_steps, split_layers
 from tpuprof.analyses.timeline import Line, Spans, read_line, top_level
-from tpuprof.models.profile import HostProfile, Step
+from tpuprof.models.profile import HostProfile
 
 GPU_PLANE = re.compile(r"^/device:GPU:(\d+)$")
 HOST_PLANE = "/host:CPU"
@@ -83,31 +84,6 @@ def _periods(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarr
     period_end[:-1] = starts[1:]
     period_end[-1] = ends[-1]
     return starts, np.maximum(period_end, starts)
-
-
-def split_layers(a, b, layers: list[tuple[str, Spans]], rest: str | None) -> dict[str, np.ndarray]:
-    """Time of [a, b) per category: each layer takes what the layers before it did not."""
-    result: dict[str, np.ndarray] = {}
-    covered = Spans.empty()
-    previous = np.zeros(len(a), dtype=np.int64)
-    for category, spans in layers:
-        covered = covered | spans
-        now = covered.measure(a, b)
-        result[category] = result.get(category, 0) + (now - previous)
-        previous = now
-    if rest:
-        result[rest] = result.get(rest, 0) + ((b - a) - previous)
-    return result
-
-
-def make_steps(a, b, parts: dict[str, np.ndarray], numbers=None, batches=None) -> list[Step]:
-    steps = []
-    for i in range(len(a)):
-        values = {f"{k}_ps": int(max(v[i], 0)) for k, v in parts.items()}
-        steps.append(Step(number=int(numbers[i]) if numbers is not None else i, start_ps=int(a[i]),
-                          duration_ps=int(b[i] - a[i]), batches=int(batches[i]) if batches is not None else 1,
-                          **values))
-    return steps
 
 
 # --------------------------------------------------------------------------------------------------
@@ -283,22 +259,6 @@ def host_steps(view: HostView, profile: HostProfile) -> None:
         # The last step's period ends with its marker: the gap before the next step is not in the capture, so
         # it would be measured shorter than the others. Leave it out.
         profile.steps = profile.steps[:-1]
-
-
-# --------------------------------------------------------------------------------------------------
-# Shared by the TPU chips' split (analyses.chips).
-
-
-def complement_within(busy: Spans, wanted: Spans, a, b) -> Spans:
-    """The parts of WANTED that fall where BUSY is not, clipped to the step periods."""
-    if not len(wanted.starts) or not len(a):
-        return Spans.empty()
-    lo, hi = int(np.min(a)), int(np.max(b))
-    gaps = Spans(np.concatenate([[lo], busy.ends]), np.concatenate([busy.starts, [hi]]))
-    return gaps.intersect(wanted)
-
-
-# --------------------------------------------------------------------------------------------------
 
 
 def _framework(plane) -> str:

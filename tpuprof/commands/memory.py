@@ -20,9 +20,7 @@ def analyze(path: Path, module: str | None = None, target: str | None = None, to
     if compile_:
         if generation is None:
             raise UserError("--compile needs --target (the TPU generation to compile for).")
-        from tpuprof.analyses import hlo_estimate
-
-        results = hlo_estimate.compile_with_libtpu(path, module, generation.name)
+        results = compile_with_libtpu(path, module, generation.name)
     else:
         results = analysis.analyze_path(path, module, generation.name if generation else None)
     for result in results:
@@ -36,6 +34,46 @@ def analyze(path: Path, module: str | None = None, target: str | None = None, to
         analysis.describe(result, [b for b in result.buffers if b.padding_bytes >= advice.MIN_PADDING_BYTES])
         analysis.describe(result, [b for b in result.buffers if b.live_at_peak and b.padding_bytes])
         result.suggestions = advice.suggest(result)
+    return results
+
+
+def compile_with_libtpu(path, module: str | None, target: str) -> list[ModuleMemory]:
+    """--compile: recompile an HLO module proto with libtpu for TARGET, then analyse the real dump.
+
+    HLO text cannot be turned back into a module without XLA's parser (no Python package ships it), so
+    this takes the `*.before_optimizations.hlo.pb` (or any HloModuleProto/HloProto) of a CPU/GPU/TF dump.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from tpuprof.sources import hlo_dump, tpu_compile
+
+    path = Path(path)
+    if path.is_dir():
+        protos = sorted(path.glob("*before_optimizations.hlo.pb")) or sorted(path.glob("*.hlo.pb"))
+        if module:
+            protos = [p for p in protos if module in p.name]
+        if not protos:
+            raise UserError(f"--compile needs an HLO module proto in {path}: dump with "
+                            "XLA_FLAGS='--xla_dump_to=DIR --xla_dump_hlo_as_proto' (HLO text cannot be recompiled).")
+        path = max(protos, key=lambda p: p.stat().st_size)
+    elif not path.name.endswith(hlo_dump.PROTO_SUFFIXES):
+        raise UserError("--compile takes an HLO module proto (*.hlo.pb from --xla_dump_hlo_as_proto): "
+                        "HLO text cannot be recompiled.")
+    if not tpu_compile.jax_available():
+        raise UserError(tpu_compile.INSTALL_HINT)
+    proto = hlo_dump.read_hlo_proto(path)
+    dump_dir = Path(tempfile.mkdtemp(prefix="tpuprof-compile-"))
+    try:
+        tpu_compile.compile_hlo_module(proto.hlo_module.SerializeToString(), target, dump_dir)
+    except tpu_compile.CompileResourceExhausted as error:
+        raise UserError(f"libtpu ran out of memory compiling {path.name} for {target}; run "
+                        f"`tpuprof oom` on its message: {error.message.splitlines()[0]}") from None
+    except tpu_compile.CompileFailed as error:
+        raise UserError(f"libtpu could not compile {path.name} for {target}: {error}") from None
+    results = analysis.analyze_path(dump_dir, None, target)
+    for result in results:
+        result.notes.append(f"Compiled from {path} with libtpu for {target}.")
     return results
 
 
