@@ -265,3 +265,17 @@ def test_capture_of_a_tpu_name_without_credentials_prints_one_sentence():
     assert "credentials" in result.stderr
     verbose = run_cli(*args, "--verbose", env=env, timeout=120)
     assert verbose.returncode == 2 and _library_lines(verbose.stderr), verbose.stderr
+
+
+@pytest.mark.parametrize("args", [("memory", "sample_profiles/dumps/transformer_bf16_v6e", "--top", "0"),
+                                  ("memory", "sample_profiles/dumps/transformer_bf16_v6e", "--json"),
+                                  ("memory", "sample_profiles/dumps/transformer_bf16_v6e", "--csv", "buffers")])
+def test_a_reader_that_closes_the_pipe_is_success(args):
+    """`tpuprof ... | head`: the pipe is closed before anything is written, so every write fails; that is
+    exit 0 with nothing on stderr (a `set -o pipefail` script must not fail on it)."""
+    process = subprocess.Popen([sys.executable, "-m", "tpuprof", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "120"})
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 0, stderr
+    assert stderr == ""

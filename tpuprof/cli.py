@@ -264,10 +264,30 @@ for _command in app.registered_commands:
     _command.short_help = _command.short_help or _command.callback.__doc__.split(". ")[0].rstrip(".") + "."
 
 
+def _closed_pipe_is_success(command):
+    """`tpuprof ... | head` closes the pipe once the reader has what it wanted: that is success (exit 0, as
+    before typer's standalone mode, which would exit 1), and nothing more is written to the closed pipe."""
+    import functools
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(0) from None
+
+    return run
+
+
+for _command in app.registered_commands:
+    _command.callback = _closed_pipe_is_success(_command.callback)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Console entry point. Typer runs in standalone mode: usage errors, --help, --version and completion
-    exit through SystemExit with click's own messages and codes (a pipe closed by `| head` too: silently,
-    exit 1). What reaches us is ours: a UserError (one sentence, exit 2), an interrupt, or a bug (one line,
+    exit through SystemExit with click's own messages and codes (a pipe closed by `| head`: exit 0,
+    see _closed_pipe_is_success). What reaches us is ours: a UserError (one sentence, exit 2), an interrupt, or a bug (one line,
     exit 1; TPUPROF_DEBUG=1 shows the traceback). What the libraries printed meanwhile is held back
     (tpuprof/library_output.py) and shown only before an internal error.
     """

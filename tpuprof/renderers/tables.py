@@ -55,9 +55,17 @@ def text(header: str, drop: int = 0, justify: str = "left") -> Column:
     return Column(header, "text", justify, drop)
 
 
+class _PipeConsole(Console):
+    def on_broken_pipe(self) -> None:
+        """`tpuprof ... | head` closed the pipe once the reader had what it wanted: success, exit 0 (rich's
+        default exits 1, which fails a `set -o pipefail` script)."""
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self.file.fileno())
+        raise SystemExit(0)
+
+
 def console(stderr: bool = False) -> Console:
     """The console every command prints to: terminal width, else COLUMNS, else PIPE_WIDTH."""
-    out = Console(highlight=False, soft_wrap=False, stderr=stderr)
+    out = _PipeConsole(highlight=False, soft_wrap=False, stderr=stderr)
     if not out.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         out.width = PIPE_WIDTH
     return out
