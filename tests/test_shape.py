@@ -83,3 +83,26 @@ def test_tiling_math_equals_libtpu_for_every_sample_buffer():
     joined = " ".join(layouts)
     for form in ("T(8,128)}", "(2,1)", "(4,1)", "T(1024)", "T(128)", "S(1)"):
         assert form in joined, form
+
+
+@pytest.mark.parametrize("bad", [
+    "f32[8,128]{1,0:T(8,128}",  # a tile never closed
+    "f32[8,128]{0:T(8,128)}",  # minor_to_major shorter than the rank
+    "f32[8,128]{5,0:T(8,128)}",  # naming a dimension the shape does not have
+    "f32[8,128]{0,0}",  # naming one twice
+    "f32[8,128]{1,0:T(8,128)L(0)}",  # tail padding of 0 (a division by zero)
+    "f32[8,128]{1,0:T(8,128)E(x)}", "f32[8,128]{1,0:T(8,128)S(-1)}", "f32[8,128]{1,0:T(0,128)}",
+    "f32[8,x128]", "f32[" + "9" * 5000 + "]", "f32[4294967296,4294967296,4294967296]",
+    "(" * 1000 + "f32[1]" + ")" * 1000,  # nesting: no RecursionError
+])
+def test_layouts_are_checked_against_the_shape_where_they_are_read(bad):
+    with pytest.raises(UserError):
+        shapes.parse_shape(bad)
+
+
+def test_a_layout_from_a_proto_is_checked_too():
+    proto = protos.xla_data_pb2().ShapeProto(element_type=protos.xla_data_pb2().F32, dimensions=[8, 128])
+    proto.layout.minor_to_major.extend([0])
+    proto.layout.tiles.add(dimensions=[8, 128])
+    with pytest.raises(UserError, match="does not fit its 2 dimension"):
+        shapes.from_proto(proto)

@@ -1,6 +1,24 @@
-"""Byte sizes for people: powers of 1024 with IEC names (the OOM triage echoes XLA's own "19.46G" style instead)."""
+"""Numbers in and out: byte sizes for people (fmt_bytes), and the one reader of the integers and sizes that
+text sources hold (HLO and buffer-assignment text, layouts, OOM messages).
+
+Text from a log or a dump may hold anything: 5,000-digit integers (Python's `int()` refuses past 4,300
+digits), sizes beyond what a float holds, NaN, lower-case units. XLA counts sizes, dimensions and element
+counts in int64, so that is the range a real number can have; anything else is a UserError that quotes
+the number, never an OverflowError or a ValueError from deep inside.
+"""
 
 from __future__ import annotations
+
+import math
+import re
+
+from tpuprof.errors import UserError
+
+INT64_MAX = 2**63 - 1
+SIZE_UNITS = "BKMGTPE"  # powers of 1024, as XLA prints sizes (HumanReadableNumBytes): 1.5G, 32.00MiB
+_INTEGER = re.compile(r"[+-]?\d+")
+_DECIMAL = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_MAX_DIGITS = 40  # longer numbers are out of every range below: refuse them before converting
 
 
 def fmt_bytes(value: int | float | None) -> str:
@@ -12,3 +30,49 @@ def fmt_bytes(value: int | float | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
         value /= 1024
     raise AssertionError("unreachable: EiB always returns")
+
+
+def quote(text: str, width: int = 80) -> str:
+    """TEXT for an error message: repr, cut to WIDTH characters (an input line can be megabytes long)."""
+    return repr(text if len(text) <= width else text[:width] + "...")
+
+
+def read_int(text: str, what: str, low: int = 0, high: int = INT64_MAX) -> int:
+    """A decimal integer ('1234', '-1', '6,532,939,776') in [LOW, HIGH], or a UserError naming WHAT."""
+    cleaned = text.strip().replace(",", "")
+    if not _INTEGER.fullmatch(cleaned):
+        raise UserError(f"cannot read {what}: {quote(text)} is not an integer.")
+    if len(cleaned) > _MAX_DIGITS or not low <= int(cleaned) <= high:
+        raise UserError(f"{what} is {quote(text)}: out of range ({low} to {high}).")
+    return int(cleaned)
+
+
+def read_float(text: str, what: str, low: float = -math.inf, high: float = math.inf) -> float:
+    """A finite decimal number in [LOW, HIGH] ('41.3', '1e3'), or a UserError naming WHAT (no NaN, no inf)."""
+    cleaned = text.strip()
+    if not _DECIMAL.fullmatch(cleaned):
+        raise UserError(f"cannot read {what}: {quote(text)} is not a number.")
+    value = float(cleaned) if len(cleaned) <= 4 * _MAX_DIGITS else math.inf
+    if not math.isfinite(value) or not low <= value <= high:
+        raise UserError(f"{what} is {quote(text)}: out of range.")
+    return value
+
+
+def read_size(number: str, unit: str = "", what: str = "size") -> int:
+    """Bytes of a printed size: NUMBER ('1.5', '-2', '6532939776') times UNIT in powers of 1024 (B, K, M, G, T,
+    P, E in any case, with or without 'B'/'iB'), rounded to a byte and within int64."""
+    letter = (unit.strip()[:1] or "B").upper()
+    if letter not in SIZE_UNITS:
+        raise UserError(f"cannot read the {what} {quote(number + unit)}: unknown unit {quote(unit)}.")
+    value = read_float(number, f"the {what}") * 1024 ** SIZE_UNITS.index(letter)
+    if not abs(value) <= INT64_MAX:
+        raise UserError(f"the {what} is {quote(number + unit)}: out of range (more than 8 EiB).")
+    return int(round(value))
+
+
+def unit_bytes(unit: str) -> int:
+    """Bytes in one UNIT (B, K, M, G... any case, 'iB' or 'B' or nothing after it)."""
+    letter = (unit.strip()[:1] or "B").upper()
+    if letter not in SIZE_UNITS:
+        raise UserError(f"unknown size unit {quote(unit)}.")
+    return 1024 ** SIZE_UNITS.index(letter)

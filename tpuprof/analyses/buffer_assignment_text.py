@@ -16,6 +16,7 @@ from tpuprof.errors import UserError
 from tpuprof.models import shape as shapes
 from tpuprof.models.memory import CONSTANT, OUTPUT, PARAMETER, TEMP, THREAD_LOCAL, Buffer, ModuleMemory
 from tpuprof.sources import hlo_dump, hlo_text
+from tpuprof.units import read_int
 
 _ALLOCATION_RE = re.compile(r"^allocation (\d+): size (\d+)(.*):\s*$")
 _VALUE_RE = re.compile(r"^\s+value: <(\d+) ([^ >]+) @(\d+)> \(size=(\d+),offset=(\d+)\): (.*)$")
@@ -47,10 +48,10 @@ def analyze(path: Path) -> ModuleMemory:
         match = _ALLOCATION_RE.match(line)
         if match:
             allocations += 1
-            size, attributes = int(match.group(2)), match.group(3)
+            size, attributes = read_int(match.group(2), "an allocation size"), match.group(3)
             kind = _kind(attributes)
             color_match = _COLOR_RE.search(attributes)
-            color = int(color_match.group(1)) if color_match else 0
+            color = read_int(color_match.group(1), "an allocation color") if color_match else 0
             if color != 0:
                 result.other_memory_spaces[color] = result.other_memory_spaces.get(color, 0) + size
             elif kind == PARAMETER:
@@ -71,7 +72,8 @@ def analyze(path: Path) -> ModuleMemory:
         shape = shapes.parse_shape(shape_text)
         instruction = name.split("{")[0]
         op_name, source_line, opcode = metadata.get(instruction, ("", "", ""))
-        buffer = Buffer(id=int(value_id), instruction=name, opcode=opcode, shape="", size_bytes=int(size),
+        buffer = Buffer(id=read_int(value_id, "a value id"), instruction=name, opcode=opcode, shape="",
+                        size_bytes=read_int(size, "a value size"),
                         unpadded_bytes=shape.unpadded_bytes(), allocation_type=kind, op_name=op_name,
                         source_line=source_line, live_at_peak=False)
         fill_shape_details(buffer, shape)

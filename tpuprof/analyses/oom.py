@@ -19,14 +19,17 @@ from tpuprof.models.oom import (
     BatchEstimate, OomAllocation, OomReport,
 )
 from tpuprof.sources import oom_log
+from tpuprof.units import read_float, read_int, read_size, unit_bytes
 
 UNITS = "BKMGTPE"  # XLA prints sizes in powers of 1024 (HumanReadableNumBytes)
-_SIZE = r"(-?\d+(?:\.\d+)?)\s?([KMGTPE]?)(?:iB|B)?"
+# Units in any case ('1.5g' too, when attached to the number: '5 e' in prose is not 5 EiB).
+_SIZE = r"(-?\d+(?:\.\d+)?)\s?((?<=\d)[kmgtpe]|[KMGTPE]?)(?:[iI]?[bB])?"
 _EXACT = r"(?:\s*\(\s*([\d,]+)\s*(?:bytes|B)\s*\))?"  # "6.08G (6,532,939,776 bytes)", "32.00MiB (33554432B)"
 
 
 def size_bytes(number: str, unit: str) -> int:
-    return int(round(float(number) * 1024 ** UNITS.index(unit or "B")))
+    """Bytes of a size as XLA prints it ('19.46', 'G'): the one size reader (any case, bounded)."""
+    return read_size(number, unit or "")
 
 
 def size_tolerance(text: str | None) -> float:
@@ -38,7 +41,7 @@ def size_tolerance(text: str | None) -> float:
         return 0.0
     number, unit = match.groups()
     decimals = len(number.split(".")[1]) if "." in number else 0
-    return 0.5 * 10 ** -decimals * 1024 ** UNITS.index(unit or "B") + 1
+    return 0.5 * 10 ** -decimals * unit_bytes(unit or "") + 1
 
 
 def _size(pattern: str, text: str, flags: int = 0) -> int | None:
@@ -53,7 +56,7 @@ def _from_groups(groups) -> int | None:
     number, unit = groups[0], groups[1]
     exact = groups[2] if len(groups) > 2 else None
     if exact:
-        return int(exact.replace(",", ""))
+        return read_int(exact, "the exact size in bytes")
     return size_bytes(number, unit)
 
 
@@ -160,7 +163,8 @@ def _headline(text: str) -> OomReport | None:
         space = re.search(r"space=(\w+)", text[match.end():])
         report = OomReport(COMPILE, _line_of(text, match.start()),
                            memory_space=space.group(1).lower() if space else None)
-        report.requested_bytes, report.capacity_bytes = int(match.group(1)), int(match.group(2))
+        report.requested_bytes = read_int(match.group(1), "the allocation size")
+        report.capacity_bytes = read_int(match.group(2), "the memory size")
         return report
     return None
 
@@ -209,7 +213,7 @@ def _details(text: str) -> dict:
         if temp:
             g = temp.groups()
             out["hlo_temp_bytes"] = size_bytes(g[0], g[1])
-            out["utilization"] = float(g[2])
+            out["utilization"] = read_float(g[2], "the HLO temp utilization")
             if g[3] is not None:
                 out["unpadded_bytes"] = size_bytes(g[3], g[4])
                 out["padded_bytes"] = size_bytes(g[5], g[6])
@@ -231,7 +235,7 @@ def _allocations(text: str) -> list[OomAllocation]:
     entries = []
     for i, start in enumerate(starts):
         end = starts[i + 1].start() if i + 1 < len(starts) else len(body)
-        entries.append(_entry(int(start.group(1)), body[start.end():end]))
+        entries.append(_entry(read_int(start.group(1), "the allocation number"), body[start.end():end]))
     return entries
 
 
@@ -249,7 +253,7 @@ def _entry(index: int, text: str) -> OomAllocation:
     match = re.search(rf"Extra memory due to padding:\s*{s}\s*\(\s*([\d.]+)x expansion\)", text)
     if match:
         entry.padding_bytes = size_bytes(match.group(1), match.group(2))
-        entry.expansion = float(match.group(3))
+        entry.expansion = read_float(match.group(3), "the padding expansion")
     match = re.search(r"Shape:\s*", text)
     if match:
         entry.shape = _shape_token(text, match.end())
@@ -310,12 +314,17 @@ def find_in_stream(stream: BinaryIO, target: str | None = None) -> OomReport | N
     best: OomReport | None = None
     found = 0
     seen: dict[int, bool] = {}  # hash of a message -> whether it parsed: workers repeat the same text
+    unreadable: UserError | None = None  # the first message whose numbers cannot be real
     for block in oom_log.iter_oom_blocks(stream):
         key = hash(block.text)
         if key in seen:
             found += seen[key]
             continue
-        report = parse_message(block.text)
+        try:
+            report = parse_message(block.text)
+        except UserError as error:  # one mangled message among good ones does not hide them
+            unreadable = unreadable or UserError(f"the out-of-memory message at line {block.line_number}: {error}")
+            report = None
         if len(seen) < 100_000:
             seen[key] = report is not None
         if report is None:
@@ -326,6 +335,8 @@ def find_in_stream(stream: BinaryIO, target: str | None = None) -> OomReport | N
             report.framework = detect_framework(block.context + "\n" + block.text)
             best = report
     if best is None:
+        if unreadable is not None:
+            raise unreadable
         return None
     best.messages_found = found
     recompute(best, target)
@@ -389,7 +400,7 @@ def check_totals(report: OomReport) -> None:
             report.notes.append(
                 f"used {format_bytes(report.used_bytes)} - capacity {format_bytes(report.capacity_bytes)} "
                 f"is not the logged excess {format_bytes(report.exceeded_bytes)}")
-    if report.padded_bytes is not None and report.hlo_temp_bytes is not None and report.utilization is not None \
+    if report.padded_bytes is not None and report.hlo_temp_bytes and report.utilization is not None \
             and report.unpadded_bytes is not None and report.padded_bytes:
         ratio = 100.0 * report.unpadded_bytes / report.hlo_temp_bytes
         if abs(ratio - report.utilization) > 1.5:
@@ -440,6 +451,9 @@ def estimate_batch(report: OomReport, batch: int | None = None, capacity: int | 
         used = report.hlo_temp_bytes  # "HLO temporaries (X) exceed available HBM": arguments are not in X
     if used is None or not capacity:
         return BatchEstimate(None, "none", "the message gives no total and no capacity (pass --target)")
+    if used <= 0 or capacity < 0:  # "Used 0B of 16G": nothing to scale by (and no division by zero)
+        return BatchEstimate(None, "none", f"the message's figures (used {format_bytes(used)} of "
+                             f"{format_bytes(capacity)}) leave nothing to scale with the batch")
     temp = report.hlo_temp_bytes
     from_dump = False
     if report.used_bytes is None and report.program_bytes is None and temp is not None \

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from tpuprof.errors import UserError
+from tpuprof.units import INT64_MAX, quote, read_int
 
 # Bits per element of every primitive type XLA prints (xla_data.proto PrimitiveType, lower-cased).
 ELEMENT_BITS: dict[str, int] = {
@@ -128,7 +129,7 @@ class Shape:
         if self.is_tuple or not self.layout or not self.layout.tiles:
             return []
         tile = self.layout.tiles[0]
-        m2m = self.layout.minor_to_major
+        m2m = self.layout.minor_to_major or tuple(range(len(self.dims) - 1, -1, -1))
         out = []
         for i in range(min(len(tile), len(self.dims))):
             dim_index = m2m[i]
@@ -166,16 +167,32 @@ def _round_up(value: int, multiple: int) -> int:
 # ---------------------------------------------------------------------------------------------
 
 _ARRAY_RE = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
-_COMMENT_RE = re.compile(r"/\*.*?\*/")
 _LAYOUT_ITEM_RE = re.compile(r"([A-Z]+)\(([^()]*)\)")
+
+
+def strip_comments(text: str) -> str:
+    """TEXT without its /*...*/ comments (long tuples carry /*index=5*/ markers). A scan rather than a regex: a
+    lazy `.*?` between the markers rescans to the end of the line for every unclosed '/*', quadratic on a long
+    hostile line."""
+    if "/*" not in text:
+        return text
+    parts, pos = [], 0
+    while True:
+        start = text.find("/*", pos)
+        end = text.find("*/", start + 2) if start >= 0 else -1
+        if end < 0:
+            parts.append(text[pos:])
+            return "".join(parts)
+        parts.append(text[pos:start])
+        pos = end + 2
 
 
 def parse_shape(text: str) -> Shape:
     """Parse an HLO shape string, layout included. Raises UserError on anything unknown."""
-    text = _COMMENT_RE.sub("", text).strip()  # long tuples carry /*index=5*/ markers
+    text = strip_comments(text).strip()
     shape, rest = _parse_at(text, 0)
     if text[rest:].strip():
-        raise UserError(f"cannot read the shape {text!r}: unexpected text after position {rest}.")
+        raise UserError(f"cannot read the shape {quote(text)}: unexpected text after position {rest}.")
     return shape
 
 
@@ -184,9 +201,16 @@ def parse_shape_prefix(text: str, pos: int = 0) -> tuple[Shape, int]:
     return _parse_at(text, pos)
 
 
-def _parse_at(text: str, pos: int) -> tuple[Shape, int]:
+MAX_TUPLE_DEPTH = 100  # tuples nest a few levels in real programs; a deeper nest is not a shape
+
+
+def _parse_at(text: str, pos: int, depth: int = 0) -> tuple[Shape, int]:
     while pos < len(text) and text[pos] == " ":
         pos += 1
+    start = pos
+    if depth > MAX_TUPLE_DEPTH:
+        raise UserError(f"cannot read the shape {quote(text[start:start + 100])}: tuples nested more than "
+                        f"{MAX_TUPLE_DEPTH} deep.")
     if text.startswith("(", pos):
         elements = []
         pos += 1
@@ -194,32 +218,32 @@ def _parse_at(text: str, pos: int) -> tuple[Shape, int]:
             while pos < len(text) and text[pos] in " ,":
                 pos += 1
             if pos >= len(text):
-                raise UserError(f"cannot read the shape {text!r}: unclosed tuple.")
+                raise UserError(f"cannot read the shape {quote(text[start:start + 100])}: unclosed tuple.")
             if text[pos] == ")":
                 return Shape("tuple", tuple_shapes=tuple(elements)), pos + 1
-            element, pos = _parse_at(text, pos)
+            element, pos = _parse_at(text, pos, depth + 1)
             elements.append(element)
     match = _ARRAY_RE.match(text, pos)
     if not match:
-        raise UserError(f"cannot read the shape {text!r}: expected dtype[dims].")
+        raise UserError(f"cannot read the shape {quote(text[start:start + 100])}: expected dtype[dims].")
     dtype = match.group(1)
     if dtype not in ELEMENT_BITS and dtype not in NON_ARRAY_TYPES:
-        raise UserError(f"unknown element type {dtype!r} in shape {text!r}.")
+        raise UserError(f"unknown element type {quote(dtype)} in shape {quote(text[start:start + 100])}.")
     dims, dynamic = [], []
+    what = f"a dimension of the shape {quote(text[start:start + 100])}"
     for part in filter(None, (p.strip() for p in match.group(2).split(","))):
         is_dynamic = part.startswith("<=") or part == "?"
-        try:
-            dims.append(int(part.lstrip("<=")) if part != "?" else 0)
-        except ValueError:
-            raise UserError(f"cannot read dimension {part!r} in shape {text!r}.") from None
+        dims.append(read_int(part.removeprefix("<="), what) if part != "?" else 0)
         dynamic.append(is_dynamic)
     pos = match.end()
     layout = None
     if text.startswith("{", pos):
         end = _matching_brace(text, pos)
-        layout = _parse_layout(text[pos + 1:end], text)
+        layout = _parse_layout(text[pos + 1:end], text[start:end + 1])
         pos = end + 1
-    return Shape(dtype, tuple(dims), layout, dynamic=tuple(dynamic) if any(dynamic) else ()), pos
+    shape = Shape(dtype, tuple(dims), layout, dynamic=tuple(dynamic) if any(dynamic) else ())
+    check(shape, text[start:pos])
+    return shape, pos
 
 
 def _matching_brace(text: str, start: int) -> int:
@@ -231,15 +255,13 @@ def _matching_brace(text: str, start: int) -> int:
             depth -= 1
             if depth == 0:
                 return i
-    raise UserError(f"cannot read the shape {text!r}: unclosed layout.")
+    raise UserError(f"cannot read the shape {quote(text[start:start + 100])}: unclosed layout.")
 
 
 def _parse_layout(body: str, whole: str) -> Layout:
     order, _, attributes = body.partition(":")
-    try:
-        minor_to_major = tuple(int(x) for x in order.split(",") if x.strip())
-    except ValueError:
-        raise UserError(f"cannot read the layout of {whole!r}.") from None
+    what = f"the layout of {quote(whole)}"
+    minor_to_major = tuple(read_int(x, what) for x in order.split(",") if x.strip())
     tiles: list[tuple[int, ...]] = []
     bits, tail, space = 0, 1, 0
     in_tiles = False
@@ -251,8 +273,10 @@ def _parse_layout(body: str, whole: str) -> Layout:
             pos += 1
             continue
         if ch == "(" and in_tiles:
-            end = attributes.index(")", pos)
-            tiles.append(tuple(_tile_dim(x) for x in attributes[pos + 1:end].split(",") if x.strip()))
+            end = attributes.find(")", pos)
+            if end < 0:
+                raise UserError(f"cannot read {what}: a tile '(' is not closed.")
+            tiles.append(tuple(_tile_dim(x, what) for x in attributes[pos + 1:end].split(",") if x.strip()))
             pos = end + 1
             continue
         in_tiles = False
@@ -262,25 +286,56 @@ def _parse_layout(body: str, whole: str) -> Layout:
             continue
         name, value = item.groups()
         if name == "E":
-            bits = int(value)
+            bits = read_int(value, f"the element size E() in {what}", 0, MAX_ELEMENT_BITS)
         elif name == "L":
-            tail = int(value)
+            tail = read_int(value, f"the tail padding L() in {what}", 1)
         elif name == "S":
-            space = int(value)
+            space = read_int(value, f"the memory space S() in {what}")
         pos = item.end()
     return Layout(minor_to_major, tuple(tiles), bits, tail, space)
 
 
-def _tile_dim(text: str) -> int:
+def _tile_dim(text: str, what: str) -> int:
     text = text.strip()
-    return -1 if text == "*" else int(text)  # '*' combines dims: never pads
+    return -1 if text == "*" else read_int(text, f"a tile dimension in {what}", 1)  # '*' combines dims: never pads
+
+
+MAX_ELEMENT_BITS = 1024  # E(bits): XLA's widest element is c128; anything wider is not a real layout
+
+
+def check(shape: Shape, text: str = "") -> None:
+    """Refuse, once where a shape is read, what the size arithmetic cannot take: a layout that does not fit
+    the shape's rank, more elements than int64 holds. After this, padded_bytes and padded_dims cannot fail."""
+    where = quote(text) if text else shape.text()
+    if shape.is_tuple:
+        return
+    if any(d < 0 for d in shape.dims):
+        raise UserError(f"the shape {where} has a negative dimension.")
+    if math.prod(shape.dims) > INT64_MAX:
+        raise UserError(f"the shape {where} has more elements than int64 counts: not a real array.")
+    layout = shape.layout
+    if layout is None:
+        return
+    rank = len(shape.dims)
+    if layout.minor_to_major and sorted(layout.minor_to_major) != list(range(rank)):
+        raise UserError(f"the layout of {where} does not fit its {rank} dimension(s): minor_to_major "
+                        f"{list(layout.minor_to_major)} must name each of them once.")
+    for tile in layout.tiles:
+        if any(d == 0 or d < -1 for d in tile):
+            raise UserError(f"the layout of {where} has a tile dimension that is not positive.")
+    if layout.tail_padding_alignment < 1:
+        raise UserError(f"the layout of {where} has a tail padding L() below 1.")
+    if not 0 <= layout.element_size_in_bits <= MAX_ELEMENT_BITS:
+        raise UserError(f"the layout of {where} has an element size E() out of range.")
+    if layout.memory_space < 0:
+        raise UserError(f"the layout of {where} has a negative memory space.")
 
 
 # ---------------------------------------------------------------------------------------------
 # ShapeProto form (HloProto dumps)
 # ---------------------------------------------------------------------------------------------
 
-def from_proto(proto) -> Shape:
+def from_proto(proto, _depth: int = 0) -> Shape:
     """Convert an `xla.ShapeProto` to a Shape."""
     if not _ENUM_TO_NAME:
         from tpuprof import protos
@@ -290,7 +345,9 @@ def from_proto(proto) -> Shape:
             _ENUM_TO_NAME[number] = "opaque" if name == "OPAQUE_TYPE" else name.lower()
     dtype = _ENUM_TO_NAME.get(proto.element_type, "")
     if dtype == "tuple":
-        return Shape("tuple", tuple_shapes=tuple(from_proto(s) for s in proto.tuple_shapes))
+        if _depth > MAX_TUPLE_DEPTH:
+            raise UserError(f"an HLO shape has tuples nested more than {MAX_TUPLE_DEPTH} deep.")
+        return Shape("tuple", tuple_shapes=tuple(from_proto(s, _depth + 1) for s in proto.tuple_shapes))
     if dtype not in ELEMENT_BITS and dtype not in NON_ARRAY_TYPES:
         raise UserError(f"unknown element type number {proto.element_type} in an HLO shape.")
     layout = None
@@ -298,10 +355,18 @@ def from_proto(proto) -> Shape:
         lp = proto.layout
         layout = Layout(
             tuple(lp.minor_to_major),
-            tuple(tuple(t.dimensions) for t in lp.tiles),
+            tuple(tuple(-1 if d == _COMBINE_DIMENSION else d for d in t.dimensions) for t in lp.tiles),
             lp.element_size_in_bits,
             lp.tail_padding_alignment_in_elements or 1,
             lp.memory_space,
         )
     dynamic = tuple(proto.is_dynamic_dimension)
-    return Shape(dtype, tuple(proto.dimensions), layout, dynamic=dynamic if any(dynamic) else ())
+    # An unbounded dynamic dimension ('?') is stored as INT64_MIN; the text form reads it as 0 too.
+    dims = tuple(0 if d == _UNBOUNDED_DIMENSION else d for d in proto.dimensions)
+    shape = Shape(dtype, dims, layout, dynamic=dynamic if any(dynamic) else ())
+    check(shape)
+    return shape
+
+
+_COMBINE_DIMENSION = -(2**63)  # xla::Tile::kCombineDimension: a tile dimension that never pads ('*')
+_UNBOUNDED_DIMENSION = -(2**63)  # xla::Shape::kUnboundedSize

@@ -6,9 +6,11 @@ import re
 from dataclasses import dataclass, field
 
 from tpuprof.errors import UserError
-from tpuprof.models.shape import Shape, parse_shape_prefix
+from tpuprof.models.shape import Shape, parse_shape_prefix, strip_comments
 
-_COMPUTATION_RE = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*(\(.*\))?\s*->.*\{\s*$")
+# A computation header: `[ENTRY] %name (params) -> result {`. Matched at its start only, after cheap checks of
+# '->' and the closing '{': one regex over the whole line backtracks quadratically on a long hostile line.
+_COMPUTATION_RE = re.compile(r"(ENTRY\s+)?%?([\w.\-]+)\s*(?:\(|->)")
 _INSTRUCTION_RE = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*")
 _OPCODE_RE = re.compile(r"\s*([\w\-]+)\(")
 _NAME_RE = re.compile(r"%?([A-Za-z_][\w.\-]*)")
@@ -56,7 +58,7 @@ def parse(text: str, source: str = "HLO text") -> TextModule:
     for line in lines:
         stripped = line.strip()
         if current is None:
-            match = _COMPUTATION_RE.match(stripped)
+            match = _COMPUTATION_RE.match(stripped) if stripped.endswith("{") and "->" in stripped else None
             if match:
                 current_name = match.group(2)
                 current = module.computations.setdefault(current_name, [])
@@ -76,11 +78,8 @@ def parse(text: str, source: str = "HLO text") -> TextModule:
     return module
 
 
-_COMMENT_RE = re.compile(r"/\*.*?\*/")
-
-
 def _parse_instruction(line: str, computation: str, source: str) -> TextInstruction | None:
-    line = _COMMENT_RE.sub("", line)  # long tuples carry /*index=5*/ markers
+    line = strip_comments(line)  # long tuples carry /*index=5*/ markers
     match = _INSTRUCTION_RE.match(line)
     if not match:
         return None
