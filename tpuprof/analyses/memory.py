@@ -260,6 +260,7 @@ def _replay_heap_trace(assignment, logical, allocation_of, unpadded) -> _Replay:
     timeline, unpadded_timeline = replay.timeline, replay.unpadded_timeline
 
     def root(buffer_id: int) -> int:
+        # Terminates: a share that would close a cycle is refused below, so the chains have ends.
         while buffer_id in canonical:
             buffer_id = canonical[buffer_id]
         return buffer_id
@@ -301,6 +302,10 @@ def _replay_heap_trace(assignment, logical, allocation_of, unpadded) -> _Replay:
             target = event.share_with_canonical_id
             if target not in logical:
                 continue
+            if _reaches(canonical, target, buffer_id):
+                through = "" if target == buffer_id else f" through buffer {target}"
+                raise UserError(f"the heap trace makes buffer {buffer_id} share memory with itself{through}: the "
+                                "HloProto is inconsistent.")
             canonical[buffer_id] = target
             key = root(target)
             refcount[key] = refcount.get(key, 0) + 1
@@ -310,3 +315,14 @@ def _replay_heap_trace(assignment, logical, allocation_of, unpadded) -> _Replay:
     unpadded_timeline.append(heap_unpadded)
     return replay
 
+
+
+def _reaches(canonical: dict[int, int], start: int, wanted: int) -> bool:
+    """Whether following the shares from START reaches WANTED (so that sharing WANTED with START makes a cycle)."""
+    node = start
+    while True:
+        if node == wanted:
+            return True
+        if node not in canonical:
+            return False
+        node = canonical[node]
