@@ -31,7 +31,7 @@ import numpy as np
 from tpuprof import targets
 from tpuprof.analyses import top_ops
 from tpuprof.analyses.step_split import complement_within, make_steps, split_layers
-from tpuprof.analyses.timeline import Line, Spans, read_line, self_times
+from tpuprof.analyses.timeline import TIME_LIMIT_PS, Line, Spans, read_line, self_times
 from tpuprof.models.profile import Device, Op, Step
 
 TPU_PLANE = re.compile(r"^/device:TPU:(\d+)$")
@@ -84,7 +84,10 @@ def _on_device_clock(plane, ops: Line) -> tuple[Line, DeviceClock | None]:
         return ops, None
     values = xplane.int_stat_values(ops.events, ids)
     offset, duration = values["device_offset_ps"], values["device_duration_ps"]
-    has = (offset != xplane.MISSING) & (duration != xplane.MISSING) & (duration >= 0)
+    limit = TIME_LIMIT_PS  # device times past it would overflow int64 below: such a stat is damaged
+    has = (offset != xplane.MISSING) & (duration != xplane.MISSING) & (duration >= 0) & (duration <= limit) \
+        & (offset >= -limit) & (offset <= limit)
+    has &= np.abs(np.where(has, offset, 0) + ops.origin_ps) <= limit - np.where(has, duration, 0)
     if not has.any():
         return ops, None
     start = np.where(has, offset + ops.origin_ps, ops.start)
@@ -257,7 +260,9 @@ def chip_ops(chip: Chip, a: np.ndarray, b: np.ndarray, programs: dict[str, str])
         in_step = np.zeros(len(ops.mid), dtype=bool)
     for key in np.unique(ops.mid).tolist():
         mask = ops.mid == key
-        info = chip.infos[key]
+        info = chip.infos.get(key)
+        if info is None:  # an event whose metadata id names nothing (a damaged capture): nothing to call it
+            continue
         program = programs.get(info.program, info.program)
         op = rows.get((program, info.hlo_op))
         if op is None:

@@ -31,6 +31,9 @@ class Line:
 
 
 _OFFSET, _DURATION, _METADATA = attrgetter("offset_ps"), attrgetter("duration_ps"), attrgetter("metadata_id")
+# Every time is kept in int64 picoseconds. Within +-2**61 ps (26 days) of the capture's start, any sum or difference
+# of two times still fits: numpy would otherwise wrap around silently (a RuntimeWarning and wrong durations).
+TIME_LIMIT_PS = 2**61
 
 
 def read_line(line) -> Line:
@@ -40,9 +43,26 @@ def read_line(line) -> Line:
     offset = np.fromiter(map(_OFFSET, events), np.int64, n)
     duration = np.fromiter(map(_DURATION, events), np.int64, n)
     mid = np.fromiter(map(_METADATA, events), np.int64, n)
-    start = offset + np.int64(line.timestamp_ns) * 1000
-    return Line(line.name or line.display_name or str(line.id), start, start + duration, mid, events,
-                int(line.timestamp_ns) * 1000)
+    origin = int(line.timestamp_ns) * 1000
+    name = line.name or line.display_name or str(line.id)
+    if abs(origin) > TIME_LIMIT_PS or not (_within(offset) and _within(duration)):
+        _out_of_range(name)
+    start = offset + origin  # no overflow: each term is within 2**61
+    end = start + duration
+    if not (_within(start) and _within(end)):
+        _out_of_range(name)
+    return Line(name, start, end, mid, events, origin)
+
+
+def _within(values: np.ndarray) -> bool:
+    return not len(values) or (int(values.min()) >= -TIME_LIMIT_PS and int(values.max()) <= TIME_LIMIT_PS)
+
+
+def _out_of_range(line_name: str) -> None:
+    from tpuprof.errors import UserError
+
+    raise UserError(f"the capture's line {line_name[:80]!r} has event times more than 26 days from its start "
+                    "(int64 picoseconds would overflow): the xplane.pb is damaged or not normalised.")
 
 
 class Spans:

@@ -164,6 +164,14 @@ def _classify(opcode: str, hlo_category: str, text: str, result: str, operands: 
     return "compute", ""
 
 
+def _count(value) -> float:
+    """A FLOP or byte count from an op's stats: a finite non-negative number, else 0 (a damaged capture can hold a
+    string, a NaN or a negative value there)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 2**63:
+        return 0.0
+    return float(value)
+
+
 def device_op_infos(plane) -> dict[int, DeviceOpInfo]:
     """What the plane's event metadata say about each HLO instruction (flops, bytes, category, shape)."""
     names = {k: m.name for k, m in plane.stat_metadata.items()}
@@ -180,13 +188,13 @@ def device_op_infos(plane) -> dict[int, DeviceOpInfo]:
         hlo_category = str(stats.get("hlo_category") or "").lower()
         category, transfer = _classify(opcode, hlo_category, text, result, operands)
         shape = str(stats.get("shape_with_layout") or (ARRAY.search(result).group(0) if ARRAY.search(result) else ""))
-        flops = float(stats.get("flops") or 0)
+        flops = _count(stats.get("flops"))
         info = DeviceOpInfo(
             hlo_op=hlo_op, framework_op=str(stats.get("tf_op") or "").rstrip(":") or hlo_op,
             hlo_category=hlo_category or opcode, category=category,
             program=programs.setdefault(stats.get("program_id"), str(stats.get("program_id") or "")),
-            shape=shape, flops=flops, model_flops=float(stats.get("model_flops") or flops),
-            bytes_accessed=float(stats.get("bytes_accessed") or 0),
+            shape=shape, flops=flops, model_flops=_count(stats.get("model_flops")) or flops,
+            bytes_accessed=_count(stats.get("bytes_accessed")),
             hbm_bytes=_hbm_bytes(stats["memory_access_breakdown"])
             if isinstance(stats.get("memory_access_breakdown"), bytes) else None,
             flops_source="capture (op metadata)" if flops else "",

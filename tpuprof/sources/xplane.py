@@ -92,6 +92,14 @@ def find_host_files(path: str) -> list[str]:
 def find_capture(path: str) -> tuple[list[str], RunChoice | None]:
     """find_host_files, and for a logdir the run it chose (the newest) among how many."""
     path = str(path)
+    if not _is_local(path):
+        from tpuprof.sources import remote
+
+        return remote.call(path, "listing the capture", _find_capture, path)
+    return _find_capture(path)
+
+
+def _find_capture(path: str) -> tuple[list[str], RunChoice | None]:
     fs, local = _fs(path)
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
 
@@ -137,11 +145,21 @@ def read_bytes(path: str) -> bytes:
             raise UserError(f"cannot read {path}: {error.strerror or error}.") from None
     import fsspec
 
+    from tpuprof.sources import remote
+
+    _quiet_remote_loggers()
+    # Each step has the time limit (nothing answers: one sentence within 30 s); a large file takes the chunks it needs.
     try:
-        with fsspec.open(path, "rb") as handle:
-            return handle.read()
+        handle = remote.call(path, "opening the capture", fsspec.open(path, "rb").open)
+        try:
+            chunks = []
+            while chunk := remote.call(path, "reading the capture", handle.read, 16 << 20):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            handle.close()
     except (OSError, ValueError) as error:
-        raise UserError(f"cannot read {path}: {error}.") from None
+        raise UserError(f"cannot read {path}: {str(error).splitlines()[0][:300] if str(error) else error}.") from None
 
 
 def _looks_like_hlo_proto(data: bytes) -> bool:
@@ -221,10 +239,16 @@ def event_stats(event) -> list:
     """An event's stats as XStat messages, from either the real or the light XSpace."""
     from tpuprof.protos import xplane_pb2
 
+    from google.protobuf.message import DecodeError
+
     stats = list(event.stats)
     if stats and isinstance(stats[0], bytes):
         xstat = xplane_pb2().XStat
-        return [xstat.FromString(raw) for raw in stats]
+        try:
+            return [xstat.FromString(raw) for raw in stats]
+        except DecodeError:
+            raise UserError("an event's stats in the capture are not readable XStat messages: the xplane.pb is "
+                            "damaged.") from None
     return stats
 
 
