@@ -237,11 +237,16 @@ def _remote_fs(logdir: str):
 
 
 def place_remote(run_folder: Path, wanted: str, logdir: str) -> str:
-    """Upload the finished run to logdir/plugins/profile/<unused name>/ with fsspec; return its URL."""
-    fs, root = _remote_fs(logdir)
+    """Upload the finished run to logdir/plugins/profile/<unused name>/ with fsspec; return its URL. Connecting and
+    listing have the time limit of tpuprof.sources.remote (nothing answers: one sentence within 30 s); the
+    upload itself takes what the files need."""
+    from tpuprof.sources import remote
+
+    fs, root = remote.call(logdir, "connecting", _remote_fs, logdir)
     profile = "/".join([root, *PROFILE_DIR])
     try:
-        taken = {p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(profile, detail=False)} if fs.exists(profile) else set()
+        taken = remote.call(logdir, "listing the logdir", lambda: {
+            p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(profile, detail=False)} if fs.exists(profile) else set())
         name = unique_run_name(wanted, lambda n: n in taken)
         target = f"{profile}/{name}"
         for item in sorted(run_folder.iterdir()):
