@@ -178,7 +178,7 @@ _DIMS = re.compile(r"^\s*\w+\[([\d,]*)\]")
 
 def _dims(shape: str | None) -> tuple[int, ...] | None:
     match = _DIMS.match(shape or "")
-    if not match:
+    if not match or any(len(d) > 19 for d in match.group(1).split(",")):  # past int64: not a real shape
         return None
     return tuple(int(d) for d in match.group(1).split(",") if d)
 

@@ -7,7 +7,6 @@ command's --json document, and becomes one JSON-like section; the HTML renderer 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tpuprof.errors import UserError
@@ -59,12 +58,16 @@ def _load_memory(path: Path, target: str | None, top: int) -> Input:
     from tpuprof.commands import memory
     from tpuprof.renderers.memory import to_json
 
+    from tpuprof import documents
+
     meta = {}
     sample = (path if path.is_dir() else path.parent) / "sample.json"
     if sample.is_file():  # the committed samples say how they were made (model, batch, target)
         try:
-            meta = json.loads(sample.read_text())
-        except (OSError, ValueError):
+            meta = documents.load(sample)
+        except UserError:
+            meta = {}
+        if not documents.valid(meta, documents.SAMPLE):  # advisory: a damaged one is ignored
             meta = {}
     # top=0: shapes and source lines for every buffer (diff matches them all, the page picks its rows).
     results = memory.analyze(path, target=target or meta.get("target"), top=0)

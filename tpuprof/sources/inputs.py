@@ -15,7 +15,6 @@ Identification reads names and at most the first 4 KiB of a file; it never parse
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,16 +160,14 @@ def document_kind(document) -> str | None:
 
 def read_document(path: str | Path) -> tuple[str, dict]:
     """(family, document) of a saved tpuprof --json file; anything else is a UserError."""
+    from tpuprof import documents
+
     path = Path(path)
-    try:
-        document = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"cannot read {path}: {error}.") from None
-    except json.JSONDecodeError as error:
-        raise UserError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}).") from None
+    document = documents.load(path)  # NaN, 5,000-digit numbers, deep nesting, bad bytes: one sentence
     kind = document_kind(document)
     if kind is None:
         raise UserError(f"{path} is not a tpuprof --json document (memory, analyze, oom or preflight).")
+    documents.check(document, kind, str(path))  # the renderers and the diff trust what passes
     return kind, document
 
 

@@ -1,0 +1,191 @@
+"""Reading tpuprof's own --json documents back (`report` and `diff` take them as inputs): the one place that
+checks them, so that the renderers and the diff can trust every field they read.
+
+A saved document may have been edited, cut short or written by another tool. Each kind (memory, steps, oom,
+preflight) has a spec below that names every field the readers use and its type; a field of another type, a
+number that is not finite, negative where a size or a time is meant, or beyond int64, or a missing required
+field is a UserError that names the field. Fields the spec does not name are ignored (newer documents may have
+more). Issue #16 replaces these specs with versioned JSON Schemas; until then this is the contract.
+
+Spec language: a dict is an object (a key ending in '!' is required, '*' stands for any key); a one-element list
+is an array of that; strings are types: int and num are non-negative (snum: any sign), '?' in front allows null.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from tpuprof.errors import UserError
+
+LIMIT = 2**63  # sizes and times in the documents are int64 figures; past this they are not real
+_MAX_INT_DIGITS = 40
+
+SUGGESTION = {"kind": "?str", "message": "?str", "saving_bytes": "?num", "saving_ms_per_step": "?num",
+              "evidence": "?str"}
+BUFFER = {"instruction!": "str", "shape!": "str", "size_bytes!": "int", "unpadded_bytes!": "int",
+          "padding_bytes": "int", "expansion": "num", "allocation_type": "?str", "op_name": "?str",
+          "source_line": "?str", "live_at_peak": "?bool", "fix": "?str"}
+OP = {"op_name!": "?str", "size_bytes!": "int", "unpadded_bytes": "int", "padding_bytes": "int", "buffers": "?int",
+      "worst_buffer": "?str", "fix": "?str"}
+TIMELINE = {"position!": ["int"], "padded_bytes!": ["num"], "unpadded_bytes": ["num"], "peak_position": "?int",
+            "length": "?int"}
+MODULE = {"name!": "str", "source": "?str", "source_kind": "?str", "target": "?str", "estimated": "?bool",
+          "notes": ["str"], "peak_heap_bytes": "?int", "peak_unpadded_heap_bytes": "?int", "argument_bytes": "?int",
+          "output_bytes": "?int", "temp_bytes": "?int", "hbm_capacity_bytes": "?int", "padding_at_peak_bytes": "?int",
+          "other_memory_spaces": {"*": "int"}, "buffer_count": "?int", "buffers": [BUFFER], "ops_scope": "?str",
+          "ops": [OP], "suggestions": [SUGGESTION], "timeline": "?", "timeline?": TIMELINE}
+MEMORY = {"modules!": [MODULE]}
+
+STAGE = {"stage!": "str", "kind": "?str", "count": "?int", "total_ms": "num", "self_ms!": "num", "py_function_ms!": "num"}
+TOP_OP = {"name!": "str", "kind!": "?str", "where!": "str", "count!": "?int", "self_ms!": "num", "hlo_op": "?str",
+          "category": "?str", "program": "?str", "shape": "?str", "self_ms_per_step": "?num", "flops": "?num",
+          "bytes_accessed": "?num", "flops_source": "?str", "flops_per_s": "?num", "bytes_per_s": "?num",
+          "intensity": "?num", "bound": "?str", "percent_of_roof": "?num"}
+CATEGORY_FIGURES = {"*": "num"}
+STEPS = {
+    "hosts!": [{"host!": "str", "file": "?str", "platform": "?str", "step_source": "?str", "steps": "?int",
+                "median_ms": "?num", "breakdown_percent": CATEGORY_FIGURES, "notes": ["str"]}],
+    "steps!": {"count": "?int", "mean_ms!": "num", "median_ms!": "num", "p90_ms!": "num", "batches_per_step": "?int"},
+    "breakdown_percent": CATEGORY_FIGURES, "breakdown_ms_per_step": CATEGORY_FIGURES,
+    "input_bound_percent": "num", "verdict": "?str", "verdict_reason": "?str",
+    "devices": [{"id!": "str", "host!": "str", "kind": "?str", "device_type": "?str", "steps": "?int",
+                 "median_ms!": "num", "work_median_ms!": "num", "breakdown_percent!": CATEGORY_FIGURES}],
+    "slow_chips": [{"host!": "str", "chip!": "str", "work_median_ms!": "num", "fastest_work_median_ms!": "num"}],
+    "roofline": "?", "roofline?": {"device_kind": "?str", "peak_flops_per_s": "?num", "peak_hbm_bytes_per_s": "?num",
+                                   "host_link_bytes_per_s": "?num", "ridge_flops_per_byte": "?num",
+                                   "peak_source": "?str", "flops_per_s": "?num", "hbm_bytes_per_s": "?num",
+                                   "mfu_percent": "?num"},
+    "input_pipeline": {"bottleneck": "?", "bottleneck?": STAGE, "stages": [STAGE]},
+    "top_ops": [TOP_OP], "roofline_points": [TOP_OP], "suggestions": [SUGGESTION], "warnings": ["str"],
+    "per_step": [{"host!": "str", "steps!": [{"number!": "?int", "duration_ms": "num", "*": "?num"}]}],
+}
+ALLOCATION = {"index": "?int", "size_bytes": "?int", "unpadded_bytes": "?int", "recomputed_unpadded_bytes": "?int",
+              "recomputed_padded_bytes": "?int", "padding_bytes": "?int", "expansion": "?num", "shape": "?str",
+              "op_name": "?str", "op_type": "?str", "source": "?str", "xla_label": "?str", "allocation_type": "?str"}
+OOM = {"headline!": "?str", "allocations!": [ALLOCATION], "kind": "str", "memory_space": "?str",
+       "used_bytes": "?int", "capacity_bytes": "?int", "exceeded_bytes": "?int", "requested_bytes": "?int",
+       "free_bytes": "?int", "hlo_temp_bytes": "?int", "unpadded_bytes": "?int", "padded_bytes": "?int",
+       "arguments_bytes": "?int", "program_bytes": "?int", "reserved_bytes": "?int", "line_number": "?int",
+       "messages_found": "?int", "notes": ["str"], "suggestions": [SUGGESTION],
+       "batch_estimate": "?", "batch_estimate?": {"reason": "?str", "scale": "?snum", "confidence": "?str"}}
+PREFLIGHT = {"targets!": [{
+    "target": "?str", "topology": "?str", "batch_size": "?int", "fits": "?bool", "verdict": "?str",
+    "required_bytes": "?int", "hbm_capacity_bytes": "?int", "max_batch_size": "?int", "peak_heap_bytes": "?int",
+    "peak_unpadded_heap_bytes": "?int", "argument_bytes": "?int", "temp_bytes": "?int", "dump_dir": "?str",
+    "bf16": "?", "bf16?": {"max_batch_size": "?int"}, "oom": {"headline": "?str"},
+    "curve": [{"batch_size!": "int", "required_bytes!": "int", "fits": "?bool"}],
+    "memory": "?", "memory?": MODULE}]}
+# sample.json beside a committed sample dump: how it was made (advisory: a bad one is ignored).
+SAMPLE = {"target": "?str", "batch_size": "?int", "dtype": "?str", "note": "?str"}
+
+SPECS = {"memory": MEMORY, "steps": STEPS, "oom": OOM, "preflight": PREFLIGHT}
+_TYPE_NAMES = {"int": "a non-negative integer", "num": "a non-negative number", "snum": "a number", "str": "a string",
+               "bool": "true or false"}
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def load(path: Path):
+    """The JSON value in PATH; NaN, Infinity, huge integers, deep nesting and bad bytes are a UserError."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror or error}.") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text: not a tpuprof --json document.") from None
+    try:
+        return json.loads(text, parse_constant=_no_constants, parse_int=_bounded_int)
+    except json.JSONDecodeError as error:
+        raise UserError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}).") from None
+    except (ValueError, RecursionError) as error:
+        reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+        raise UserError(f"{path} is not valid JSON ({reason}).") from None
+
+
+def check(document, kind: str, source: str) -> None:
+    """Raise a UserError naming the first field of DOCUMENT that does not follow the spec of KIND."""
+    problem = _problem(document, SPECS[kind], kind)
+    if problem:
+        raise UserError(f"{source} is not a usable tpuprof {kind} --json document: {problem}.")
+
+
+def valid(document, spec) -> bool:
+    return _problem(document, spec, "") is None
+
+
+def _problem(value, spec, where: str) -> str | None:
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            return f"{where or 'the document'} should be an object, not {_kind(value)}"
+        for key, field_spec in spec.items():
+            if key == "*" or key.endswith("?") and key[:-1] in spec:
+                continue  # '*' is checked below; 'x?' is the object form of a nullable 'x'
+            name = key.rstrip("!")
+            if name not in value:
+                if key.endswith("!"):
+                    return f"{where}.{name} is missing".lstrip(".")
+                continue
+            item = value[name]
+            if field_spec == "?":  # null, or the object spec under 'name?'
+                if item is None:
+                    continue
+                field_spec = spec[name + "?"]
+            problem = _problem(item, field_spec, f"{where}.{name}".lstrip("."))
+            if problem:
+                return problem
+        if "*" in spec:
+            named = {k.rstrip("!?") for k in spec}
+            for name, item in value.items():
+                if name not in named:
+                    problem = _problem(item, spec["*"], f"{where}.{name}".lstrip("."))
+                    if problem:
+                        return problem
+        return None
+    if isinstance(spec, list):
+        if not isinstance(value, list):
+            return f"{where} should be a list, not {_kind(value)}"
+        for i, item in enumerate(value):
+            problem = _problem(item, spec[0], f"{where}[{i}]")
+            if problem:
+                return problem
+        return None
+    nullable = spec.startswith("?")
+    name = spec.lstrip("?")
+    if value is None:
+        return None if nullable else f"{where} should be {_TYPE_NAMES[name]}, not null"
+    if name == "str":
+        ok = isinstance(value, str)
+    elif name == "bool":
+        ok = isinstance(value, bool)
+    elif name == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < LIMIT
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            and abs(value) < LIMIT and (name == "snum" or value >= 0)
+    return None if ok else f"{where} should be {_TYPE_NAMES[name]}, not {_kind(value)}"
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r:.40}"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
