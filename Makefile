@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test bench samples captures clean
+.PHONY: setup demo test bench samples captures fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench_memory.py
 	$(BIN)/python bench/bench_analyze.py
+
+# Fuzzes every parser for MINUTES minutes in all (one worker process, niced: the machine is shared); crashing,
+# hanging and memory-hungry inputs are saved under out/fuzz/. `make test` runs a few seconds of it.
+MINUTES ?= 10
+fuzz: $(STAMP)
+	nice $(BIN)/python tests/fuzz/run.py --minutes $(MINUTES)
 
 # Regenerates the committed sample dumps with libtpu (compile-only, no TPU needed).
 samples: $(STAMP)

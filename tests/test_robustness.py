@@ -1,0 +1,220 @@
+"""Hostile input: the fuzzer's findings as regression inputs run through the real CLI, and a short fuzz run.
+
+Every crash class the fuzzer found (issue #15) has an input in tests/fuzz/regressions/: a layout that does not fit
+its shape, numbers past int64 or float or 4,300 digits, lower-case units, sizes of zero, buffer sharing in a
+cycle, timestamps that overflow int64, damaged --json documents. Each must end in one sentence on stderr and exit
+code 2 (or, where the input still holds a readable answer, exit 0), never a traceback or a hang.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_cli
+
+REGRESSIONS = ROOT / "tests" / "fuzz" / "regressions"
+sys.path.insert(0, str(ROOT / "tests" / "fuzz"))
+
+# (input, command, exit code, what stderr says)
+CASES = [
+    ("alias_self_cycle.hlo.pb", "memory", 2, "share memory with itself"),
+    ("alias_two_buffer_cycle.hlo.pb", "memory", 2, "share memory with itself through buffer"),
+    ("layout_unclosed_tile.hlo.txt", "memory", 2, "tile dimension"),
+    ("layout_short_minor_to_major.hlo.txt", "memory", 2, "does not fit its 2 dimension(s)"),
+    ("layout_missing_dimension.hlo.txt", "memory", 2, "does not fit its 2 dimension(s)"),
+    ("layout_tail_padding_zero.hlo.txt", "memory", 2, "tail padding L()"),
+    ("layout_element_size_not_integer.hlo.txt", "memory", 2, "element size E()"),
+    ("layout_tile_dim_not_integer.hlo.txt", "memory", 2, "tile dimension"),
+    ("dimension_5000_digits.hlo.txt", "memory", 2, "out of range"),
+    ("size_5000_digits-buffer-assignment.txt", "memory", 2, "out of range"),
+    ("layout_missing_dimension-buffer-assignment.txt", "memory", 2, "does not fit its 2 dimension(s)"),
+    ("oom_size_beyond_float.txt", "oom", 2, "out of range"),
+    # Still a readable message: the answer, with what could not be read said in it.
+    ("oom_lowercase_units.txt", "oom", 0, ""),
+    ("oom_used_zero.txt", "oom", 0, ""),
+    ("oom_hlo_temp_zero.txt", "oom", 0, ""),
+    ("oom_layout_short_minor_to_major.txt", "oom", 0, ""),
+    ("oom_layout_tail_padding_zero.txt", "oom", 0, ""),
+    ("timestamp_near_int64.xplane.pb", "analyze", 2, "more than 26 days"),
+    ("duration_int64_max.xplane.pb", "analyze", 2, "more than 26 days"),
+    ("dangling_metadata_id.xplane.pb", "analyze", 0, ""),
+    ("json_size_is_a_string.json", "report", 2, "size_bytes should be a non-negative integer, not a string"),
+    ("json_buffer_without_instruction.json", "report", 2, "instruction is missing"),
+    ("json_suggestions_not_a_list.json", "diff", 2, "suggestions should be a list"),
+    ("json_negative_peak.json", "diff", 2, "peak_heap_bytes should be a non-negative integer"),
+    ("json_integer_5000_digits.json", "report", 2, "an integer of 5000 digits"),
+    ("json_nan.json", "diff", 2, "NaN is not a number JSON allows"),
+    ("json_nested_5000_deep.json", "report", 2, "nested too deeply"),
+]
+
+
+def _args(command: str, path: Path, tmp_path: Path) -> list[str]:
+    if command == "report":
+        return ["report", str(path), "-o", str(tmp_path / "report.html")]
+    if command == "diff":  # B is the damaged one; A a good document of the same kind
+        good = tmp_path / "good.json"
+        done = run_cli("memory", "sample_profiles/dumps/int8_matmul_v5e", "--json", "--top", "3")
+        good.write_text(done.stdout)
+        return ["diff", str(good), str(path)]
+    if command == "memory":
+        return ["memory", str(path), "--target", "v5e"]
+    return [command, str(path)]
+
+
+def test_every_regression_input_is_in_the_table():
+    assert sorted(p.name for p in REGRESSIONS.iterdir()) == sorted(c[0] for c in CASES)
+
+
+@pytest.mark.parametrize("name, command, code, said", CASES, ids=[c[0] for c in CASES])
+def test_regression_input_ends_in_one_sentence(name, command, code, said, tmp_path):
+    done = run_cli(*_args(command, REGRESSIONS / name, tmp_path), timeout=60)
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr, done.stderr
+    assert done.returncode == code, done.stderr
+    if code == 2:
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("tpuprof: ") and lines[0].endswith("."), done.stderr
+        assert said in lines[0]
+        assert done.stdout == ""
+    else:
+        assert done.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def targets():
+    from targets import TARGETS
+
+    loaded = {}
+    for name, cls in TARGETS.items():
+        loaded[name] = cls()
+        loaded[name].load()
+    return loaded
+
+
+def test_short_fuzz_run_finds_no_crash_hang_or_memory_blowup(targets):
+    """A few seconds per parser with a fixed seed, in a worker process with the time and memory limits of
+    `make fuzz`: what a long campaign found and was fixed must not come back."""
+    import harness
+
+    worker = harness.Worker(targets, timeout=10.0, memory_mb=1536)
+    failures = []
+    try:
+        for name, target in targets.items():
+            stats = harness.campaign(target, worker, seed=15, seconds=3.0)
+            assert stats.inputs > 20, stats.line()
+            for key, (count, _, detail) in stats.classes.items():
+                failures.append(f"{name}: {count} x {key}\n{detail}")
+    finally:
+        worker.stop()
+    assert not failures, "\n\n".join(failures)
+
+
+# ------------------------------------------------------------------------------------------------
+# Remote paths: a host that accepts and never answers, and a real GCS emulator on loopback
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def silent_host():
+    """A loopback port that accepts connections and never sends a byte (a firewall that swallows packets)."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    server.settimeout(0.5)
+    accepted, stop = [], threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join(5)
+    for connection in accepted:
+        connection.close()
+    server.close()
+
+
+def test_a_remote_path_that_never_answers_says_so_then_fails_within_30_s(silent_host):
+    import subprocess
+    import threading
+    import time
+
+    started = time.monotonic()
+    process = subprocess.Popen([sys.executable, "-m", "tpuprof", "analyze", "gs://bucket/logs"], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**__import__("os").environ, "STORAGE_EMULATOR_HOST": silent_host})
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic() - started, line)
+                                                          for line in process.stderr), daemon=True)
+    reader.start()
+    code = process.wait(timeout=60)
+    reader.join(5)
+    elapsed = time.monotonic() - started
+    assert code == 2 and process.stdout.read() == ""
+    (first_at, first), (last_at, last) = lines[0], lines[-1]
+    assert len(lines) == 2 and "Traceback" not in "".join(line for _, line in lines)
+    assert first.startswith("tpuprof: waiting for gs://bucket to answer") and first_at < 8, lines
+    assert last.startswith("tpuprof: no answer from gs://bucket within 30 s") and elapsed < 40, (elapsed, lines)
+
+
+@pytest.fixture(scope="module")
+def gcs_emulator():
+    import socket
+    import subprocess
+    import time
+
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+                                "--port", str(port), "--in-memory", "--default-bucket", "tpuprof-robust"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        process.kill()
+        pytest.fail("gcp-storage-emulator did not start")
+    yield f"http://127.0.0.1:{port}"
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def test_a_capture_on_gcs_reads_like_the_local_copy_and_a_missing_one_fails_at_once(gcs_emulator, monkeypatch):
+    import json
+    import time
+
+    import fsspec
+
+    local = next((ROOT / "sample_profiles" / "captures" / "tf_slow_map").rglob("*.xplane.pb"))
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
+    fs = fsspec.filesystem("gs", skip_instance_cache=True)
+    fs.put_file(str(local), f"tpuprof-robust/logs/plugins/profile/{local.parent.name}/{local.name}")
+    env = {"STORAGE_EMULATOR_HOST": gcs_emulator}
+    remote = run_cli("analyze", "gs://tpuprof-robust/logs", "--json", env=env, timeout=120)
+    assert remote.returncode == 0, remote.stderr
+    mine = run_cli("analyze", str(local), "--json")
+    assert json.loads(remote.stdout)["steps"] == json.loads(mine.stdout)["steps"]
+    started = time.monotonic()
+    missing = run_cli("analyze", "gs://tpuprof-robust/nothing-here", env=env, timeout=60)
+    assert missing.returncode == 2 and time.monotonic() - started < 20
+    assert missing.stderr.strip().splitlines()[-1] == "tpuprof: gs://tpuprof-robust/nothing-here does not exist."
