@@ -38,7 +38,7 @@ MODULE = {"name!": "str", "source": "?str", "source_kind": "?str", "target": "?s
           "ops": [OP], "suggestions": [SUGGESTION], "timeline": "?", "timeline?": TIMELINE}
 MEMORY = {"modules!": [MODULE]}
 
-STAGE = {"stage!": "str", "kind": "?str", "count": "?int", "total_ms": "num", "self_ms!": "num", "py_function_ms!": "num"}
+STAGE = {"stage!": "str", "kind": "?str", "count": "int", "total_ms": "num", "self_ms!": "num", "py_function_ms!": "num"}
 TOP_OP = {"name!": "str", "kind!": "?str", "where!": "str", "count!": "?int", "self_ms!": "num", "hlo_op": "?str",
           "category": "?str", "program": "?str", "shape": "?str", "self_ms_per_step": "?num", "flops": "?num",
           "bytes_accessed": "?num", "flops_source": "?str", "flops_per_s": "?num", "bytes_per_s": "?num",
@@ -50,7 +50,7 @@ STEPS = {
     "steps!": {"count": "?int", "mean_ms!": "num", "median_ms!": "num", "p90_ms!": "num", "batches_per_step": "?int"},
     "breakdown_percent": CATEGORY_FIGURES, "breakdown_ms_per_step": CATEGORY_FIGURES,
     "input_bound_percent": "num", "verdict": "?str", "verdict_reason": "?str",
-    "devices": [{"id!": "str", "host!": "str", "kind": "?str", "device_type": "?str", "steps": "?int",
+    "devices": [{"id!": "str", "host!": "str", "kind!": "?str", "device_type": "?str", "steps!": "?int",
                  "median_ms!": "num", "work_median_ms!": "num", "breakdown_percent!": CATEGORY_FIGURES}],
     "slow_chips": [{"host!": "str", "chip!": "str", "work_median_ms!": "num", "fastest_work_median_ms!": "num"}],
     "roofline": "?", "roofline?": {"device_kind": "?str", "peak_flops_per_s": "?num", "peak_hbm_bytes_per_s": "?num",
@@ -59,6 +59,7 @@ STEPS = {
                                    "mfu_percent": "?num"},
     "input_pipeline": {"bottleneck": "?", "bottleneck?": STAGE, "stages": [STAGE]},
     "top_ops": [TOP_OP], "roofline_points": [TOP_OP], "suggestions": [SUGGESTION], "warnings": ["str"],
+    "run": "?", "run?": {"name!": "str", "folder!": "str", "other_runs": "?int"},
     "per_step": [{"host!": "str", "steps!": [{"number!": "?int", "duration_ms": "num", "*": "?num"}]}],
 }
 ALLOCATION = {"index": "?int", "size_bytes": "?int", "unpadded_bytes": "?int", "recomputed_unpadded_bytes": "?int",

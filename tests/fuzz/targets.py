@@ -83,7 +83,7 @@ class Layouts(TextTarget):
         super().load()
 
     def run(self, path: Path, data: bytes) -> None:
-        from tpuprof.analyses.memory import fill_shape_details
+        from tpuprof.analyses.buffers import fill_shape_details
         from tpuprof.models import shape as shapes
         from tpuprof.models.memory import Buffer
 
@@ -295,17 +295,18 @@ class JsonDocuments(Target):
 
     def run(self, path: Path, data: bytes) -> None:
         from tpuprof.commands import diff, report
+        from tpuprof.sources import inputs
 
         v = variant(data, self.full_html_every)
         with _plotly_figures(draw=v == 0):
             report.run([str(path)], output=path.with_name("report.html"), target=None, top=(5, 0)[v % 2], title=None,
                        as_json=v % 3 == 0)
         try:
-            kind = report.json_kind(json.loads(data))
+            kind = inputs.document_kind(json.loads(data))
         except ValueError:
             kind = None
         for i, document in enumerate(self.documents):
-            if kind is not None and report.json_kind(document) == kind:
+            if kind is not None and inputs.document_kind(document) == kind:
                 intact = path.with_name(f"intact{i}.json")
                 if not intact.exists():
                     intact.write_text(json.dumps(document))

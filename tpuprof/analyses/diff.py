@@ -66,7 +66,7 @@ def _memory_metrics(module: dict) -> list[Metric]:
     peak = module.get("peak_heap_bytes")
     if peak:
         metrics.append(Metric("padding_at_peak_percent", "percent",
-                              round(100.0 * module.get("padding_at_peak_bytes", 0) / peak, 3), None))
+                              round(100.0 * (module.get("padding_at_peak_bytes") or 0) / peak, 3), None))
     return metrics
 
 

@@ -97,12 +97,13 @@ def wrap(value: Text, width: int) -> Text:
     line: Text | None = None
     for match in _WORD.finditer(value.plain):
         word = value[match.start():match.end()]
-        while word.cell_len > width:  # fold what cannot wrap
+        if word.cell_len > width:  # fold what cannot wrap, in one pass (re-slicing the rest is quadratic)
             if line is not None:
                 lines.append(line)
                 line = None
-            lines.append(word[:width])
-            word = word[width:]
+            pieces = [word[i:i + width] for i in range(0, len(word), width)]
+            lines.extend(pieces[:-1])
+            word = pieces[-1]
         if line is not None and line.cell_len + 1 + word.cell_len <= width:
             line = Text.assemble(line, " ", word)
         else:
