@@ -218,3 +218,29 @@ def test_a_capture_on_gcs_reads_like_the_local_copy_and_a_missing_one_fails_at_o
     missing = run_cli("analyze", "gs://tpuprof-robust/nothing-here", env=env, timeout=60)
     assert missing.returncode == 2 and time.monotonic() - started < 20
     assert missing.stderr.strip().splitlines()[-1] == "tpuprof: gs://tpuprof-robust/nothing-here does not exist."
+
+
+# ------------------------------------------------------------------------------------------------
+# Nothing is written into an input folder
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+def test_xprof_oracles_and_commands_leave_the_sample_folders_as_they_were(tmp_path):
+    """XProf writes ALL_HOSTS.op_stats_v2.pb and <module>.hlo_proto.pb beside what it reads: the oracles give it
+    copies, and no command writes beside its inputs."""
+    from xprof_oracle import memory_viewer, tool_data
+
+    samples = ROOT / "sample_profiles"
+    before = _snapshot(samples)
+    capture = next((samples / "captures" / "jax_recompile").rglob("*.xplane.pb"))
+    dump = next((samples / "dumps" / "int8_matmul_v5e").glob("*.after_optimizations.hlo.pb"))
+    assert tool_data(capture, "overview_page", tmp_path / "xprof")
+    assert memory_viewer(dump, tmp_path / "viewer")
+    for args in (("analyze", capture.parent.parent.parent.parent), ("memory", dump.parent),
+                 ("report", capture.parent, dump.parent, "-o", tmp_path / "page.html"),
+                 ("diff", dump.parent, dump.parent)):
+        assert run_cli(*map(str, args)).returncode == 0
+    assert _snapshot(samples) == before
