@@ -42,7 +42,7 @@ CAPTURES = {
     # A free loader: the jitted MLP step fills the step: compute-bound.
     "jax_compute": ([("jax_job.py", [])], 1.0, 700),
     # A new batch size every step, so a new compilation every step: compile-bound.
-    "jax_recompile": ([("jax_job.py", ["--new-shape-every-step"])], 1.0, 1000),
+    "jax_recompile": ([("jax_job.py", ["--new-shape-every-step"])], 3.0, 5000),
     # Two "hosts" (two JAX jobs traced in one call), one with a loader twice as slow: a straggler.
     "jax_two_hosts_straggler": ([("jax_job.py", ["--slow-loader-ms", "10"]),
                                  ("jax_job.py", ["--slow-loader-ms", "20"])], 1.0, 1000),
