@@ -64,7 +64,11 @@ def print_summary(result: CaptureResult, target: Target, options: TraceOptions) 
     attempts = f"{result.attempts_used} attempt{'s' if result.attempts_used != 1 else ''}"
     out.print(f"Traced {options.duration_ms / 1000:g} s on {', '.join(result.addresses)} in {attempts} "
               f"({result.seconds:.1f} s in all).")
-    out.print(escape(target.why) + (f"; {escape('; '.join(target.notes))}." if target.notes else "."))
+    # Where the address came from (target.why) was said on stderr before tracing; only the notes, which
+    # can change what the user does next (e.g. a worker left out), are worth repeating here.
+    if target.notes:
+        notes = "; ".join(target.notes)
+        out.print(escape(notes[:1].upper() + notes[1:]) + ".")
     columns = [tables.name("host"), tables.number("file size"), tables.number("events"), tables.number("planes")]
     rows = [(escape(host.host), _size(host.size_bytes), f"{host.events:,}", str(host.planes)) for host in result.hosts]
     out.print(tables.table(columns, rows, out.width))
