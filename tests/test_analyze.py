@@ -486,3 +486,16 @@ def test_a_single_step_longer_than_the_capture_is_still_measured(tmp_path):
     report = command.analyze(str(write_run(tmp_path, {"host": space})))
     assert report.step_count == 1 and report.verdict == "highly input-bound"
     assert report.mean_ms == pytest.approx(kept[0].duration_ps / 1e9, rel=1e-6)
+
+
+def test_the_run_folder_is_named_as_the_user_typed_it():
+    """A logdir given relative to the working directory is named relatively; the JSON keeps the absolute path."""
+    from conftest import run_cli
+
+    result = run_cli("analyze", "sample_profiles/captures/jax_compute")
+    assert result.returncode == 0, result.stderr
+    run_name = next((SAMPLES / "captures" / "jax_compute" / "plugins" / "profile").iterdir()).name
+    assert result.stdout.startswith(
+        f"Run {run_name}, the only run in sample_profiles/captures/jax_compute/plugins/profile.")
+    document = json.loads(run_cli("analyze", "sample_profiles/captures/jax_compute", "--json").stdout)
+    assert document["run"]["folder"] == str(SAMPLES / "captures" / "jax_compute" / "plugins" / "profile")

@@ -142,11 +142,21 @@ def run_sentence(run) -> str:
     """Which run of a logdir was read: the newest, and how many others there are."""
     from rich.markup import escape
 
+    folder = escape(_as_typed(run.folder))
     if not run.others:
-        return f"Run {escape(run.name)}, the only run in {escape(run.folder)}."
+        return f"Run {escape(run.name)}, the only run in {folder}."
     others = f"{run.others} older run{'s' if run.others != 1 else ''}"
-    return (f"Run {escape(run.name)}, the newest in {escape(run.folder)}; {others} not read "
-            f"(pass {escape(run.folder)}/RUN to read another).")
+    return f"Run {escape(run.name)}, the newest in {folder}; {others} not read (pass {folder}/RUN to read another)."
+
+
+def _as_typed(folder: str) -> str:
+    """A folder under the working directory as a relative path, the way users type it (JSON keeps it absolute)."""
+    import os
+
+    if "://" in folder or not os.path.isabs(folder):
+        return folder
+    relative = os.path.relpath(folder)
+    return folder if relative.startswith("..") else relative
 
 
 def _precision(report: Report) -> dict:
