@@ -96,15 +96,23 @@ def test_tf_slow_python_map_is_input_bound_where_xprof_measures_no_step(reports,
     assert "Map" in first["evidence"]
 
 
-@pytest.mark.parametrize("name", ["tf_slow_map", "tf_tiny_spe64"])
-def test_tf_data_stage_self_times_equal_xprofs(reports, xprof, name):
+@pytest.mark.parametrize("name, several_epochs", [("tf_slow_map", False), ("tf_tiny_spe64", True)])
+def test_tf_data_stage_self_times_equal_xprofs(reports, xprof, name, several_epochs):
     """Per-iterator counts and self times agree with XProf's input-op table (sequential and parallel maps)."""
-    theirs = xprof(name)["stages"]
+    from tpuprof.analyses.input_pipeline import without_epochs
+
+    theirs: dict[str, dict] = {}  # XProf lists a stage once per repeat() epoch; tpuprof once in all: sum XProf's
+    for stage_name, row in xprof(name)["stages"].items():
+        into = theirs.setdefault(without_epochs(stage_name), {"count": 0, "selfTimeInMs": 0.0, "epochs": 0})
+        into["count"] += row["count"]
+        into["selfTimeInMs"] += row["selfTimeInMs"]
+        into["epochs"] += 1
     ours = {stage.name: stage for stage in reports(name).stages}
     assert len(theirs) >= 4 and set(ours) == set(theirs)
+    assert any(row["epochs"] > 1 for row in theirs.values()) == several_epochs  # spe64 spans epochs: sums tested
     for stage_name, row in theirs.items():
         assert ours[stage_name].count == row["count"], stage_name
-        assert ours[stage_name].self_ps / 1e9 == pytest.approx(row["selfTimeInMs"], abs=0.01), stage_name
+        assert ours[stage_name].self_ps / 1e9 == pytest.approx(row["selfTimeInMs"], abs=0.01 * row["epochs"]), stage_name
 
 
 def test_tf_cached_data_is_not_input_bound(reports, xprof):
@@ -499,3 +507,16 @@ def test_the_run_folder_is_named_as_the_user_typed_it():
         f"Run {run_name}, the only run in sample_profiles/captures/jax_compute/plugins/profile.")
     document = json.loads(run_cli("analyze", "sample_profiles/captures/jax_compute", "--json").stdout)
     assert document["run"]["folder"] == str(SAMPLES / "captures" / "jax_compute" / "plugins" / "profile")
+
+
+def test_tf_data_stages_are_one_per_stage_over_repeat_epochs_in_json_as_in_the_terminal():
+    """tf_cached repeats a cached dataset: its capture holds the cache stage under three epochs ([22], [23], [24]).
+    The JSON lists each stage once with every epoch's calls, like the terminal table."""
+    from conftest import run_cli
+
+    document = json.loads(run_cli("analyze", str(SAMPLES / "captures" / "tf_cached"), "--json").stdout)
+    stages = document["input_pipeline"]["stages"]
+    names = [stage["stage"] for stage in stages]
+    assert len(names) == len(set(names)) and not any(re.search(r"\[\d+\]", name) for name in names)
+    cache = next(stage for stage in stages if stage["stage"].endswith("::ForeverRepeat::MemoryCacheImpl"))
+    assert cache["count"] == 4097 + 2176 + 1345  # the calls of every epoch in the capture

@@ -93,15 +93,8 @@ class Report:
 
 
 def _merge_stages(hosts: list[HostProfile]) -> list[Stage]:
-    merged: dict[str, Stage] = {}
-    for host in hosts:
-        for stage in host.stages:
-            into = merged.setdefault(stage.name, Stage(stage.name, stage.kind, 0, 0, 0, 0))
-            into.count += stage.count
-            into.total_ps += stage.total_ps
-            into.self_ps += stage.self_ps
-            into.py_function_ps += stage.py_function_ps
-    return sorted(merged.values(), key=lambda s: s.self_ps, reverse=True)
+    """Every host's tf.data stages as one list, each stage once over all hosts and repeat() epochs."""
+    return input_pipeline.merged([stage for host in hosts for stage in host.stages])
 
 
 SUMMED = ("count", "self_ps", "step_self_ps", "step_count")

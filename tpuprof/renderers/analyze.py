@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from tpuprof.analyses import input_pipeline
 from tpuprof.analyses.summary import Report
 from tpuprof.models.profile import CATEGORIES
 
@@ -222,7 +221,7 @@ def print_tables(report: Report, top: int) -> None:
         columns = [tables.name("stage", least=24), tables.number("calls"), tables.number("own ms"),
                    tables.number("in Python ms", drop=1)]
         rows = [(escape(s.name), str(s.count), f"{s.self_ps / 1e9:.1f}", f"{s.py_function_ps / 1e9:.1f}")
-                for s in input_pipeline.merged(report.stages)[: top if top > 0 else None]]
+                for s in report.stages[: top if top > 0 else None]]
         out.print(tables.table(columns, rows, out.width, title="tf.data stages by own time (summed over repeat epochs)"))
     device = [o for o in report.top_ops if o.where == "device"]
     host = [o for o in report.top_ops if o.where != "device"]
