@@ -310,3 +310,13 @@ def test_vectorised_stat_reader_equals_protobufs_decoding(offload):
                 assert fast[name].tolist() == expected, (plane.name, line.name, name)
                 checked += int((fast[name] != xplane.MISSING).sum())
     assert checked > 6000  # every op event's device offset and duration, and the programs' run ids
+
+
+@pytest.mark.parametrize("columns", ["80", "100", "110"])
+def test_the_bound_of_an_op_stays_on_its_row_at_every_width(offload, columns):
+    """"host link 44%" is a figure with its label: never wrapped onto a second line, whatever the width."""
+    path, _ = offload
+    done = run_cli("analyze", path, env={"COLUMNS": columns})
+    rows = [line for line in done.stdout.splitlines() if line.startswith("copy-done.4 ")]
+    assert rows and rows[0].rstrip().endswith("host link 44%") and all(len(line) <= int(columns)
+                                                                        for line in done.stdout.splitlines())

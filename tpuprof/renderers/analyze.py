@@ -239,7 +239,7 @@ def print_tables(report: Report, top: int) -> None:
                          _fmt(rates and rates.intensity, 1, 2), bound))
         columns = [tables.name("op", least=20), tables.name("HLO op", drop=4), tables.text("category", drop=3),
                    tables.number("ms/step"), tables.number("TFLOP/s", drop=2), tables.number("GB/s", drop=2),
-                   tables.number("FLOP/B", drop=1), tables.text("bound")]
+                   tables.number("FLOP/B", drop=1), tables.number("bound", justify="left")]
         out.print(tables.table(columns, rows, out.width,
                                title="Device ops by time per step (per chip: averaged over chips)"))
     if host:

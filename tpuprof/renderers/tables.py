@@ -43,8 +43,9 @@ class Column:
     least: int = 0  # the narrowest a name or text column is squeezed to (0: the default of its kind)
 
 
-def number(header: str, drop: int = 0) -> Column:
-    return Column(header, "number", "right", drop)
+def number(header: str, drop: int = 0, justify: str = "right") -> Column:
+    """Also for short labelled figures ("HBM 80%"), left-justified: whole on one line like any figure."""
+    return Column(header, "number", justify, drop)
 
 
 def name(header: str, drop: int = 0, least: int = _NAME_MIN) -> Column:
