@@ -320,3 +320,12 @@ def test_the_bound_of_an_op_stays_on_its_row_at_every_width(offload, columns):
     rows = [line for line in done.stdout.splitlines() if line.startswith("copy-done.4 ")]
     assert rows and rows[0].rstrip().endswith("host link 44%") and all(len(line) <= int(columns)
                                                                         for line in done.stdout.splitlines())
+
+
+def test_copies_over_the_host_link_have_no_place_on_the_hbm_roofline(offload):
+    """FLOPs per HBM byte is for ops judged against HBM or compute; every host transfer leaves it empty alike."""
+    path, _ = offload
+    document = json.loads(run_cli("analyze", path, "--json").stdout)
+    copies = [op for op in document["top_ops"] if op["kind"] == "copy-done"]
+    assert {op["transfer"] for op in copies} == {"to_device", "to_host"}
+    assert all(op["intensity"] is None and op["bound"] == "host link" for op in copies)

@@ -91,7 +91,8 @@ def op_roofline(op: Op, roof: Roof) -> OpRoofline:
                           "finished while other ops ran (overlapped): its wait does not time the transfer")
     if op.category == "host_transfer":
         percent = 100.0 * bytes_per_s / roof.host_link_bytes_per_s if roof.host_link_bytes_per_s else None
-        return OpRoofline(flops_per_s, bytes_per_s, hbm_per_s, intensity, "host link", percent,
+        # FLOPs per HBM byte places compute on the HBM roofline; a copy over the host link has no place there.
+        return OpRoofline(flops_per_s, bytes_per_s, hbm_per_s, None, "host link", percent,
                           f"judged against the host link ({roof.host_link})" if roof.host_link else
                           "host link bandwidth not published for this generation")
     if op.category == "collective":
