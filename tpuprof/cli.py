@@ -18,9 +18,10 @@ from typing import List, Optional
 
 import typer
 
-from tpuprof import __version__, library_output, targets
+from tpuprof import library_output, targets
 from tpuprof.errors import UserError
 from tpuprof.renderers.csv import ANALYZE_TABLES, MEMORY_TABLES
+from tpuprof.version import __version__
 
 app = typer.Typer(
     name="tpuprof",

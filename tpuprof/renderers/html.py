@@ -174,7 +174,7 @@ def _oom_numbers(d: dict) -> str:
 
 
 def _header(page: _Page, inputs: list[Input], title: str | None) -> None:
-    from tpuprof import __version__
+    from tpuprof.version import __version__
 
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     page.add(f"<h1>{esc(title or 'tpuprof report')}</h1>"
