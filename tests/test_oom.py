@@ -502,7 +502,7 @@ def test_real_job_log_joined_with_its_dump(oom_job, capsys):
 def test_listed_shapes_are_matched_to_dump_buffers(oom_job):
     """libtpu 0.0.42.1 prints only the short form, so the listed-allocation join is checked with the
     job's dump and an allocation list built from that dump's own shapes (as older compilers print them)."""
-    from tpuprof.commands import oom as command
+    from tpuprof.analyses import oom_dump as command
 
     log, dump = oom_job
     report = report_of(log)

@@ -275,3 +275,27 @@ def _write_json_atomically(path: Path, data: dict) -> None:
         write_atomically(path, json.dumps(data, indent=1))
     except OSError:
         pass  # the cache is an optimisation: a read-only cache only costs a recompile next time
+
+
+def parameter_bytes(spec, dtype, target) -> int | None:
+    """Bytes of the weights (and optimizer state) alone, for the message of a step that never fits."""
+    program = spec.program(STEP, dtype, target)
+    other = spec.program(2 * STEP, dtype, target) if program.kind == "jax" else None
+    try:
+        return program.parameter_bytes(other)
+    except Exception:  # noqa: BLE001 - an estimate for the message only; the verdict stands without it
+        return None
+
+
+def too_large(parameters: int | None, chosen: Measurement, capacity: int) -> str:
+    """The verdict when not even the smallest batch fits."""
+    from tpuprof.units import fmt_bytes
+
+    text = f"does not fit even at batch {STEP}"
+    if parameters:
+        text += f": parameters alone are {fmt_bytes(parameters)}"
+        if parameters > capacity:
+            text += f", more than the {fmt_bytes(capacity)} of HBM"
+    if chosen.required_bytes is not None:
+        text += f" (the step needs {fmt_bytes(chosen.required_bytes)} of {fmt_bytes(capacity)})"
+    return text + "."

@@ -29,6 +29,13 @@ def analyze(path: str, top: int = 10, workers: int | None = None) -> Report:
     return report
 
 
+def result(path: str, top: int = 10):
+    """The analyze pipeline's report as the typed result that `tpuprof.analyze()` returns and the CLI renders."""
+    from tpuprof.results import AnalyzeResult
+
+    return AnalyzeResult(str(path), analyze(str(path), top=top), top)
+
+
 def run(path: str, top: int, as_json: bool, csv: str | None = None) -> None:
     from tpuprof.renderers import analyze as render
 
@@ -38,10 +45,10 @@ def run(path: str, top: int, as_json: bool, csv: str | None = None) -> None:
         render_csv.check_analyze(csv)
         render_csv.print_analyze(analyze(str(path), top=0), csv)  # CSV: every row
         return
-    report = analyze(str(path), top=top)
+    steps = result(path, top)
     if as_json:
         from tpuprof.renderers.output import print_json
 
-        print_json(render.to_json(report, top))
+        print_json(steps.to_dict())
     else:
-        render.print_tables(report, top)
+        render.print_tables(steps.report, top)

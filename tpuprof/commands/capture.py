@@ -1,9 +1,11 @@
-"""`tpuprof capture`: resolve where to capture -> check it answers -> trace all hosts in one call ->
-publish the run folder -> summary (and, with --analyze, `tpuprof analyze` on the new run)."""
+"""`tpuprof capture`: check the options -> resolve where to capture -> check it answers -> trace all hosts in
+one call -> publish the run folder -> summary or JSON (and, with --analyze, `tpuprof analyze` on the new run).
+
+`tpuprof.capture()` runs the same steps without the status line and the live progress."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from tpuprof.errors import UserError
 from tpuprof.sources import addresses as addressing
@@ -28,6 +30,35 @@ def run(
 ) -> None:
     from tpuprof.renderers import capture as render
 
+    options = trace_options(duration, attempts, delay, host_tracer_level, device_tracer_level, python_tracer_level,
+                            port)
+    target = resolve(options, service_addr=service_addr, tpu=tpu, zone=zone, project=project, port=port)
+    notes = f"; {'; '.join(target.notes)}" if target.notes else ""
+    render.say(f"tpuprof: capturing {', '.join(target.addresses)}. {target.why}{notes}.")
+
+    progress = render.LiveProgress(target.addresses, options)
+    try:
+        captured = result(target, logdir, options, analyze=analyze, on_start=progress.start)
+    finally:
+        progress.stop()
+    if as_json:  # the analysis, or why there is none, joins the document: stdout stays one JSON document
+        from tpuprof.renderers.output import print_json
+
+        print_json(captured.to_dict())
+        return
+    render.print_summary(captured.capture, target, options)
+    if captured.analysis_error is not None:  # the capture is saved all the same
+        raise UserError(captured.analysis_error)
+    if captured.analysis is not None:
+        from tpuprof.renderers import analyze as analyze_render
+
+        analyze_render.print_tables(captured.analysis.report, captured.analysis.top)
+
+
+def trace_options(duration: str = "3s", attempts: int = 3, delay: str = "0ms", host_tracer_level: int = 2,
+                  device_tracer_level: int = 1, python_tracer_level: int = 0,
+                  port: Optional[int] = None) -> capturing.TraceOptions:
+    """The tracing options, checked before anything is contacted."""
     if attempts < 1:
         raise UserError("--attempts must be at least 1.")
     for name, value, allowed in (("--host-tracer-level", host_tracer_level, (0, 1, 2, 3)),
@@ -37,7 +68,7 @@ def run(
             raise UserError(f"{name} must be one of {', '.join(map(str, allowed))}, not {value}.")
     if port is not None and not 0 < port < 65536:
         raise UserError(f"--port {port} is not a TCP port (1-65535).")
-    options = capturing.TraceOptions(
+    return capturing.TraceOptions(
         duration_ms=capturing.parse_duration_ms(duration),
         attempts=attempts,
         delay_ms=capturing.parse_duration_ms(delay, allow_zero=True),
@@ -46,45 +77,29 @@ def run(
         python_tracer_level=python_tracer_level,
     )
 
+
+def resolve(options: capturing.TraceOptions, service_addr: Optional[str] = None, tpu: Optional[str] = None,
+            zone: Optional[str] = None, project: Optional[str] = None,
+            port: Optional[int] = None) -> addressing.Target:
+    """The profiler addresses (and why those), each checked to answer."""
     target = addressing.resolve(service_addr=service_addr, tpu=tpu, zone=zone, project=project, port=port)
-    addressing.check_reachable(target.addresses, attempts=attempts, why=target.why)
-    notes = f"; {'; '.join(target.notes)}" if target.notes else ""
-    render.say(f"tpuprof: capturing {', '.join(target.addresses)}. {target.why}{notes}.")
+    addressing.check_reachable(target.addresses, attempts=options.attempts, why=target.why)
+    return target
 
-    progress = render.LiveProgress(target.addresses, options)
-    try:
-        result = capturing.capture(target.addresses, logdir, options, tpu_master=target.tpu_master,
-                                   on_start=progress.start)
-    finally:
-        progress.stop()
 
-    document = render.to_json(result, target, options)
+def result(target: addressing.Target, logdir: str, options: capturing.TraceOptions, analyze: bool = False,
+           on_start: Optional[Callable] = None):
+    """Trace every address in one client call and publish the run under LOGDIR (never overwriting one); with
+    ANALYZE, the new run through the analyze pipeline. The typed result `tpuprof.capture()` returns."""
+    from tpuprof.results import CaptureResult
+
+    run_ = capturing.capture(target.addresses, logdir, options, tpu_master=target.tpu_master, on_start=on_start)
+    analysis, error = None, None
     if analyze:
-        analysis = _analyze(result.run_dir, as_json)
-        if as_json:
-            document["analysis"] = analysis
-    if as_json:
-        from tpuprof.renderers.output import print_json
+        from tpuprof.commands import analyze as analyze_command
 
-        print_json(document)
-    else:
-        render.print_summary(result, target, options)
-        if analyze:
-            from tpuprof.commands import analyze as analyze_command
-
-            analyze_command.run(result.run_dir, top=10, as_json=False)
-
-
-def _analyze(run_dir: str, as_json: bool):
-    """--analyze: the new run through `tpuprof analyze`; with --json its document joins ours, so that
-    stdout stays one JSON document."""
-    if not as_json:
-        return None
-    from tpuprof.commands import analyze as analyze_command
-    from tpuprof.renderers import analyze as analyze_render
-
-    try:
-        report = analyze_command.analyze(run_dir, top=10)
-    except UserError as error:  # the capture is saved and worth reporting even if it cannot be analysed
-        return {"error": str(error)}
-    return analyze_render.to_json(report, 10)
+        try:
+            analysis = analyze_command.result(run_.run_dir, top=10)
+        except UserError as why:  # the capture is saved and worth reporting even if it cannot be analysed
+            error = str(why)
+    return CaptureResult(run_, target, options, analysis, error)

@@ -11,7 +11,9 @@ import sys
 from tpuprof.errors import UserError
 
 
-def _batches(option: str | None, a, b) -> tuple[tuple[int, int] | None, str]:
+def _batches(option, a, b) -> tuple[tuple[int, int] | None, str]:
+    if isinstance(option, (tuple, list)):  # the Python API's (64, 128)
+        option = ",".join(map(str, option))
     if option:
         try:
             batch_a, batch_b = (int(x) for x in option.split(","))
@@ -26,8 +28,10 @@ def _batches(option: str | None, a, b) -> tuple[tuple[int, int] | None, str]:
     return None, ""
 
 
-def compute(a_path: str, b_path: str, fail_if: list[str], batches: str | None = None, target: str | None = None,
+def compute(a_path, b_path, fail_if: list[str], batches: str | None = None, target: str | None = None,
             top: int = 10) -> dict:
+    """A and B (paths, or results of the Python API) loaded like `report` loads them, compared, and the
+    --fail-if thresholds checked."""
     from tpuprof.analyses import diff as analysis
     from tpuprof.commands.report import load
     from tpuprof.sources.inputs import KIND_LABELS
@@ -39,7 +43,7 @@ def compute(a_path: str, b_path: str, fail_if: list[str], batches: str | None = 
         target = targets.get(target).name
     a, b = load(a_path, target, top), load(b_path, target, top)
     if a.kind != b.kind:
-        raise UserError(f"cannot compare {KIND_LABELS[a.kind]} {a_path} with {KIND_LABELS[b.kind]} {b_path}: "
+        raise UserError(f"cannot compare {KIND_LABELS[a.kind]} {a.path} with {KIND_LABELS[b.kind]} {b.path}: "
                         "give two inputs of the same kind.")
     pair, source = _batches(batches, a, b)
     result = analysis.compare(a.kind, a.document, b.document, top=top, batches=pair, batch_source=source)
@@ -55,17 +59,24 @@ def compute(a_path: str, b_path: str, fail_if: list[str], batches: str | None = 
     return result
 
 
+def result(a, b, fail_if: list[str], batches=None, target: str | None = None, top: int = 10):
+    """The comparison as the typed result that `tpuprof.diff()` returns and the CLI renders."""
+    from tpuprof.results import DiffResult
+
+    return DiffResult(compute(a, b, fail_if, batches, target, top))
+
+
 def run(a: str, b: str, fail_if: list[str], batches: str | None, target: str | None, top: int,
         as_json: bool) -> None:
     from tpuprof.renderers import diff as render
 
-    result = compute(a, b, fail_if, batches, target, top)
+    compared = result(a, b, fail_if, batches, target, top)
     if as_json:
         from tpuprof.renderers.output import print_json
 
-        print_json(render.to_json(result))
+        print_json(compared.to_dict())
     else:
-        render.print_tables(result)
-    if result["regression"]:
+        render.print_tables(compared.diff)
+    if compared.regression:
         sys.stdout.flush()
         sys.exit(1)

@@ -77,6 +77,14 @@ def compile_with_libtpu(path, module: str | None, target: str) -> list[ModuleMem
     return results
 
 
+def result(path: Path, module: str | None = None, target: str | None = None, top: int = 15,
+           compile_: bool = False):
+    """The memory pipeline's modules as the typed result that `tpuprof.memory()` returns and the CLI renders."""
+    from tpuprof.results import MemoryResult
+
+    return MemoryResult(str(path), analyze(path, module, target, top, compile_), top)
+
+
 def run(path: Path, module: str | None, target: str | None, compile_: bool, top: int, as_json: bool,
         csv: str | None = None) -> None:
     from tpuprof.renderers import memory as render
@@ -87,10 +95,10 @@ def run(path: Path, module: str | None, target: str | None, compile_: bool, top:
         render_csv.check_memory(csv)
         render_csv.print_memory(analyze(path, module, target, 0, compile_), csv)
         return
-    results = analyze(path, module, target, top, compile_)
+    memory = result(path, module, target, top, compile_)
     if as_json:
         from tpuprof.renderers.output import print_json
 
-        print_json(render.to_json(results, top))
+        print_json(memory.to_dict())
     else:
-        render.print_tables(results, top)
+        render.print_tables(memory.modules, top)

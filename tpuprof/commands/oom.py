@@ -5,10 +5,11 @@ Exit codes: 0 an OOM was found and explained; 2 bad input, or no TPU out-of-memo
 
 from __future__ import annotations
 
-import json
+import io
 import sys
 from pathlib import Path
 
+from tpuprof.analyses.oom_dump import join_dump
 from tpuprof.errors import UserError
 
 
@@ -16,17 +17,35 @@ def run(path: str | None, dump: Path | None = None, batch: int | None = None, ta
         as_json: bool = False) -> None:
     if path in (None, "-") and sys.stdin.isatty():
         raise UserError("give the log file, or pipe the log into `tpuprof oom -`.")
-    report, estimate, suggestions, joined = explain(path, dump=dump, batch=batch, target=target)
+    explained = result(path, dump=dump, batch=batch, target=target)
     if as_json:
-        print(json.dumps(to_document(report, estimate, suggestions, joined), indent=2))
+        from tpuprof.renderers.output import print_json
+
+        print_json(explained.to_dict())
         return
     from tpuprof.renderers import oom as renderer
 
-    renderer.render(report, estimate, suggestions, "stdin" if path in (None, "-") else str(path), joined)
+    renderer.render(explained.report, explained.batch_estimate, explained.advice, explained.source,
+                    explained.dump)
 
 
-def explain(path: str | None, dump: Path | None = None, batch: int | None = None, target: str | None = None):
-    """The whole pipeline: (report, batch estimate, suggestions, dump join or None). For other commands too."""
+def result(path: str | None, dump: Path | None = None, batch: int | None = None, target: str | None = None,
+           text: str | bytes | None = None):
+    """The oom pipeline as the typed result that `tpuprof.oom()` returns and the CLI renders."""
+    from tpuprof.results import OomResult
+
+    report, estimate, suggestions, joined = explain(path, dump=dump, batch=batch, target=target, text=text)
+    source = "stdin" if path in (None, "-") else str(path)
+    return OomResult(source, report, estimate, suggestions, joined,
+                     document=to_document(report, estimate, suggestions, joined))
+
+
+def explain(path: str | None, dump: Path | None = None, batch: int | None = None, target: str | None = None,
+            text: str | bytes | None = None):
+    """The whole pipeline: (report, batch estimate, suggestions, dump join or None). For other commands too.
+
+    PATH is a log file, '-' or None (stdin); TEXT, when given, is the log itself (the Python API) and PATH
+    only names it in messages."""
     from tpuprof import targets
     from tpuprof.advice import oom as advice
     from tpuprof.analyses import oom as analysis
@@ -35,7 +54,10 @@ def explain(path: str | None, dump: Path | None = None, batch: int | None = None
     if batch is not None and batch < 1:
         raise UserError("--batch must be a positive number of examples.")
     capacity = targets.get(target).compiler_hbm_bytes if target else None
-    stream, opened = oom_log.open_input(path)
+    if text is not None:
+        stream, opened = io.BytesIO(text.encode() if isinstance(text, str) else text), True
+    else:
+        stream, opened = oom_log.open_input(path)
     try:
         report = analysis.find_in_stream(stream, target)
     finally:
@@ -63,72 +85,3 @@ def to_document(report, estimate, suggestions, joined) -> dict:
     if joined is not None:
         document["dump"] = joined
     return document
-
-
-def join_dump(report, dump: Path, target: str | None, batch: int | None = None) -> dict:
-    """Match the log's allocations to the dump's buffers by shape, largest first.
-
-    A compile that fails for memory still dumps its buffer assignment; the `oom_intermediate_module` is
-    the module at the point of failure, preferred over the after-optimizations one when both exist.
-    """
-    from tpuprof.analyses import memory
-
-    if not dump.exists():
-        raise UserError(f"{dump} does not exist.")
-    modules = [m for m in memory.analyze_path(dump, None, target) if m.buffers]
-    if not modules:
-        raise UserError(f"{dump} holds no buffer assignment.")
-    module = next((m for m in modules if "oom_intermediate_module" in m.source), modules[0])
-    memory.describe(module, module.buffers)  # fills each buffer's shape text
-    buffers = sorted(module.buffers, key=lambda b: -b.size_bytes)
-    rows = []
-    used: set[int] = set()
-    for entry in report.allocations:
-        if not entry.shape:
-            continue
-        wanted = entry.shape.replace(" ", "")
-        bare = wanted.split("{")[0]  # older logs print layouts the dump may spell differently
-        match = next((b for b in buffers if id(b) not in used and b.shape.replace(" ", "") == wanted), None) \
-            or next((b for b in buffers if id(b) not in used and b.shape.split("{")[0] == bare), None)
-        if match is not None:
-            used.add(id(match))
-            rows.append(_row(match, entry.index))
-    if not rows:  # no listed shapes (a short message): the dump's largest buffers stand in for the list
-        rows = [_row(b) for b in buffers[:10]]
-    return {"module": module.name, "source": module.source, "argument_bytes": module.argument_bytes,
-            "batch_argument_bytes": _batch_arguments(buffers, batch),
-            "temp_bytes": module.temp_bytes, "output_bytes": module.output_bytes, "buffers": rows}
-
-
-def _row(buffer, index: int | None = None) -> dict:
-    row = {"instruction": buffer.instruction, "shape": buffer.shape, "size_bytes": buffer.size_bytes,
-           "unpadded_bytes": buffer.unpadded_bytes, "allocation_type": buffer.allocation_type,
-           "op_name": buffer.op_name, "source_line": buffer.source_line}
-    if index is not None:
-        row["index"] = index
-    return row
-
-
-def _batch_arguments(buffers, batch: int | None) -> int:
-    """Bytes of the parameters whose shape has the batch dimension: inputs, which shrink with the batch.
-    Without --batch, the batch is taken to be the leading dimension of most temporary bytes."""
-    from tpuprof.models import shape as shapes
-
-    dims_of = {}
-    for buffer in buffers:
-        try:
-            dims_of[id(buffer)] = shapes.parse_shape(buffer.shape).dims if buffer.shape else ()
-        except UserError:
-            dims_of[id(buffer)] = ()
-    if not batch:
-        weights: dict[int, int] = {}
-        for buffer in buffers:
-            dims = dims_of[id(buffer)]
-            if buffer.allocation_type == "temp" and dims and dims[0] > 1:  # the batch is the leading dim
-                weights[dims[0]] = weights.get(dims[0], 0) + buffer.size_bytes
-        temp_total = sum(b.size_bytes for b in buffers if b.allocation_type == "temp")
-        if not weights or max(weights.values()) < 0.6 * temp_total:
-            return 0
-        batch = max(weights, key=lambda d: (weights[d], d))
-    return sum(b.size_bytes for b in buffers
-               if b.allocation_type == "parameter" and batch in dims_of[id(b)])

@@ -36,14 +36,24 @@ def run(spec_text: str, tpu: str, batch: int | None, max_batch: bool, compare_bf
     from tpuprof.renderers import preflight as render
 
     with render.progress(enabled=not as_json) as report_progress:
-        results = [_target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_progress)
-                   for name in names]
+        checked = result(spec, names, batch, max_batch, compare_bf16, top, use_cache, report_progress)
     if as_json:
         from tpuprof.renderers.output import print_json
 
-        print_json(render.to_json(results, top))
+        print_json(checked.to_dict())
     else:
-        render.print_report(spec_text, results, top)
+        render.print_report(spec_text, checked.targets, top)
+
+
+def result(spec, names: list[str], batch: int | None, max_batch: bool, compare_bf16: bool = False, top: int = 10,
+           use_cache: bool = True, on_compile=None):
+    """Every target's figures as the typed result that `tpuprof.preflight()` returns and the CLI renders.
+    ON_COMPILE(label, batch) is called before each compile (the progress line)."""
+    from tpuprof.results import PreflightResult
+
+    report_progress = on_compile or (lambda label, batch_size: None)
+    return PreflightResult(spec.text, [_target(spec, name, batch, max_batch, compare_bf16, top, use_cache,
+                                               report_progress) for name in names], top)
 
 
 def _target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_progress) -> dict:
@@ -114,11 +124,11 @@ def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progr
             out["dump_dir"] = chosen.dump_dir
     parameters = None
     if chosen.oom_message or (max_batch and out["max_batch_size"] is None):
-        parameters = out["parameter_bytes"] = _parameter_bytes(spec, dtype, name)
+        parameters = out["parameter_bytes"] = preflight.parameter_bytes(spec, dtype, name)
     if chosen.oom_message:
         out["oom"] = _oom(chosen.oom_message, batch, compiler.capacity, parameters)
     if max_batch and out["max_batch_size"] is None:
-        out["verdict"] = _too_large(parameters, chosen, compiler.capacity)
+        out["verdict"] = preflight.too_large(parameters, chosen, compiler.capacity)
     return out
 
 
@@ -149,28 +159,3 @@ def _oom(message: str, batch: int, capacity: int, parameters: int | None) -> dic
                    if "--xla_dump_to" not in s["message"] and "tpuprof preflight" not in s["message"]]
     return {"message": message, "report": report.to_json(), "batch_estimate": estimate.to_json(),
             "suggestions": suggestions}
-
-
-def _parameter_bytes(spec, dtype, target) -> int | None:
-    from tpuprof.analyses import preflight
-
-    program = spec.program(preflight.STEP, dtype, target)
-    other = spec.program(2 * preflight.STEP, dtype, target) if program.kind == "jax" else None
-    try:
-        return program.parameter_bytes(other)
-    except Exception:  # noqa: BLE001 - an estimate for the message only; the verdict stands without it
-        return None
-
-
-def _too_large(parameters: int | None, chosen, capacity: int) -> str:
-    from tpuprof.units import fmt_bytes
-    from tpuprof.analyses import preflight
-
-    text = f"does not fit even at batch {preflight.STEP}"
-    if parameters:
-        text += f": parameters alone are {fmt_bytes(parameters)}"
-        if parameters > capacity:
-            text += f", more than the {fmt_bytes(capacity)} of HBM"
-    if chosen.required_bytes is not None:
-        text += f" (the step needs {fmt_bytes(chosen.required_bytes)} of {fmt_bytes(capacity)})"
-    return text + "."

@@ -1,8 +1,9 @@
 """`tpuprof report INPUTS... -o report.html`: any mix of dumps, profiles, OOM logs and tpuprof JSON -> one page.
 
-Each input is recognised, handed to its own command's analysis (memory, analyze, oom) or read as that
-command's --json document, and becomes one JSON-like section; the HTML renderer only draws documents.
-`tpuprof diff` loads its two inputs the same way.
+Each input is recognised by the input registry (tpuprof.sources.inputs), handed to its own command's analysis
+(memory, analyze, oom) or read as that command's --json document, and becomes one JSON-like section; the HTML
+renderer only draws documents. `tpuprof diff` loads its two inputs the same way; both also take results of the
+Python API (`tpuprof.report([tpuprof.memory("dump/")], "page.html")`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ from tpuprof.sources.inputs import MEMORY, OOM, PREFLIGHT, STEPS, Input
 MAX_TIMELINE_POINTS = 3000
 
 
-def load(path: str, target: str | None = None, top: int = 15) -> Input:
+def load(path, target: str | None = None, top: int = 15) -> Input:
     """Recognise PATH (the input registry, tpuprof.sources.inputs) and run its command's analysis, or read
-    its --json document."""
+    its --json document. PATH may also be a result of the Python API (`tpuprof.memory(...)`...)."""
+    from tpuprof.results import Result
+
+    if isinstance(path, Result):
+        return from_result(path, top)
+    path = str(path)
     family = inputs.identify(path).family
     if family == MEMORY:
         return _load_memory(Path(path), target, top)
@@ -54,11 +60,8 @@ def _reload_preflight_dumps(document: dict) -> None:
 
 
 def _load_memory(path: Path, target: str | None, top: int) -> Input:
-    from tpuprof.advice.memory import padding_fix
-    from tpuprof.commands import memory
-    from tpuprof.renderers.memory import to_json
-
     from tpuprof import documents
+    from tpuprof.commands import memory
 
     meta = {}
     sample = (path if path.is_dir() else path.parent) / "sample.json"
@@ -71,6 +74,18 @@ def _load_memory(path: Path, target: str | None, top: int) -> Input:
             meta = {}
     # top=0: shapes and source lines for every buffer (diff matches them all, the page picks its rows).
     results = memory.analyze(path, target=target or meta.get("target"), top=0)
+    return memory_input(str(path), results, meta)
+
+
+def memory_input(path: str, results: list, meta: dict | None = None) -> Input:
+    """The memory document of RESULTS (ModuleMemory), largest peak first, with each module's curve over
+    program order and each padded buffer's fix."""
+    from tpuprof.advice.memory import padding_fix
+    from tpuprof.analyses.memory import describe
+    from tpuprof.renderers.memory import to_json
+
+    for module in results:
+        describe(module, module.buffers)  # diff matches every buffer by its shape (done already with top=0)
     results = sorted(results, key=lambda m: m.peak_heap_bytes or m.temp_bytes or 0, reverse=True)
     document = to_json(results, 0)  # every buffer: diff matches them, the page picks its top rows
     for module, entry in zip(results, document["modules"]):
@@ -82,7 +97,7 @@ def _load_memory(path: Path, target: str | None, top: int) -> Input:
         for row in entry["ops"]:
             if row["worst_buffer"] in fixes:
                 row["fix"] = fixes[row["worst_buffer"]]
-    return Input(str(path), MEMORY, document, meta=meta)
+    return Input(path, MEMORY, document, meta=meta or {})
 
 
 def _timeline(module) -> dict | None:
@@ -103,12 +118,15 @@ def _timeline(module) -> dict | None:
 
 def _load_steps(path: str, top: int) -> Input:
     from tpuprof.commands import analyze
+
+    return steps_input(path, analyze.analyze(path, top=top), top)
+
+
+def steps_input(path: str, report, top: int) -> Input:
+    """The steps document of REPORT (the analyze pipeline's), with what the page draws beyond the JSON."""
     from tpuprof.models.profile import CATEGORIES
-    from tpuprof.renderers.analyze import to_json
+    from tpuprof.renderers.analyze import op_json, to_json
 
-    from tpuprof.renderers.analyze import op_json
-
-    report = analyze.analyze(path, top=top)
     document = to_json(report, top)
     # Every tf.data stage: the page sums them over repeat() epochs before it keeps the top ones.
     document["input_pipeline"]["stages"] = to_json(report, 0)["input_pipeline"]["stages"]
@@ -139,9 +157,34 @@ def _load_oom(path: str, target: str | None) -> Input:
     return Input(path, OOM, oom.to_document(report, estimate, suggestions, joined))
 
 
-def run(inputs: list[str], output: Path, target: str | None, top: int, title: str | None, as_json: bool) -> None:
+def from_result(result, top: int = 15) -> Input:
+    """A result of the Python API as a report or diff input, as if its path had been given."""
+    from tpuprof import results
+
+    if isinstance(result, results.MemoryResult):
+        return memory_input(result.path, result.modules)
+    if isinstance(result, results.AnalyzeResult):
+        return steps_input(result.path, result.report, top)
+    if isinstance(result, results.OomResult):
+        return Input(result.source, OOM, result.to_dict())
+    if isinstance(result, results.PreflightResult):
+        document = result.to_dict()
+        for target, item in zip(result.targets, document["targets"]):
+            if target.get("memory") is not None:  # the curve and the fixes, which the JSON leaves out
+                item["memory"] = memory_input(result.spec, [target["memory"]]).document["modules"][0]
+        return Input(result.spec, PREFLIGHT, document)
+    if isinstance(result, results.CaptureResult) and result.analysis is not None:
+        return steps_input(result.run_dir, result.analysis.report, top)
+    raise UserError(f"a {type(result).__name__} is not an input of report or diff: give dumps, profiles, OOM logs, "
+                    "preflight results or their tpuprof results.")
+
+
+def result(inputs: list, output: Path, target: str | None = None, top: int = 15, title: str | None = None):
+    """The page over INPUTS (paths or results of the Python API), written to OUTPUT whole or not at all: the
+    typed result `tpuprof.report()` returns."""
     from tpuprof.renderers import html
-    from tpuprof.renderers.output import print_json, write_atomically
+    from tpuprof.renderers.output import write_atomically
+    from tpuprof.results import ReportResult, as_suggestion
 
     if not inputs:
         raise UserError("give at least one input: an XLA dump, a profile, an OOM log or a tpuprof --json file.")
@@ -149,13 +192,32 @@ def run(inputs: list[str], output: Path, target: str | None, top: int, title: st
         from tpuprof import targets
 
         target = targets.get(target).name
+    output = Path(output)
     if output.is_dir():
         raise UserError(f"{output} is a folder: give the HTML file to write, e.g. -o {output}/report.html.")
     loaded = [load(path, target, top) for path in inputs]
     page = html.render(loaded, top=top, title=title)
     write_atomically(output, page)
+    suggestions = [as_suggestion(s) for item in loaded for s in _suggestions(item)]
+    return ReportResult(str(output), len(page.encode()), loaded, suggestions)
+
+
+def _suggestions(item: Input) -> list:
+    """Every suggestion an input's document carries, in its order."""
+    document = item.document
+    if item.kind == MEMORY:
+        return [s for m in document.get("modules", []) for s in m.get("suggestions", [])]
+    if item.kind == PREFLIGHT:
+        return [s for t in document.get("targets", [])
+                for s in [*(t.get("memory") or {}).get("suggestions", []), *(t.get("oom") or {}).get("suggestions", [])]]
+    return list(document.get("suggestions", []))
+
+
+def run(inputs: list[str], output: Path, target: str | None, top: int, title: str | None, as_json: bool) -> None:
+    page = result(inputs, output, target, top, title)
     if as_json:
-        print_json({"output": str(output), "bytes": len(page.encode()),
-                    "inputs": [{"path": i.path, "kind": i.kind} for i in loaded]})
+        from tpuprof.renderers.output import print_json
+
+        print_json(page.to_dict())
     else:
         print(output)

@@ -1,0 +1,139 @@
+"""A result as a compact HTML block for notebooks (`_repr_html_`): the headline figures, the largest rows,
+the suggestions. Drawn from the result's `--json` document alone, without plotly; `tpuprof.report()`
+makes the full page with charts.
+"""
+
+from __future__ import annotations
+
+from tpuprof.renderers.html import esc, prose
+from tpuprof.units import fmt_bytes
+
+ROWS = 8  # table rows shown in a notebook
+STYLE = ("<style>.tpuprof table{border-collapse:collapse;margin:4px 0}.tpuprof th,.tpuprof td{border:1px solid #ccc;"
+         "padding:2px 6px;text-align:left}.tpuprof td.n{text-align:right}.tpuprof .fit{color:#1a7f37}"
+         ".tpuprof .oom{color:#cf222e}</style>")
+
+
+def render(result) -> str:
+    """RESULT (one of tpuprof.results, named here by class so that this module does not import them)."""
+    draw = {"MemoryResult": _memory, "AnalyzeResult": _analyze, "OomResult": _oom, "PreflightResult": _preflight,
+            "DiffResult": _diff, "CaptureResult": _capture, "ReportResult": _report}[type(result).__name__]
+    body = draw(result.to_dict())
+    return f'{STYLE}<div class="tpuprof">{body}{_suggestions(result.suggestions)}</div>'
+
+
+def _table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f'<td class="n">{esc(c)}</td>' if i in numeric else f"<td>{esc(c)}</td>"
+                                    for i, c in enumerate(row)) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _facts(pairs: list[tuple[str, object]]) -> str:
+    return _table(["", ""], [[name, value] for name, value in pairs if value not in (None, "")])
+
+
+def _fits(used, capacity) -> str:
+    if used is None or not capacity:
+        return ""
+    share = used / capacity
+    cls, word = ("oom", "does not fit") if share > 1 else ("fit", "fits")
+    return f' <b class="{cls}">{word}: {share:.1%} of {esc(fmt_bytes(capacity))}</b>'
+
+
+def _suggestions(suggestions: list) -> str:
+    if not suggestions:
+        return ""
+    items = []
+    for s in suggestions:
+        saving = (f" (saves {fmt_bytes(s.saving_bytes)})" if s.saving_bytes else
+                  f" (saves {s.saving_ms_per_step:.1f} ms per step)" if s.saving_ms_per_step else "")
+        items.append(f"<li><b>{esc(s.kind)}</b>: {prose(s.message)}{esc(saving)}</li>")
+    return "<p><b>What to change</b></p><ol>" + "".join(items) + "</ol>"
+
+
+def _memory(document: dict) -> str:
+    parts = []
+    for m in document["modules"][:4]:
+        parts.append(f"<p><b>{esc(m['name'])}</b> ({esc(m['source_kind'])}{', estimated' if m.get('estimated') else ''})"
+                     f"{_fits(m.get('peak_heap_bytes'), m.get('hbm_capacity_bytes'))}</p>")
+        parts.append(_facts([("peak HBM (padded)", fmt_bytes(m.get("peak_heap_bytes"))),
+                             ("peak HBM (unpadded)", fmt_bytes(m.get("peak_unpadded_heap_bytes"))),
+                             ("padding live at the peak", fmt_bytes(m.get("padding_at_peak_bytes"))),
+                             ("arguments", fmt_bytes(m.get("argument_bytes"))),
+                             ("temporaries", fmt_bytes(m.get("temp_bytes")))]))
+        parts.append(_table(["instruction", "shape", "padded", "unpadded", "padding", "framework op"],
+                            [[b["instruction"], b["shape"], fmt_bytes(b["size_bytes"]), fmt_bytes(b["unpadded_bytes"]),
+                              fmt_bytes(b["padding_bytes"]), b.get("op_name") or ""] for b in m["buffers"][:ROWS]],
+                            numeric={2, 3, 4}))
+    if len(document["modules"]) > 4:
+        parts.append(f"<p>{len(document['modules']) - 4} smaller modules not shown.</p>")
+    return "".join(parts)
+
+
+def _analyze(document: dict) -> str:
+    steps = document["steps"]
+    parts = [f"<p><b>{esc(document.get('verdict'))}</b>: {esc(document.get('verdict_reason') or '')}</p>",
+             _facts([("steps measured", steps.get("count")), ("median step", f"{steps['median_ms']:.3f} ms"),
+                     ("p90 step", f"{steps['p90_ms']:.3f} ms")]),
+             _table(["category", "% of step", "ms per step"],
+                    [[c, f"{p:.1f}", f"{document.get('breakdown_ms_per_step', {}).get(c, 0):.3f}"]
+                     for c, p in document.get("breakdown_percent", {}).items() if p], numeric={1, 2}),
+             _table(["op", "where", "self ms"], [[o["name"], o["where"], f"{o['self_ms']:.3f}"]
+                                                  for o in document.get("top_ops", [])[:ROWS]], numeric={2})]
+    parts += [f"<p>{esc(w)}</p>" for w in document.get("warnings", [])]
+    return "".join(parts)
+
+
+def _oom(document: dict) -> str:
+    estimate = document.get("batch_estimate") or {}
+    parts = [f"<p><b>TPU out of memory</b> ({esc(document.get('kind'))}, {esc(document.get('memory_space') or '')})"
+             f"{_fits(document.get('used_bytes') or document.get('hlo_temp_bytes'), document.get('capacity_bytes'))}</p>",
+             f"<p><code>{esc(document.get('headline'))}</code></p>",
+             _facts([("used", fmt_bytes(document.get("used_bytes"))),
+                     ("capacity", fmt_bytes(document.get("capacity_bytes"))),
+                     ("HLO temporaries", fmt_bytes(document.get("hlo_temp_bytes"))),
+                     ("batch that fits", estimate.get("fitting_batch")),
+                     ("share of the batch that fits", f"{estimate['scale']:.0%}" if estimate.get("scale") else None)])]
+    rows = [[a.get("shape") or "", fmt_bytes(a.get("size_bytes")), fmt_bytes(a.get("padding_bytes")),
+             a.get("op_name") or ""] for a in document.get("allocations", [])[:ROWS]]
+    if rows:
+        parts.append(_table(["shape", "size", "padding", "framework op"], rows, numeric={1, 2}))
+    return "".join(parts)
+
+
+def _preflight(document: dict) -> str:
+    rows = [[t.get("target"), t.get("batch_size"), "fits" if t.get("fits") else "does not fit",
+             fmt_bytes(t.get("required_bytes")), fmt_bytes(t.get("hbm_capacity_bytes")),
+             t.get("max_batch_size") or "", t.get("verdict") or ""] for t in document["targets"]]
+    return _table(["target", "batch", "verdict", "required", "HBM", "max batch", ""], rows, numeric={1, 3, 4, 5})
+
+
+def _diff(document: dict) -> str:
+    parts = [f"<p><b>{esc(document['kind'])} diff</b>: {esc(document['summary'])}"
+             f"{' — <b class=oom>regression</b>' if document.get('regression') else ''}</p>"]
+    for group in document["groups"]:
+        rows = [[m["name"], m["a"], m["b"], m["change"], "" if m["percent"] is None else f"{m['percent']:+.1f}%"]
+                for m in group["metrics"] if m["change"]]
+        parts.append(f"<p>{esc(group['name'])}</p>" + (_table(["metric", "A", "B", "change", "%"], rows,
+                                                                 numeric={1, 2, 3, 4}) if rows else "<p>no change</p>"))
+    return "".join(parts)
+
+
+def _capture(document: dict) -> str:
+    parts = [f"<p><b>Captured run</b> <code>{esc(document['run_dir'])}</code> from "
+             f"{esc(', '.join(document['addresses']))}</p>",
+             _table(["host", "file size", "events"], [[h["host"], fmt_bytes(h["size_bytes"]), h["events"]]
+                                                      for h in document["hosts"]], numeric={1, 2})]
+    analysis = document.get("analysis")
+    if isinstance(analysis, dict) and "steps" in analysis:
+        parts.append(_analyze(analysis))
+    elif isinstance(analysis, dict):
+        parts.append(f"<p>Not analysed: {esc(analysis.get('error'))}</p>")
+    return "".join(parts)
+
+
+def _report(document: dict) -> str:
+    inputs = ", ".join(f"{i['path']} ({i['kind']})" for i in document["inputs"])
+    return (f'<p>Report written to <a href="{esc(document["output"])}">{esc(document["output"])}</a> '
+            f"({fmt_bytes(document['bytes'])}) from {esc(inputs)}.</p>")
