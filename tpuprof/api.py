@@ -1,0 +1,217 @@
+"""The Python API: every command as a function that returns a typed result (tpuprof/results.py).
+
+    import tpuprof
+    result = tpuprof.memory("dump/")          # a MemoryResult
+    result.peak_heap_bytes, result.suggestions, result.to_dict()
+
+The CLI runs these same functions and renders their results, so `result.to_dict()` is exactly what
+`--json` prints. Bad input raises `tpuprof.UserError`, whose text is the sentence the CLI prints. Nothing
+here prints, exits or imports TensorFlow or JAX unless the function needs it (preflight, capture).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Union
+
+from tpuprof.errors import UserError
+from tpuprof.results import (
+    AnalyzeResult, CaptureResult, DiffResult, MemoryResult, OomResult, PreflightResult, ReportResult, Result,
+    as_suggestion,
+)
+
+PathLike = Union[str, os.PathLike]
+
+
+def memory(path: PathLike, target: Optional[str] = None, module: Optional[str] = None, *, top: int = 15,
+           compile: bool = False) -> MemoryResult:
+    """Where HBM goes in a compiled XLA program: padded vs unpadded bytes per buffer and per framework op, the
+    peak (equal to the compiler's and XProf's to the byte for TPU dumps), and the fixes.
+
+    path: an XLA dump folder (`--xla_dump_to`), an `*.hlo.pb` HloProto, `*-buffer-assignment.txt` or HLO text.
+    target: TPU generation ("v5e", "v6e", ...): the HBM capacity, and the tiling of HLO without TPU layouts
+        (an estimate). Read from the dump's target_arguments.txt when there is one.
+    module: only this module of a dump folder (name or part of it).
+    top: rows of the buffer and op lists in `to_dict()` (0: all); the result itself holds every buffer.
+    compile: recompile a CPU/GPU/TF module proto with libtpu for `target` (exact TPU figures).
+
+        >>> result = tpuprof.memory("sample_profiles/dumps/conv18_f32_v5e")
+        >>> result.peak_heap_bytes, result.module.padding_at_peak_bytes
+        >>> [s.message for s in result.suggestions]
+    """
+    from tpuprof.commands import memory as command
+
+    return command.result(Path(path), module, target, top, compile)
+
+
+def analyze(path: PathLike, *, top: int = 10) -> AnalyzeResult:
+    """Why a step is slow, from a saved profile: step time per chip and per category (compute, input, host
+    transfers, collectives, host overhead, compilation), the verdict, the roofline, the tf.data stages and
+    what to change.
+
+    path: a logdir (its newest run), a run folder (plugins/profile/<run>), a `<host>.xplane.pb`, or a gs://
+        (any fsspec) URL of one of these. Several hosts make one report.
+    top: rows of the op and stage lists in `to_dict()` (0: all).
+
+        >>> result = tpuprof.analyze("sample_profiles/captures/tf_slow_map")
+        >>> result.verdict, result.median_ms, result.breakdown_percent["input"]
+    """
+    from tpuprof.commands import analyze as command
+
+    return command.result(str(path), top)
+
+
+def oom(text_or_path: Union[str, bytes, os.PathLike], batch: Optional[int] = None,
+        dump: Optional[PathLike] = None, *, target: Optional[str] = None) -> OomResult:
+    """Explain a TPU out-of-memory error: the numbers, each listed buffer's padding recomputed, ranked fixes and
+    the batch that fits.
+
+    text_or_path: the error text (a string with the message, or bytes), or the path of a log holding it
+        (gzipped or not; the most detailed OOM message in it is used). A Path, or a string naming an existing
+        file, is read as a file.
+    batch: the batch size that failed, to estimate the one that fits.
+    dump: the XLA dump folder of the same program: the log's buffers are joined with its buffer assignment.
+    target: TPU generation, for the capacity when the message gives none.
+
+        >>> result = tpuprof.oom(open("train.log").read(), batch=128)
+        >>> result.report.used_bytes, result.batch_estimate.fitting_batch
+    """
+    from tpuprof.commands import oom as command
+
+    if target is not None:
+        from tpuprof import targets
+
+        targets.get(target)  # an unknown generation is one sentence
+    if isinstance(text_or_path, str) and _looks_like_a_missing_path(text_or_path):
+        raise UserError(f"{text_or_path} does not exist: give the path of a log, or the error text itself.")
+    if isinstance(text_or_path, bytes) or (isinstance(text_or_path, str) and not _names_a_file(text_or_path)):
+        path, text = "the text", text_or_path  # the label names it in messages
+    elif isinstance(text_or_path, (str, os.PathLike)):
+        path, text = str(text_or_path), None
+    else:
+        raise UserError(f"oom takes the error text or the path of a log, not a {type(text_or_path).__name__}.")
+    return command.result(path, dump=Path(dump) if dump else None, batch=batch, target=target, text=text)
+
+
+def _names_a_file(text: str) -> bool:
+    """A string is a path when it is one line that names an existing file; an error message is text."""
+    return "\n" not in text and len(text) < 4096 and os.path.isfile(text)
+
+
+def _looks_like_a_missing_path(text: str) -> bool:
+    """One word naming nothing (`train.log` mistyped) is a path that is not there, not an error message: every
+    OOM message has spaces."""
+    word = text.strip()
+    return bool(word) and " " not in word and "\n" not in word and len(word) < 4096 and not os.path.exists(word)
+
+
+def preflight(fn_or_model: Any, *example_args: Any, tpu: Union[str, Iterable[str]] = "v5e",
+              batch: Optional[int] = None, max_batch: bool = False, compare_bf16: bool = False, top: int = 10,
+              cache: bool = True, on_compile: Optional[Callable[[str, int], None]] = None) -> PreflightResult:
+    """Will a training step fit in one TPU device's HBM, and the largest batch that does: compiled by libtpu
+    for the target on this machine, no TPU needed (`pip install 'jax[tpu]'`).
+
+    fn_or_model: one of
+        - a JAX function (jitted or not) followed by its example arguments (arrays or jax.ShapeDtypeStructs):
+          `tpuprof.preflight(train_step, params, x, y, tpu="v5e")`;
+        - a compiled Keras model (TensorFlow backend) followed by example inputs and labels (arrays or
+          tf.TensorSpecs): tpuprof builds its train step (forward, loss, gradients, optimizer update);
+        - a factory `f(batch_size)` returning either of those, or a `"path/to/file.py:factory"` text (as the CLI).
+    tpu: a generation ("v5e"), a topology ("v5e:2x2"), or several (a list or "v5e,v6e") to compare them.
+    batch: the per-device batch to check. With example arguments it defaults to theirs; another batch size
+        changes the leading dimension of the arguments every array of which has the batch as its leading
+        dimension, like the last argument (inputs, labels), and keeps the others (parameters, optimizer state).
+    max_batch: search the largest batch that fits (a multiple of 8, and the largest multiple of 128).
+    compare_bf16: also compile in bfloat16 (a factory with a `dtype` parameter, or a file.py:factory).
+    cache: reuse earlier compiles of the same program ($XDG_CACHE_HOME/tpuprof/preflight).
+    on_compile: called with (label, batch) before each compile, e.g. to show progress.
+
+        >>> result = tpuprof.preflight(jax.jit(step), params, x, y, tpu="v5e", max_batch=True)
+        >>> result.fits, result.targets[0]["max_batch_size"]
+    """
+    from tpuprof.commands import preflight as command
+    from tpuprof.sources import tpu_compile
+
+    names = command.parse_targets(tpu if isinstance(tpu, str) else ",".join(tpu))
+    if batch is not None and max_batch:
+        raise UserError("give either --batch N or --max-batch, not both.")
+    if batch is not None and batch < 1:
+        raise UserError("--batch must be a positive number of examples per chip.")
+    objects = not isinstance(fn_or_model, (str, os.PathLike))
+    if batch is None and not max_batch and not (objects and example_args):
+        raise UserError("give --batch N (the per-chip batch size) or --max-batch to search for it.")
+    if not tpu_compile.jax_available():
+        raise UserError(tpu_compile.INSTALL_HINT)
+    if objects:
+        from tpuprof.sources.python_step import spec_from_objects
+
+        spec, example_batch = spec_from_objects(fn_or_model, example_args)
+        if compare_bf16 and not spec.accepts_dtype:
+            raise UserError("compare_bf16 needs a factory with a `dtype` parameter (or a file.py:factory): "
+                            "tpuprof cannot make a bfloat16 version of a function or model it is given.")
+        if batch is None and not max_batch:
+            batch = example_batch
+            if batch is None:
+                raise UserError("the example arguments have no common leading (batch) dimension: give batch=N "
+                                "as a factory, or arguments whose last one has a batch dimension.")
+    else:
+        spec = tpu_compile.load_spec(str(fn_or_model))
+    return command.result(spec, names, batch, max_batch, compare_bf16, top, cache, on_compile)
+
+
+def capture(*, logdir: str = "logs", port: Optional[int] = None, service_addr: Optional[str] = None,
+            tpu: Optional[str] = None, zone: Optional[str] = None, project: Optional[str] = None,
+            duration: str = "3s", attempts: int = 3, delay: str = "0ms", host_tracer_level: int = 2,
+            device_tracer_level: int = 1, python_tracer_level: int = 0, analyze: bool = False) -> CaptureResult:
+    """Capture a profile from a running job into `logdir/plugins/profile/<run>/` (every worker in one run,
+    never overwriting one), as `tpuprof capture` does.
+
+    Where from, first match wins: service_addr ("host:port[,host:port...]"), tpu (a Cloud TPU name, with zone
+    and project off a TPU VM), the TPU environment variables, a TPU VM's own workers, else localhost. port is
+    the profiler port for all but service_addr (default 8466). The job runs a profiler server (JAX
+    `jax.profiler.start_server(port)`, TF `tf.profiler.experimental.server.start(port)`).
+    analyze: also analyse the new run (`result.analysis`, an AnalyzeResult).
+
+        >>> result = tpuprof.capture(port=9012, duration="2s", analyze=True)
+        >>> result.run_dir, result.analysis.verdict
+    """
+    from tpuprof.commands import capture as command
+
+    options = command.trace_options(duration, attempts, delay, host_tracer_level, device_tracer_level,
+                                    python_tracer_level, port)
+    target = command.resolve(options, service_addr=service_addr, tpu=tpu, zone=zone, project=project, port=port)
+    return command.result(target, logdir, options, analyze=analyze)
+
+
+def diff(a: Union[PathLike, Result], b: Union[PathLike, Result], *, fail_if: Iterable[str] = (),
+         batches: Union[str, tuple, None] = None, target: Optional[str] = None, top: int = 10) -> DiffResult:
+    """What changed between two inputs of one kind: two dumps, two profiles, two preflight results, saved
+    `--json` documents, or results of this API (`tpuprof.diff(tpuprof.memory(a), tpuprof.memory(b))`).
+
+    fail_if: thresholds such as "peak_heap_bytes>+5%", "median_ms>+2", "input_bound_percent>20";
+        `result.regression` is True when one trips (the CLI exits 1).
+    batches: A's and B's batch sizes, (64, 128) or "64,128", for the growth per example (default: the samples'
+        sample.json, else inferred from the shapes).
+
+        >>> result = tpuprof.diff("before/", "after/", fail_if=["peak_heap_bytes>+5%"])
+        >>> result.regression, result.to_dict()["groups"][0]["metrics"]
+    """
+    from tpuprof.commands import diff as command
+
+    return command.result(a, b, list(fail_if), batches, target, top)
+
+
+def report(inputs: Union[PathLike, Result, Iterable[Union[PathLike, Result]]],
+           path: PathLike = "tpuprof-report.html", *, target: Optional[str] = None, top: int = 15,
+           title: Optional[str] = None) -> ReportResult:
+    """One self-contained HTML page (opens offline) from any mix of dumps, profiles, OOM logs, tpuprof
+    `--json` files and results of this API; written to `path` whole or not at all.
+
+        >>> tpuprof.report(["dump/", tpuprof.analyze("logs/")], "report.html")
+    """
+    from tpuprof.commands import report as command
+
+    if isinstance(inputs, (str, os.PathLike, Result)):
+        inputs = [inputs]
+    return command.result(list(inputs), Path(path), target, top, title)

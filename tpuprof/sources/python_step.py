@@ -1,0 +1,135 @@
+"""The user's training step given as Python objects (the API's `tpuprof.preflight(fn_or_model, *args)`), turned
+into the same `tpu_compile.Spec` as a `file.py:factory` text: a JAX function and its example arguments, a
+compiled Keras model with example inputs and labels, or a factory `f(batch_size)`.
+"""
+
+from __future__ import annotations
+
+from tpuprof.errors import UserError
+
+
+def spec_from_objects(value, example_args: tuple):
+    """A SPEC for `tpuprof.preflight(...)` called with objects instead of `file.py:factory`:
+
+    - a JAX function (jitted or not) and its example arguments (arrays or jax.ShapeDtypeStructs);
+    - a compiled Keras model (TensorFlow backend) and example inputs and labels (arrays or tf.TensorSpecs);
+    - a factory `f(batch_size)` returning either of those (or a tf.function and its TensorSpecs), as in a file.
+
+    Another batch size than the example's is made by changing the leading dimension of the batch: the
+    arguments every array of which has the same leading dimension as the last argument (inputs and labels);
+    the others (parameters, optimizer state) stay as given.
+    """
+    import inspect
+
+    from tpuprof.sources import tpu_compile
+
+    name = getattr(value, "__name__", None) or type(value).__name__
+    if tpu_compile._is_keras_model(value):
+        if len(example_args) != 2:
+            raise UserError("preflight of a Keras model takes the model, example inputs and example labels: "
+                            "tpuprof.preflight(model, x, y, tpu=...).")
+        factory, example_batch, digest = _keras_factory(value, *example_args)
+        name = getattr(value, "name", None) or name
+    elif example_args:
+        if not callable(value):
+            raise UserError(f"preflight takes a JAX function or a Keras model, not a {type(value).__name__}.")
+        factory, example_batch, digest = _jax_factory(value, example_args)
+    elif callable(value):  # a factory, as in file.py:factory
+        try:
+            parameters = inspect.signature(value).parameters
+        except (TypeError, ValueError):
+            parameters = {}
+        digest = _file_digest(value)
+        return tpu_compile.Spec(name, None, name, value, digest, "dtype" in parameters, "mesh" in parameters), None
+    else:
+        raise UserError(f"preflight takes a file.py:factory text, a JAX function and its example arguments, a Keras "
+                        f"model with example inputs and labels, or a factory; not a {type(value).__name__}.")
+    return tpu_compile.Spec(name, None, name, factory, digest, False, False), example_batch
+
+
+def _batch_dim(leaves) -> int | None:
+    dims = {tuple(leaf.shape)[0] for leaf in leaves if len(getattr(leaf, "shape", ())) >= 1}
+    return dims.pop() if len(dims) == 1 else None
+
+
+def _jax_factory(fn, args: tuple):
+    import jax
+
+    leaves_of = [jax.tree_util.tree_leaves(arg) for arg in args]
+    example_batch = _batch_dim(leaves_of[-1])
+    batched = [example_batch is not None and bool(leaves) and _batch_dim(leaves) == example_batch
+               and all(len(getattr(leaf, "shape", ())) >= 1 for leaf in leaves) for leaves in leaves_of]
+
+    def resize(leaf, batch_size):
+        return jax.ShapeDtypeStruct((batch_size, *tuple(leaf.shape)[1:]), leaf.dtype)
+
+    def factory(batch_size: int):
+        if batch_size == example_batch or example_batch is None:
+            return fn, list(args)
+        return fn, [jax.tree_util.tree_map(lambda leaf: resize(leaf, batch_size), arg) if scaled else arg
+                    for arg, scaled in zip(args, batched)]
+
+    try:  # the program's own text at the example shapes: a changed function or shape is another program
+        abstract = [jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), arg)
+                    for arg in args]
+        jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+        text = jitted.lower(*abstract).as_text()
+        digest = _hash(text, [scaled for scaled in batched])
+    except Exception:  # noqa: BLE001 - no stable key: compile without reusing the cache
+        digest = _unique()
+    return factory, example_batch, digest
+
+
+def _keras_factory(model, x, y):
+    import tensorflow as tf
+
+    from tpuprof.sources.tpu_compile import _is_tensor_spec
+
+    def spec(value):
+        if _is_tensor_spec(value):
+            return value
+        return tf.TensorSpec(tuple(value.shape), tf.as_dtype(value.dtype))
+
+    x_spec, y_spec = spec(x), spec(y)
+    example_batch = x_spec.shape[0]
+
+    def factory(batch_size: int):
+        return (model, tf.TensorSpec((batch_size, *x_spec.shape[1:]), x_spec.dtype),
+                tf.TensorSpec((batch_size, *y_spec.shape[1:]), y_spec.dtype))
+
+    try:
+        import json
+
+        optimizer = getattr(model, "optimizer", None)
+        config = json.dumps([model.to_json(), optimizer.get_config() if optimizer else None, repr(model.loss),
+                             str(x_spec.dtype), list(x_spec.shape[1:]), str(y_spec.dtype), list(y_spec.shape[1:])],
+                            default=str)
+        digest = _hash(config)
+    except Exception:  # noqa: BLE001 - no stable key: compile without reusing the cache
+        digest = _unique()
+    return factory, example_batch, digest
+
+
+def _file_digest(function) -> str:
+    """A factory's cache key, as for `file.py:factory`: the hash of the file that defines it. A factory
+    defined where no file holds it (a notebook cell) gets a key of its own: it is compiled afresh."""
+    import hashlib
+    import inspect
+
+    try:
+        return hashlib.sha256(open(inspect.getsourcefile(function), "rb").read()).hexdigest()
+    except (OSError, TypeError):
+        return _unique()
+
+
+def _hash(*parts) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()
+
+
+def _unique() -> str:
+    import uuid
+
+    return uuid.uuid4().hex
