@@ -76,7 +76,7 @@ PREFLIGHT = {"targets!": [{
     "required_bytes": "?int", "hbm_capacity_bytes": "?int", "max_batch_size": "?int", "peak_heap_bytes": "?int",
     "peak_unpadded_heap_bytes": "?int", "argument_bytes": "?int", "temp_bytes": "?int", "dump_dir": "?str",
     "bf16": "?", "bf16?": {"max_batch_size": "?int"}, "oom": {"headline": "?str"},
-    "curve": [{"batch_size!": "int", "required_bytes!": "int", "fits": "?bool"}],
+    "curve": [{"batch_size!": "int", "required_bytes!": "?int", "fits": "?bool"}],
     "memory": "?", "memory?": MODULE}]}
 # sample.json beside a committed sample dump: how it was made (advisory: a bad one is ignored).
 SAMPLE = {"target": "?str", "batch_size": "?int", "dtype": "?str", "note": "?str"}
