@@ -50,9 +50,17 @@ def as_suggestion(item: Any):
 
 
 class Result:
-    """What every result offers; subclasses define `to_dict` and fill `suggestions`."""
+    """What every result offers; subclasses name their `command`, define `_document` and fill `suggestions`."""
+
+    command = ""  # the CLI command whose --json document this is
 
     def to_dict(self) -> dict:
+        """The command's `--json` document: first its schema name ("tpuprof.memory/1", see tpuprof/schemas)."""
+        from tpuprof import schemas
+
+        return {"schema": schemas.name(self.command), **self._document()}
+
+    def _document(self) -> dict:
         raise NotImplementedError
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -68,6 +76,8 @@ class Result:
 @dataclass(repr=False)
 class MemoryResult(Result):
     """`tpuprof.memory()`: HBM per buffer and per framework op, the peak and the fixes, per module."""
+
+    command = "memory"
 
     path: str
     modules: list  # tpuprof.models.memory.ModuleMemory, largest first
@@ -92,7 +102,7 @@ class MemoryResult(Result):
     def padding_at_peak_bytes(self) -> int:
         return self.module.padding_at_peak_bytes
 
-    def to_dict(self) -> dict:
+    def _document(self) -> dict:
         from tpuprof.renderers.memory import to_json
 
         return to_json(self.modules, self.top)
@@ -106,6 +116,8 @@ class MemoryResult(Result):
 @dataclass(repr=False)
 class AnalyzeResult(Result):
     """`tpuprof.analyze()`: step time per category, per chip, the input pipeline, the roofline, the fixes."""
+
+    command = "analyze"
 
     path: str
     report: Any  # tpuprof.analyses.summary.Report
@@ -128,7 +140,7 @@ class AnalyzeResult(Result):
     def breakdown_percent(self) -> dict:
         return self.report.breakdown_percent
 
-    def to_dict(self) -> dict:
+    def _document(self) -> dict:
         from tpuprof.renderers.analyze import to_json
 
         return to_json(self.report, self.top)
@@ -142,6 +154,8 @@ class AnalyzeResult(Result):
 class OomResult(Result):
     """`tpuprof.oom()`: a TPU out-of-memory error explained: the numbers, the buffers, the batch that fits."""
 
+    command = "oom"
+
     source: str  # the file, or "text" for a string
     report: Any  # tpuprof.models.oom.OomReport
     batch_estimate: Any  # tpuprof.models.oom.BatchEstimate
@@ -154,7 +168,7 @@ class OomResult(Result):
         if not self.suggestions:
             self.suggestions = [as_suggestion(s) for s in self.advice]
 
-    def to_dict(self) -> dict:
+    def _document(self) -> dict:
         return json.loads(json.dumps(self.document))  # a copy: the caller may change it
 
     def __repr__(self) -> str:
@@ -167,6 +181,8 @@ class OomResult(Result):
 @dataclass(repr=False)
 class PreflightResult(Result):
     """`tpuprof.preflight()`: whether the step fits each target, the largest batch, where the memory goes."""
+
+    command = "preflight"
 
     spec: str  # what was compiled: file.py:factory, or the function's or model's name
     targets: list  # one dict per target, as the JSON's targets (with "memory": a ModuleMemory)
@@ -185,7 +201,7 @@ class PreflightResult(Result):
         """True when the step fits every target."""
         return all(t.get("fits") for t in self.targets)
 
-    def to_dict(self) -> dict:
+    def _document(self) -> dict:
         from tpuprof.renderers.preflight import to_json
 
         return to_json(self.targets, self.top)
@@ -199,6 +215,8 @@ class PreflightResult(Result):
 @dataclass(repr=False)
 class CaptureResult(Result):
     """`tpuprof.capture()`: the run folder written, per host file, and (analyze=True) its analysis."""
+
+    command = "capture"
 
     capture: Any  # tpuprof.sources.capture.CaptureResult
     target: Any  # tpuprof.sources.addresses.Target: the addresses and why they were chosen
@@ -215,7 +233,7 @@ class CaptureResult(Result):
     def run_dir(self) -> str:
         return self.capture.run_dir
 
-    def to_dict(self) -> dict:
+    def _document(self) -> dict:
         from tpuprof.renderers.capture import to_json
 
         document = to_json(self.capture, self.target, self.options)
@@ -233,6 +251,8 @@ class CaptureResult(Result):
 class DiffResult(Result):
     """`tpuprof.diff()`: what changed between two inputs of one kind, and the --fail-if checks."""
 
+    command = "diff"
+
     diff: dict  # tpuprof.analyses.diff.compare's result, with a, b, thresholds and regression
     suggestions: list = field(default_factory=list)  # a diff suggests nothing: its inputs do
 
@@ -249,7 +269,7 @@ class DiffResult(Result):
     def kind(self) -> str:
         return self.diff["kind"]
 
-    def to_dict(self) -> dict:
+    def _document(self) -> dict:
         from tpuprof.renderers.diff import to_json
 
         return to_json(self.diff)
@@ -263,12 +283,14 @@ class DiffResult(Result):
 class ReportResult(Result):
     """`tpuprof.report()`: where the page went and what it was made from."""
 
+    command = "report"
+
     output: str
     bytes: int
     inputs: list  # tpuprof.sources.inputs.Input: each input's document, as the page drew it
     suggestions: list = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def _document(self) -> dict:
         return {"output": self.output, "bytes": self.bytes,
                 "inputs": [{"path": i.path, "kind": i.kind} for i in self.inputs]}
 
