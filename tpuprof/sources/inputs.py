@@ -118,6 +118,8 @@ def _file_kind(path: Path) -> str:
         raise UserError(f"cannot read {path}: {error.strerror or error}.") from None
     if head[:2] == b"\x1f\x8b":  # gzip: a saved job log (`tpuprof oom` reads them)
         return "oom_log"
+    if head.lstrip().startswith(b"{") and b'"schema": "tpuprof.' in head:  # a --json document saved as *.txt...
+        return "document"
     if b"\0" in head:  # binary: an HloProto without the usual name
         return "hlo_proto"
     text = head.decode("utf-8", "replace").lstrip()
@@ -143,10 +145,28 @@ def expect(path: str | Path, family: str) -> Source | None:
 
 # ---------------------------------------------------------------- tpuprof --json documents
 
+# The family of each command's documents, by the command named in their "schema" (tpuprof/schemas).
+SCHEMA_FAMILIES = {"memory": MEMORY, "analyze": STEPS, "oom": OOM, "preflight": PREFLIGHT}
+
+
 def document_kind(document) -> str | None:
-    """Which command's --json document this is (memory, steps, oom, preflight), from its keys."""
+    """Which command's --json document this is (memory, steps, oom, preflight): from its "schema" field, or from
+    its keys for documents written before it existed. A tpuprof document that is no input of report and diff
+    (capture, diff, report) or of a newer version than this tpuprof reads is a UserError that says so."""
     if not isinstance(document, dict):
         return None
+    from tpuprof import schemas
+
+    named = schemas.parse(document.get("schema"))
+    if named is not None:  # else the keys tell (a "schema" that is not tpuprof's may be another tool's field)
+        command, version = named
+        if command not in SCHEMA_FAMILIES:
+            raise UserError(f"this is a tpuprof {command} --json document ({document['schema']}): report and diff "
+                            "read memory, analyze, oom and preflight documents.")
+        if version > schemas.VERSIONS[command]:
+            raise UserError(f"this document follows {document['schema']}, newer than this tpuprof reads "
+                            f"({schemas.name(command)}): upgrade tpuprof.")
+        return SCHEMA_FAMILIES[command]
     if isinstance(document.get("modules"), list):
         return MEMORY
     if isinstance(document.get("targets"), list):
@@ -164,7 +184,10 @@ def read_document(path: str | Path) -> tuple[str, dict]:
 
     path = Path(path)
     document = documents.load(path)  # NaN, 5,000-digit numbers, deep nesting, bad bytes: one sentence
-    kind = document_kind(document)
+    try:
+        kind = document_kind(document)
+    except UserError as error:
+        raise UserError(f"{path}: {error}") from None
     if kind is None:
         raise UserError(f"{path} is not a tpuprof --json document (memory, analyze, oom or preflight).")
     documents.check(document, kind, str(path))  # the renderers and the diff trust what passes

@@ -1,0 +1,68 @@
+"""Every sample in sample_profiles/ with the command that reads it, and its --json document: what the schema
+test validates (tests/test_schemas.py) and the golden test compares (tests/test_golden.py, tests/golden.py).
+
+Paths are given relative to the repository (the CLI runs there), so the documents do not depend on where the
+clone is. Preflight's samples are factories in sample_profiles/models/; the cheap ones are compiled here (about a
+second each) with a compile cache of this process's own.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import tempfile
+
+from conftest import DUMPS, ROOT, SAMPLES, run_cli
+
+CAPTURES = SAMPLES / "captures"
+OOM_LOGS = SAMPLES / "oom"
+MODELS = SAMPLES / "models"
+
+
+def _relative(path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def _target(dump) -> str:
+    """The generation a sample dump was made for (sample.json): HLO without TPU layouts needs it."""
+    return json.loads((dump / "sample.json").read_text())["target"]
+
+
+def commands() -> list[tuple[str, list[str], int]]:
+    """(id, CLI arguments without --json, expected exit code) for every sample."""
+    found = []
+    for dump in sorted(p for p in DUMPS.iterdir() if p.is_dir()):
+        found.append((f"memory/{dump.name}", ["memory", _relative(dump), "--target", _target(dump)], 0))
+    for capture in sorted(p for p in CAPTURES.iterdir() if p.is_dir()):
+        found.append((f"analyze/{capture.name}", ["analyze", _relative(capture)], 0))
+    for log in sorted(OOM_LOGS.glob("*.txt")):
+        found.append((f"oom/{log.stem}", ["oom", _relative(log), "--batch", "128"], 0))
+    mlp = _relative(MODELS / "mlp.py")
+    found += [
+        ("preflight/mlp_factory_bf16", ["preflight", f"{mlp}:factory", "--tpu", "v5e", "--batch", "64",
+                                        "--compare-bf16"], 0),
+        ("preflight/mlp_too_large", ["preflight", f"{mlp}:too_large", "--tpu", "v5e", "--batch", "8"], 0),
+        ("diff/memory", ["diff", _relative(DUMPS / "diff_b64"), _relative(DUMPS / "diff_b128"), "--fail-if",
+                         "peak_heap_bytes>+5%"], 1),  # exit 1: the threshold trips
+        ("diff/steps", ["diff", _relative(CAPTURES / "tf_tiny_spe1"), _relative(CAPTURES / "tf_tiny_spe64")], 0),
+    ]
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _compile_cache() -> str:
+    return tempfile.mkdtemp(prefix="tpuprof-samples-xdg-")
+
+
+@functools.lru_cache(maxsize=None)
+def _run(args: tuple[str, ...], exit_code: int) -> str:
+    result = run_cli(*args, "--json", timeout=600, env={"XDG_CACHE_HOME": _compile_cache()})
+    if result.returncode != exit_code:
+        raise AssertionError(f"tpuprof {' '.join(args)} exited {result.returncode}: {result.stderr}")
+    return result.stdout
+
+
+def document(sample: tuple[str, list[str], int]) -> dict:
+    """The sample's --json document (each command runs once per process; every caller gets its own copy)."""
+    _, args, exit_code = sample
+    return json.loads(_run(tuple(args), exit_code))
