@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import html as _html
+import math
 import re
 from itertools import count
 
@@ -629,6 +630,9 @@ def _roofline(page: _Page, d: dict) -> None:
     if placed:
         intensities = [o["intensity"] for o in placed] + [roof.get("ridge_flops_per_byte") or peak / hbm]
         low, high = min(intensities) / 4, max(intensities) * 4
+        if not 0 < low < high < math.inf:  # a log axis needs a positive, finite range (a hand-edited document)
+            placed = []
+    if placed:
         xs = [low * (high / low) ** (i / 60) for i in range(61)]
         fig = go.Figure()
         fig.add_scatter(x=xs, y=[min(peak, x * hbm) for x in xs], mode="lines", name="roof: min(peak, intensity x HBM)",
