@@ -49,6 +49,10 @@ CASES = [
     ("json_nested_5000_deep.json", "report", 2, "nested too deeply"),
     # An analyze document whose roofline ridge underflows to 0 when quartered (the log axis had no range).
     ("json_roofline_ridge_underflow.json", "report", 0, ""),
+    # A preflight document whose dump_dir is longer than a file name may be (is_dir raised OSError).
+    ("json_preflight_dump_dir_too_long.json", "report", 0, ""),
+    # A logical buffer defined at a negative tuple index.
+    ("shape_index_negative.hlo.pb", "memory", 0, ""),
 ]
 
 

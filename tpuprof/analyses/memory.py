@@ -80,7 +80,7 @@ def _resolve_shape_proto(shape_proto, shape_index):
     (nested indices are rare in HBM buffers and XProf reports them this way)."""
     if shape_index:
         i = shape_index[-1]
-        if i < len(shape_proto.tuple_shapes):
+        if 0 <= i < len(shape_proto.tuple_shapes):  # a damaged proto can hold a negative index
             return shape_proto.tuple_shapes[i]
     return shape_proto
 

@@ -43,12 +43,19 @@ def _load_json(path: Path) -> Input:
     return Input(str(path), kind, document, from_json=True)
 
 
+def _is_dir(path: str) -> bool:
+    try:
+        return Path(path).is_dir()
+    except (OSError, ValueError):  # a name too long for the file system, or with a NUL byte
+        return False
+
+
 def _reload_preflight_dumps(document: dict) -> None:
     """preflight keeps each compile's dump (its cache): when it is still on this machine, analyse it again
     for what the JSON leaves out (the memory curve, each padded buffer's fix)."""
     for target in document["targets"]:
         dump = target.get("dump_dir")
-        if not isinstance(dump, str) or not Path(dump).is_dir() or not isinstance(target.get("memory"), dict):
+        if not isinstance(dump, str) or not _is_dir(dump) or not isinstance(target.get("memory"), dict):
             continue
         try:
             modules = _load_memory(Path(dump), target.get("target"), 0).document["modules"]
