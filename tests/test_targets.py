@@ -147,6 +147,20 @@ def test_roofline_peaks_are_per_capture_plane():
     assert roof_for("v3").peak_flops_per_s == 123e12 / 2
 
 
+def test_the_readme_table_is_the_one_in_targets():
+    """README's generations table shows tpuprof.targets' figures (so the two cannot drift apart)."""
+    readme = (ROOT / "README.md").read_text().split("## TPU generations", 1)[1]
+    rows = [line.strip("|").split("|") for line in readme.splitlines() if re.match(r"\| (v\d|tpu7x)", line)]
+    assert [row[0].split()[0] for row in rows] == list(targets.TARGETS)
+    for name, kind, cores, per_chip, offered, published, peak, bandwidth in ([c.strip() for c in row] for row in rows):
+        target = targets.get(name.split()[0])
+        assert kind.startswith(("a chip" if target.device_kind == "chip" else "a TensorCore"))
+        assert (int(cores), int(per_chip)) == (target.cores_per_device, target.devices_per_chip)
+        assert read_size(offered.split()[0], "G") == target.compiler_hbm_bytes
+        assert read_size(published.split()[0], "G") == target.published_hbm_bytes_per_chip
+        assert (float(peak.split()[0]), float(bandwidth.split()[0])) == (target.peak_bf16_tflops, target.hbm_gbps)
+
+
 # --- every command that takes a generation -----------------------------------------------------------------
 
 def test_preflight_v4_and_tpu7x(tmp_path):
