@@ -68,11 +68,10 @@ class Target:
 
     @property
     def device(self) -> str:
-        """What one device is, in words: 'one chip (megacore: 2 TensorCores)'."""
+        """What one device is, in words: 'one chip', 'one chip (2 TensorCores)' (megacore), 'one TensorCore (2 per
+        chip)'."""
         if self.device_kind == "chip":
-            cores = "megacore: 2 TensorCores" if self.cores_per_device == 2 else \
-                f"{self.cores_per_device} TensorCore" + ("s" if self.cores_per_device > 1 else "")
-            return f"one chip ({cores})"
+            return "one chip" if self.cores_per_device == 1 else f"one chip ({self.cores_per_device} TensorCores)"
         return f"one TensorCore ({self.devices_per_chip} per chip)"
 
     def device_info(self) -> dict:
