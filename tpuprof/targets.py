@@ -15,7 +15,8 @@ capture). Depending on the generation it is a whole chip or one TensorCore of it
 `compiler_hbm_bytes` is what libtpu 0.0.42.1 states as "available HBM (X)" for one device when a program is too
 large (checked by tests/test_targets.py, which compiles for every generation); it is below the published size
 because the runtime keeps part of HBM. The published figures are per chip; `..._per_device` divides them by the
-devices per chip (the device's share of the chip).
+devices per chip (the device's share of the chip). The docs write HBM sizes as "GB"; they are GiB (the v5e
+compiler offers 15.75 GiB, more than 16e9 bytes).
 """
 
 from __future__ import annotations
