@@ -38,6 +38,7 @@ JSON_HELP = "Print one JSON document on stdout instead of tables."
 VERBOSE_HELP = "Also show what TensorFlow, JAX, libtpu and the profiler print on stderr."
 # The generations come from tpuprof.targets, the one place that knows them: help and completion follow it.
 GENERATIONS = " ".join(targets.TARGETS)
+GENERATION_NAMES = "also v7x, ironwood, trillium, v5litepod, slice names like v6e-8"
 
 # Closed sets are click choices: --help lists them, completion offers them, a wrong one is a usage error.
 MemoryTable = Enum("MemoryTable", {name: name for name in MEMORY_TABLES}, type=str)
@@ -64,7 +65,7 @@ def _check_generations(value: Optional[str]) -> Optional[str]:
 
 
 def _target_option(help_text: str):
-    return typer.Option(None, "--target", metavar="GENERATION", help=f"{help_text} One of: {GENERATIONS}.",
+    return typer.Option(None, "--target", metavar="GENERATION", help=f"{help_text} One of: {GENERATIONS} ({GENERATION_NAMES}).",
                         callback=_check_generations, autocompletion=_complete_generation)
 
 
@@ -240,7 +241,7 @@ def diff(
 def preflight(
     spec: str = typer.Argument(..., metavar="FILE.py:FACTORY", help="path/to/file.py:factory; factory(batch_size) returns (jax fn, example args), "
                                "(tf.function, TensorSpecs) or (compiled Keras model, x spec, y spec)."),
-    tpu: str = typer.Option(..., "--tpu", metavar="GENERATION[,...]", help=f"TPU generation ({GENERATIONS}) or topology (v5e:2x2); "
+    tpu: str = typer.Option(..., "--tpu", metavar="GENERATION[,...]", help=f"TPU generation ({GENERATIONS}; {GENERATION_NAMES}) or topology (v5e:2x2); "
                             "a comma list compares them.",
                             callback=_check_generations, autocompletion=_complete_generation),
     batch: Optional[int] = typer.Option(None, "--batch", help="Per-chip batch size to check."),

@@ -106,7 +106,7 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
         if any("max_batch_size" in r.get("bf16", {}) for r in results):
             row("bf16: max batch", lambda r: _max(r["bf16"]) if r.get("bf16") else "-")
     row("compiles (this run)", lambda r: str(r["compiles"]))
-    columns = [tables.text("")] + [tables.text(f"{r['target']} ({r['topology']}, {r['device']})", justify="right")
+    columns = [tables.text("")] + [tables.text(f"{r['target']} ({r['topology']}, {r['device']['description']})", justify="right")
                                    for r in results]
     out.print(tables.table(columns, rows, out.width))
 
