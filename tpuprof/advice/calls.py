@@ -54,8 +54,6 @@ CALLS: dict[str, dict[str | None, str]] = {
     },
     "donation": {
         "jax": "jax.jit(train_step, donate_argnums=(0,)) so the new state reuses the old state's buffers",
-        "keras": "Keras 3 on JAX donates the training state itself: check that no Python reference keeps the "
-                 "old weights alive",
         None: "donate the step's state inputs so its outputs reuse their buffers",
     },
     "batch_size": {
@@ -106,4 +104,6 @@ def call(kind: str, framework: str | None) -> str | None:
         return calls[framework]
     if framework == "vllm" and kind in ("remat", "donation", "offload"):
         return None
+    if kind == "donation" and framework in ("keras", "tf1", "tf2", "pytorch_xla"):
+        return None  # their runtimes update variables in place: nothing for the user to donate
     return calls.get(None)

@@ -17,7 +17,7 @@ from tpuprof.models import shape as shapes
 from tpuprof.models.oom import (
     COMPILE, EARLY_ABORT, RESERVATION, RUNTIME_ALLOCATION, BatchEstimate, OomAllocation, OomReport,
 )
-from tpuprof.models.suggestion import Suggestion, rank
+from tpuprof.models.suggestion import KIND_TITLES, Suggestion, rank  # noqa: F401 (KIND_TITLES: older imports)
 
 DUMP_FLAGS = "XLA_FLAGS='--xla_dump_to=/tmp/xla_dump --xla_dump_hlo_as_proto --xla_dump_hlo_as_text'"
 FAST_EXIT_FLAG = "--xla_tpu_impure_oom_fast_exit_threshold=-1"
@@ -27,13 +27,6 @@ SHARDING_DEVICES = 8
 _ATTENTION_OP = re.compile(r"attention|attn|hqk|bhqk|qk->|softmax|scores", re.I)
 _LAYER = re.compile(r"/(?:layers?|h|blocks?|encoder_layer|decoder_layer)[/_.](\d+)/")
 
-KIND_TITLES = {
-    "padding": "Tile padding", "bf16": "bfloat16", "remat": "Rematerialisation", "attention": "Fused attention",
-    "sharding": "Sharding", "donation": "Buffer donation", "fragmentation": "Fragmentation",
-    "batch_size": "Smaller batch", "live_buffers": "Live buffers", "vmem": "vmem (on-chip scratch)",
-    "smem": "smem (on-chip scalar memory)", "sparsecore": "SparseCore", "shape_bug": "A shape far too large",
-    "largest_ops": "Largest ops", "more_detail": "More detail", "offload": "Host offload",
-}
 
 
 def shortfall(report: OomReport) -> int | None:

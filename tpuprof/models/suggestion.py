@@ -19,6 +19,18 @@ SEVERITIES = ("blocking", "improve", "info")
 # how the bytes or time scale, with a range), "rough" (an order of magnitude).
 CONFIDENCES = ("exact", "estimated", "rough")
 
+# How each kind is titled for people (renderers): never the internal label.
+KIND_TITLES = {
+    "padding": "Tile padding", "bf16": "bfloat16", "remat": "Rematerialisation", "attention": "Fused attention",
+    "sharding": "Sharding", "donation": "Buffer donation", "fragmentation": "Fragmentation",
+    "batch_size": "Batch size", "live_buffers": "Live buffers", "vmem": "vmem (on-chip scratch)",
+    "smem": "smem (on-chip scalar memory)", "sparsecore": "SparseCore", "shape_bug": "A shape far too large",
+    "largest_ops": "Largest ops", "more_detail": "More detail", "offload": "Host offload",
+    "one_hot": "One-hot padding", "input_pipeline": "Input pipeline", "steps_per_execution": "Steps per execution",
+    "host_transfer": "Host transfers", "collective": "Collectives", "compile": "Compilation",
+    "straggler": "Straggler", "memory_bound": "Memory-bound ops", "precision": "Precision",
+}
+
 # Frameworks whose API a suggestion can speak; None is framework-neutral wording.
 FRAMEWORKS = ("jax", "keras", "tf2", "tf1", "pytorch_xla", "vllm")
 

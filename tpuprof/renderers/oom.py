@@ -107,6 +107,8 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
         console.print(table)
 
     console.print()
+    from tpuprof.renderers.suggestions import value as _get
+
     if not any(_get(item, "kind") == "batch_size" for item in suggestions):  # else the fix says it
         if estimate.scale is not None and estimate.scale >= 1:
             console.print(f"batch estimate: the program fits the capacity at the current batch ({e(estimate.reason)}).")
@@ -115,41 +117,9 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
         elif estimate.scale is None:
             console.print(f"batch estimate: none ({e(estimate.reason)}).")
         console.print()
+    from tpuprof.renderers.suggestions import render_suggestions
+
     render_suggestions(console, suggestions, report.framework,
                        "Causes and fixes: first what can make it fit alone, then by memory freed")
 
 
-def _get(item, key: str):
-    return item.get(key) if isinstance(item, dict) else getattr(item, key, None)
-
-
-def render_suggestions(console: Console, suggestions: list, framework: str | None, heading: str) -> None:
-    """Numbered fixes: a title (not an internal label), the saving with how it was obtained, the message, the
-    call in the user's framework, the evidence and the source line."""
-    from tpuprof.advice.oom import KIND_TITLES
-    from tpuprof.analyses.framework import FRAMEWORK_NAMES
-
-    console.print(f"[bold]{e(heading)}[/bold]")
-    for i, item in enumerate(suggestions, 1):
-        kind = _get(item, "kind") or ""
-        title = KIND_TITLES.get(kind, kind.replace("_", " ").capitalize())
-        saving = _get(item, "saving_bytes")
-        low_high = _get(item, "saving_bytes_range")
-        badge = ""
-        if saving:
-            badge = f"frees ≈{fmt(saving)}"
-            if low_high and (low_high[0] != saving or low_high[1] != saving):
-                badge += f" ({fmt(low_high[0])}-{fmt(low_high[1])})"
-            badge += f", {_get(item, 'confidence') or 'estimated'}"
-            if _get(item, "severity") == "blocking":
-                badge += "; enough to fit"
-            badge = f" [dim]({badge})[/dim]"
-        console.print(f"{i}. [bold]{e(title)}[/bold]{badge}: {e(_get(item, 'message') or '')}")
-        code = _get(item, "code")
-        if code:
-            who = FRAMEWORK_NAMES.get(_get(item, "framework") or framework or "", "")
-            console.print(f"   [cyan]{e(who + ': ' if who else '')}{e(code)}[/cyan]")
-        if _get(item, "source_line"):
-            console.print(f"   [dim]at {e(_get(item, 'source_line'))}[/dim]")
-        if _get(item, "evidence"):
-            console.print(f"   [dim]evidence: {e(_get(item, 'evidence'))}[/dim]")
