@@ -238,10 +238,10 @@ def add_donation(module: ModuleMemory, stats: dict) -> None:
                                  (b.source_line for b in module.buffers))
     hint = donation(int(stats.get("argument_size_in_bytes") or 0), int(stats.get("output_size_in_bytes") or 0),
                     int(stats.get("alias_size_in_bytes") or 0), job)
-    if hint is not None and not any(s.kind == "donation" for s in module.suggestions):
+    if hint is not None:
         peak = module.peak_heap_bytes or 0
         capacity = module.hbm_capacity_bytes
-        module.suggestions = rank([*module.suggestions, hint],
+        module.suggestions = rank([*(s for s in module.suggestions if s.kind != "donation"), hint],
                                   shortfall_bytes=peak - capacity if capacity and peak > capacity else None)
 
 
