@@ -21,6 +21,8 @@ from tpuprof.models.suggestion import KIND_TITLES, Suggestion, rank  # noqa: F40
 
 DUMP_FLAGS = "XLA_FLAGS='--xla_dump_to=/tmp/xla_dump --xla_dump_hlo_as_proto --xla_dump_hlo_as_text'"
 FAST_EXIT_FLAG = "--xla_tpu_impure_oom_fast_exit_threshold=-1"
+# A leading dimension larger than this is a flattened batch x positions, not a per-chip batch to name.
+MAX_GUESSED_BATCH = 65536
 # A sharding estimate spreads what does not scale with the batch over the chips of one TPU VM host.
 SHARDING_DEVICES = 8
 # Attention scores: [batch, heads, queries, keys] with queries == keys (or [b*h, q, k]).
@@ -322,7 +324,7 @@ def _batch(report: OomReport, estimate: BatchEstimate, missing: int | None) -> S
         saving = missing or int(scaling * (1 - estimate.scale))
         what = f"about {estimate.scale:.0%} of the current per-chip batch fits (pass --batch N for a number)"
         extra = {}
-        if estimate.batch_dim and estimate.batch_dim > 1:
+        if estimate.batch_dim and 1 < estimate.batch_dim <= MAX_GUESSED_BATCH:
             from tpuprof.analyses.oom import fitting_batch
 
             guess = fitting_batch(estimate.batch_dim, estimate.scale)

@@ -198,7 +198,9 @@ def result(inputs: list, output: Path, target: str | None = None, top: int = 15,
     loaded = [load(path, target, top) for path in inputs]
     page = html.render(loaded, top=top, title=title)
     write_atomically(output, page)
-    suggestions = [as_suggestion(s) for item in loaded for s in _suggestions(item)]
+    # The page's order: the fixes of what does not fit first, then by saving (memory), then step time.
+    suggestions = [as_suggestion(s) for _, s in html.ranked_suggestions(loaded)] + \
+        [as_suggestion(s) for item in loaded if item.kind == STEPS for s in _suggestions(item)]
     return ReportResult(str(output), len(page.encode()), loaded, suggestions)
 
 

@@ -85,3 +85,23 @@ def rank(suggestions: list[Suggestion], *, shortfall_bytes: int | None = None) -
         return (not covers, saving is None, -(saving or 0), severity_order.get(s.severity, len(SEVERITIES)))
 
     return sorted(suggestions, key=key)
+
+
+def rank_across(groups: list[tuple[list[Suggestion], int | None]]) -> list[tuple[int, Suggestion]]:
+    """Suggestions of several inputs (a report) in one order: (group index, suggestion).
+
+    Each group is (its suggestions, its shortfall in bytes: > 0 when that input does not fit, 0 when it fits,
+    None when unknown). The fixes of inputs that do not fit come first, and among them those whose saving
+    covers their own input's shortfall, largest first; then the others by saving; then the inputs that fit.
+    """
+    severity_order = {name: i for i, name in enumerate(SEVERITIES)}
+    keyed = []
+    for index, (suggestions, shortfall) in enumerate(groups):
+        for order, s in enumerate(suggestions):
+            saving = s.saving_bytes if s.saving_bytes is not None else s.saving_ms_per_step
+            blocked = bool(shortfall and shortfall > 0)
+            covers = blocked and s.saving_bytes is not None and s.saving_bytes >= shortfall
+            keyed.append(((not blocked, not covers, saving is None, -(saving or 0),
+                           severity_order.get(s.severity, len(SEVERITIES)), index, order), index, s))
+    keyed.sort(key=lambda item: item[0])
+    return [(index, s) for _, index, s in keyed]
