@@ -382,14 +382,16 @@ def _scratch_memory(report: OomReport) -> Suggestion:
 
 def _live_buffers(report: OomReport, missing: int | None) -> Suggestion:
     want, free = report.requested_bytes, report.free_bytes
-    message = (f"At run time {fmt(want)} was requested with {fmt(free)} free: the memory is held by arrays still "
-               "alive (parameters, old batches, copies kept by Python references, another program's buffers).")
+    with_free = f" with {fmt(free)} free" if free is not None else ""
+    message = (f"At run time {fmt(want)} was requested{with_free} and could not be allocated: the memory is held by "
+               "arrays still alive (parameters, old batches, copies kept by Python references, another program's "
+               "buffers).")
     if want is not None and free is not None and free >= want:
         message += " Free memory exceeds the request, so it is fragmented: allocate the large arrays first."
     if report.kind == RESERVATION and report.currently_allocated_bytes is not None:
         message += f" {fmt(report.currently_allocated_bytes)} was allocated when the program was loaded."
     return Suggestion(kind="live_buffers", severity="blocking", saving_bytes=missing, confidence="exact",
-                      message=message, evidence=f"requested {fmt(want)}, free {fmt(free)}",
+                      message=message, evidence=f"requested {fmt(want)}" + (f", free {fmt(free)}" if free is not None else ""),
                       code=_code("live_buffers", report.framework))
 
 

@@ -312,7 +312,7 @@ def detect_framework(text: str) -> str | None:
 
 
 # A GPU's out-of-memory text can use the same words as a TPU runtime's ("Failed to allocate request for").
-_GPU = re.compile(r"\b(?:GTX|RTX|Tesla|Quadro|GeForce|Titan)\b[ \w]{0,12}|\b[ABHL]100\b|\bH200\b|\bCUDA\b|cuDNN"
+_GPU = re.compile(r"\b(?:GTX|RTX|Tesla|Quadro|GeForce|Titan)\b(?: [A-Z]?\d{2,4}\w{0,3})?|\b[ABHL]100\b|\bH200\b|\bCUDA\b|cuDNN"
                   r"|/(?:device:)?gpu:\d|/device:GPU|\bGPU\b|NVIDIA|ROCm")
 _TPU = re.compile(r"\bTPU\b|\btpu_|libtpu|\bhbm\b|\bHBM|TensorCore|XLA:TPU")
 
@@ -322,7 +322,10 @@ def non_tpu_device(text: str) -> str | None:
     if _TPU.search(text):
         return None
     match = _GPU.search(text)
-    return match.group(0).strip() if match else None
+    if not match:
+        return None
+    name = match.group(0).strip()
+    return f"{name} GPU" if re.match(r"GTX|RTX|Tesla|Quadro|GeForce|Titan|[ABHL]\d00|H200", name) else "GPU"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,7 +362,7 @@ def find_in_stream(stream: BinaryIO, target: str | None = None) -> OomReport | N
         if report.kind == RUNTIME_ALLOCATION and non_tpu_device(surroundings):
             report.kind = NOT_TPU
         if report.kind == NOT_TPU:
-            report.device = non_tpu_device(surroundings) or "another device"
+            report.device = non_tpu_device(surroundings) or "GPU or CPU"
             other = other or report
             continue
         found += 1
