@@ -88,6 +88,15 @@ CALLS: dict[str, dict[str | None, str]] = {
         None: "loop over the layers (scan) instead of unrolling them so every layer reuses the same buffers, "
               "and keep the large temporaries of one size (pad sequence lengths to one bucket)",
     },
+    "scratch": {
+        "jax": "smaller block_shape in the pallas_call BlockSpecs (or the kernel's block sizes) so one block's "
+               "operands fit in VMEM",
+        "pytorch_xla": "smaller block sizes for the Pallas kernel (torch_xla.experimental.custom_kernel), or "
+                       "XLA_FLAGS that break the fusion",
+        "vllm": "lower --max-num-batched-tokens (the ragged paged-attention kernel's query and KV blocks grow "
+                "with it) and report the kernel's block sizes to tpu-inference",
+        None: "smaller block/tile sizes in the custom kernel, or break the fusion",
+    },
     "offload": {
         "jax": "jax.checkpoint(layer, policy=jax.checkpoint_policies.offload_dot_with_no_batch_dims("
                "'device', 'pinned_host')) to keep saved activations in host memory",

@@ -377,7 +377,7 @@ def _scratch_memory(report: OomReport) -> Suggestion:
         shapes_listed = ", ".join(dict.fromkeys(f"{a.xla_label or ''} {a.shape}".strip() for a in report.allocations))
         message += f" Listed: {shapes_listed}."
     return Suggestion(kind=space, severity="blocking", saving_bytes=report.exceeded_bytes, confidence="exact",
-                      message=message)
+                      message=message, code=_code("scratch", report.framework))
 
 
 def _live_buffers(report: OomReport, missing: int | None) -> Suggestion:
