@@ -131,6 +131,9 @@ EXPECTED = {
         arguments_bytes=b("64.32M"), output_bytes=b("64.32M"), output_shared_bytes=b("64.25M"),
         hlo_temp_bytes=b("8.25G"), utilization=100.0, fragmentation_bytes=b("1.01M"), framework="tf1",
         training=True),
+    "tpu_inference_2803_vllm_vmem": dict(
+        kind="compile", memory_space="vmem", used_bytes=b("76.58M"), capacity_bytes=b("64.00M"),
+        exceeded_bytes=b("12.58M"), scoped_bytes=b("76.58M"), framework="vllm", training=False),
     "colabfold_62_alphafold_inference": dict(
         kind="compile", used_bytes=b("9.08G"), capacity_bytes=b("7.48G"), exceeded_bytes=b("1.60G"),
         unpadded_bytes=b("8.65G"), padded_bytes=b("9.06G"), utilization=95.4, framework="jax", training=False),

@@ -64,7 +64,26 @@ def batch_dimension(result: ModuleMemory) -> int | None:
     return dim if weights[dim] >= 0.4 * total else None
 
 
-def padding_fix(buffer: Buffer, batch: int | None = None) -> str:
+_SUBSHAPE = re.compile(r"\b[a-z]\w*\[([\d,]*)\]")
+
+
+def class_counts(result: ModuleMemory, batch: int | None) -> frozenset[int]:
+    """Sizes that are the model's class count: the minor dimension of a [batch, n] activation (the logits) that
+    is also a parameter's minor dimension (the output layer), not a multiple of 8 (hidden sizes are)."""
+    if not batch:
+        return frozenset()
+    logits, parameters = set(), set()
+    for buffer in result.buffers:
+        for match in _SUBSHAPE.finditer(buffer.shape or ""):
+            dims = tuple(int(d) for d in match.group(1).split(",") if d)
+            if len(dims) == 2 and dims[0] == batch and dims[1] % 8:
+                logits.add(dims[1])
+            if buffer.allocation_type == "parameter" and len(dims) >= 2:
+                parameters.add(dims[-1])
+    return frozenset(logits & parameters)
+
+
+def padding_fix(buffer: Buffer, batch: int | None = None, classes: frozenset[int] = frozenset()) -> str:
     """Which tensor and dimension is padded from what to what, and what to choose, in the user's terms."""
     head = f"{buffer.instruction} {buffer.shape}: "
     if not buffer.padded_dims:
@@ -77,7 +96,7 @@ def padding_fix(buffer: Buffer, batch: int | None = None) -> str:
                        "optax.softmax_cross_entropy_with_integer_labels) instead of materialising the one-hot"
                        + (f" ({'x'.join(map(str, dims))})" if dims else "") + ".")
     found = padding_advice.roles(_dims(buffer) or tuple(range(len(buffer.minor_to_major))), buffer.padded_dims,
-                                 buffer.minor_to_major, buffer.op_name, batch)
+                                 buffer.minor_to_major, buffer.op_name, batch, classes)
     texts = [padding_advice.fix_text(d, _tile_dim_for(buffer, d.index) or 8, buffer.padding_bytes if i == 0 else 0)
              for i, d in enumerate(found)]
     return head + "; ".join(dict.fromkeys(texts)) + "."
@@ -111,6 +130,7 @@ def _padding(result: ModuleMemory, peak: int) -> list[Suggestion]:
     candidates = sorted((b for b in result.buffers if b.padding_bytes >= floor),
                         key=lambda b: (not b.live_at_peak, -b.padding_bytes))
     batch = batch_dimension(result)
+    classes = class_counts(result, batch)
     out: list[Suggestion] = []
     seen_ops: set[str] = set()
     for buffer in candidates:
@@ -123,7 +143,7 @@ def _padding(result: ModuleMemory, peak: int) -> list[Suggestion]:
         out.append(Suggestion(
             kind=kind, saving_bytes=buffer.padding_bytes if buffer.live_at_peak else None, confidence="exact",
             message=f"{fmt_bytes(buffer.padding_bytes)} of padding{where} ({buffer.expansion:.1f}x)"
-                    + (f" from {buffer.op_name}" if buffer.op_name else "") + ": " + padding_fix(buffer, batch),
+                    + (f" from {buffer.op_name}" if buffer.op_name else "") + ": " + padding_fix(buffer, batch, classes),
             evidence=f"{buffer.instruction} {buffer.shape}: {fmt_bytes(buffer.size_bytes)} for "
                      f"{fmt_bytes(buffer.unpadded_bytes)} of data"
                      + ("" if buffer.live_at_peak else "; not live at the peak, so the peak does not shrink"),

@@ -27,22 +27,25 @@ class PaddedDimension:
     padded: int
     role: str  # batch, classes, channels, heads, sequence, features, size-1
     lanes: bool  # True: the minor-most dimension (128 lanes); False: second-minor (sublanes)
+    one_hot: bool = False  # the buffer is a one-hot of the labels
 
 
 def roles(dims: tuple[int, ...], padded_dims, minor_to_major: tuple[int, ...], op_name: str = "",
-          batch: int | None = None) -> list[PaddedDimension]:
-    """What each padded dimension is, from the shape, the framework op and the batch when known."""
+          batch: int | None = None, classes: frozenset[int] = frozenset()) -> list[PaddedDimension]:
+    """What each padded dimension is, from the shape, the framework op, the batch and the model's class
+    count when known."""
     out = []
     minor = minor_to_major[0] if minor_to_major else len(dims) - 1
     for index, size, padded in padded_dims:
-        out.append(PaddedDimension(index, size, padded, _role(dims, index, size, op_name, batch), index == minor))
+        role = _role(dims, index, size, op_name, batch, classes)
+        out.append(PaddedDimension(index, size, padded, role, index == minor, one_hot=bool(_ONE_HOT.search(op_name))))
     return out
 
 
-def _role(dims, index: int, size: int, op_name: str, batch: int | None) -> str:
+def _role(dims, index: int, size: int, op_name: str, batch: int | None, classes: frozenset[int]) -> str:
     if size == 1:
         return "size-1"
-    if _ONE_HOT.search(op_name) and index == len(dims) - 1:
+    if index == len(dims) - 1 and (_ONE_HOT.search(op_name) or size in classes):
         return "classes"
     if batch and size == batch and index == 0:
         return "batch"
@@ -82,11 +85,14 @@ def _fix_text(dimension: PaddedDimension, tile: int, padding_bytes: int, tensor:
     if role == "size-1":
         return (f"a size-1 dimension{of} sits in the {where}, padded to {padded}: squeeze it away (reshape) "
                 f"before the op; {saving}")
-    if role == "classes":
+    if role == "classes" and dimension.one_hot:
         return (f"the {size} classes{of} sit in the {where}, padded to {padded}: pass integer labels with a sparse "
                 "loss (sparse_categorical_crossentropy, optax.softmax_cross_entropy_with_integer_labels) instead of "
-                f"one-hot targets, or pad the class count to {_multiples(size, tile)} and mask the extra logits; "
-                f"{saving}")
+                f"one-hot targets; {saving}")
+    if role == "classes":
+        return (f"the {size} classes{of} sit in the {where}, padded to {padded}: the class count is the task's; "
+                f"if this buffer matters, give the output layer {_multiples(size, tile).split(' or ')[-1]} outputs "
+                f"and mask the extra logits; {saving}")
     if role == "batch":
         if dimension.lanes:
             return (f"the per-chip batch of {size} is the minor-most dimension{of} (the compiler put it on the "

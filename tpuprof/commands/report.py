@@ -80,7 +80,7 @@ def _load_memory(path: Path, target: str | None, top: int) -> Input:
 def memory_input(path: str, results: list, meta: dict | None = None) -> Input:
     """The memory document of RESULTS (ModuleMemory), largest peak first, with each module's curve over
     program order and each padded buffer's fix."""
-    from tpuprof.advice.memory import padding_fix
+    from tpuprof.advice.memory import batch_dimension, class_counts, padding_fix
     from tpuprof.analyses.memory import describe
     from tpuprof.renderers.memory import to_json
 
@@ -90,7 +90,9 @@ def memory_input(path: str, results: list, meta: dict | None = None) -> Input:
     document = to_json(results, 0)  # every buffer: diff matches them, the page picks its top rows
     for module, entry in zip(results, document["modules"]):
         entry["timeline"] = _timeline(module)
-        fixes = {b.instruction: padding_fix(b) for b in module.buffers if b.padding_bytes > 0}
+        batch = batch_dimension(module)
+        classes = class_counts(module, batch)
+        fixes = {b.instruction: padding_fix(b, batch, classes) for b in module.buffers if b.padding_bytes > 0}
         for row in entry["buffers"]:
             if row["instruction"] in fixes:
                 row["fix"] = fixes[row["instruction"]]

@@ -73,18 +73,29 @@ def rank(suggestions: list[Suggestion], *, shortfall_bytes: int | None = None) -
     """Order suggestions the same way in every command.
 
     With `shortfall_bytes` (the job needs that much more HBM than it has), a fix whose saving covers the
-    shortfall on its own comes first, largest saving first; then every other fix by saving (bytes and
+    shortfall on its own comes first, largest saving first; then every other fix by saving (the saving it can be
+    counted on: the low end of an estimate's range, so a rough guess does not outrank an exact figure; bytes and
     milliseconds are never compared with each other: a document is about one or the other), then advice
     without a number, by severity. Python's sort is stable: equal keys keep the order they were given in.
     """
     severity_order = {name: i for i, name in enumerate(SEVERITIES)}
 
     def key(s: Suggestion):
-        saving = s.saving_bytes if s.saving_bytes is not None else s.saving_ms_per_step
-        covers = bool(shortfall_bytes and s.saving_bytes is not None and s.saving_bytes >= shortfall_bytes)
+        saving = _counted(s)
+        covers = bool(shortfall_bytes and saving is not None and s.saving_bytes is not None
+                      and saving >= shortfall_bytes)
         return (not covers, saving is None, -(saving or 0), severity_order.get(s.severity, len(SEVERITIES)))
 
     return sorted(suggestions, key=key)
+
+
+def _counted(s: Suggestion):
+    """The saving a fix can be counted on: the low end of an estimate's range, else its figure."""
+    if s.saving_bytes is not None:
+        return s.saving_bytes_range[0] if s.saving_bytes_range else s.saving_bytes
+    if s.saving_ms_per_step is not None:
+        return s.saving_ms_range[0] if s.saving_ms_range else s.saving_ms_per_step
+    return None
 
 
 def rank_across(groups: list[tuple[list[Suggestion], int | None]]) -> list[tuple[int, Suggestion]]:
@@ -98,9 +109,9 @@ def rank_across(groups: list[tuple[list[Suggestion], int | None]]) -> list[tuple
     keyed = []
     for index, (suggestions, shortfall) in enumerate(groups):
         for order, s in enumerate(suggestions):
-            saving = s.saving_bytes if s.saving_bytes is not None else s.saving_ms_per_step
+            saving = _counted(s)
             blocked = bool(shortfall and shortfall > 0)
-            covers = blocked and s.saving_bytes is not None and s.saving_bytes >= shortfall
+            covers = blocked and s.saving_bytes is not None and saving >= shortfall
             keyed.append(((not blocked, not covers, saving is None, -(saving or 0),
                            severity_order.get(s.severity, len(SEVERITIES)), index, order), index, s))
     keyed.sort(key=lambda item: item[0])
