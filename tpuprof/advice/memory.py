@@ -90,9 +90,9 @@ def padding_fix(buffer: Buffer, batch: int | None = None, classes: frozenset[int
         return head + f"{fmt_bytes(buffer.padding_bytes)} of padding."
     if any(word in (buffer.op_name or "").lower() for word in ("one_hot", "onehot")):
         dims = _dims(buffer)
-        classes = next((s for d, s, p in buffer.padded_dims if s > 1), buffer.padded_dims[0][1])
-        return head + (f"the one-hot of {classes} classes wastes {fmt_bytes(buffer.padding_bytes)} on tile "
-                       "padding: pass integer labels with a sparse loss (sparse_categorical_crossentropy, "
+        _, classes, padded = next((d for d in buffer.padded_dims if d[1] > 1), buffer.padded_dims[0])
+        return head + (f"the one-hot of {classes} classes is padded {classes} -> {padded} "
+                       f"({padded / classes:.1f}x), {fmt_bytes(buffer.padding_bytes)} of padding: pass integer labels with a sparse loss (sparse_categorical_crossentropy, "
                        "optax.softmax_cross_entropy_with_integer_labels) instead of materialising the one-hot"
                        + (f" ({'x'.join(map(str, dims))})" if dims else "") + ".")
     found = padding_advice.roles(_dims(buffer) or tuple(range(len(buffer.minor_to_major))), buffer.padded_dims,
@@ -177,7 +177,7 @@ def _attention(result: ModuleMemory, job) -> Suggestion | None:
                  "and never stores them"
                  + (" (in training it recomputes them in the backward pass)" if job.training else "") + "."),
         evidence=f"{len(scores)} buffers live at the peak, e.g. {scores[0].instruction} {scores[0].shape}; the "
-                 "kernel's own blocks cost a few MiB, hence the range",
+                 "kernel's own blocks take some memory, hence the range",
         code=code, source_line=scores[0].source_line)
 
 

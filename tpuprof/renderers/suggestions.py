@@ -3,10 +3,18 @@ was obtained, the message, the call in the user's framework, the source line and
 
 from __future__ import annotations
 
+import re
+import textwrap
+
 from rich.console import Console
 from rich.markup import escape as e
+from rich.text import Text
 
 from tpuprof.units import fmt_bytes as fmt
+
+
+# A figure and its unit stay on one line.
+_FIGURE = re.compile(r"(\d) (?=(?:[KMGTPE]i?B|B|ms|s|%)(?:\W|$))")
 
 
 def value(item, key: str):
@@ -18,6 +26,17 @@ def render_suggestions(console: Console, suggestions: list, framework: str | Non
     call in the user's framework, the evidence and the source line."""
     from tpuprof.models.suggestion import KIND_TITLES
     from tpuprof.analyses.framework import FRAMEWORK_NAMES
+
+    def say(plain: str, style: str = "", bold: int = 0) -> None:
+        # Wrapped at spaces, never between a figure and its unit ("6.00 MiB"), continuation lines indented.
+        protected = _FIGURE.sub("\\1\u00a0", plain)
+        lines = textwrap.wrap(protected, width=max(console.width, 20), subsequent_indent="   ",
+                              break_on_hyphens=False) or [""]
+        for number, line in enumerate(lines):
+            text = Text(line.replace("\u00a0", " "), style=style)
+            if number == 0 and bold:
+                text.stylize("bold", 0, bold)
+            console.print(text)
 
     console.print(f"[bold]{e(heading)}[/bold]")
     for i, item in enumerate(suggestions, 1):
@@ -33,13 +52,13 @@ def render_suggestions(console: Console, suggestions: list, framework: str | Non
             badge += f", {value(item, 'confidence') or 'estimated'}"
             if value(item, "severity") == "blocking":
                 badge += "; enough to fit"
-            badge = f" [dim]({badge})[/dim]"
-        console.print(f"{i}. [bold]{e(title)}[/bold]{badge}: {e(value(item, 'message') or '')}")
+            badge = f" ({badge})"
+        say(f"{i}. {title}{badge}: {value(item, 'message') or ''}", bold=len(f"{i}. {title}"))
         code = value(item, "code")
         if code:
             who = FRAMEWORK_NAMES.get(value(item, "framework") or framework or "", "")
-            console.print(f"   [cyan]{e(who + ': ' if who else '')}{e(code)}[/cyan]")
+            say(f"   {who + ': ' if who else ''}{code}", style="cyan")
         if value(item, "source_line"):
-            console.print(f"   [dim]at {e(value(item, 'source_line'))}[/dim]")
+            say(f"   at {value(item, 'source_line')}", style="dim")
         if value(item, "evidence"):
-            console.print(f"   [dim]evidence: {e(value(item, 'evidence'))}[/dim]")
+            say(f"   evidence: {value(item, 'evidence')}", style="dim")
