@@ -116,7 +116,7 @@ def test_memory_curve_peak_and_padding_match_the_memory_command(every_sample_rep
     bars, layout = next((data, layout) for data, layout in figures.values()
                         if title(layout).startswith("Top padding wasters") and worst["instruction"] in data[0]["y"][0])
     assert bars[1]["x"][0] * axis_unit(layout, "xaxis") == pytest.approx(worst["padding_bytes"])
-    assert "channels 18" in bars[1]["customdata"][0][1]  # the fix travels with the bar
+    assert "18 channels" in bars[1]["customdata"][0][1]  # the fix travels with the bar
     # The header: conv18's target (from its sample.json) and its fit verdict against the compiler's HBM.
     assert re.search(r"v5e, HBM 15\.75 GiB<br><span class=\"fit\">fits", page)
 
@@ -277,7 +277,7 @@ def test_preflight_dump_still_on_disk_is_analysed_again(tmp_path):
     assert run_cli("report", saved, "-o", out).returncode == 0
     page = out.read_text()
     assert sum(title(layout).startswith("Memory over program order") for _, layout in plots(page).values()) == 1
-    assert "channels 18 -&gt; padded to 24" in page  # the fixes come back with the dump
+    assert "18 channels are padded to 24" in page  # the fixes come back with the dump
 
 
 @pytest.mark.parametrize("args, message", [
