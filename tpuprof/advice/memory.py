@@ -119,7 +119,8 @@ def suggest(result: ModuleMemory) -> list[Suggestion]:
     for item in found:
         if item.code:
             item.framework = framework
-        if shortfall and item.saving_bytes is not None and item.saving_bytes >= shortfall:
+        counted = item.saving_bytes_range[0] if item.saving_bytes_range else item.saving_bytes
+        if shortfall and counted is not None and counted >= shortfall:
             item.severity = "blocking"
     return rank(found, shortfall_bytes=shortfall)
 

@@ -81,7 +81,8 @@ def suggestions(report: OomReport, estimate: BatchEstimate) -> list[Suggestion]:
     found += _more_detail(report)
     for item in found:
         item.framework = item.framework or (framework if item.code else None)
-        if missing and item.saving_bytes is not None and item.saving_bytes >= missing and item.severity != "info":
+        counted = item.saving_bytes_range[0] if item.saving_bytes_range else item.saving_bytes
+        if missing and counted is not None and counted >= missing and item.severity != "info":
             item.severity = "blocking"
     return rank(found, shortfall_bytes=missing)
 

@@ -73,20 +73,25 @@ def rank(suggestions: list[Suggestion], *, shortfall_bytes: int | None = None) -
     """Order suggestions the same way in every command.
 
     With `shortfall_bytes` (the job needs that much more HBM than it has), a fix whose saving covers the
-    shortfall on its own comes first, largest saving first; then every other fix by saving (the saving it can be
-    counted on: the low end of an estimate's range, so a rough guess does not outrank an exact figure; bytes and
+    shortfall on its own (counting the low end of an estimate's range, so a rough guess does not outrank an
+    exact figure) comes first, largest first; then every other fix by its saving (bytes and
     milliseconds are never compared with each other: a document is about one or the other), then advice
     without a number, by severity. Python's sort is stable: equal keys keep the order they were given in.
     """
     severity_order = {name: i for i, name in enumerate(SEVERITIES)}
 
     def key(s: Suggestion):
-        saving = _counted(s)
-        covers = bool(shortfall_bytes and saving is not None and s.saving_bytes is not None
-                      and saving >= shortfall_bytes)
+        counted = _counted(s)
+        covers = bool(shortfall_bytes and counted is not None and s.saving_bytes is not None
+                      and counted >= shortfall_bytes)
+        saving = counted if covers else _point(s)
         return (not covers, saving is None, -(saving or 0), severity_order.get(s.severity, len(SEVERITIES)))
 
     return sorted(suggestions, key=key)
+
+
+def _point(s: Suggestion):
+    return s.saving_bytes if s.saving_bytes is not None else s.saving_ms_per_step
 
 
 def _counted(s: Suggestion):
@@ -109,9 +114,10 @@ def rank_across(groups: list[tuple[list[Suggestion], int | None]]) -> list[tuple
     keyed = []
     for index, (suggestions, shortfall) in enumerate(groups):
         for order, s in enumerate(suggestions):
-            saving = _counted(s)
+            counted = _counted(s)
             blocked = bool(shortfall and shortfall > 0)
-            covers = blocked and s.saving_bytes is not None and saving >= shortfall
+            covers = blocked and s.saving_bytes is not None and counted >= shortfall
+            saving = counted if covers else _point(s)
             keyed.append(((not blocked, not covers, saving is None, -(saving or 0),
                            severity_order.get(s.severity, len(SEVERITIES)), index, order), index, s))
     keyed.sort(key=lambda item: item[0])
