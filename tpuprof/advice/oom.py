@@ -164,7 +164,11 @@ def _padding_fix(entry: OomAllocation, waste: int, batch: int | None) -> str:
     found = padding_advice.roles(entry.dims, entry.padded_dims, minor_to_major, entry.op_name or "", batch)
     if not found:
         return f"{entry.shape} wastes {fmt(waste)} on tile padding"
-    tile = 16 if entry.dtype in ("bf16", "f16") else 32 if entry.dtype in ("s8", "u8", "pred") else 8
+    tiles = shape.layout.tiles if shape is not None and shape.layout else ()
+    if tiles and len(tiles[0]) >= 2:
+        tile = tiles[0][-2]  # the second-minor tile the layout prints: T(4,128) pads to 4
+    else:
+        tile = 16 if entry.dtype in ("bf16", "f16") else 32 if entry.dtype in ("s8", "u8", "pred") else 8
     return "; ".join(padding_advice.fix_text(d, tile, waste if i == 0 else 0) for i, d in enumerate(found))
 
 
