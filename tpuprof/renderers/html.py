@@ -263,11 +263,24 @@ def suggestion_groups(inputs: list[Input]) -> list[tuple[int, str, list[dict], i
 def ranked_suggestions(inputs: list[Input], kinds=(MEMORY, PREFLIGHT, OOM)) -> list[tuple[int, dict]]:
     """(input number, suggestion dict) over INPUTS of KINDS, in one order: the fixes of what does not fit
     first (those that make it fit alone, largest first), then the rest by saving, then what fits."""
-    from tpuprof.models.suggestion import rank_across
-    from tpuprof.results import as_suggestion
+    from tpuprof.models.suggestion import Suggestion, rank_across
+
+    def ranked(d: dict) -> Suggestion:  # what the order needs from a document's suggestion
+        def figure(key):
+            return _number(d.get(key)) if not isinstance(d.get(key), float) else d[key]
+
+        def pair(key):
+            value = d.get(key)
+            ok = isinstance(value, list) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)
+            return tuple(value) if ok else None
+
+        severity = d.get("severity") if isinstance(d.get("severity"), str) else "improve"
+        return Suggestion(str(d.get("kind", "")), "", severity=severity, saving_bytes=figure("saving_bytes") or None,
+                          saving_bytes_range=pair("saving_bytes_range"),
+                          saving_ms_per_step=figure("saving_ms_per_step"), saving_ms_range=pair("saving_ms_range"))
 
     groups = [g for g in suggestion_groups(inputs) if g[1] in kinds]
-    made = [[(as_suggestion(s), s) for s in listed] for _, _, listed, _ in groups]
+    made = [[(ranked(s), s) for s in listed] for _, _, listed, _ in groups]
     dicts = {id(obj): d for pairs in made for obj, d in pairs}
     order = rank_across([([obj for obj, _ in pairs], group[3]) for pairs, group in zip(made, groups)])
     return [(groups[index][0], dicts[id(obj)]) for index, obj in order]
