@@ -172,7 +172,7 @@ def test_seed_one_hot_is_explained(cli):
     assert one_hot["expansion"] == pytest.approx(12.8)
     assert one_hot["source_line"] == "train.py:42"
     advice = next(s for s in module["suggestions"] if s["kind"] == "one_hot")
-    assert "one-hot depth 10 sits in the 128-lane minor dimension: 10 -> 128, 12.8x" in advice["message"]
+    assert "the one-hot of 10 classes is padded 10 -> 128 (12.8x)" in advice["message"]
     assert "sparse" in advice["message"]
     assert advice["saving_bytes"] == 14 * (1 << 30) - 29360128 * 10 * 4
     # Parameter and output live together: the peak is both.
@@ -192,8 +192,10 @@ def test_channels_fix_names_the_multiples():
                     op_name="jit(f)/conv_general_dilated")
     fill_shape_details(buffer, shape)
     message = padding_fix(buffer)
-    assert "channels 18 -> padded to 24: use 16 or 24" in message
-    assert "dimension 0 sits in the 128-lane minor dimension: 64 -> 128" in message
+    assert "18 channels are padded to 24: use 16 or 24 channels" in message
+    # the batch the compiler put on the lanes: batch advice the user can act on, not "transpose"
+    assert "the per-chip batch of 64 is the minor-most dimension" in message and "batch of 128" in message
+    assert "transpose" not in message
 
 
 def test_tensorflow_hlo_without_tpu_layouts_is_an_estimate(cli):
@@ -217,7 +219,7 @@ def test_conv_with_18_channels_gets_the_channel_fix_from_a_real_dump(cli):
     assert out.returncode == 0, out.stderr
     module = json.loads(out.stdout)["modules"][0]
     padding = [s for s in module["suggestions"] if s["kind"] == "padding"]
-    assert padding and "channels 18 -> padded to 24: use 16 or 24" in padding[0]["message"]
+    assert padding and "18 channels are padded to 24: use 16 or 24 channels" in padding[0]["message"]
     assert padding[0]["saving_bytes"] >= 1 << 20
     assert "bf16" in {s["kind"] for s in module["suggestions"]}  # an f32 model: bf16 is worth saying
 

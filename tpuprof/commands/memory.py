@@ -33,6 +33,8 @@ def analyze(path: Path, module: str | None = None, target: str | None = None, to
         analysis.describe(result, result.buffers[: max(top, 0) or len(result.buffers)])
         analysis.describe(result, [b for b in result.buffers if b.padding_bytes >= advice.MIN_PADDING_BYTES])
         analysis.describe(result, [b for b in result.buffers if b.live_at_peak and b.padding_bytes])
+        # The advice reasons about what is live at the peak (attention scores, kept activations) by shape.
+        analysis.describe(result, [b for b in result.buffers if b.live_at_peak and b.size_bytes >= advice.MiB])
         result.suggestions = advice.suggest(result)
     return results
 

@@ -121,6 +121,9 @@ def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progr
             out["peak_unpadded_heap_bytes"] = memory.peak_unpadded_heap_bytes
             out["padding_at_peak_bytes"] = memory.padding_at_peak_bytes
             out["memory"] = memory
+            if chosen.stats:  # the compiler's aliased bytes make the donation hint's figure (tpuprof.advice.memory)
+                from tpuprof.advice.memory import add_donation
+                add_donation(memory, chosen.stats)
             out["dump_dir"] = chosen.dump_dir
     parameters = None
     if chosen.oom_message or (max_batch and out["max_batch_size"] is None):

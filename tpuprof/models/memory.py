@@ -52,11 +52,7 @@ class OpTotal:
         return max(0, self.size_bytes - self.unpadded_bytes)
 
 
-@dataclass
-class Suggestion:
-    kind: str  # padding | one_hot | bf16 | batch_size | capacity | more_detail
-    message: str
-    saving_bytes: int = 0
+from tpuprof.models.suggestion import Suggestion  # noqa: E402,F401  (one model for every command)
 
 
 @dataclass

@@ -56,9 +56,7 @@ def _module_json(m: ModuleMemory, top: int) -> dict:
             }
             for o in ops
         ],
-        "suggestions": [
-            {"kind": s.kind, "message": s.message, "saving_bytes": int(s.saving_bytes)} for s in m.suggestions
-        ],
+        "suggestions": [s.to_dict() for s in m.suggestions],
     }
 
 
@@ -107,10 +105,10 @@ def print_tables(results: list[ModuleMemory], top: int) -> None:
         columns = [tables.name("instruction", least=20), tables.text("shape"), tables.number("padded"),
                    tables.number("unpadded", drop=3), tables.number("padding"), tables.number("x", drop=4),
                    tables.text("kind", drop=2), tables.text("peak", drop=5, justify="center"),
-                   tables.name("framework op", drop=1)]
+                   tables.name("framework op", drop=1), tables.name("source", drop=6)]
         rows = [(escape(b.instruction), escape(wrappable_shape(b.shape)), fmt_bytes(b.size_bytes), fmt_bytes(b.unpadded_bytes),
                  fmt_bytes(b.padding_bytes), f"{b.expansion:.1f}", b.allocation_type, "*" if b.live_at_peak else "",
-                 escape(b.op_name)) for b in shown]
+                 escape(b.op_name), escape(b.source_line.rsplit("/", 1)[-1])) for b in shown]
         out.print(tables.table(columns, rows, out.width, title=f"Largest HBM buffers ({len(shown)} of {len(m.buffers)})"))
 
         ops = m.ops[:top] if top > 0 else m.ops
@@ -122,10 +120,9 @@ def print_tables(results: list[ModuleMemory], top: int) -> None:
         out.print(tables.table(columns, rows, out.width, title=f"By framework op ({scope})"))
 
         if m.suggestions:
-            out.print("[bold]What to change[/bold]")
-            for i, s in enumerate(m.suggestions, 1):
-                saving = f" [dim](saves ~{fmt_bytes(s.saving_bytes)})[/dim]" if s.saving_bytes else ""
-                out.print(f"{i}. [{s.kind}] {escape(s.message)}{saving}")
+            from tpuprof.renderers.suggestions import render_suggestions
+
+            render_suggestions(out, m.suggestions, None, "What to change: first what makes it fit, then by HBM saved")
         out.print()
 
 
