@@ -548,3 +548,21 @@ def test_messages_cut_anywhere_never_crash():
                 estimate = analysis.estimate_batch(report, batch=64, capacity=16 << 30)
                 advice.suggest(report, estimate)
                 report.to_json()
+
+
+def test_a_log_listing_thousands_of_allocations_shows_the_largest_and_counts_the_rest():
+    """The real Falcon message with its two listed allocations repeated to 1,000 entries (a concatenated log):
+    the table keeps its first 30 rows and says how many more --json has (rich took seconds over thousands of rows)."""
+    text = (FIXTURES / "easydel_166_v4_falcon.txt").read_text()
+    head, first = text.split("  1. Size:", 1)
+    entry = "  1. Size:" + first.split("  2. Size:")[0]
+    long_text = head + entry * 1000
+    from conftest import run_cli
+
+    document = json.loads(run_cli("oom", "-", "--json", stdin=long_text, timeout=60).stdout)
+    listed = len(document["allocations"])
+    assert listed > 500
+    table = run_cli("oom", "-", stdin=long_text, timeout=60)
+    assert table.returncode == 0, table.stderr
+    assert f"... and {listed - 30} more listed allocations (--json has every one)" in table.stdout
+    assert len(table.stdout.splitlines()) < 200

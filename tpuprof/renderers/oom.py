@@ -19,6 +19,11 @@ KIND_TEXT = {
 }
 
 
+# XLA lists its largest allocations (about 10-20); a log that repeats or concatenates messages can list thousands,
+# which a terminal table cannot usefully show (and rich takes seconds to lay out).
+MAX_ALLOCATION_ROWS = 30
+
+
 def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], source: str,
            dump_rows: dict | None = None, console: Console | None = None) -> None:
     console = console or tables.console()
@@ -72,7 +77,8 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
     if report.allocations:
         console.print()
         rows = []
-        for entry in report.allocations:
+        shown = report.allocations[:MAX_ALLOCATION_ROWS]
+        for entry in shown:
             size = entry.size_bytes
             unpadded = entry.unpadded_bytes if entry.unpadded_bytes is not None else entry.recomputed_unpadded_bytes
             expansion = entry.expansion or (size / unpadded if size and unpadded else None)
@@ -89,7 +95,9 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
         table = tables.table(columns, rows, console.width,
                              title="Largest allocations (log) with padding recomputed from the shape")
         console.print(table)
-        for entry in report.allocations:
+        if len(report.allocations) > len(shown):
+            console.print(f"... and {len(report.allocations) - len(shown)} more listed allocations (--json has every one)")
+        for entry in shown:
             for message in entry.disagreements:
                 console.print(f"[yellow]! allocation {entry.index}: {e(message)}[/yellow]")
 
