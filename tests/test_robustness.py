@@ -53,6 +53,8 @@ CASES = [
     ("json_preflight_dump_dir_too_long.json", "report", 0, ""),
     # A logical buffer defined at a negative tuple index.
     ("shape_index_negative.hlo.pb", "memory", 0, ""),
+    # Two logical buffers with one id and different defining instructions (describe looked the id up).
+    ("logical_buffer_id_repeated.hlo.pb", "memory", 0, ""),
 ]
 
 

@@ -199,8 +199,11 @@ def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
     for buffer in buffers:
         if buffer.shape:
             continue
-        lb = logical[buffer.id]
-        instruction = instructions.by_id[lb.defined_at.instruction_id]
+        lb = logical.get(buffer.id)
+        # A damaged proto can repeat a logical buffer id with another defining instruction: keep it unshaped.
+        instruction = instructions.by_id.get(lb.defined_at.instruction_id) if lb is not None else None
+        if instruction is None:
+            continue
         shape = shapes.from_proto(instruction.shape).subshape(list(lb.defined_at.shape_index))
         fill_shape_details(buffer, shape)
         buffer.source_line = instructions.source_line(instruction)
