@@ -463,6 +463,8 @@ def estimate(module: hlo_text.TextModule, source: str, kind: str, target: str | 
             flow.union_trees(_subtree(root, out_index), _subtree(parameter_trees.get(number), param_index))
 
     sets = _buffer_sets(flow, outputs)
+    if _pack_into_outputs(flow, sets):
+        sets = _buffer_sets(flow, outputs)
     result = ModuleMemory(name=module.name, source=source, source_kind=kind, target=target, estimated=True)
     scheduled = module.scheduled and tiled
     result.method = METHOD_HLO_LIVENESS if scheduled else METHOD_UNSCHEDULED_BOUND
@@ -505,7 +507,7 @@ def _entry_parameter_trees(flow: _Dataflow, entry_instance: int) -> dict[int, tu
 
 
 class _Set:
-    __slots__ = ("root", "members", "kind", "size", "unpadded", "worst", "space", "home", "start", "stop")
+    __slots__ = ("root", "members", "kind", "size", "unpadded", "worst", "space", "home", "start", "stop", "live_out")
 
 
 def _buffer_sets(flow: _Dataflow, outputs: list[int]) -> dict[int, _Set]:
@@ -516,7 +518,7 @@ def _buffer_sets(flow: _Dataflow, outputs: list[int]) -> dict[int, _Set]:
         entry = sets.get(root)
         if entry is None:
             entry = sets[root] = _Set()
-            entry.root, entry.members, entry.kind = root, [], TEMP
+            entry.root, entry.members, entry.kind, entry.live_out = root, [], TEMP, False
             entry.size = entry.unpadded = entry.worst = 0
             entry.space, entry.home = value.space, value.instance
         entry.members.append(vid)
@@ -528,6 +530,7 @@ def _buffer_sets(flow: _Dataflow, outputs: list[int]) -> dict[int, _Set]:
             entry.kind = PARAMETER if PARAMETER in (value.kind, entry.kind) else CONSTANT
     for vid in outputs:
         entry = sets[flow.find(vid)]
+        entry.live_out = True
         if entry.kind == TEMP:
             entry.kind = OUTPUT
     for entry in sets.values():
@@ -568,6 +571,33 @@ def _share_dying_operands(flow: _Dataflow, sets: dict[int, _Set]) -> bool:
     return shared
 
 
+def _pack_into_outputs(flow: _Dataflow, sets: dict[int, _Set]) -> bool:
+    """libtpu's buffer assignment reuses an output's allocation for temporaries of the entry computation that
+    are dead before the output is written (no larger than it, same memory space): they cost nothing beyond the
+    output, which counts for the whole program. Largest temporaries first, as XLA assigns them."""
+    entry = 0
+    outputs = sorted((s for s in sets.values() if s.kind == OUTPUT and s.home == entry and s.start is not None
+                      and s.size > 0), key=lambda s: (-s.size, s.start))
+    if not outputs:
+        return False
+    temps = sorted((s for s in sets.values() if s.kind == TEMP and s.home == entry and s.start is not None
+                    and s.size > 0), key=lambda s: (-s.size, s.start))
+    packed_any = False
+    taken: set[int] = set()
+    for output in outputs:
+        busy = [(output.start, output.stop)]
+        for temp in temps:
+            if temp.root in taken or temp.size > output.size or temp.space != output.space:
+                continue
+            if any(temp.start <= stop and start <= temp.stop for start, stop in busy):
+                continue
+            busy.append((temp.start, temp.stop))
+            taken.add(temp.root)
+            flow.union(output.root, temp.root)
+            packed_any = True
+    return packed_any
+
+
 def _position_in(instances: list[_Instance], instance: int, position: int, home: int) -> int | None:
     """POSITION of INSTANCE seen from HOME: the calling instruction's position when it is nested deeper."""
     while instance != home:
@@ -594,7 +624,7 @@ def _peak(flow: _Dataflow, sets: dict[int, _Set], result: ModuleMemory, entry_in
             indefinite_worst += entry.worst
             if entry.kind == PARAMETER:
                 result.argument_bytes += entry.size
-            elif entry.kind == OUTPUT:
+            if entry.live_out:  # a donated parameter holding an output counts in both, as in buffer assignments
                 result.output_bytes += entry.size
         else:
             result.temp_bytes += entry.size
