@@ -102,7 +102,8 @@ def default_tpu_layout(shape: shapes.Shape) -> shapes.Shape:
 
 def worst_tpu_bytes(shape: shapes.Shape) -> int:
     """An upper bound of an array's padded size under any layout libtpu picks: the two dims that pad most as
-    the tiled ones (second-minor to 8 rows, 32 for 8-bit and 64 for 4-bit types, minor to 128 lanes)."""
+    the tiled ones (second-minor to 8 rows, 16 for 16-bit types as on v7x's T(16,128)(2,1), 32 for 8-bit and 64
+    for 4-bit types; minor to 128 lanes)."""
     if shape.dtype in shapes.NON_ARRAY_TYPES or shape.is_tuple:
         return 0
     bits = shapes.ELEMENT_BITS[shape.dtype]
@@ -110,7 +111,7 @@ def worst_tpu_bytes(shape: shapes.Shape) -> int:
     if len(dims) <= 1:
         count = _round_up(dims[0] if dims else 1, 1024)
         return math.ceil(count * bits / 8) if bits < 8 else count * shapes.element_bytes(shape.dtype)
-    rows = 64 if bits < 8 else 32 if bits == 8 else 8
+    rows = 64 if bits < 8 else 32 if bits == 8 else 16 if bits == 16 else 8
     rest = math.prod(dims)
     best = 0
     for minor in range(len(dims)):

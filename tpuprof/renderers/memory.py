@@ -112,7 +112,11 @@ def print_tables(results: list[ModuleMemory], top: int) -> None:
                 generation = targets.get(m.target)
                 capacity = (f"{share:.1%} of the {fmt_bytes(m.hbm_capacity_bytes)} of HBM the compiler offers "
                             f"{generation.device} of {m.target}: {verdict}")
-            summary.add_row("peak HBM (padded)", fmt_bytes(m.peak_heap_bytes), capacity)
+            label = "peak HBM (padded, estimate)" if m.estimated else "peak HBM (padded)"
+            if m.estimated and m.peak_range_bytes:
+                capacity = (f"range {fmt_bytes(m.peak_range_bytes[0])} to {fmt_bytes(m.peak_range_bytes[1])}; "
+                            + capacity)
+            summary.add_row(label, fmt_bytes(m.peak_heap_bytes), capacity)
             summary.add_row("peak HBM (unpadded)", fmt_bytes(m.peak_unpadded_heap_bytes),
                             "as XProf counts it: the temporaries unpadded, the arguments/outputs as allocated")
             summary.add_row("padding live at the peak", fmt_bytes(m.padding_at_peak_bytes), "")
