@@ -108,10 +108,7 @@ def _parse_instruction(line: str, computation: str, source: str) -> TextInstruct
     match = _INSTRUCTION_RE.match(line)
     if not match:
         return None
-    try:
-        shape, end = parse_shape_prefix(line, match.end())
-    except UserError as error:
-        raise UserError(f"{source}: {error}") from None
+    shape, end = _shape_at(line, match.end(), source)
     opcode_match = _OPCODE_RE.match(line, end)
     if not opcode_match:
         return None
@@ -146,6 +143,47 @@ def _parse_instruction(line: str, computation: str, source: str) -> TextInstruct
         op_name=op_name.group(1) if op_name else "",
         source_line=f"{source_file.group(1)}:{source_line.group(1)}" if source_file and source_line else "",
     )
+
+
+_SHAPES: dict[str, tuple[Shape, int]] = {}  # shape text -> (shape, length): large modules repeat a few shapes
+_MAX_CACHED_SHAPES = 200_000
+
+
+def _shape_at(line: str, start: int, source: str) -> tuple[Shape, int]:
+    """The shape that starts at START and where it ends. An array shape runs to the first space, a tuple to its
+    closing parenthesis; parses are cached by text, since a module's instructions share a few hundred shapes."""
+    if line.startswith("(", start):
+        close = _closing(line, start)
+        stop = close + 1 if close > 0 else -1
+    else:
+        stop = line.find(" ", start)
+    key = line[start:stop] if stop > start else None
+    cached = _SHAPES.get(key) if key is not None else None
+    if cached is not None:
+        return cached[0], start + cached[1]
+    try:
+        shape, end = parse_shape_prefix(line, start)
+    except UserError as error:
+        raise UserError(f"{source}: {error}") from None
+    if key is not None and end == stop:
+        if len(_SHAPES) >= _MAX_CACHED_SHAPES:
+            _SHAPES.clear()
+        _SHAPES[key] = (shape, end - start)
+    return shape, end
+
+
+def _closing(text: str, open_at: int) -> int:
+    """Where the parenthesis opened at OPEN_AT closes (-1 if it does not); brackets and braces nest inside."""
+    depth = 0
+    for i in range(open_at, len(text)):
+        ch = text[i]
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
 
 
 def _backend_aliasing(rest: str, operand_count: int) -> tuple[tuple[tuple[int, ...], int, tuple[int, ...]], ...]:
