@@ -64,7 +64,7 @@ def test_json_says_how_each_figure_was_obtained(cli, tmp_path):
 
 def test_libtpu_default_tiles_on_the_suite_parameters():
     """Entry parameters carry libtpu's default layouts: the tiles tpuprof assumes for text without TPU layouts
-    must give the same padded sizes (89 arrays: f32, bf16, int4, fp8, s32, rank 1 and scalars)."""
+    must give the same padded sizes (f32, bf16, int4, fp8, s32, s64, pred, rank 1 and scalars, v2 to v6e)."""
     checked = 0
     for name in MANIFEST:
         module = hlo_text.parse(gzip.decompress((ESTIMATE / f"{name}.after_optimizations.txt.gz").read_bytes()).decode())
@@ -73,20 +73,24 @@ def test_libtpu_default_tiles_on_the_suite_parameters():
             if instruction.opcode != "parameter" or shape.is_tuple or not (shape.layout and shape.layout.tiles):
                 continue
             bare = shapes.Shape(shape.dtype, shape.dims, shapes.Layout(shape.layout.minor_to_major))
-            assert hlo_estimate.default_tpu_layout(bare).padded_bytes() == shape.padded_bytes(), shape.text()
+            laid_out = hlo_estimate.default_tpu_layout(bare, MANIFEST[name]["target"])
+            assert laid_out.padded_bytes() == shape.padded_bytes(), f"{name}: {shape.text()} vs {laid_out.text()}"
             checked += 1
     assert checked >= 40
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("bf16[5,4096]", 8 * 4096 * 2),  # T(8,128)(2,1): 8 rows, not 16
-    ("s8[5,4096]", 8 * 4096),  # T(8,128)(4,1)
-    ("s4[5,4096]", 8 * 4096 // 2),  # T(8,128)(8,1)E(4): packed
-    ("f32[2,1000]", 2 * 1024 * 4),  # T(2,128)
-    ("f32[3,1000]", 4 * 1024 * 4),  # T(4,128)
+@pytest.mark.parametrize("text, target, expected", [
+    ("bf16[]", "v5e", 256 * 2),  # T(256)
+    ("f32[]", "v2", 256 * 4),  # v2/v3: T(256)
+    ("f32[10]", "v6e", 128 * 4),
+    ("bf16[5,4096]", "v5e", 8 * 4096 * 2),  # T(8,128)(2,1): 8 rows, not 16
+    ("s8[5,4096]", "v5e", 8 * 4096),  # T(8,128)(4,1)
+    ("s4[5,4096]", "v5e", 8 * 4096 // 2),  # T(8,128)(8,1)E(4): packed
+    ("f32[2,1000]", "v5e", 2 * 1024 * 4),  # T(2,128)
+    ("f32[3,1000]", "v5e", 4 * 1024 * 4),  # T(4,128)
 ])
-def test_default_tiles(text, expected):
-    assert hlo_estimate.default_tpu_layout(shapes.parse_shape(text)).padded_bytes() == expected
+def test_default_tiles(text, target, expected):
+    assert hlo_estimate.default_tpu_layout(shapes.parse_shape(text), target).padded_bytes() == expected
 
 
 def test_tuple_tables_per_generation():

@@ -68,13 +68,18 @@ def tuple_table_bytes(elements: int, target: str | None) -> int:
 # Default TPU layouts (text without TPU tiles)
 # ---------------------------------------------------------------------------------------------
 
-def default_tpu_layout(shape: shapes.Shape) -> shapes.Shape:
+# Generations whose scalars and small rank-1 arrays of 32-bit (and wider) types tile to 256 elements, not 128.
+WIDE_SMALL_TILE_GENERATIONS = {"v2", "v3"}
+
+
+def default_tpu_layout(shape: shapes.Shape, target: str | None = None) -> shapes.Shape:
     """The tiling libtpu gives an array by default (libtpu 0.0.42.1, all generations), keeping the dims' order
     as laid out: T(8,128) on the two minor dims, with T(1,128)/T(2,128)/T(4,128) when the second-minor dim is
     that small; 16-bit types add (2,1), 8-bit (4,1), 4-bit (8,1) with E(4) (packed); rank 1 T(1024)
-    (T(512)/T(256)/T(128) for smaller arrays of wider types), scalars T(128)."""
+    (T(512)/T(256)/T(128) for smaller arrays of wider types), scalars T(128) (T(256) for 16-bit types, T(512) for
+    8-bit ones); on v2/v3 the smallest tile of 32-bit scalars and rank-1 arrays is T(256)."""
     if shape.is_tuple:
-        return shapes.Shape("tuple", tuple_shapes=tuple(default_tpu_layout(s) for s in shape.tuple_shapes))
+        return shapes.Shape("tuple", tuple_shapes=tuple(default_tpu_layout(s, target) for s in shape.tuple_shapes))
     if shape.dtype in shapes.NON_ARRAY_TYPES:
         return shape
     rank = len(shape.dims)
@@ -83,14 +88,15 @@ def default_tpu_layout(shape: shapes.Shape) -> shapes.Shape:
     bits = shapes.ELEMENT_BITS[shape.dtype]
     packing = max(1, 32 // bits) if bits < 32 else 1
     element_bits = bits if bits < 8 else 0
+    smallest = 256 if target in WIDE_SMALL_TILE_GENERATIONS else 128
     if rank == 0:
-        tiles: tuple[tuple[int, ...], ...] = ((128,),)
+        tiles: tuple[tuple[int, ...], ...] = ((128 * packing if packing > 1 else smallest,),)
     elif rank == 1:
         size = shape.dims[0]
-        lanes = 1024 if size > 512 or bits < 32 else max(128, 1 << max(0, (size - 1).bit_length()))
+        lanes = 1024 if size > 512 or bits < 32 else max(smallest, 1 << max(0, (size - 1).bit_length()))
         tiles = ((lanes,), (128,)) + (((packing, 1),) if packing > 1 else ())
-        if lanes == 128:
-            tiles = ((128,),)
+        if lanes <= 256:
+            tiles = ((lanes,),)
     else:
         second_minor = shape.dims[m2m[1]]
         rows = next((r for r in (1, 2, 4) if second_minor <= r), 8) if packing == 1 else 8
@@ -262,7 +268,7 @@ class _Dataflow:
         elif shape.dtype in shapes.NON_ARRAY_TYPES:
             size = unpadded = worst = space = 0
         else:
-            laid_out = shape if self.tiled else default_tpu_layout(shape)
+            laid_out = shape if self.tiled else default_tpu_layout(shape, self.target)
             size, unpadded = laid_out.padded_bytes(), laid_out.unpadded_bytes()
             worst = size if self.tiled else max(size, worst_tpu_bytes(shape))
             space = laid_out.memory_space
