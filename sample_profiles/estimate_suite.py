@@ -393,9 +393,14 @@ def generate_cpu(program: str) -> list[str]:
 
 
 def _update_manifest(name: str, entry: dict) -> None:
-    manifest = json.loads(MANIFEST.read_text()) if MANIFEST.exists() else {}
-    manifest[name] = entry
-    MANIFEST.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
+    import fcntl
+
+    lock_path = Path(tempfile.gettempdir()) / "tpuprof-estimate-manifest.lock"
+    with open(lock_path, "w") as lock:  # two runs may finish cases at once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        manifest = json.loads(MANIFEST.read_text()) if MANIFEST.exists() else {}
+        manifest[name] = entry
+        MANIFEST.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
 
 
 def main() -> None:
