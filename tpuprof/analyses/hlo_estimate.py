@@ -579,9 +579,13 @@ def _share_dying_operands(flow: _Dataflow, sets: dict[int, _Set]) -> bool:
 
 
 def _pack_into_outputs(flow: _Dataflow, sets: dict[int, _Set]) -> bool:
-    """libtpu's buffer assignment reuses an output's allocation for temporaries of the entry computation that
-    are dead before the output is written (no larger than it, same memory space): they cost nothing beyond the
-    output, which counts for the whole program. Largest temporaries first, as XLA assigns them."""
+    """XLA's buffer assigner gives the live-out buffers their allocations first, then lets each temporary (largest
+    first) reuse an existing allocation it fits in when their live ranges do not meet. An output lives from its
+    definition to the end of the program, so a temporary of the entry computation that is dead before an output
+    is written can sit in that output's allocation and costs nothing beyond it (XProf counts the output for the
+    whole program)."""
+    import bisect
+
     entry = 0
     outputs = sorted((s for s in sets.values() if s.kind == OUTPUT and s.home == entry and s.start is not None
                       and s.size > 0), key=lambda s: (-s.size, s.start))
@@ -589,19 +593,25 @@ def _pack_into_outputs(flow: _Dataflow, sets: dict[int, _Set]) -> bool:
         return False
     temps = sorted((s for s in sets.values() if s.kind == TEMP and s.home == entry and s.start is not None
                     and s.size > 0), key=lambda s: (-s.size, s.start))
+    busy: dict[int, list[tuple[int, int]]] = {o.root: [] for o in outputs}  # sorted, disjoint live ranges
+    latest_start = max(o.start for o in outputs)
     packed_any = False
-    taken: set[int] = set()
-    for output in outputs:
-        busy = [(output.start, output.stop)]
-        for temp in temps:
-            if temp.root in taken or temp.size > output.size or temp.space != output.space:
+    for temp in temps:
+        if temp.stop >= latest_start:
+            continue  # still live when every output is written
+        for output in outputs:
+            if output.size < temp.size:
+                break
+            if output.space != temp.space or output.start <= temp.stop:
                 continue
-            if any(temp.start <= stop and start <= temp.stop for start, stop in busy):
+            ranges = busy[output.root]
+            at = bisect.bisect_left(ranges, (temp.start, temp.stop))
+            if (at > 0 and ranges[at - 1][1] >= temp.start) or (at < len(ranges) and ranges[at][0] <= temp.stop):
                 continue
-            busy.append((temp.start, temp.stop))
-            taken.add(temp.root)
+            ranges.insert(at, (temp.start, temp.stop))
             flow.union(output.root, temp.root)
             packed_any = True
+            break
     return packed_any
 
 
