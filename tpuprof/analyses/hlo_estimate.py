@@ -587,22 +587,53 @@ def _pack_into_outputs(flow: _Dataflow, sets: dict[int, _Set]) -> bool:
     import bisect
 
     entry = 0
-    outputs = sorted((s for s in sets.values() if s.kind == OUTPUT and s.home == entry and s.start is not None
-                      and s.size > 0), key=lambda s: (-s.size, s.start))
-    if not outputs:
+    # Allocations that outlive the program: outputs from their definition on, and donated parameters (a parameter
+    # that holds an output) except between the parameter's last read and the output's definition.
+    holders: list[tuple[_Set, list[tuple[int, int]]]] = []
+    donated: dict[int, _Set] = {}
+    for s in sets.values():
+        if s.size <= 0 or s.home != entry or s.start is None:
+            continue
+        if s.kind == OUTPUT:
+            holders.append((s, [(s.start, 1 << 62)]))
+        elif s.kind == PARAMETER and s.live_out:
+            donated[s.root] = s
+    if donated:
+        last_read: dict[int, int] = {}
+        first_write: dict[int, int] = {}
+        instances = flow.instances
+        for vid, instance, position in flow.uses:
+            root = flow.find(vid)
+            if root in donated and flow.values[vid].kind == PARAMETER:
+                mapped = _position_in(instances, instance, position, entry)
+                if mapped is not None:
+                    last_read[root] = max(last_read.get(root, 0), mapped)
+        for root, s in donated.items():
+            for vid in s.members:
+                value = flow.values[vid]
+                if value.kind != PARAMETER:
+                    mapped = _position_in(instances, value.instance, value.position, entry)
+                    if mapped is not None:
+                        first_write[root] = min(first_write.get(root, 1 << 62), mapped)
+            read, write = last_read.get(root, 0), first_write.get(root)
+            if write is not None and read < write:
+                holders.append((s, [(-1, read), (write, 1 << 62)]))
+    if not holders:
         return False
+    holders.sort(key=lambda h: (-h[0].size, h[1][0][0]))
+    outputs = [h[0] for h in holders]
     temps = sorted((s for s in sets.values() if s.kind == TEMP and s.home == entry and s.start is not None
                     and s.size > 0), key=lambda s: (-s.size, s.start))
-    busy: dict[int, list[tuple[int, int]]] = {o.root: [] for o in outputs}  # sorted, disjoint live ranges
-    latest_start = max(o.start for o in outputs)
+    busy = {h[0].root: h[1] for h in holders}  # sorted, disjoint live ranges of each holder
+    latest_free = max(h[1][-1][0] for h in holders)
     packed_any = False
     for temp in temps:
-        if temp.stop >= latest_start:
-            continue  # still live when every output is written
+        if temp.stop >= latest_free:
+            continue  # still live when every holder is written
         for output in outputs:
             if output.size < temp.size:
                 break
-            if output.space != temp.space or output.start <= temp.stop:
+            if output.space != temp.space:
                 continue
             ranges = busy[output.root]
             at = bisect.bisect_left(ranges, (temp.start, temp.stop))
