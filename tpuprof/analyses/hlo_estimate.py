@@ -578,6 +578,12 @@ def _share_dying_operands(flow: _Dataflow, sets: dict[int, _Set]) -> bool:
     return shared
 
 
+# Bounds on the reuse search (largest holders are tried first): temporaries under 64 KiB stay where they are, and a
+# temporary tries at most 64 holders. Large modules have thousands of each; the peak is decided by large buffers.
+PACK_MIN_BYTES = 64 * 1024
+PACK_MAX_TRIES = 64
+
+
 def _pack_into_outputs(flow: _Dataflow, sets: dict[int, _Set]) -> bool:
     """XLA's buffer assigner gives the live-out buffers their allocations first, then lets each temporary (largest
     first) reuse an existing allocation it fits in when their live ranges do not meet. An output lives from its
@@ -628,14 +634,16 @@ def _pack_into_outputs(flow: _Dataflow, sets: dict[int, _Set]) -> bool:
     latest_free = max(h[1][-1][0] for h in holders)
     packed_any = False
     for temp in temps:
-        if temp.stop >= latest_free:
-            continue  # still live when every holder is written
+        if temp.stop >= latest_free or temp.size < PACK_MIN_BYTES:
+            continue  # still live when every holder is written, or too small to move the peak
+        tried = 0
         for output in outputs:
-            if output.size < temp.size:
+            if output.size < temp.size or tried >= PACK_MAX_TRIES:
                 break
-            if output.space != temp.space:
-                continue
             ranges = busy[output.root]
+            if output.space != temp.space or ranges[-1][0] <= temp.stop:
+                continue  # another memory space, or the holder is written before the temporary dies
+            tried += 1
             at = bisect.bisect_left(ranges, (temp.start, temp.stop))
             if (at > 0 and ranges[at - 1][1] >= temp.start) or (at < len(ranges) and ranges[at][0] <= temp.stop):
                 continue
