@@ -131,3 +131,16 @@ def test_cpu_dump_is_recompiled_exactly_by_default(cli):
     assert module["estimated"] is False and module["method"] == "recompiled"
     assert any("recompiled for v5e" in note for note in module["notes"])
     assert module["argument_bytes"] == MANIFEST[f"{program}_v5e"]["exact"]["argument_bytes"]
+
+
+def test_report_of_a_saved_estimate_says_it_in_words(cli, tmp_path):
+    """A saved --json of a CPU dump (range and all) is read back by `report`, whose page names the method."""
+    saved = tmp_path / "cpu_memory.json"
+    out = cli("memory", ESTIMATE / "cpu" / "donation", "--target", "v5e", "--no-compile", "--json")
+    assert out.returncode == 0, out.stderr
+    saved.write_text(out.stdout)
+    page = tmp_path / "report.html"
+    report = cli("report", saved, "--output", page)
+    assert report.returncode == 0, report.stderr
+    text = " ".join(page.read_text().split())
+    assert "Estimate for v5e without a TPU schedule or layouts" in text and "the real peak lies between" in text
