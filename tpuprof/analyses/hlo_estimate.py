@@ -160,6 +160,10 @@ def from_module_proto(module_proto, source: str, target: str | None, reason: str
 _FUSION_KINDS = {"kLoop": "kLoop", "kInput": "kInput", "kOutput": "kOutput", "kCustom": "kCustom"}
 
 
+def _text_of(config) -> str:
+    return config.decode("utf-8", "replace") if isinstance(config, bytes) else str(config)
+
+
 def module_from_proto(module_proto) -> hlo_text.TextModule:
     from tpuprof.analyses.buffers import InstructionIndex
 
@@ -188,7 +192,8 @@ def module_from_proto(module_proto) -> hlo_text.TextModule:
                 parameter_number=i.parameter_number if i.opcode == "parameter" else None,
                 fusion_kind=_FUSION_KINDS.get(i.fusion_kind, "") if i.opcode == "fusion" else "",
                 operand_aliasing=tuple((tuple(a.output_shape_index), a.operand_index, tuple(a.operand_shape_index))
-                                       for a in i.output_operand_aliasing),
+                                       for a in i.output_operand_aliasing)
+                or hlo_text.backend_aliasing(_text_of(i.backend_config), len(i.operand_ids)),
             )
             for i in ordered
         ]

@@ -139,7 +139,7 @@ def _parse_instruction(line: str, computation: str, source: str) -> TextInstruct
         computation=computation, is_root=bool(match.group(1)), called=tuple(called),
         index=int(index.group(1)) if index else None, parameter_number=parameter_number,
         fusion_kind=fusion_kind.group(1) if fusion_kind else "",
-        operand_aliasing=_aliases(aliasing.group(1)) if aliasing else _backend_aliasing(rest, len(operands)),
+        operand_aliasing=_aliases(aliasing.group(1)) if aliasing else backend_aliasing(rest, len(operands)),
         op_name=op_name.group(1) if op_name else "",
         source_line=f"{source_file.group(1)}:{source_line.group(1)}" if source_file and source_line else "",
     )
@@ -186,7 +186,7 @@ def _closing(text: str, open_at: int) -> int:
     return -1
 
 
-def _backend_aliasing(rest: str, operand_count: int) -> tuple[tuple[tuple[int, ...], int, tuple[int, ...]], ...]:
+def backend_aliasing(rest: str, operand_count: int) -> tuple[tuple[tuple[int, ...], int, tuple[int, ...]], ...]:
     if '"aliasing_operands":{"lists":[{' not in rest:
         return ()
     lists = rest[rest.index('"aliasing_operands":{"lists":[{'):]
