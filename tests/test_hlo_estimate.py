@@ -67,7 +67,8 @@ def test_libtpu_default_tiles_on_the_suite_parameters():
     must give the same padded sizes (f32, bf16, int4, fp8, s32, s64, pred, rank 1 and scalars, v2 to v6e)."""
     checked = 0
     for name in MANIFEST:
-        module = hlo_text.parse(gzip.decompress((ESTIMATE / f"{name}.after_optimizations.txt.gz").read_bytes()).decode())
+        text = gzip.decompress((ESTIMATE / f"{name}.after_optimizations.txt.gz").read_bytes()).decode()
+        module = hlo_text.parse(text)
         for instruction in module.entry_instructions:
             shape = instruction.shape
             if instruction.opcode != "parameter" or shape.is_tuple or not (shape.layout and shape.layout.tiles):

@@ -48,15 +48,6 @@ PASS_THROUGH = {"bitcast": 0, "opt-barrier": 0, "add-dependency": 0, "domain": 0
 IN_PLACE = {"dynamic-update-slice": 0, "scatter": 0}
 # Async pairs whose start passes its operand(s) on at tuple index {0} and whose done returns index {1}.
 ASYNC_STARTS = {"copy-start", "all-gather-start", "collective-permute-start", "async-start", "send", "recv"}
-# Instructions whose output the heap simulator may put in the buffer of an operand that dies there (same size,
-# same memory space): elementwise operations and loop fusions (XLA's CanShareOperandBufferWithUser).
-ELEMENTWISE = {
-    "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "complex", "convert", "cosine", "divide",
-    "exponential", "exponential-minus-one", "floor", "imag", "is-finite", "log", "log-plus-one", "logistic",
-    "maximum", "minimum", "multiply", "negate", "not", "or", "popcnt", "power", "real", "remainder",
-    "round-nearest-afz", "round-nearest-even", "rsqrt", "select", "shift-left", "shift-right-arithmetic",
-    "shift-right-logical", "sign", "sine", "sqrt", "subtract", "tan", "tanh", "xor", "erf",
-}
 
 
 def tuple_table_bytes(elements: int, target: str | None) -> int:
@@ -240,8 +231,6 @@ class _Dataflow:
         self.uses: list[tuple[int, int, int]] = []  # (value, instance, position)
         self.instances: list[_Instance] = []
         self.in_place_cache: dict[str, tuple] = {}
-        # (output value, operand values, instance, position) of instructions that may reuse a dying operand.
-        self.share_candidates: list[tuple[int, list[int], int, int]] = []
 
     # -- union-find
     def find(self, v: int) -> int:
@@ -371,10 +360,6 @@ class _Dataflow:
             self.union(out[0], first[0])
             return out
         out = self.build(ins, ins.shape, instance, pos, TEMP)
-        if not out[1] and (op in ELEMENTWISE or (op == "fusion" and ins.fusion_kind == "kLoop")):
-            leaves = [o[0] for o in operands if o is not None and not o[1]]
-            if leaves:
-                self.share_candidates.append((out[0], leaves, instance, pos))
         if op in ASYNC_STARTS and out[1] and operands:
             # copy-start is (destination, source, context); the others put their operands first.
             head = out[1][1 if op == "copy-start" and len(out[1]) > 1 else 0]
@@ -559,28 +544,6 @@ def _buffer_sets(flow: _Dataflow, outputs: list[int]) -> dict[int, _Set]:
         if mapped is not None and entry.start is not None:
             entry.stop = max(entry.stop, mapped)
     return sets
-
-
-def _share_dying_operands(flow: _Dataflow, sets: dict[int, _Set]) -> bool:
-    """The heap simulator's buffer sharing: an output takes the buffer of an operand whose last use is the
-    instruction itself, when both have the same size and memory space (never an entry parameter's)."""
-    shared = False
-    taken: set[int] = set()
-    for out, operands, instance, position in flow.share_candidates:
-        mine = sets[flow.find(out)]
-        if len(mine.members) != 1 or mine.kind != TEMP:
-            continue
-        for operand in operands:
-            theirs = sets.get(flow.find(operand))
-            if (theirs is None or theirs is mine or theirs.root in taken or theirs.kind in (PARAMETER, CONSTANT)
-                    or theirs.home != instance or theirs.stop != position or theirs.size != mine.size
-                    or theirs.space != mine.space):
-                continue
-            taken.add(theirs.root)
-            flow.union(out, operand)
-            shared = True
-            break
-    return shared
 
 
 # Bounds on the reuse search (largest holders are tried first): temporaries under 64 KiB stay where they are, and a

@@ -30,7 +30,8 @@ class DumpFile:
 
 def _module_key(name: str) -> str:
     """`module_0001.jit_f.cl_123.after_optimizations.hlo.pb` -> `module_0001.jit_f.cl_123`."""
-    for marker in (".cpu_after_optimizations", ".gpu_after_optimizations", ".after_optimizations", ".before_optimizations", ".after_codegen", ".hlo_proto.pb",
+    for marker in (".cpu_after_optimizations", ".gpu_after_optimizations",  # XLA:CPU/GPU dumps
+                   ".after_optimizations", ".before_optimizations", ".after_codegen", ".hlo_proto.pb",
                    ".hlo.pb", "-buffer-assignment.txt", ".txt"):
         index = name.find(marker)
         if index > 0:
