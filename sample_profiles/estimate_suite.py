@@ -284,6 +284,63 @@ def transformer_scan(target):
     return step, (params, jax.ShapeDtypeStruct((batch, seq, d), bf16)), (0,)
 
 
+def llm8b_scan(target):
+    """A Qwen3-8B-shaped decoder (hidden 4096, MLP 12288, 32 query / 8 KV heads of 128, vocab 151936) scanned over
+    its 36 layers with remat, bf16 SGD train step, FSDP over the 8 devices of the topology (batch 8 x 2048)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from tpuprof.sources import tpu_compile
+
+    layers, d, mlp, heads, kv, hd, vocab, batch, seq = 36, 4096, 12288, 32, 8, 128, 151936, 8, 2048
+    devices = tpu_compile.topology_devices(target)
+    mesh = Mesh(np.array(devices), ("fsdp",))
+    bf16 = jnp.bfloat16
+
+    def rms(x):
+        x32 = x.astype(jnp.float32)
+        return (x32 * jax.lax.rsqrt((x32 * x32).mean(-1, keepdims=True) + 1e-6)).astype(x.dtype)
+
+    def block(x, p):
+        b, s, _ = x.shape
+        h = rms(x)
+        q = (h @ p["q"]).reshape(b, s, heads, hd)
+        k = jnp.repeat((h @ p["k"]).reshape(b, s, kv, hd), heads // kv, axis=2)
+        v = jnp.repeat((h @ p["v"]).reshape(b, s, kv, hd), heads // kv, axis=2)
+        w = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / hd ** 0.5, -1)
+        a = jnp.einsum("bhqk,bkhd->bqhd", w.astype(bf16), v).reshape(b, s, heads * hd)
+        x = x + a @ p["o"]
+        h = rms(x)
+        return x + (jax.nn.silu(h @ p["gate"]) * (h @ p["up"])) @ p["down"], None
+
+    def loss(params, tokens):
+        x = params["embed"][tokens]
+        x, _ = jax.lax.scan(jax.checkpoint(block), x, params["layers"])
+        logits = rms(x) @ params["unembed"]
+        return -jnp.mean(jax.nn.log_softmax(logits.astype(jnp.float32))[..., 0])
+
+    def step(params, tokens):
+        grads = jax.grad(loss)(params, tokens)
+        return jax.tree_util.tree_map(lambda a, g: a - 1e-4 * g, params, grads)
+
+    def spec(shape, partition):
+        return jax.ShapeDtypeStruct(shape, bf16, sharding=NamedSharding(mesh, partition))
+
+    shard_last = P(None, None, "fsdp")
+    params = {
+        "embed": spec((vocab, d), P("fsdp", None)), "unembed": spec((d, vocab), P(None, "fsdp")),
+        "layers": {"q": spec((layers, d, heads * hd), shard_last), "k": spec((layers, d, kv * hd), shard_last),
+                   "v": spec((layers, d, kv * hd), shard_last), "o": spec((layers, heads * hd, d), shard_last),
+                   "gate": spec((layers, d, mlp), shard_last), "up": spec((layers, d, mlp), shard_last),
+                   "down": spec((layers, mlp, d), shard_last)},
+    }
+    tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=NamedSharding(mesh, P("fsdp", None)))
+    shardings = jax.tree_util.tree_map(lambda a: a.sharding, params)
+    return jax.jit(step, out_shardings=shardings, donate_argnums=(0,)), (params, tokens), ()
+
+
 def keras_mlp(target):
     """The Keras 3 (TF backend) MLP of sample_profiles/models/keras_mlp.py, Adam train step via TF -> HLO."""
     import keras_mlp as model_file
@@ -304,6 +361,7 @@ PROGRAMS = {
     "int4_fp8": int4_fp8,
     "transformer_scan": transformer_scan,
     "keras_mlp": keras_mlp,
+    "llm8b_scan": llm8b_scan,
 }
 # (program, generation): v5e and v6e get every program; v5p, v4 and v2 a spread of them.
 SUITE = [(p, "v5e") for p in PROGRAMS] + [(p, "v6e") for p in PROGRAMS] + [
@@ -311,13 +369,13 @@ SUITE = [(p, "v5e") for p in PROGRAMS] + [(p, "v6e") for p in PROGRAMS] + [
                          "multi_output")
 ] + [(p, "v4") for p in ("scan_remat", "attention_hd96", "while_loop", "donation", "collectives_2x2")] + [
     (p, "v2") for p in ("multi_output", "attention_hd80", "keras_mlp")
-]
+] + [("llm8b_scan", "v6e:2x4")]
 # Programs also dumped on the host CPU (single-device ones whose HLO the TPU compiler takes back).
 CPU_PROGRAMS = ("multi_output", "donation", "attention_hd96")
 
 
 def case_name(program: str, target: str) -> str:
-    return f"{program}_{target}"
+    return f"{program}_{target.replace(':', '.')}"  # v6e:2x4 -> llm8b_scan_v6e.2x4
 
 
 def _libtpu_version() -> str:
@@ -347,7 +405,7 @@ def generate(program: str, target: str) -> dict:
         (OUT / f"{name}.after_optimizations.txt.gz").write_bytes(gzip.compress(text.read_bytes(), 9, mtime=0))
         return {
             "program": program,
-            "target": target,
+            "target": result.target,  # the generation; the topology below
             "topology": result.topology,
             "note": (factory.__doc__ or "").strip(),
             "libtpu": _libtpu_version(),
@@ -414,7 +472,7 @@ def main() -> None:
             print(program, generate_cpu(program))
             return
         program, _, target = options.only.rpartition("_")
-        entry = generate(program, target)
+        entry = generate(program, target.replace(".", ":"))
         _update_manifest(options.only, entry)
         print(options.only, entry["exact"]["peak_heap_bytes"])
         return
