@@ -25,7 +25,7 @@ PathLike = Union[str, os.PathLike]
 
 
 def memory(path: PathLike, target: Optional[str] = None, module: Optional[str] = None, *, top: int = 15,
-           compile: bool = False) -> MemoryResult:
+           compile: Optional[bool] = None) -> MemoryResult:
     """Where HBM goes in a compiled XLA program: padded vs unpadded bytes per buffer and per framework op, the
     peak (equal to the compiler's and XProf's to the byte for TPU dumps), and the fixes.
 
@@ -35,7 +35,8 @@ def memory(path: PathLike, target: Optional[str] = None, module: Optional[str] =
         from the dump's target_arguments.txt when there is one.
     module: only this module of a dump folder (name or part of it).
     top: rows of the buffer and op lists in `to_dict()` (0: all); the result itself holds every buffer.
-    compile: recompile a CPU/GPU/TF module proto with libtpu for `target` (exact TPU figures).
+    compile: recompile a CPU/GPU/TF module proto with libtpu for `target` (exact TPU figures); None (default):
+        whenever libtpu is installed, `target` is given and the dump has no TPU buffer assignment; False: estimate.
 
         >>> result = tpuprof.memory("sample_profiles/dumps/conv18_f32_v5e")
         >>> result.peak_heap_bytes, result.module.padding_at_peak_bytes

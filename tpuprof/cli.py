@@ -103,7 +103,7 @@ def memory(
     path: Path = typer.Argument(..., metavar="PATH", help="XLA dump folder, *.hlo.pb (HloProto), *-buffer-assignment.txt or HLO text."),
     module: Optional[str] = typer.Option(None, "--module", "-m", help="Analyse only this module of a dump folder (name or substring)."),
     target: Optional[str] = _target_option("TPU generation for HLO without TPU layouts, and for the HBM capacity."),
-    compile_: bool = typer.Option(False, "--compile", help="Recompile the module proto (*.hlo.pb of a CPU/GPU/TF dump) with libtpu for --target: exact layouts and sizes."),
+    compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="Recompile the module proto (*.hlo.pb of a CPU/GPU/TF dump) with libtpu for --target: exact layouts and sizes. Default: recompile when libtpu is installed, --target is given and the dump has no TPU buffer assignment; --no-compile estimates instead."),
     top: int = typer.Option(15, "--top", help="Rows in the buffer and op tables and JSON lists (0: all)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     csv: Optional[MemoryTable] = typer.Option(None, "--csv", help="Print one table as CSV, every row."),

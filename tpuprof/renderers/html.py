@@ -346,9 +346,11 @@ def _memory_module(page: _Page, m: dict, top: int) -> None:
     """One module: its summary, the curve, the padding wasters and padding by op."""
     page.add(f'<h3 class="mono">{esc(m["name"])}</h3>'
              f'<p class="meta">{esc(m.get("source_kind"))}: {esc(m.get("source"))}</p>')
-    if m.get("estimated"):
-        page.add(f'<p class="warn">Estimate: simulated default TPU tilings for {esc(m.get("target") or "TPU")}; '
-                 "compile with libtpu (tpuprof memory --compile) for the real layouts.</p>")
+    from tpuprof.renderers.memory import method_words
+
+    method = m.get("method") or ("unscheduled_bound" if m.get("estimated") else "buffer_assignment")
+    words = method_words(method, m.get("target"), m.get("expected_error_percent"), m.get("peak_range_bytes"))
+    page.add(f'<p class="{"warn" if m.get("estimated") else "meta"}">{esc(words)}</p>')
     for note in m.get("notes", []):
         page.add(f'<p class="note">{prose(note)}</p>')
     rows = [("peak HBM (padded)", m.get("peak_heap_bytes")), ("peak HBM (unpadded)",
