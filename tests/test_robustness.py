@@ -55,6 +55,12 @@ CASES = [
     ("shape_index_negative.hlo.pb", "memory", 0, ""),
     # Two logical buffers with one id and different defining instructions (describe looked the id up).
     ("logical_buffer_id_repeated.hlo.pb", "memory", 0, ""),
+    # A buffer's shape index reaching a tuple element by a negative number (subshape).
+    ("subshape_negative_index.hlo.pb", "memory", 0, ""),
+    # A suggestion's framework given as a list: the reader checks every field the page reads.
+    ("json_suggestion_framework_list.json", "report", 2, "framework should be a string"),
+    # A layer index of 4,401 digits in an op name (int() refuses it): not a layer index.
+    ("oom_layer_index_4401_digits.txt", "oom", 0, ""),
 ]
 
 

@@ -23,7 +23,8 @@ LIMIT = 2**63  # sizes and times in the documents are int64 figures; past this t
 _MAX_INT_DIGITS = 40
 
 SUGGESTION = {"kind": "?str", "message": "?str", "saving_bytes": "?num", "saving_ms_per_step": "?num",
-              "evidence": "?str"}
+              "evidence": "?str", "severity": "?str", "confidence": "?str", "code": "?str", "framework": "?str",
+              "source_line": "?str"}
 BUFFER = {"instruction!": "str", "shape!": "str", "size_bytes!": "int", "unpadded_bytes!": "int",
           "padding_bytes": "int", "expansion": "num", "allocation_type": "?str", "op_name": "?str",
           "source_line": "?str", "live_at_peak": "?bool", "fix": "?str"}

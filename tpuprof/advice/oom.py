@@ -27,7 +27,7 @@ MAX_GUESSED_BATCH = 65536
 SHARDING_DEVICES = 8
 # Attention scores: [batch, heads, queries, keys] with queries == keys (or [b*h, q, k]).
 _ATTENTION_OP = re.compile(r"attention|attn|hqk|bhqk|qk->|softmax|scores", re.I)
-_LAYER = re.compile(r"/(?:layers?|h|blocks?|encoder_layer|decoder_layer)[/_.](\d+)/")
+_LAYER = re.compile(r"/(?:layers?|h|blocks?|encoder_layer|decoder_layer)[/_.](\d{1,6})/")  # a layer index, not any digits
 
 
 

@@ -152,7 +152,7 @@ class Shape:
     def subshape(self, index: tuple[int, ...] | list[int]) -> "Shape":
         shape = self
         for i in index:
-            if not shape.is_tuple or i >= len(shape.tuple_shapes):
+            if not shape.is_tuple or not 0 <= i < len(shape.tuple_shapes):  # damaged protos: negative indices
                 break
             shape = shape.tuple_shapes[i]
         return shape
