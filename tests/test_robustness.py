@@ -258,3 +258,13 @@ def test_xprof_oracles_and_commands_leave_the_sample_folders_as_they_were(tmp_pa
                  ("diff", dump.parent, dump.parent)):
         assert run_cli(*map(str, args)).returncode == 0
     assert _snapshot(samples) == before
+
+
+def test_a_buffer_assignment_line_with_a_huge_size_is_read_in_linear_time(tmp_path):
+    """A 3-million-digit allocation size with no closing colon: the allocation pattern once tried every split of the
+    digits (about 27 s for 1 million, quadratic); now the line is refused or read at once (fuzz, seed 1)."""
+    text = "BufferAssignment:\nallocation 0: size 512, thread-local:\nallocation 1: size " + "1" * 3_000_000 + " x\n"
+    path = tmp_path / "huge-buffer-assignment.txt"
+    path.write_text(text)
+    done = run_cli("memory", str(path), "--target", "v5e", timeout=60)
+    assert "Traceback" not in done.stderr and done.returncode in (0, 2), done.stderr

@@ -18,7 +18,8 @@ from tpuprof.models.memory import CONSTANT, OUTPUT, PARAMETER, TEMP, THREAD_LOCA
 from tpuprof.sources import hlo_dump, hlo_text
 from tpuprof.units import read_int
 
-_ALLOCATION_RE = re.compile(r"^allocation (\d+): size (\d+)(.*):\s*$")
+# Possessive digits: with `(\d+)(.*):` a million-digit size was split every way before failing (27 s a line).
+_ALLOCATION_RE = re.compile(r"^allocation (\d++): size (\d++)(.*):\s*$")
 _VALUE_RE = re.compile(r"^\s+value: <(\d+) ([^ >]+) @(\d+)> \(size=(\d+),offset=(\d+)\): (.*)$")
 _COLOR_RE = re.compile(r"\bcolor (\d+)")
 
