@@ -714,3 +714,92 @@ def estimate(cost: ProgramCost, target_name: str) -> StepEstimate:
 def short_source(line: str) -> str:
     """`/long/path/to/model.py:42` -> `model.py:42`."""
     return re.sub(r"^.*/", "", line) if line else ""
+
+
+# --- what preflight reports ---------------------------------------------------------------------------
+
+def report(estimate_: StepEstimate, batch_size: int, tokens_per_example: int | None = None,
+           price=None, top: int = 5) -> dict:
+    """The JSON `estimate` of one preflight target: step time, throughput per chip, utilisation, cost.
+
+    `price`: a tpuprof.prices.Price (per chip-hour) or None. Throughput is per chip: a device's batch
+    over the step time, times the devices a chip holds."""
+    chips = devices_per_chip(targets.get(estimate_.target))
+    step = estimate_.point_s
+    examples_per_s = batch_size * chips / step if step > 0 else None
+    tokens_per_s = examples_per_s * tokens_per_example if examples_per_s and tokens_per_example else None
+    total = estimate_.compute_s + estimate_.memory_s
+    out = {
+        "step_ms": _ms(step),
+        "step_ms_low": _ms(estimate_.low_s),
+        "step_ms_high": _ms(estimate_.high_s),
+        "roofline_ms": _ms(estimate_.roofline_s),
+        "compiler_ms": _ms(estimate_.compiler_s) if estimate_.compiler_s else None,
+        "examples_per_s": _round(examples_per_s),
+        "tokens_per_s": _round(tokens_per_s),
+        "flop_utilization_percent": round(100 * estimate_.flop_utilization, 1),
+        "compute_bound_percent": round(100 * estimate_.compute_s / total, 1) if total else None,
+        "memory_bound_percent": round(100 * estimate_.memory_s / total, 1) if total else None,
+        "flops_per_step": int(estimate_.flops),
+        "hbm_bytes_per_step": int(estimate_.hbm_bytes),
+        "devices_per_chip": chips,
+        "ops_with_compiler_cycles": estimate_.ops_with_cycles,
+        "price_per_chip_hour": price.usd_per_chip_hour if price else None,
+        "price_source": price.source if price else "no price known: pass --price GENERATION=USD",
+        "price_verified": bool(price and price.verified),
+        "cost_per_million_examples": None,
+        "cost_per_million_tokens": None,
+        "loops": [{"name": loop.name, "op_name": loop.op_name, "trip_count": loop.trip_count,
+                   "trip_count_source": loop.trip_count_source} for loop in estimate_.loops],
+        "top_ops": [_op_json(t) for t in estimate_.top(top)],
+        "kernels_without_estimate": estimate_.kernels_without_estimate,
+        "not_modelled": list(NOT_MODELLED),
+        "peaks_source": estimate_.peaks.source,
+        "method": ("band = [roofline over the compiled ops, the compiler's estimated_cycles at the TensorCore "
+                   "clock]; point = their geometric mean" if estimate_.compiler_s else
+                   "roofline over the compiled ops only (no compiler cycles in this dump)"),
+    }
+    if price and examples_per_s:
+        per_example = price.usd_per_chip_hour / 3600 / examples_per_s
+        out["cost_per_million_examples"] = round(per_example * 1e6, 4)
+        if tokens_per_s:
+            out["cost_per_million_tokens"] = round(price.usd_per_chip_hour / 3600 / tokens_per_s * 1e6, 4)
+    return out
+
+
+def _op_json(timed: TimedOp) -> dict:
+    op = timed.op
+    return {"name": op.name, "opcode": op.opcode, "op_name": op.op_name, "source_line": op.source_line,
+            "count": op.count, "ms": _ms(timed.point_s), "roofline_ms": _ms(timed.roofline_s),
+            "compiler_ms": _ms(timed.compiler_s) if op.compiler_cycles is not None else None,
+            "bound": "compute" if timed.compute_s >= timed.memory_s else "memory",
+            "flops": int(op.flops * op.count), "hbm_bytes": int(op.hbm_bytes * op.count)}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e3, 4)
+
+
+def _round(value: float | None) -> float | None:
+    if value is None:
+        return None
+    return round(value, 2) if value < 1000 else round(value)
+
+
+def choice(results: list[dict]) -> str | None:
+    """One line: the cheapest generation that fits and the fastest, from preflight's targets."""
+    fitting = [r for r in results if r.get("fits") and r.get("estimate") and r["estimate"].get("examples_per_s")]
+    if not fitting:
+        return None
+    fastest = max(fitting, key=lambda r: r["estimate"]["examples_per_s"])
+    priced = [r for r in fitting if r["estimate"].get("cost_per_million_examples") is not None]
+    parts = []
+    if priced:
+        cheapest = min(priced, key=lambda r: r["estimate"]["cost_per_million_examples"])
+        e = cheapest["estimate"]
+        parts.append(f"cheapest that fits: {cheapest['target']} (${e['cost_per_million_examples']:.3g} per 1M "
+                     f"examples at batch {cheapest['batch_size']}{'' if e['price_verified'] else ', unverified price'})")
+    e = fastest["estimate"]
+    parts.append(f"fastest: {fastest['target']} ({e['examples_per_s']:,} examples/s per chip, "
+                 f"step {e['step_ms']:.3g} ms at batch {fastest['batch_size']})")
+    return "; ".join(parts)
