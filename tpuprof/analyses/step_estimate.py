@@ -239,7 +239,10 @@ class _Walker:
         if isinstance(window, dict) and str(window.get("estimated_cycles", "0")).isdigit():
             cycles = int(window["estimated_cycles"]) or None
         flops, hbm, source = self.flops(instruction), self.hbm_bytes(instruction), "hlo"
-        estimate = config.get("cost_estimate") if isinstance(config, dict) else None
+        # A Pallas kernel's own cost_estimate (pl.CostEstimate), in its Mosaic custom_call_config.
+        call_config = config.get("custom_call_config")
+        estimate = config.get("cost_estimate") or (call_config.get("cost_estimate")
+                                                   if isinstance(call_config, dict) else None)
         without = False
         if instruction.opcode == "custom-call":
             if isinstance(estimate, dict):
@@ -761,9 +764,9 @@ def report(estimate_: StepEstimate, batch_size: int, tokens_per_example: int | N
     }
     if price and examples_per_s:
         per_example = price.usd_per_chip_hour / 3600 / examples_per_s
-        out["cost_per_million_examples"] = round(per_example * 1e6, 4)
+        out["cost_per_million_examples"] = _significant(per_example * 1e6)
         if tokens_per_s:
-            out["cost_per_million_tokens"] = round(price.usd_per_chip_hour / 3600 / tokens_per_s * 1e6, 4)
+            out["cost_per_million_tokens"] = _significant(price.usd_per_chip_hour / 3600 / tokens_per_s * 1e6)
     return out
 
 
@@ -774,6 +777,10 @@ def _op_json(timed: TimedOp) -> dict:
             "compiler_ms": _ms(timed.compiler_s) if op.compiler_cycles is not None else None,
             "bound": "compute" if timed.compute_s >= timed.memory_s else "memory",
             "flops": int(op.flops * op.count), "hbm_bytes": int(op.hbm_bytes * op.count)}
+
+
+def _significant(value: float) -> float:
+    return float(f"{value:.4g}")
 
 
 def _ms(seconds: float | None) -> float | None:
