@@ -61,8 +61,11 @@ TARGETS: dict[str, Target] = {
 # model schedules an 8192^3 bf16 matmul at 184,616 multiply-adds per cycle, more than two such MXUs can do
 # (131,072): the 918 TFLOP/s are 4 x 256x256 at 1.75 GHz. TPU7x: no published MXU count; libtpu schedules
 # 211,071 per cycle on one device, consistent with 4 x 256x256 per device at 2.2 GHz (the per-device half of
-# 2,307 TFLOP/s bf16), an estimate. Measured with tpuprof/analyses/step_estimate.py on libtpu 0.0.42.1 (see
-# tests/fixtures/step_estimate/generate.py). int8: Cloud TPU pages (v5e 393, v5p 918, v6e 1836 TOPS per chip).
+# 2,307 TFLOP/s bf16), an estimate. Measured on libtpu 0.0.42.1: an 8192^3 bf16 matmul compiled for one device,
+# its cycles read by tpuprof/analyses/step_estimate.py (v2 16,110, v3 31,748, v4 58,878 per TensorCore, v5e
+# 57,522, v5p 118,174 multiply-adds per cycle: 88-98% of the MXUs' peak at the clocks above; the
+# bigmatmul_* samples of tests/fixtures/step_estimate check it stays below 100%).
+# int8: Cloud TPU pages (v5e 393, v5p 918, v6e 1836 TOPS per chip).
 RATES = {
     "v2": {"clock_ghz": 0.70},
     "v3": {"clock_ghz": 0.94},
