@@ -132,3 +132,15 @@ def test_price_overrides_and_bad_prices():
     for bad in ("v6e", "v6e=cheap", "v6e=-1", "v9=1.0"):
         with pytest.raises(UserError):
             prices.parse_overrides(bad)
+
+
+def test_a_dump_without_after_codegen_gives_the_roofline_alone(tmp_path):
+    """Older dumps (the samples keep after_optimizations only): no compiler cycles, so no band."""
+    dump = Path(__file__).parents[1] / "sample_profiles" / "dumps" / "transformer_bf16_v6e"
+    program = step_estimate.load(dump)
+    assert program.stage == "after_optimizations" and program.target == "v6e" and program.flops > 0
+    result = step_estimate.estimate(program, "v6e")
+    assert result.compiler_s is None and result.low_s == result.high_s == pytest.approx(result.point_s)
+    assert "roofline over the compiled ops only" in step_estimate.report(result, 8)["method"]
+    with pytest.raises(UserError):
+        step_estimate.load(tmp_path)
