@@ -186,7 +186,7 @@ def test_zsh_and_fish_completion(shell_env):
     answer = run(_TPUPROF_COMPLETE="complete_zsh", _TYPER_COMPLETE_ARGS="tpuprof ")
     assert all(f'"{command}":"' in answer for command in COMMANDS)  # each with its description
     answer = run(_TPUPROF_COMPLETE="complete_zsh", _TYPER_COMPLETE_ARGS="tpuprof oom --target v")
-    assert re.findall(r'"([^"]+)"', answer) == list(targets.TARGETS)
+    assert re.findall(r'"([^"]+)"', answer) == [n for n in targets.TARGETS if n.startswith("v")]  # not tpu7x
 
     fish = run(_TPUPROF_COMPLETE="source_fish")
     assert "complete --command tpuprof" in fish and "_TPUPROF_COMPLETE=complete_fish" in fish

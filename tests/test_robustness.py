@@ -47,6 +47,14 @@ CASES = [
     ("json_integer_5000_digits.json", "report", 2, "an integer of 5000 digits"),
     ("json_nan.json", "diff", 2, "NaN is not a number JSON allows"),
     ("json_nested_5000_deep.json", "report", 2, "nested too deeply"),
+    # An analyze document whose roofline ridge underflows to 0 when quartered (the log axis had no range).
+    ("json_roofline_ridge_underflow.json", "report", 0, ""),
+    # A preflight document whose dump_dir is longer than a file name may be (is_dir raised OSError).
+    ("json_preflight_dump_dir_too_long.json", "report", 0, ""),
+    # A logical buffer defined at a negative tuple index.
+    ("shape_index_negative.hlo.pb", "memory", 0, ""),
+    # Two logical buffers with one id and different defining instructions (describe looked the id up).
+    ("logical_buffer_id_repeated.hlo.pb", "memory", 0, ""),
 ]
 
 

@@ -25,16 +25,18 @@ PathLike = Union[str, os.PathLike]
 
 
 def memory(path: PathLike, target: Optional[str] = None, module: Optional[str] = None, *, top: int = 15,
-           compile: bool = False) -> MemoryResult:
+           compile: Optional[bool] = None) -> MemoryResult:
     """Where HBM goes in a compiled XLA program: padded vs unpadded bytes per buffer and per framework op, the
     peak (equal to the compiler's and XProf's to the byte for TPU dumps), and the fixes.
 
     path: an XLA dump folder (`--xla_dump_to`), an `*.hlo.pb` HloProto, `*-buffer-assignment.txt` or HLO text.
-    target: TPU generation ("v5e", "v6e", ...): the HBM capacity, and the tiling of HLO without TPU layouts
-        (an estimate). Read from the dump's target_arguments.txt when there is one.
+    target: TPU generation (v2 v3 v4 v5e v5p v6e tpu7x, or a name such as "v7x", "ironwood", "trillium",
+        "v6e-8"): the HBM capacity of one device, and the tiling of HLO without TPU layouts (an estimate). Read
+        from the dump's target_arguments.txt when there is one.
     module: only this module of a dump folder (name or part of it).
     top: rows of the buffer and op lists in `to_dict()` (0: all); the result itself holds every buffer.
-    compile: recompile a CPU/GPU/TF module proto with libtpu for `target` (exact TPU figures).
+    compile: recompile a CPU/GPU/TF module proto with libtpu for `target` (exact TPU figures); None (default):
+        whenever libtpu is installed, `target` is given and the dump has no TPU buffer assignment; False: estimate.
 
         >>> result = tpuprof.memory("sample_profiles/dumps/conv18_f32_v5e")
         >>> result.peak_heap_bytes, result.module.padding_at_peak_bytes
@@ -72,7 +74,8 @@ def oom(text_or_path: Union[str, bytes, os.PathLike], batch: Optional[int] = Non
         file, is read as a file.
     batch: the batch size that failed, to estimate the one that fits.
     dump: the XLA dump folder of the same program: the log's buffers are joined with its buffer assignment.
-    target: TPU generation, for the capacity when the message gives none.
+    target: TPU generation (as for memory: "v4", "tpu7x", "v7x", ...), for the capacity when the message
+        gives none.
 
         >>> result = tpuprof.oom(open("train.log").read(), batch=128)
         >>> result.report.used_bytes, result.batch_estimate.fitting_batch
@@ -118,7 +121,10 @@ def preflight(fn_or_model: Any, *example_args: Any, tpu: Union[str, Iterable[str
         - a compiled Keras model (TensorFlow backend) followed by example inputs and labels (arrays or
           tf.TensorSpecs): tpuprof builds its train step (forward, loss, gradients, optimizer update);
         - a factory `f(batch_size)` returning either of those, or a `"path/to/file.py:factory"` text (as the CLI).
-    tpu: a generation ("v5e"), a topology ("v5e:2x2"), or several (a list or "v5e,v6e") to compare them.
+    tpu: a generation ("v5e"; v2 v3 v4 v5e v5p v6e tpu7x, or a name such as "v7x", "ironwood", "trillium",
+        "v6e-8"), a topology ("v5e:2x2"), or several (a list or "v5e,v6e") to compare them. The program is
+        compiled for one device as jobs see it (`result.targets[i]["device"]`): a chip on v4 (megacore), v5e,
+        v5p and v6e, a TensorCore on v2, v3 and TPU7x.
     batch: the per-device batch to check. With example arguments it defaults to theirs; another batch size
         changes the leading dimension of the arguments every array of which has the batch as its leading
         dimension, like the last argument (inputs, labels), and keeps the others (parameters, optimizer state).

@@ -38,6 +38,7 @@ JSON_HELP = "Print one JSON document on stdout instead of tables."
 VERBOSE_HELP = "Also show what TensorFlow, JAX, libtpu and the profiler print on stderr."
 # The generations come from tpuprof.targets, the one place that knows them: help and completion follow it.
 GENERATIONS = " ".join(targets.TARGETS)
+GENERATION_NAMES = "also v7x, ironwood, trillium, v5litepod, slice names like v6e-8"
 
 # Closed sets are click choices: --help lists them, completion offers them, a wrong one is a usage error.
 MemoryTable = Enum("MemoryTable", {name: name for name in MEMORY_TABLES}, type=str)
@@ -64,7 +65,7 @@ def _check_generations(value: Optional[str]) -> Optional[str]:
 
 
 def _target_option(help_text: str):
-    return typer.Option(None, "--target", metavar="GENERATION", help=f"{help_text} One of: {GENERATIONS}.",
+    return typer.Option(None, "--target", metavar="GENERATION", help=f"{help_text} One of: {GENERATIONS} ({GENERATION_NAMES}).",
                         callback=_check_generations, autocompletion=_complete_generation)
 
 
@@ -102,7 +103,7 @@ def memory(
     path: Path = typer.Argument(..., metavar="PATH", help="XLA dump folder, *.hlo.pb (HloProto), *-buffer-assignment.txt or HLO text."),
     module: Optional[str] = typer.Option(None, "--module", "-m", help="Analyse only this module of a dump folder (name or substring)."),
     target: Optional[str] = _target_option("TPU generation for HLO without TPU layouts, and for the HBM capacity."),
-    compile_: bool = typer.Option(False, "--compile", help="Recompile the module proto (*.hlo.pb of a CPU/GPU/TF dump) with libtpu for --target: exact layouts and sizes."),
+    compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="Recompile the module proto (*.hlo.pb of a CPU/GPU/TF dump) with libtpu for --target: exact layouts and sizes. Default: recompile when libtpu is installed, --target is given and the dump has no TPU buffer assignment; --no-compile estimates instead."),
     top: int = typer.Option(15, "--top", help="Rows in the buffer and op tables and JSON lists (0: all)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     csv: Optional[MemoryTable] = typer.Option(None, "--csv", help="Print one table as CSV, every row."),
@@ -241,7 +242,7 @@ def diff(
 def preflight(
     spec: str = typer.Argument(..., metavar="FILE.py:FACTORY", help="path/to/file.py:factory; factory(batch_size) returns (jax fn, example args), "
                                "(tf.function, TensorSpecs) or (compiled Keras model, x spec, y spec)."),
-    tpu: str = typer.Option(..., "--tpu", metavar="GENERATION[,...]", help=f"TPU generation ({GENERATIONS}) or topology (v5e:2x2); "
+    tpu: str = typer.Option(..., "--tpu", metavar="GENERATION[,...]", help=f"TPU generation ({GENERATIONS}; {GENERATION_NAMES}) or topology (v5e:2x2); "
                             "a comma list compares them.",
                             callback=_check_generations, autocompletion=_complete_generation),
     batch: Optional[int] = typer.Option(None, "--batch", help="Per-chip batch size to check."),

@@ -1,29 +1,66 @@
-"""TPU generations: the HBM the XLA:TPU compiler offers one device, and published per-chip figures.
+"""TPU generations: what one device of each is (the device users' jobs see), the HBM the compiler offers it,
+and the published per-chip figures. The one place in tpuprof that knows these facts, each with its source.
 
-`compiler_hbm_bytes` is what libtpu 0.0.42.1 states as "available HBM (X)" for one compile-only
-device of the topology (a TensorCore on v2-v4 and v5p, a chip on v5e and v6e); it is below the
-published size because the runtime reserves part of HBM. Sources: Cloud TPU docs and real compiles
-(see shared reference tpu-facts.md).
+A *device* is what JAX, TensorFlow and PyTorch/XLA place programs on (`jax.devices()`, `/device:TPU:N` in a
+capture). Depending on the generation it is a whole chip or one TensorCore of it:
+
+- v2, v3: one TensorCore; a chip has two (two devices per chip).
+- v4, v5p: one chip, whose two TensorCores run one program together ("megacore"). A v4 VM runs megacore
+  (a real v4 OOM log reads "Used 63.80G of 30.75G hbm"); libtpu compiles for it with chip_config_name
+  "megacore" (without it, a v4 device is one TensorCore with 15.25G). v5p devices are megacore by default.
+- v5e, v6e: one chip with one TensorCore.
+- TPU7x (Ironwood): one TensorCore; a chip has two, each with its own half of the chip's HBM (8 devices
+  on 4 chips).
+
+`compiler_hbm_bytes` is what libtpu 0.0.42.1 states as "available HBM (X)" for one device when a program is too
+large (checked by tests/test_targets.py, which compiles for every generation); it is below the published size
+because the runtime keeps part of HBM. The published figures are per chip; `..._per_device` divides them by the
+devices per chip (the device's share of the chip). The docs write HBM sizes as "GB"; they are GiB (the v5e
+compiler offers 15.75 GiB, more than 16e9 bytes).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from tpuprof.errors import UserError
 
 GiB = 1 << 30
 
+# Where the figures come from (the published ones were read on the date given).
+SOURCES = {
+    "libtpu": "libtpu 0.0.42.1 compile-only topologies (jax.experimental.topologies), checked by tests/test_targets.py: "
+              "device attributes (device_kind, num_cores, coords, core_on_chip) and the compiler's "
+              "'exceeds available HBM (X)'",
+    "cloud-tpu-docs": "Cloud TPU docs, system architecture pages https://cloud.google.com/tpu/docs/system-architecture-tpu-vm "
+                      "and /tpu/docs/v2, v3, v4, v5e, v5p, v6e (per-chip peak bf16 FLOP/s, HBM, HBM bandwidth)",
+    "tpu7x-docs": "Cloud TPU docs, TPU7x (Ironwood) https://docs.cloud.google.com/tpu/docs/tpu7x (read 2026-11-24): per "
+                  "chip 2 TensorCores, 2307 TFLOP/s bf16 (4614 fp8), 192 GiB HBM, 7380 GB/s; Google blog 'Ironwood: "
+                  "the first Google TPU for the age of inference' (2025-04-09): 4614 TFLOP/s, 192 GB, 7.37 TB/s",
+    "xprof": "openxla/xprof xprof/convert/xplane_to_utilization_viewer.cc: a TPU7x capture's device_type_string is "
+             "'TPU v7x' (v6e: 'TPU v6 Lite')",
+}
+
 
 @dataclass(frozen=True)
 class Target:
-    name: str  # v5e
-    topology: str  # v5e:2x2, the smallest topology libtpu compiles for
-    device: str  # what one compile-only device is
-    compiler_hbm_bytes: int  # HBM available to one device's program, as the compiler states it
-    published_hbm_bytes: int  # per device, from the Cloud TPU docs
-    peak_bf16_tflops: float  # per chip
-    hbm_gbps: float  # per chip
+    name: str  # canonical generation name: v5e, tpu7x
+    topology: str  # the smallest topology libtpu compiles for: v5e:2x2
+    chip_config_name: str | None  # libtpu chip config for the device users run (v4: "megacore"); None: default
+    device_kind: str  # what one device is: "chip" or "TensorCore"
+    cores_per_device: int  # TensorCores running one device's program
+    devices_per_chip: int
+    compiler_hbm_bytes: int  # HBM available to one device's program, as the compiler states it (libtpu 0.0.42.1)
+    published_hbm_bytes_per_chip: int
+    peak_bf16_tflops: float  # per chip, published
+    hbm_gbps: float  # HBM bandwidth per chip, published, GB/s
+    jax_device_kind: str  # jax.Device.device_kind
+    capture_device_types: tuple[str, ...]  # device_type_string of a profiler capture's /device:TPU:N planes
+    codename: str  # tpu_topology_args.version in a dump's *.target_arguments.txt
+    codename_variant: str = ""  # tpu_topology_args.variant ("lite" on v5e)
+    aliases: tuple[str, ...] = ()  # other names people use; slice names (v6e-8) and topologies work too
+    published_source: str = "cloud-tpu-docs"  # a key of SOURCES
     # Second-minor tile for 32/16/8-bit types in the default TPU layouts (minor dim tiles to 128).
     second_minor_tile: tuple[int, int, int] = (8, 16, 32)
     # The link between the host and one chip, GB/s per direction, and what that figure is (None: not published).
@@ -35,6 +72,37 @@ class Target:
     peak_int8_tops: float | None = None  # per chip
     peak_fp8_tflops: float | None = None  # per chip
 
+    @property
+    def device(self) -> str:
+        """What one device is, in words: 'one chip', 'one chip (2 TensorCores)' (megacore), 'one TensorCore (2 per
+        chip)'."""
+        if self.device_kind == "chip":
+            return "one chip" if self.cores_per_device == 1 else f"one chip ({self.cores_per_device} TensorCores)"
+        return f"one TensorCore ({self.devices_per_chip} per chip)"
+
+    def device_info(self) -> dict:
+        """The device as the --json documents describe it."""
+        return {"kind": self.device_kind, "cores_per_device": self.cores_per_device,
+                "devices_per_chip": self.devices_per_chip, "description": self.device}
+
+    @property
+    def published_hbm_bytes(self) -> int:
+        """Published HBM of one device (its share of the chip's)."""
+        return self.published_hbm_bytes_per_chip // self.devices_per_chip
+
+    @property
+    def peak_bf16_tflops_per_device(self) -> float:
+        return self.peak_bf16_tflops / self.devices_per_chip
+
+    @property
+    def hbm_gbps_per_device(self) -> float:
+        return self.hbm_gbps / self.devices_per_chip
+
+    @property
+    def topology_prefix(self) -> str:
+        """The generation's name in libtpu topology names: v5e in v5e:2x2, tpu7x in tpu7x:2x2x1."""
+        return self.topology.split(":")[0]
+
 
 def _g(value: float) -> int:
     return int(round(value * GiB))
@@ -43,15 +111,32 @@ def _g(value: float) -> int:
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
-        Target("v2", "v2:2x2", "one TensorCore", _g(7.48), 8 * GiB, 46, 716),
-        Target("v3", "v3:2x2", "one TensorCore", _g(15.48), 16 * GiB, 123, 900),
-        Target("v4", "v4:2x2x1", "one TensorCore", _g(15.25), 16 * GiB, 275, 1200),
-        Target("v5e", "v5e:2x2", "one chip", _g(15.75), 16 * 10**9, 197, 819),
-        Target("v5p", "v5p:2x2x1", "one TensorCore", _g(95.74), 95 * 10**9, 459, 2765),
+        Target("v2", "v2:2x2", None, "TensorCore", 1, 2, _g(7.48), 16 * GiB, 46, 716,
+               jax_device_kind="TPU v2", capture_device_types=("TPU v2",), codename="TPU_VERSION_JELLYFISH",
+               aliases=("tpu v2",)),
+        Target("v3", "v3:2x2", None, "TensorCore", 1, 2, _g(15.48), 32 * GiB, 123, 900,
+               jax_device_kind="TPU v3", capture_device_types=("TPU v3",), codename="TPU_VERSION_DRAGONFISH",
+               aliases=("tpu v3",)),
+        Target("v4", "v4:2x2x1", "megacore", "chip", 2, 1, _g(30.75), 32 * GiB, 275, 1200,
+               jax_device_kind="TPU v4", capture_device_types=("TPU v4",), codename="TPU_VERSION_PUFFERFISH",
+               aliases=("tpu v4",)),
+        Target("v5e", "v5e:2x2", None, "chip", 1, 1, _g(15.75), 16 * GiB, 197, 819,
+               jax_device_kind="TPU v5 lite", capture_device_types=("TPU v5 Lite", "TPU v5e"),
+               codename="TPU_VERSION_VIPERFISH", codename_variant="lite",
+               aliases=("v5litepod", "v5lite", "tpu v5 lite", "tpu v5e")),
+        # The Cloud TPU docs give 95 GiB per chip; the compiler offers slightly more (95.74G): a rounded figure.
+        Target("v5p", "v5p:2x2x1", None, "chip", 2, 1, _g(95.74), 95 * GiB, 459, 2765,
+               jax_device_kind="TPU v5", capture_device_types=("TPU v5", "TPU v5p"), codename="TPU_VERSION_VIPERFISH",
+               aliases=("v5", "tpu v5", "tpu v5p")),
         # Cloud TPU docs: "each v6e chip ... connects to the host through a PCIe Gen5 interface"; the lane count
         # is not published: 32 GT/s x 16 lanes x 128/130 / 8 = 63 GB/s per direction if it is x16.
-        Target("v6e", "v6e:2x2", "one chip", _g(31.25), 32 * 10**9, 918, 1638, host_link_gbps=63.0,
-               host_link="PCIe Gen5, 63 GB/s per direction if x16 (lanes not published)"),
+        Target("v6e", "v6e:2x2", None, "chip", 1, 1, _g(31.25), 32 * GiB, 918, 1638,
+               jax_device_kind="TPU v6 lite", capture_device_types=("TPU v6 Lite", "TPU v6e"),
+               codename="TPU_VERSION_GHOSTLITE", aliases=("v6", "trillium", "tpu v6 lite", "tpu v6e"),
+               host_link_gbps=63.0, host_link="PCIe Gen5, 63 GB/s per direction if x16 (lanes not published)"),
+        Target("tpu7x", "tpu7x:2x2x1", None, "TensorCore", 1, 2, _g(94.75), 192 * GiB, 2307, 7380,
+               jax_device_kind="TPU7x", capture_device_types=("TPU v7x", "TPU7x"), codename="TPU_VERSION_6acc60406",
+               aliases=("v7x", "7x", "v7", "tpu7", "ironwood", "tpu v7x"), published_source="tpu7x-docs"),
     )
 }
 # TensorCore clocks: published peak bf16 FLOP/s / (2 x multiply-adds per cycle of the chip's MXUs), MXU counts
@@ -65,7 +150,7 @@ TARGETS: dict[str, Target] = {
 # its cycles read by tpuprof/analyses/step_estimate.py (v2 16,110, v3 31,748, v4 58,878 per TensorCore, v5e
 # 57,522, v5p 118,174 multiply-adds per cycle: 88-98% of the MXUs' peak at the clocks above; the
 # bigmatmul_* samples of tests/fixtures/step_estimate check it stays below 100%).
-# int8: Cloud TPU pages (v5e 393, v5p 918, v6e 1836 TOPS per chip).
+# int8: Cloud TPU pages (v5e 393, v5p 918, v6e 1836 TOPS per chip); fp8: TPU7x 4614 TFLOP/s per chip.
 RATES = {
     "v2": {"clock_ghz": 0.70},
     "v3": {"clock_ghz": 0.94},
@@ -76,48 +161,75 @@ RATES = {
     "tpu7x": {"clock_ghz": 2.2, "peak_fp8_tflops": 4614},
 }
 TARGETS = {name: replace(target, **RATES.get(name, {})) for name, target in TARGETS.items()}
-ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e", "v5": "v5p"}
+ALIASES = {alias.replace(" ", ""): t.name for t in TARGETS.values() for alias in t.aliases}
+
+
+def _key(name: str) -> str:
+    """`TPU v5 lite`, `v6e-8`, `v5litepod-16`, `tpu7x:2x2x1` -> the lookup key (`v5lite`, `v6e`, `v5litepod`, `tpu7x`)."""
+    key = name.strip().lower().split(":")[0]
+    key = re.sub(r"-\d+$", "", key)  # slice names: v6e-8, v5litepod-16, tpu7x-8
+    key = key.replace(" ", "").replace("_", "")
+    if key not in TARGETS and key not in ALIASES and key.startswith("tpu") and not key.startswith("tpu7"):
+        key = key[3:].lstrip("-")  # tpu-v5e, tpuv4
+    return key
 
 
 def get(name: str) -> Target:
-    """Look up a generation by name (`v5e`) or topology (`v5e:2x2`)."""
-    key = name.strip().lower().split(":")[0].split("-")[0]
+    """Look up a generation by name (`v5e`), alias (`trillium`, `v7x`, `ironwood`), slice name (`v6e-8`),
+    device kind (`TPU v5 lite`) or topology (`v5e:2x2`)."""
+    key = _key(name)
     key = ALIASES.get(key, key)
     if key not in TARGETS:
-        raise UserError(f"unknown TPU target {name!r}: use one of {', '.join(TARGETS)}.")
+        raise UserError(f"unknown TPU target {name!r}: use one of {', '.join(TARGETS)} "
+                        f"(or a name such as v7x, ironwood, trillium, v6e-8, or a topology such as v5e:2x2).")
     return TARGETS[key]
 
 
+def topology_of(name: str) -> str:
+    """The libtpu topology to compile for: the generation's smallest (`v4` -> `v4:2x2x1`), or the one given,
+    with the generation spelled as libtpu does (`v7x:2x2x1` -> `tpu7x:2x2x1`, `trillium:2x4` -> `v6e:2x4`)."""
+    target = get(name)
+    _, sep, shape = name.strip().partition(":")
+    return f"{target.topology_prefix}:{shape.strip()}" if sep and shape.strip() else target.topology
+
+
+def compile_label(name: str) -> str:
+    """The topology and chip config a compile for `name` uses, as one text (cache keys, messages):
+    `v4:2x2x1 megacore`, `v5e:2x2`."""
+    target = get(name)
+    topology = topology_of(name)
+    return f"{topology} {target.chip_config_name}" if target.chip_config_name else topology
+
+
 # `device_type_string` of a capture's /device:TPU:N plane -> generation.
-_DEVICE_TYPES = {"tpu v2": "v2", "tpu v3": "v3", "tpu v4": "v4", "tpu v5 lite": "v5e", "tpu v5e": "v5e",
-                 "tpu v5": "v5p", "tpu v5p": "v5p", "tpu v6 lite": "v6e", "tpu v6e": "v6e"}
+_DEVICE_TYPES = {" ".join(kind.lower().split()): t.name for t in TARGETS.values()
+                 for kind in (*t.capture_device_types, t.jax_device_kind)}
 
 
 def from_device_type(text: str) -> str | None:
     """`TPU v6 Lite` (a profiler capture's device_type_string) -> `v6e`; None when unknown."""
-    key = " ".join(text.lower().split())
-    name = _DEVICE_TYPES.get(key)
-    return name if name in TARGETS else None
+    return _DEVICE_TYPES.get(" ".join(text.lower().split()))
 
 
 # libtpu's chip codenames in a dump's `*.target_arguments.txt` (tpu_topology_args.version / variant).
-_CODENAMES = {
-    ("TPU_VERSION_JELLYFISH", ""): "v2",
-    ("TPU_VERSION_DRAGONFISH", ""): "v3",
-    ("TPU_VERSION_PUFFERFISH", ""): "v4",
-    ("TPU_VERSION_VIPERFISH", "lite"): "v5e",
-    ("TPU_VERSION_VIPERFISH", ""): "v5p",
-    ("TPU_VERSION_GHOSTLITE", ""): "v6e",
-    ("TPU_VERSION_GHOSTLITE", "lite"): "v6e",
-}
+_CODENAMES = {(t.codename, t.codename_variant): t.name for t in TARGETS.values()}
+_CODENAMES[("TPU_VERSION_GHOSTLITE", "lite")] = "v6e"
 
 
 def from_target_arguments(text: str) -> str | None:
-    """The generation a dump was compiled for, from its target_arguments.txt; None if unknown."""
-    import re
+    """The generation a dump was compiled for, from its target_arguments.txt; None if unknown.
 
+    A v4 dump compiled per TensorCore (chip_config_name "default", which v4 VMs do not run) is still v4; its
+    capacity is then half the chip's that tpuprof assumes.
+    """
     version = re.search(r"version:\s*(TPU_VERSION_\w+)", text)
     variant = re.search(r'variant:\s*"(\w*)"', text)
     if not version:
         return None
     return _CODENAMES.get((version.group(1), variant.group(1) if variant else ""))
+
+
+def chip_config_of_target_arguments(text: str) -> str | None:
+    """The chip_config_name a dump was compiled with ("megacore", "default"); None if it does not say."""
+    match = re.search(r'chip_config_name:\s*"(\w*)"', text)
+    return match.group(1) if match else None

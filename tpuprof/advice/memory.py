@@ -1,47 +1,33 @@
-"""Suggestions from a memory analysis: padding fixes a user can act on, precision, capacity.
+"""Suggestions from a memory analysis, where the bytes are: attention scores and activations kept across
+layers (remat, a fused attention kernel), outputs that could reuse their inputs (donation), float32 temporaries
+(bfloat16), tile padding in the user's terms (which tensor, which dimension, what size), capacity.
 
-TPU tiles put the minor-most dimension on 128 lanes and the second-minor on 8 sublanes (16 for
-16-bit, 32 for 8-bit types, packed by the later tile). A dimension that is not a multiple of its
-tile dimension is rounded up, so the fix is always "make that dimension a multiple" or "move it out
-of the two minor-most positions".
+Each is a `tpuprof.models.suggestion.Suggestion` with its saving (exact arithmetic on the dump, or an estimate
+with a range), the call in the job's framework (detected from the module and its op names,
+tpuprof.analyses.framework) and the source line of the buffer it is about; `rank` orders them as every command
+does: first what can make a program that does not fit fit, then by saving.
 """
 
 from __future__ import annotations
 
-from tpuprof.models.memory import Buffer, ModuleMemory, Suggestion
+import re
+
+from tpuprof.advice import calls, padding as padding_advice
+from tpuprof.analyses import framework as frameworks
+from tpuprof.models.memory import Buffer, ModuleMemory
+from tpuprof.models.suggestion import Suggestion, rank
 from tpuprof.units import fmt_bytes
 
 MiB = 1 << 20
-# Wastes smaller than this are not worth a user's time.
+# Wastes smaller than this (or than MIN_PADDING_SHARE of the peak) are not worth a user's time.
 MIN_PADDING_BYTES = 1 * MiB
+MIN_PADDING_SHARE = 0.005
 MAX_PADDING_SUGGESTIONS = 5
-
-
-def padding_fix(buffer: Buffer) -> str:
-    """Which dimension is padded from what to what, and what to change, in words a user can act on."""
-    if not buffer.padded_dims:
-        return f"{buffer.instruction} {buffer.shape}: {fmt_bytes(buffer.padding_bytes)} of padding."
-    minor = buffer.minor_to_major[0] if buffer.minor_to_major else -1
-    one_hot = any(word in (buffer.op_name or "").lower() for word in ("one_hot", "onehot"))
-    fixes = []
-    for dim_index, size, padded in buffer.padded_dims:
-        tile_dim = _tile_dim_for(buffer, dim_index)
-        ratio = f"{padded / size:.1f}x" if size else "n/a"
-        if dim_index == minor:
-            where = f"sits in the 128-lane minor dimension: {size} -> {padded}, {ratio}"
-        else:
-            where = f"is the second-minor dimension (tiles of {tile_dim}): {size} -> {padded}, {ratio}"
-        if one_hot:
-            fixes.append(f"one-hot depth {size} {where}; use sparse integer labels (sparse_categorical_crossentropy, "
-                         "optax.softmax_cross_entropy_with_integer_labels) instead of materialising the one-hot, "
-                         "or move the class dimension out of the two minor-most positions")
-        elif dim_index == minor:
-            fixes.append(f"dimension {dim_index} {where}; make it a multiple of 128 "
-                         f"(e.g. {_nearest_multiples(size, 128)}) or transpose so that a larger dimension is minor-most")
-        else:
-            label = "channels" if _looks_like_channels(buffer, dim_index) else f"dimension {dim_index}"
-            fixes.append(f"{label} {size} -> padded to {padded}: use {_nearest_multiples(size, tile_dim or 8)}")
-    return f"{buffer.instruction} {buffer.shape}: " + "; ".join(dict.fromkeys(fixes)) + "."
+_ATTENTION = re.compile(r"attention|attn|hqk|bhqk|qhd,|khd->|softmax|scores", re.I)
+# Layer indices in op names: Flax "layers_3", "layer_3", "h_3", ".../blocks/3/...", "block3".
+_LAYER = re.compile(r"(?:layers?|blocks?|\bh)[_./]?(\d+)\b")
+_FORWARD = re.compile(r"jvp\(")
+_BACKWARD = re.compile(r"transpose\(")
 
 
 def _tile_dim_for(buffer: Buffer, dim_index: int) -> int:
@@ -51,25 +37,102 @@ def _tile_dim_for(buffer: Buffer, dim_index: int) -> int:
     return buffer.tile[len(buffer.tile) - 1 - position] if position < len(buffer.tile) else 0
 
 
-def _nearest_multiples(size: int, multiple: int) -> str:
-    down = (size // multiple) * multiple
-    up = -(-size // multiple) * multiple
-    return f"{down} or {up}" if down and down != up else f"{up}"
+def _dims(buffer: Buffer) -> tuple[int, ...]:
+    from tpuprof.models import shape as shapes
+
+    try:
+        return shapes.parse_shape(buffer.shape).dims if buffer.shape else ()
+    except Exception:  # a tuple element or a shape text the parser does not take: no role by position
+        return ()
 
 
-def _looks_like_channels(buffer: Buffer, dim_index: int) -> bool:
-    """Convolution feature dims: the op is a conv and the dim is the last (NHWC/HWIO) one."""
-    name = (buffer.op_name or "").lower()
-    return "conv" in name and dim_index == len(buffer.minor_to_major) - 1
+def batch_dimension(result: ModuleMemory) -> int | None:
+    """The per-chip batch: the leading dimension of most of the temporaries' bytes at the peak (activations
+    lead with the batch), when it carries at least 40% of them."""
+    weights: dict[int, int] = {}
+    total = 0
+    for buffer in result.buffers:
+        if buffer.allocation_type != "temp" or not buffer.live_at_peak or not buffer.shape:
+            continue
+        dims = _dims(buffer)
+        total += buffer.size_bytes
+        if len(dims) >= 2 and dims[0] > 1:
+            weights[dims[0]] = weights.get(dims[0], 0) + buffer.size_bytes
+    if not weights or not total:
+        return None
+    dim = max(weights, key=lambda d: weights[d])
+    return dim if weights[dim] >= 0.4 * total else None
+
+
+_SUBSHAPE = re.compile(r"\b[a-z]\w*\[([\d,]*)\]")
+
+
+def class_counts(result: ModuleMemory, batch: int | None) -> frozenset[int]:
+    """Sizes that are the model's class count: the minor dimension of a [batch, n] activation (the logits) that
+    is also a parameter's minor dimension (the output layer), not a multiple of 8 (hidden sizes are)."""
+    if not batch:
+        return frozenset()
+    logits, parameters = set(), set()
+    for buffer in result.buffers:
+        for match in _SUBSHAPE.finditer(buffer.shape or ""):
+            dims = tuple(int(d) for d in match.group(1).split(",") if d)
+            if len(dims) == 2 and dims[0] == batch and dims[1] % 8:
+                logits.add(dims[1])
+            if buffer.allocation_type == "parameter" and len(dims) >= 2:
+                parameters.add(dims[-1])
+    return frozenset(logits & parameters)
+
+
+def padding_fix(buffer: Buffer, batch: int | None = None, classes: frozenset[int] = frozenset()) -> str:
+    """Which tensor and dimension is padded from what to what, and what to choose, in the user's terms."""
+    head = f"{buffer.instruction} {buffer.shape}: "
+    if not buffer.padded_dims:
+        return head + f"{fmt_bytes(buffer.padding_bytes)} of padding."
+    if any(word in (buffer.op_name or "").lower() for word in ("one_hot", "onehot")):
+        dims = _dims(buffer)
+        _, classes, padded = next((d for d in buffer.padded_dims if d[1] > 1), buffer.padded_dims[0])
+        return head + (f"the one-hot of {classes} classes is padded {classes} -> {padded} "
+                       f"({padded / classes:.1f}x), {fmt_bytes(buffer.padding_bytes)} of padding: pass integer labels with a sparse loss (sparse_categorical_crossentropy, "
+                       "optax.softmax_cross_entropy_with_integer_labels) instead of materialising the one-hot"
+                       + (f" ({'x'.join(map(str, dims))})" if dims else "") + ".")
+    found = padding_advice.roles(_dims(buffer) or tuple(range(len(buffer.minor_to_major))), buffer.padded_dims,
+                                 buffer.minor_to_major, buffer.op_name, batch, classes)
+    texts = [padding_advice.fix_text(d, _tile_dim_for(buffer, d.index) or 8, buffer.padding_bytes if i == 0 else 0)
+             for i, d in enumerate(found)]
+    return head + "; ".join(dict.fromkeys(texts)) + "."
 
 
 def suggest(result: ModuleMemory) -> list[Suggestion]:
-    suggestions: list[Suggestion] = []
-    # Padding: the biggest wasters first; prefer buffers live at the peak (they decide fitting).
-    candidates = sorted(
-        (b for b in result.buffers if b.padding_bytes >= MIN_PADDING_BYTES),
-        key=lambda b: (not b.live_at_peak, -b.padding_bytes),
-    )
+    job = frameworks.from_module(result.name, (b.op_name for b in result.buffers),
+                                 (b.source_line for b in result.buffers))
+    framework = job.framework
+    peak = result.peak_heap_bytes or 0
+    capacity = result.hbm_capacity_bytes
+    shortfall = peak - capacity if capacity and peak > capacity else None
+    found: list[Suggestion] = []
+    found += _padding(result, peak)
+    for make in (_attention, _remat, _donation, _bf16):
+        item = make(result, job)
+        if item is not None:
+            found.append(item)
+    found += _capacity(result, framework, shortfall)
+    for item in found:
+        if item.code:
+            item.framework = framework
+        counted = item.saving_bytes_range[0] if item.saving_bytes_range else item.saving_bytes
+        if shortfall and counted is not None and counted >= shortfall:
+            item.severity = "blocking"
+    return rank(found, shortfall_bytes=shortfall)
+
+
+def _padding(result: ModuleMemory, peak: int) -> list[Suggestion]:
+    # The biggest wasters first; prefer buffers live at the peak (they decide fitting).
+    floor = max(MIN_PADDING_BYTES, MIN_PADDING_SHARE * peak)
+    candidates = sorted((b for b in result.buffers if b.padding_bytes >= floor),
+                        key=lambda b: (not b.live_at_peak, -b.padding_bytes))
+    batch = batch_dimension(result)
+    classes = class_counts(result, batch)
+    out: list[Suggestion] = []
     seen_ops: set[str] = set()
     for buffer in candidates:
         key = buffer.op_name or buffer.instruction
@@ -78,45 +141,179 @@ def suggest(result: ModuleMemory) -> list[Suggestion]:
         seen_ops.add(key)
         kind = "one_hot" if any(w in (buffer.op_name or "").lower() for w in ("one_hot", "onehot")) else "padding"
         where = " live at the peak" if buffer.live_at_peak else ""
-        message = (f"{fmt_bytes(buffer.padding_bytes)} of padding{where} ({buffer.expansion:.1f}x)"
-                   + (f" from {buffer.op_name}" if buffer.op_name else "") + ": " + padding_fix(buffer))
-        suggestions.append(Suggestion(kind, message, buffer.padding_bytes))
-        if len(suggestions) >= MAX_PADDING_SUGGESTIONS:
+        out.append(Suggestion(
+            kind=kind, saving_bytes=buffer.padding_bytes if buffer.live_at_peak else None, confidence="exact",
+            message=f"{fmt_bytes(buffer.padding_bytes)} of padding{where} ({buffer.expansion:.1f}x)"
+                    + (f" from {buffer.op_name}" if buffer.op_name else "") + ": " + padding_fix(buffer, batch, classes),
+            evidence=f"{buffer.instruction} {buffer.shape}: {fmt_bytes(buffer.size_bytes)} for "
+                     f"{fmt_bytes(buffer.unpadded_bytes)} of data"
+                     + ("" if buffer.live_at_peak else "; not live at the peak, so the peak does not shrink"),
+            source_line=buffer.source_line))
+        if len(out) >= MAX_PADDING_SUGGESTIONS:
             break
+    return out
 
+
+def _layer_count(buffers) -> int | None:
+    found = {int(m.group(1)) for b in buffers for m in _LAYER.finditer(b.op_name or "")}
+    return max(found) + 1 if len(found) >= 2 else None
+
+
+def _attention(result: ModuleMemory, job) -> Suggestion | None:
+    scores = [b for b in result.buffers if b.live_at_peak and b.allocation_type == "temp" and _scores_shape(b)]
+    total = sum(b.size_bytes for b in scores)
+    peak = result.peak_heap_bytes or 0
+    if not scores or total < max(MIN_PADDING_BYTES, 0.1 * peak):
+        return None
+    code = calls.call("attention", job.framework)
+    if not code:
+        return None
+    sequence = _dims(scores[0])[-1]
+    layers = _layer_count(scores)
+    kept = f", kept for each of {layers} layers" if layers else ""
+    return Suggestion(
+        kind="attention", saving_bytes=total, saving_bytes_range=(int(total * 0.8), total), confidence="estimated",
+        message=(f"Attention scores (queries x keys, {sequence} x {sequence}) take {fmt_bytes(total)} of the "
+                 f"{fmt_bytes(peak)} peak{kept}: a fused attention kernel computes softmax(QK^T)V block by block "
+                 "and never stores them"
+                 + (" (in training it recomputes them in the backward pass)" if job.training else "") + "."),
+        evidence=f"{len(scores)} buffers live at the peak, e.g. {scores[0].instruction} {scores[0].shape}; the "
+                 "kernel's own blocks take some memory, hence the range",
+        code=code, source_line=scores[0].source_line)
+
+
+def _repeats(buffers) -> int | None:
+    """How many times one layer body repeats: buffers of one shape made by one source line (an unrolled loop
+    over layers calls the same code once per layer)."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for b in buffers:
+        if b.source_line:
+            groups.setdefault((b.source_line, b.shape.split("{")[0]), []).append(b.size_bytes)
+    # The group holding the most bytes is the layer's main activation: one buffer per layer.
+    return len(max(groups.values(), key=sum)) if groups else None
+
+
+def _scores_shape(buffer: Buffer) -> bool:
+    """Attention scores or probabilities: [batch, heads, queries, keys] with as many keys as queries (self
+    attention), or [batch*heads, queries, keys] from an op named for attention. Their op names are often
+    only the softmax's pieces (sub, exp, convert), so the shape decides."""
+    dims = _dims(buffer)
+    if len(dims) < 3 or dims[-1] != dims[-2] or dims[-1] < 128:
+        return False
+    return len(dims) == 4 or bool(_ATTENTION.search(buffer.op_name or ""))
+
+
+def _remat(result: ModuleMemory, job) -> Suggestion | None:
+    """Forward activations kept for the backward pass (JAX: op names under jvp(...) but not transpose(...)),
+    live at the peak. With remat each layer keeps only its input; one layer's activations are recomputed at a
+    time."""
+    if job.training is not True:
+        return None  # inference keeps no activations for a backward pass
+    kept = [b for b in result.buffers if b.live_at_peak and b.allocation_type == "temp"
+            and _FORWARD.search(b.op_name or "") and not _BACKWARD.search(b.op_name or "")]
+    total = sum(b.size_bytes for b in kept)
+    peak = result.peak_heap_bytes or 0
+    if not kept or total < max(MIN_PADDING_BYTES, 0.2 * peak):
+        return None
+    code = calls.call("remat", job.framework)
+    if not code:
+        return None
+    layers = _layer_count(kept) or _repeats(kept)
+    if not layers or layers < 2:
+        return None  # one block: its activations are needed once, recomputing them saves nothing
+    # With remat each layer keeps its input and one layer's activations exist while it is recomputed; what a
+    # policy saves (matmul outputs) stays too: hence the range down to (1 - 4/L).
+    point = int(total * (1 - 1.0 / layers))
+    low, high = max(int(total * (1 - 4.0 / layers)), total // 4), point
+    how = (f"{layers} repeats of one layer (buffers of one shape from one source line): about one layer's "
+           f"activations ({fmt_bytes(total // layers)}) remain, plus each layer's input")
+    return Suggestion(
+        kind="remat", saving_bytes=point, saving_bytes_range=(low, high), confidence="estimated",
+        message=(f"{fmt_bytes(total)} of the {fmt_bytes(peak)} peak are forward activations kept for the backward "
+                 "pass: recompute them instead (rematerialisation)."),
+        evidence=f"{len(kept)} temporaries of the forward pass live at the peak; {how}",
+        code=code, source_line=max(kept, key=lambda b: b.size_bytes).source_line)
+
+
+def donation(argument_bytes: int, output_bytes: int, alias_bytes: int, job, peak: int = 0) -> Suggestion | None:
+    """A train step's new state has the old state's shapes: when its outputs reuse none of its arguments'
+    buffers, donating the state frees up to the smaller of the two."""
+    if job.training is not True or not output_bytes or not argument_bytes or alias_bytes >= 0.5 * output_bytes:
+        return None
+    saving = min(output_bytes, argument_bytes) - alias_bytes
+    code = calls.call("donation", job.framework)
+    if saving <= 0 or not code:
+        return None
+    return Suggestion(
+        kind="donation", saving_bytes=saving, confidence="estimated", framework=job.framework, code=code,
+        message=(f"Outputs ({fmt_bytes(output_bytes)}) reuse {fmt_bytes(alias_bytes)} of the arguments' "
+                 f"{fmt_bytes(argument_bytes)}: donate the step's state so the new state is written over the old "
+                 f"one; up to {fmt_bytes(saving)} less HBM."),
+        evidence=f"arguments {fmt_bytes(argument_bytes)}, outputs {fmt_bytes(output_bytes)}, aliased "
+                 f"{fmt_bytes(alias_bytes)}; the saving is exact when every output has an argument of its shape")
+
+
+def add_donation(module: ModuleMemory, stats: dict) -> None:
+    """preflight's hook: its compile knows the aliased bytes (compiled.memory_analysis())."""
+    job = frameworks.from_module(module.name, (b.op_name for b in module.buffers),
+                                 (b.source_line for b in module.buffers))
+    hint = donation(int(stats.get("argument_size_in_bytes") or 0), int(stats.get("output_size_in_bytes") or 0),
+                    int(stats.get("alias_size_in_bytes") or 0), job)
+    if hint is not None:
+        peak = module.peak_heap_bytes or 0
+        capacity = module.hbm_capacity_bytes
+        module.suggestions = rank([*(s for s in module.suggestions if s.kind != "donation"), hint],
+                                  shortfall_bytes=peak - capacity if capacity and peak > capacity else None)
+
+
+def _donation(result: ModuleMemory, job) -> Suggestion | None:
+    # In a buffer assignment an output that reuses a parameter's buffer is counted as the parameter, so the
+    # outputs counted apart are the ones that did not reuse any.
+    return donation(result.argument_bytes, result.output_bytes, 0, job)
+
+
+def _bf16(result: ModuleMemory, job) -> Suggestion | None:
     # Precision: f32 arrays at the peak could be halved with bfloat16.
     at_peak = [b for b in result.buffers if b.live_at_peak]
     peak_f32 = sum(b.size_bytes for b in at_peak if b.dtype == "f32" and b.allocation_type == "temp")
     peak_16bit = sum(b.size_bytes for b in at_peak if b.dtype in ("bf16", "f16"))
     # A model that already computes in 16 bits keeps some f32 on purpose (softmax, loss, optimizer state).
-    already_16bit = peak_16bit >= peak_f32
-    if result.peak_heap_bytes and not already_16bit and peak_f32 >= max(MIN_PADDING_BYTES,
-                                                                          0.25 * result.peak_heap_bytes):
-        suggestions.append(Suggestion(
-            "bf16",
-            f"{fmt_bytes(peak_f32)} of the peak is f32 temporaries (activations/gradients): compute in bfloat16 "
-            "(Keras: tf.keras.mixed_precision.set_global_policy('mixed_bfloat16'); JAX: cast activations and "
-            "params to jnp.bfloat16 inside the step, keep an f32 master copy) to roughly halve them.",
-            peak_f32 // 2,
-        ))
+    if not result.peak_heap_bytes or peak_16bit >= peak_f32 \
+            or peak_f32 < max(MIN_PADDING_BYTES, 0.25 * result.peak_heap_bytes):
+        return None
+    return Suggestion(
+        kind="bf16", saving_bytes=peak_f32 // 2, saving_bytes_range=(peak_f32 // 4, peak_f32 // 2),
+        confidence="estimated",
+        message=f"{fmt_bytes(peak_f32)} of the peak is float32 temporaries (activations, gradients): computing in "
+                "bfloat16 roughly halves them.",
+        evidence="float32 temporaries live at the peak; some (softmax, loss, optimizer) stay float32, hence the range",
+        code=calls.call("bf16", job.framework) or "")
 
-    # Capacity: how close the peak is to the HBM the compiler offers.
-    if result.hbm_capacity_bytes and result.peak_heap_bytes is not None:
-        use = result.peak_heap_bytes / result.hbm_capacity_bytes
-        if use > 1:
-            suggestions.append(Suggestion(
-                "batch_size",
-                f"the peak ({fmt_bytes(result.peak_heap_bytes)}) exceeds the {fmt_bytes(result.hbm_capacity_bytes)} "
-                f"of HBM by {fmt_bytes(result.peak_heap_bytes - result.hbm_capacity_bytes)}: reduce the per-chip "
-                "batch, shard across more chips, or remove the padding above; `tpuprof preflight --max-batch` "
-                "finds the largest batch that fits.",
-                result.peak_heap_bytes - result.hbm_capacity_bytes,
-            ))
-        elif use < 0.5 and not result.estimated:
-            suggestions.append(Suggestion(
-                "batch_size",
-                f"the peak uses {use:.0%} of HBM: there is room for a larger per-chip batch (better MXU "
-                "utilisation); `tpuprof preflight --max-batch` finds the largest that fits.",
-                0,
-            ))
-    return suggestions
+
+def _capacity(result: ModuleMemory, framework: str | None, shortfall: int | None) -> list[Suggestion]:
+    if not result.hbm_capacity_bytes or result.peak_heap_bytes is None:
+        return []
+    use = result.peak_heap_bytes / result.hbm_capacity_bytes
+    if shortfall:
+        batch = batch_dimension(result)
+        temp = sum(b.size_bytes for b in result.buffers if b.live_at_peak and b.allocation_type == "temp")
+        message = (f"The peak ({fmt_bytes(result.peak_heap_bytes)}) exceeds the "
+                   f"{fmt_bytes(result.hbm_capacity_bytes)} of HBM by {fmt_bytes(shortfall)}.")
+        extra = {}
+        if batch and temp > shortfall:
+            from tpuprof.analyses.oom import fitting_batch
+
+            fitting = fitting_batch(batch, 1 - shortfall / temp)
+            if fitting >= 1:
+                message += (f" Temporaries at the peak ({fmt_bytes(temp)}) scale with the per-chip batch of {batch}: "
+                            f"a batch of about {fitting} fits.")
+                extra = {"batch": fitting}
+        message += " `tpuprof preflight --max-batch` finds the largest batch that fits by compiling."
+        return [Suggestion(kind="batch_size", severity="blocking", saving_bytes=shortfall, confidence="estimated",
+                           message=message, code=calls.call("batch_size", framework) or "", extra=extra,
+                           evidence="temporaries live at the peak scale with the batch; arguments do not")]
+    if use < 0.5 and not result.estimated:
+        return [Suggestion(kind="batch_size", severity="info", confidence="exact", message=(
+            f"The peak uses {use:.0%} of HBM: there is room for a larger per-chip batch (better MXU utilisation); "
+            "`tpuprof preflight --max-batch` finds the largest that fits."))]
+    return []

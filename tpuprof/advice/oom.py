@@ -1,84 +1,99 @@
-"""Ranked causes and fixes for a TPU out-of-memory report.
+"""Causes and fixes for a TPU out-of-memory report, as ranked `Suggestion`s (tpuprof.models.suggestion).
 
-Each suggestion is {"kind", "message"} plus "saving_bytes" when the fix frees a size the log lets us
-compute. Ranked by that saving; the ones whose effect the log cannot size follow, and "how to get more
-detail" comes last.
+Every fix that can free HBM carries a saving: exact where it is arithmetic on the log's figures (padding,
+fragmentation, donation), estimated with a range where it models how memory scales (bf16, remat, batch,
+sharding). `rank` then puts first what can make the program fit (the saving covers the overshoot), largest
+first; then the rest by saving; then what carries no number (how to get more detail). The concrete call is in
+the framework the log shows (tpuprof.analyses.framework), framework-neutral when it does not say.
 """
 
 from __future__ import annotations
 
+import re
+
+from tpuprof.advice import calls, padding as padding_advice
 from tpuprof.analyses.oom import format_bytes as fmt
+from tpuprof.models import shape as shapes
 from tpuprof.models.oom import (
     COMPILE, EARLY_ABORT, RESERVATION, RUNTIME_ALLOCATION, BatchEstimate, OomAllocation, OomReport,
 )
+from tpuprof.models.suggestion import KIND_TITLES, Suggestion, rank  # noqa: F401 (KIND_TITLES: older imports)
 
 DUMP_FLAGS = "XLA_FLAGS='--xla_dump_to=/tmp/xla_dump --xla_dump_hlo_as_proto --xla_dump_hlo_as_text'"
 FAST_EXIT_FLAG = "--xla_tpu_impure_oom_fast_exit_threshold=-1"
+# A leading dimension larger than this is a flattened batch x positions, not a per-chip batch to name.
+MAX_GUESSED_BATCH = 65536
+# A sharding estimate spreads what does not scale with the batch over the chips of one TPU VM host.
+SHARDING_DEVICES = 8
+# Attention scores: [batch, heads, queries, keys] with queries == keys (or [b*h, q, k]).
+_ATTENTION_OP = re.compile(r"attention|attn|hqk|bhqk|qk->|softmax|scores", re.I)
+_LAYER = re.compile(r"/(?:layers?|h|blocks?|encoder_layer|decoder_layer)[/_.](\d+)/")
 
-_BF16_HINT = {
-    "jax": "compute in bfloat16 (dtype=jnp.bfloat16 in the model's layers, parameters may stay float32)",
-    "tensorflow": "keras.mixed_precision.set_global_policy('mixed_bfloat16')",
-    "torch_xla": "run the step under torch.autocast('xla', dtype=torch.bfloat16)",
-}
-_REMAT_HINT = {
-    "jax": "jax.checkpoint (flax: nn.remat) around the repeated blocks",
-    "tensorflow": "tf.recompute_grad around the repeated blocks",
-    "torch_xla": "torch_xla.utils.checkpoint around the repeated blocks",
-}
+
+
+def shortfall(report: OomReport) -> int | None:
+    """How many bytes the program lacks: what a fix must free for it to fit."""
+    if report.exceeded_bytes:
+        return report.exceeded_bytes
+    needed = report.used_bytes or report.required_bytes or report.hlo_temp_bytes
+    if needed and report.capacity_bytes and needed > report.capacity_bytes:
+        return needed - report.capacity_bytes
+    if report.requested_bytes and report.free_bytes is not None and report.requested_bytes > report.free_bytes:
+        return report.requested_bytes - report.free_bytes
+    return None
 
 
 def suggest(report: OomReport, estimate: BatchEstimate) -> list[dict]:
-    sized: list[dict] = []
-    unsized: list[dict] = []
+    """The ranked suggestions as the --json documents carry them (Suggestion.to_dict)."""
+    return [s.to_dict() for s in suggestions(report, estimate)]
+
+
+def suggestions(report: OomReport, estimate: BatchEstimate) -> list[Suggestion]:
+    """The ranked suggestions for REPORT."""
+    found: list[Suggestion] = []
     capacity = report.capacity_bytes
-    listed = [a for a in report.allocations if a.size_bytes]
+    listed = [a for a in report.allocations if a.size_bytes or a.recomputed_padded_bytes]
+    framework = report.framework
+    missing = shortfall(report)
 
     if report.memory_space in ("vmem", "smem"):
-        unsized.append(_scratch_memory(report))
+        found.append(_scratch_memory(report))
     if report.kind in (RUNTIME_ALLOCATION, RESERVATION):
-        unsized.append(_live_buffers(report))
+        found.append(_live_buffers(report, missing))
     if report.sparsecore_bytes is not None and report.tensorcore_bytes is not None:
-        unsized.append(_sparsecore(report))
+        found.append(_sparsecore(report))
     if report.kind == EARLY_ABORT:
-        unsized.append({"kind": "shape_bug", "message": (
-            f"The compiler estimated {fmt(report.used_bytes)} against {fmt(report.capacity_bytes)} and gave up "
-            "before assigning buffers: a tensor is far larger than intended (a wrong reshape or broadcast, an "
-            "accidental outer product, a static size used as a batch). Look for the largest shape in the "
-            "program.")})
+        found.append(_shape_bug(report, missing))
 
-    sized += _padding(report, capacity)
-    sized += _bf16(report, listed, capacity)
-    if report.arguments_bytes and report.used_bytes and report.arguments_bytes >= 0.4 * report.used_bytes:
-        sized.append({"kind": "sharding", "saving_bytes": 0, "message": (
-            f"Arguments (parameters, optimizer state, inputs) take {fmt(report.arguments_bytes)} of "
-            f"{fmt(report.used_bytes)}: shard them over the devices (FSDP / ZeRO-style sharding), donate "
-            "them so outputs reuse their memory (jax: donate_argnums), or keep optimizer state in bfloat16.")})
-    if estimate.scale is not None and estimate.scale <= 0 and estimate.fixed_bytes \
-            and not any(s["kind"] == "sharding" for s in sized):
-        sized.append({"kind": "sharding", "saving_bytes": 0, "message": (
-            f"What does not shrink with the batch ({fmt(estimate.fixed_bytes)}: parameters, optimizer state) "
-            f"alone exceeds the {fmt(capacity)} available: shard it over more devices (FSDP / ZeRO-style), "
-            "or keep it in bfloat16.")})
-    remat = _remat(report)
-    if remat:
-        unsized.append(remat)
-    if estimate.scale is not None and 0 < estimate.scale < 1 and report.memory_space not in ("vmem", "smem") \
-            and report.kind != EARLY_ABORT:
-        batch = _batch(estimate)
-        padding = max((s["saving_bytes"] for s in sized if s["kind"] == "padding"), default=0)
-        if report.exceeded_bytes and padding >= report.exceeded_bytes:
-            batch["message"] += (f" The largest padding fix alone frees {fmt(padding)}, more than the "
-                                 f"{fmt(report.exceeded_bytes)} excess: try it before shrinking the batch.")
-        unsized.append(batch)
+    if report.memory_space in ("hbm", None) and report.kind in (COMPILE, RESERVATION):
+        found += _padding(report, capacity, estimate)
+        found += _fragmentation(report, missing)
+        for make in (_bf16, _attention, _remat, _donation, _sharding):
+            item = make(report, listed, estimate, capacity)
+            if item is not None:
+                found.append(item)
+        batch = _batch(report, estimate, missing)
+        if batch is not None:
+            found.append(batch)
     ops = _largest_ops(listed)
     if ops:
-        unsized.append(ops)
+        found.append(ops)
+    found += _more_detail(report)
+    for item in found:
+        item.framework = item.framework or (framework if item.code else None)
+        counted = item.saving_bytes_range[0] if item.saving_bytes_range else item.saving_bytes
+        if missing and counted is not None and counted >= missing and item.severity != "info":
+            item.severity = "blocking"
+    return rank(found, shortfall_bytes=missing)
 
-    sized.sort(key=lambda s: -s.get("saving_bytes", 0))
-    for item in sized:
-        if not item.get("saving_bytes"):
-            item.pop("saving_bytes", None)
-    return sized + unsized + _more_detail(report)
+
+def _code(kind: str, framework: str | None) -> str:
+    return calls.call(kind, framework) or ""
+
+
+def _size(entry: OomAllocation) -> int:
+    exact = entry.recomputed_padded_bytes is not None and not entry.disagreements
+    return (entry.recomputed_padded_bytes if exact else entry.size_bytes) or 0
 
 
 def _op_label(entry: OomAllocation) -> str:
@@ -92,159 +107,320 @@ def _op_label(entry: OomAllocation) -> str:
     return f"allocation {entry.index}"
 
 
-def _padding(report: OomReport, capacity: int | None) -> list[dict]:
-    out: list[dict] = []
-    by_shape: dict[str, dict] = {}  # buffers of one shape share the fix: one suggestion, savings summed
+def _padding(report: OomReport, capacity: int | None, estimate: BatchEstimate) -> list[Suggestion]:
+    out: list[Suggestion] = []
+    by_shape: dict[str, Suggestion] = {}  # buffers of one shape share the fix: one suggestion, savings summed
     listed = sum(a.size_bytes or 0 for a in report.allocations)
-    threshold = 0.01 * capacity if capacity else 0.01 * listed
+    threshold = 0.01 * capacity if capacity else 0.01 * listed  # smaller wastes are not worth the user's time
+    batch = estimate.current_batch or estimate.batch_dim
     for entry in report.allocations:
-        # The recomputed sizes are exact where they agree with the log's rounded ones.
         exact = entry.recomputed_padded_bytes is not None and not entry.disagreements
         size = entry.recomputed_padded_bytes if exact else entry.size_bytes
         unpadded = entry.recomputed_unpadded_bytes if exact else entry.unpadded_bytes
         if not size or not unpadded or not entry.shape:
             continue
-        padding = size - unpadded
-        if padding < threshold or padding < 0.25 * size:
+        waste = size - unpadded
+        if waste < threshold or waste < 0.25 * size:
             continue
         if entry.shape in by_shape:
             item = by_shape[entry.shape]
-            item["saving_bytes"] += padding
-            item["_more"] += 1
+            item.saving_bytes += waste
+            item.extra["buffers"] += 1
             continue
-        dims = "; ".join(f"dim {d} is {n}, tiled to {p}" for d, n, p in entry.padded_dims) or "the tiled dims"
-        fix = "make that dimension a multiple of the tile or move a large dimension into the two minor positions"
-        small_minor = [n for d, n, p in entry.padded_dims if p >= 128 and n <= 16]
-        one_hot = "one_hot" in (entry.op_name or "").lower() or (entry.op_type or "") == "OneHot"
-        if one_hot:
-            fix = ("do not materialise the one-hot: use integer labels with a sparse loss "
-                   "(sparse_categorical_crossentropy, optax.softmax_cross_entropy_with_integer_labels) "
-                   "or gather the logits at the label index")
-        elif any(n == 1 for d, n, p in entry.padded_dims):
-            fix = ("a size-1 dimension sits in a tiled position: squeeze it away (reshape) or transpose so a "
-                   "large dimension takes its place")
-        elif small_minor:
-            fix = (f"a minor dimension of {small_minor[0]} fills 128 lanes: reorder/reshape so a large "
-                   "dimension is last, or merge the small dimension into a neighbour")
-        by_shape[entry.shape] = {"kind": "padding", "saving_bytes": padding, "_more": 0, "message": (
-            f"{_op_label(entry)}: {entry.shape} takes {fmt(size)} for {fmt(unpadded)} of data "
-            f"({size / unpadded:.1f}x): {dims}. Fix: {fix}.")}
+        by_shape[entry.shape] = Suggestion(
+            kind="padding", saving_bytes=waste, confidence="exact" if exact else "estimated",
+            message=f"{_op_label(entry)}: {_padding_fix(entry, waste, batch)}.",
+            evidence=f"{entry.shape} takes {fmt(size)} for {fmt(unpadded)} of data ({size / unpadded:.1f}x): "
+                     + ("; ".join(f"dim {d} is {n}, tiled to {p}" for d, n, p in entry.padded_dims)
+                        or "the tiled dims"),
+            source_line=entry.source or "", extra={"buffers": 1})
     for item in by_shape.values():
-        more = item.pop("_more")
+        more = item.extra["buffers"] - 1
         if more:
-            item["message"] += f" {more} more listed buffer{'s' if more > 1 else ''} of this shape: same fix."
+            item.message += f" {more} more listed buffer{'s' if more > 1 else ''} of this shape: same fix."
         out.append(item)
     if report.padded_bytes and report.unpadded_bytes and not out \
             and report.padded_bytes - report.unpadded_bytes >= threshold \
             and report.unpadded_bytes < 0.75 * report.padded_bytes:
         waste = report.padded_bytes - report.unpadded_bytes
-        out.append({"kind": "padding", "saving_bytes": waste, "message": (
-            f"HLO temporaries are {fmt(report.padded_bytes)} padded for {fmt(report.unpadded_bytes)} of data: "
-            f"{fmt(waste)} is tile padding, spread over buffers the log does not list. Run `tpuprof memory` on "
-            "an XLA dump to see which.")})
+        out.append(Suggestion(kind="padding", saving_bytes=waste, confidence="exact", message=(
+            f"{fmt(waste)} of the temporaries is tile padding ({report.utilization}% utilisation: "
+            f"{fmt(report.unpadded_bytes)} of data in {fmt(report.padded_bytes)}), spread over buffers the log does "
+            "not list: run `tpuprof memory` on an XLA dump to see which dimension of which tensor to change."),
+            evidence=f"HLO temp unpadded {fmt(report.unpadded_bytes)}, padded {fmt(report.padded_bytes)}"))
     return out
 
 
-def _bf16(report: OomReport, listed: list[OomAllocation], capacity: int | None) -> list[dict]:
-    f32 = [a for a in listed if a.dtype == "f32" or (a.shape or "").startswith("f32[")]
-    total = sum(a.size_bytes for a in listed)
-    f32_bytes = sum(a.size_bytes for a in f32)
-    if not total or f32_bytes < 0.4 * total or (capacity and f32_bytes < 0.05 * capacity):
-        return []
-    hint = _BF16_HINT.get(report.framework or "", "keep activations in bfloat16 (mixed precision)")
-    return [{"kind": "bf16", "saving_bytes": f32_bytes // 2, "message": (
-        f"{len(f32)} of the {len(listed)} listed buffers are float32 ({fmt(f32_bytes)} of {fmt(total)}): "
-        f"bfloat16 halves them: {hint}.")}]
-
-
-def _remat(report: OomReport) -> dict | None:
-    used = report.used_bytes or report.program_bytes
-    if report.kind != COMPILE or not report.hlo_temp_bytes or not used or report.memory_space != "hbm":
-        return None
-    if report.hlo_temp_bytes < 0.5 * used:
-        return None
-    already = any(".remat" in (a.xla_label or "") for a in report.allocations)
-    hint = _REMAT_HINT.get(report.framework or "", "activation checkpointing around the repeated blocks")
-    return {"kind": "rematerialization", "message": (
-        f"Temporaries (activations, gradients) are {fmt(report.hlo_temp_bytes)} of {fmt(used)}: recompute "
-        f"them in the backward pass instead of keeping them: {hint}."
-        + (" XLA already rematerializes some (\".remat\" in the labels), so choose what to save explicitly."
-           if already else ""))}
-
-
-def _batch(estimate: BatchEstimate) -> dict:
-    if estimate.fitting_batch is not None:
-        what = f"a batch of about {estimate.fitting_batch} (now {estimate.current_batch}) fits"
+def _padding_fix(entry: OomAllocation, waste: int, batch: int | None) -> str:
+    if entry.op_type == "OneHot" or "one_hot" in (entry.op_name or "").lower():
+        return (f"the one-hot of {entry.shape} wastes {fmt(waste)} on tile padding: do not materialise it, pass "
+                "integer labels with a sparse loss (sparse_categorical_crossentropy, "
+                "optax.softmax_cross_entropy_with_integer_labels) or gather the logits at the label index")
+    try:
+        shape = shapes.parse_shape(entry.shape)
+    except Exception:  # a cut or foreign shape: the dims the log printed are all there is
+        shape = None
+    minor_to_major = shape.layout.minor_to_major if shape is not None and shape.layout else ()
+    found = padding_advice.roles(entry.dims, entry.padded_dims, minor_to_major, entry.op_name or "", batch)
+    if not found:
+        return f"{entry.shape} wastes {fmt(waste)} on tile padding"
+    tiles = shape.layout.tiles if shape is not None and shape.layout else ()
+    if tiles and len(tiles[0]) >= 2:
+        tile = tiles[0][-2]  # the second-minor tile the layout prints: T(4,128) pads to 4
     else:
-        what = f"about {estimate.scale:.0%} of the current batch fits (pass --batch N for a number)"
+        tile = 16 if entry.dtype in ("bf16", "f16") else 32 if entry.dtype in ("s8", "u8", "pred") else 8
+    return "; ".join(padding_advice.fix_text(d, tile, waste if i == 0 else 0) for i, d in enumerate(found))
+
+
+def _fragmentation(report: OomReport, missing: int | None) -> list[Suggestion]:
+    frag = report.fragmentation_bytes
+    if not frag or not report.hlo_temp_bytes:
+        return []
+    covers = bool(missing and frag >= missing)
+    if not covers and frag < 0.05 * report.hlo_temp_bytes:
+        return []
+    share = 100.0 * frag / report.hlo_temp_bytes
+    message = (f"{fmt(frag)} of the {fmt(report.hlo_temp_bytes)} of temporaries ({share:.1f}%) is fragmentation: "
+               "gaps between buffers the compiler could not pack, not data.")
+    if covers:
+        message += (f" That is more than the {fmt(missing)} the program lacks: packing alone would make it fit. "
+                    "Buffers of many different sizes alive at once fragment the heap;")
+    else:
+        message += " Buffers of many different sizes alive at once fragment the heap;"
+    message += (" fewer distinct large temporaries (one layer body reused by a loop, one padded sequence length) "
+                "pack better, and a slightly smaller batch often changes the packing.")
+    return [Suggestion(kind="fragmentation", saving_bytes=frag, confidence="exact", message=message,
+                       evidence=f"HLO temp {fmt(report.hlo_temp_bytes)}, {share:.1f}% fragmentation ({fmt(frag)})",
+                       code=_code("fragmentation", report.framework))]
+
+
+def _bf16(report: OomReport, listed: list[OomAllocation], estimate, capacity) -> Suggestion | None:
+    f32 = [a for a in listed if a.dtype == "f32" or (a.shape or "").startswith("f32[")]
+    total = sum(_size(a) for a in listed)
+    f32_bytes = sum(_size(a) for a in f32)
+    if not total or f32_bytes < 0.4 * total or (capacity and f32_bytes < 0.05 * capacity):
+        return None
+    low = f32_bytes // 2
+    # The listed buffers are the largest; the unlisted temporaries are f32 in the same share at most.
+    high = max(low, int((report.hlo_temp_bytes or total) * f32_bytes / total) // 2)
+    return Suggestion(
+        kind="bf16", saving_bytes=low, saving_bytes_range=(low, high), confidence="estimated",
+        message=f"{len(f32)} of the {len(listed)} listed buffers are float32: bfloat16 halves them.",
+        evidence=f"float32 is {fmt(f32_bytes)} of the {fmt(total)} listed; the saving is half of that, up to half "
+                 "of the temporaries in the same share",
+        code=_code("bf16", report.framework))
+
+
+def _layers(report: OomReport) -> int | None:
+    found = {int(m.group(1)) for a in report.allocations for m in _LAYER.finditer((a.op_name or "") + "/")}
+    return max(found) + 1 if found else None
+
+
+def _remat(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
+    used = report.used_bytes or report.program_bytes or report.hlo_temp_bytes
+    temp = report.hlo_temp_bytes
+    if report.training is False or report.kind != COMPILE or not temp or not used:
+        return None
+    if report.memory_space != "hbm" or temp < 0.5 * used:
+        return None
+    code = _code("remat", report.framework)
+    if not code:
+        return None
+    layers = _layers(report)
+    # Without remat the forward activations of every layer are kept for the backward pass; with it, only each
+    # layer's input plus one layer's activations while it is recomputed: about 2 of L layers' worth remain.
+    if layers and layers >= 4:
+        keep = 2.0 / layers
+        point, low, high = int(temp * (1 - keep) * 0.75), int(temp * (1 - keep) * 0.5), int(temp * (1 - keep))
+        how = f"{layers} layers in the op names: about 2 of {layers} layers' activations remain"
+    else:
+        point, low, high = int(temp * 0.5), int(temp * 0.3), int(temp * 0.7)
+        how = "layer count unknown: 30-70% of the temporaries, as for a model of a few repeated blocks"
+    already = any(".remat" in (a.xla_label or "") for a in report.allocations)
+    message = (f"Temporaries are {fmt(temp)} of {fmt(used)}: recompute activations in the backward pass instead "
+               "of keeping them for every layer.")
+    if already:
+        message += " XLA already rematerialises some (\".remat\" in the labels): choose what to save explicitly."
+    return Suggestion(kind="remat", saving_bytes=point, saving_bytes_range=(low, high), confidence="rough",
+                      message=message, evidence=how, code=code)
+
+
+def _attention(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
+    scores = [a for a in listed if len(a.dims) >= 3 and a.dims[-1] == a.dims[-2] and a.dims[-1] >= 128
+              and _ATTENTION_OP.search((a.op_name or "") + " " + (a.xla_label or ""))]
+    if not scores:
+        return None
+    total = sum(_size(a) for a in scores)
+    if capacity and total < 0.02 * capacity:
+        return None
+    sequence = scores[0].dims[-1]
+    return Suggestion(
+        kind="attention", saving_bytes=total, confidence="estimated",
+        message=f"{len(scores)} listed buffers are attention scores (queries x keys = {sequence} x {sequence}), "
+                f"{fmt(total)}: a fused attention kernel never stores them.",
+        evidence="; ".join(f"{a.shape} ({fmt(_size(a))})" for a in scores[:3]) + (
+            f" and {len(scores) - 3} more" if len(scores) > 3 else "") + ": at least these bytes are freed",
+        code=_code("attention", report.framework), source_line=scores[0].source or "")
+
+
+def _donation(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
+    if report.training is not True or not report.output_bytes or not report.arguments_bytes:
+        return None
+    if report.output_shared_bytes is None or report.output_shared_bytes >= 0.5 * report.output_bytes:
+        return None
+    saving = min(report.output_bytes, report.arguments_bytes) - report.output_shared_bytes
+    if saving < 0.01 * (capacity or saving * 100):
+        return None
+    code = _code("donation", report.framework)
+    if not code:
+        return None
+    return Suggestion(
+        kind="donation", saving_bytes=saving, confidence="estimated",
+        message=f"The step's outputs ({fmt(report.output_bytes)}) share {fmt(report.output_shared_bytes)} with its "
+                f"arguments ({fmt(report.arguments_bytes)}): a train step returns the new state in the old state's "
+                "shape, so donating the state lets the outputs reuse its buffers.",
+        evidence=f"Output size {fmt(report.output_bytes)}; shares {fmt(report.output_shared_bytes)} with arguments",
+        code=code)
+
+
+def _sharding(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
+    arguments = report.arguments_bytes
+    used = report.used_bytes
+    fixed = estimate.fixed_bytes
+    if arguments and used and arguments >= 0.4 * used:
+        what, size = f"Arguments (parameters, optimizer state, inputs) take {fmt(arguments)} of {fmt(used)}", arguments
+    elif estimate.scale is not None and estimate.scale <= 0 and fixed:
+        what, size = (f"What does not shrink with the batch ({fmt(fixed)}: parameters, optimizer state) alone "
+                      f"exceeds the {fmt(capacity)} available", fixed)
+    else:
+        return None
+    saving = size - size // SHARDING_DEVICES
+    return Suggestion(
+        kind="sharding", saving_bytes=saving, saving_bytes_range=(size - size // 2, size - size // 32),
+        confidence="estimated",
+        message=f"{what}: sharded over N devices each holds 1/N of it ({fmt(saving)} freed per chip over "
+                f"{SHARDING_DEVICES}, {fmt(size - size // 2)} over 2).",
+        evidence=f"{fmt(size)} does not scale with the batch; replicated, every chip holds all of it",
+        code=_code("sharding", report.framework))
+
+
+def _batch(report: OomReport, estimate: BatchEstimate, missing: int | None) -> Suggestion | None:
+    if report.kind == EARLY_ABORT or estimate.scale is None or estimate.scale >= 1 or estimate.scale <= 0:
+        return None
+    scaling = estimate.scaling_bytes or 0
+    current = estimate.current_batch
+    code = _code("batch_size", report.framework)
+    confidence = {"high": "estimated", "medium": "estimated"}.get(estimate.confidence, "rough")
+    if current == 1:
+        return Suggestion(kind="batch_size", confidence=confidence, code="", message=(
+            "The batch cannot shrink further: the per-chip batch is already 1. Free memory another way (the fixes "
+            "above), or spread one example over several chips (sequence or model sharding)."),
+            evidence=estimate.reason)
+    if current:
+        fitting = estimate.fitting_batch or 0
+        if fitting < 1:
+            return Suggestion(kind="batch_size", confidence=confidence, message=(
+                f"Even a per-chip batch of 1 (now {current}) does not fit: what does not scale with the batch must "
+                "shrink first (sharding, bfloat16)."), evidence=estimate.reason)
+        saving = int(scaling * (1 - fitting / current))
+        what = f"a per-chip batch of {fitting} (now {current}) fits"
+        extra = {"batch": fitting}
+    else:
+        saving = missing or int(scaling * (1 - estimate.scale))
+        what = f"about {estimate.scale:.0%} of the current per-chip batch fits (pass --batch N for a number)"
+        extra = {}
+        if estimate.batch_dim and 1 < estimate.batch_dim <= MAX_GUESSED_BATCH:
+            from tpuprof.analyses.oom import fitting_batch
+
+            guess = fitting_batch(estimate.batch_dim, estimate.scale)
+            if guess >= 1:
+                what += (f"; the listed buffers lead with a dimension of {estimate.batch_dim}: if that is the "
+                         f"per-chip batch, {guess} fits")
     if estimate.confidence == "low":
         what = "at most " + what
-    return {"kind": "batch_size", "message": f"Smaller batch: {what}; confidence {estimate.confidence}: "
-                                            f"{estimate.reason}."}
+    return Suggestion(kind="batch_size", saving_bytes=saving, confidence=confidence,
+                      message=f"{what[0].upper()}{what[1:]}.", evidence=f"confidence {estimate.confidence}: {estimate.reason}",
+                      code=code, extra=extra)
 
 
-def _largest_ops(listed: list[OomAllocation]) -> dict | None:
+def _largest_ops(listed: list[OomAllocation]) -> Suggestion | None:
     totals: dict[str, int] = {}
     for entry in listed:
         if entry.op_name or entry.op_type:
             label = _op_label(entry)
-            totals[label] = totals.get(label, 0) + entry.size_bytes
+            totals[label] = totals.get(label, 0) + _size(entry)
     if not totals:
         return None
     top = sorted(totals.items(), key=lambda kv: -kv[1])[:3]
-    return {"kind": "largest_ops", "message": "Largest framework ops in the list: "
-            + "; ".join(f"{name}: {fmt(size)}" for name, size in top) + "."}
+    return Suggestion(kind="largest_ops", severity="info", confidence="exact", message=(
+        "Largest framework ops in the list: " + "; ".join(f"{name}: {fmt(size)}" for name, size in top) + "."))
 
 
-def _scratch_memory(report: OomReport) -> dict:
+def _shape_bug(report: OomReport, missing: int | None) -> Suggestion:
+    required = report.required_bytes or report.used_bytes
+    return Suggestion(kind="shape_bug", saving_bytes=missing, confidence="rough", message=(
+        f"The compiler estimated {fmt(required)} against {fmt(report.capacity_bytes)} and gave up before assigning "
+        "buffers: a tensor is far larger than intended (a wrong reshape or broadcast, an accidental outer product, "
+        "a static size used as a batch, a missing sharding annotation that replicates a huge array). Look for the "
+        "largest shape in the program."),
+        evidence=f"Requires {fmt(required)}, has {fmt(report.capacity_bytes)} available")
+
+
+def _scratch_memory(report: OomReport) -> Suggestion:
     space = report.memory_space
     spill = any("spill" in (a.xla_label or "") for a in report.allocations)
-    message = (f"{space} is the core's on-chip scratch memory ({fmt(report.capacity_bytes)} here): one fused "
-               "kernel needs more than it has, whatever the model's size. Shrink the block/tile sizes of "
-               "custom (Pallas) kernels or the chunk size of blockwise attention, or break the fusion; if no "
-               "custom kernel is involved, report it to XLA with an HLO dump.")
+    here = f" ({fmt(report.capacity_bytes)} here)" if report.capacity_bytes else ""
+    message = (f"{space} is the core's on-chip scratch memory{here}: one fused kernel needs more than it has, "
+               "whatever the model's size. Shrink the block/tile sizes of custom (Pallas) kernels or the chunk size "
+               "of blockwise attention, or break the fusion; if no custom kernel is involved, report it to XLA with "
+               "an HLO dump.")
     if report.kernel:
         message += f" The failing kernel: {report.kernel}."
     if spill:
         message += " Here the register allocator's spill slots take most of it: a kernel with too many live values."
-    return {"kind": space, "message": message}
+    if report.allocations and not any(a.size_bytes for a in report.allocations):
+        shapes_listed = ", ".join(dict.fromkeys(f"{a.xla_label or ''} {a.shape}".strip() for a in report.allocations))
+        message += f" Listed: {shapes_listed}."
+    return Suggestion(kind=space, severity="blocking", saving_bytes=report.exceeded_bytes, confidence="exact",
+                      message=message, code=_code("scratch", report.framework))
 
 
-def _live_buffers(report: OomReport) -> dict:
+def _live_buffers(report: OomReport, missing: int | None) -> Suggestion:
     want, free = report.requested_bytes, report.free_bytes
-    message = (f"Run-time: {fmt(want)} was requested with {fmt(free)} free. The memory is held by arrays "
-               "still alive (parameters, old batches, copies kept by Python references): delete what is no "
-               "longer needed, donate inputs to the step (jax: donate_argnums), load weights sharded instead "
-               "of onto one device, and check what is alive (jax.live_arrays(), "
-               "jax.profiler.save_device_memory_profile).")
+    with_free = f" with {fmt(free)} free" if free is not None else ""
+    message = (f"At run time {fmt(want)} was requested{with_free} and could not be allocated: the memory is held by "
+               "arrays still alive (parameters, old batches, copies kept by Python references, another program's "
+               "buffers).")
     if want is not None and free is not None and free >= want:
         message += " Free memory exceeds the request, so it is fragmented: allocate the large arrays first."
     if report.kind == RESERVATION and report.currently_allocated_bytes is not None:
         message += f" {fmt(report.currently_allocated_bytes)} was allocated when the program was loaded."
-    return {"kind": "live_buffers", "message": message}
+    return Suggestion(kind="live_buffers", severity="blocking", saving_bytes=missing, confidence="exact",
+                      message=message, evidence=f"requested {fmt(want)}" + (f", free {fmt(free)}" if free is not None else ""),
+                      code=_code("live_buffers", report.framework))
 
 
-def _sparsecore(report: OomReport) -> dict:
+def _sparsecore(report: OomReport) -> Suggestion:
     heavier = "SparseCore" if report.sparsecore_bytes > report.tensorcore_bytes else "TensorCore"
-    return {"kind": "sparsecore", "message": (
+    return Suggestion(kind="sparsecore", severity="info", message=(
         f"TensorCore uses {fmt(report.tensorcore_bytes)} and SparseCore {fmt(report.sparsecore_bytes)} of "
         f"{fmt(report.capacity_bytes)}; {heavier} dominates. SparseCore memory grows with embedding feature "
-        "width, max_unique_nz_per_row and the replica count: shard or shrink the embedding tables.")}
+        "width, max_unique_nz_per_row and the replica count: shard or shrink the embedding tables."))
 
 
-def _more_detail(report: OomReport) -> list[dict]:
+def _more_detail(report: OomReport) -> list[Suggestion]:
     out = []
     short = not report.allocations and report.kind in (COMPILE, EARLY_ABORT) \
         and report.memory_space not in ("vmem", "smem")
     if report.kind == EARLY_ABORT:
-        out.append({"kind": "more_detail", "message": (
+        out.append(Suggestion(kind="more_detail", severity="info", message=(
             f"The compiler stopped early. Set {FAST_EXIT_FLAG} (on a TPU VM: LIBTPU_INIT_ARGS="
-            f"'{FAST_EXIT_FLAG}') to make it finish and print the full breakdown with the largest allocations.")})
+            f"'{FAST_EXIT_FLAG}') to make it finish and print the full breakdown with the largest allocations.")))
     if short or report.kind == EARLY_ABORT:
-        out.append({"kind": "more_detail", "message": (
+        out.append(Suggestion(kind="more_detail", severity="info", message=(
             f"For every buffer with its padding and framework op, rerun with {DUMP_FLAGS} and run "
-            "`tpuprof oom LOG --dump /tmp/xla_dump` (or `tpuprof memory /tmp/xla_dump`).")})
-        out.append({"kind": "more_detail", "message": (
+            "`tpuprof oom LOG --dump /tmp/xla_dump` (or `tpuprof memory /tmp/xla_dump`).")))
+        out.append(Suggestion(kind="more_detail", severity="info", message=(
             "To find this before renting a TPU, compile the step for the target here with "
-            "`tpuprof preflight` (libtpu compiles for TPUs on a CPU-only machine).")})
+            "`tpuprof preflight` (libtpu compiles for TPUs on a CPU-only machine).")))
     return out

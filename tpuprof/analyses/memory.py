@@ -31,15 +31,45 @@ def analyze_path(path: Path, module: str | None = None, target: str | None = Non
     return results
 
 
+def needs_tpu_compile(path: Path, module: str | None = None) -> bool:
+    """Whether PATH holds module protos without a TPU buffer assignment (CPU/GPU dumps, protos before
+    optimization): what `--compile` turns into exact TPU figures."""
+    try:
+        files = hlo_dump.discover(path, module)
+    except UserError:
+        return False
+    if path.is_dir() and not files:
+        return False
+    for file in files:
+        if file.kind != "hlo_proto":
+            continue
+        name = file.path.name
+        if name.endswith(".after_optimizations.hlo.pb") and not any(m in name for m in hlo_dump.NON_TPU_MARKERS):
+            continue  # XLA:TPU's own dump name (analyze_file still checks its layouts)
+        proto = hlo_dump.read_hlo_proto(file.path)
+        if hlo_dump.non_tpu_platform(file.path, proto.hlo_module) or not proto.buffer_assignment.logical_buffers:
+            return True
+    if path.is_dir() and any(path.glob("*before_optimizations.hlo.pb")):
+        return not any(f.kind in ("hlo_proto", "buffer_assignment") for f in files)
+    return False
+
+
 def analyze_file(file: hlo_dump.DumpFile, target: str | None = None) -> ModuleMemory:
+    # The generation sizes tuple tables and default tiles of an estimate: the dump's own record of it counts.
+    target = target or (hlo_dump.detect_target(file) if file.kind != "buffer_assignment" else None)
     if file.kind == "hlo_proto":
         proto = hlo_dump.read_hlo_proto(file.path)
-        if proto.HasField("buffer_assignment") and proto.buffer_assignment.logical_buffers:
+        platform = hlo_dump.non_tpu_platform(file.path, proto.hlo_module)
+        if platform is None and proto.HasField("buffer_assignment") and proto.buffer_assignment.logical_buffers:
             result = from_hlo_proto(proto, str(file.path))
         else:
             from tpuprof.analyses import hlo_estimate
 
-            result = hlo_estimate.from_module_proto(proto.hlo_module, str(file.path), target)
+            reason = ""
+            if platform is not None and proto.buffer_assignment.logical_buffers:
+                reason = (f"This HloProto carries a {platform} buffer assignment, not a TPU one: its sizes and "
+                          "peak are not TPU memory, so they are estimated for the TPU from its HLO.")
+            result = hlo_estimate.from_module_proto(proto.hlo_module, str(file.path), target, reason)
     elif file.kind == "buffer_assignment":
         from tpuprof.analyses import buffer_assignment_text
 
@@ -80,7 +110,7 @@ def _resolve_shape_proto(shape_proto, shape_index):
     (nested indices are rare in HBM buffers and XProf reports them this way)."""
     if shape_index:
         i = shape_index[-1]
-        if i < len(shape_proto.tuple_shapes):
+        if 0 <= i < len(shape_proto.tuple_shapes):  # a damaged proto can hold a negative index
             return shape_proto.tuple_shapes[i]
     return shape_proto
 
@@ -199,8 +229,11 @@ def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
     for buffer in buffers:
         if buffer.shape:
             continue
-        lb = logical[buffer.id]
-        instruction = instructions.by_id[lb.defined_at.instruction_id]
+        lb = logical.get(buffer.id)
+        # A damaged proto can repeat a logical buffer id with another defining instruction: keep it unshaped.
+        instruction = instructions.by_id.get(lb.defined_at.instruction_id) if lb is not None else None
+        if instruction is None:
+            continue
         shape = shapes.from_proto(instruction.shape).subshape(list(lb.defined_at.shape_index))
         fill_shape_details(buffer, shape)
         buffer.source_line = instructions.source_line(instruction)

@@ -14,8 +14,9 @@ from typing import BinaryIO, Iterable
 
 from tpuprof.errors import UserError
 from tpuprof.models import shape as shapes
+from tpuprof.analyses import framework
 from tpuprof.models.oom import (
-    COMPILE, EARLY_ABORT, RESERVATION, RUNTIME_ALLOCATION,
+    COMPILE, EARLY_ABORT, NOT_TPU, RESERVATION, RUNTIME_ALLOCATION,
     BatchEstimate, OomAllocation, OomReport,
 )
 from tpuprof.sources import oom_log
@@ -125,7 +126,8 @@ def _headline(text: str) -> OomReport | None:
     match = re.search(rf"Aborting compilation early[^.]*\.\s*Requires\s+{s},\s*has\s+{s}\s+available", text)
     if match:
         report = OomReport(EARLY_ABORT, _line_of(text, match.start()), memory_space="hbm")
-        report.used_bytes = size_bytes(*match.groups()[:2])
+        # The compiler's estimate of what the program would need, not memory it used.
+        report.required_bytes = size_bytes(*match.groups()[:2])
         report.capacity_bytes = size_bytes(*match.groups()[2:4])
         return report
     match = re.search(
@@ -158,6 +160,9 @@ def _headline(text: str) -> OomReport | None:
         report = OomReport(RUNTIME_ALLOCATION, _line_of(text, match.start()), memory_space="hbm")
         report.requested_bytes = _from_groups(match.groups())
         return report
+    match = re.search(r"OOM when allocating tensor|CUDA out of memory|Out of memory while trying to allocate", text)
+    if match:  # GPU allocators' words: recognised so that the answer can say what they are
+        return OomReport(NOT_TPU, _line_of(text, match.start()))
     match = re.search(r"Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)", text)
     if match:
         space = re.search(r"space=(\w+)", text[match.end():])
@@ -198,6 +203,9 @@ def _details(text: str) -> dict:
     output = re.search(rf"Output size\s+{s}", text) or re.search(rf"\n\s*output\s+{s}", text)
     if output:
         out["output_bytes"] = size_bytes(*output.groups())
+        shares = re.match(rf"[^\n]*?shares\s+{s}\s+with arguments", text[output.end():])
+        if shares:
+            out["output_shared_bytes"] = size_bytes(*shares.groups())
     if program_req:
         out.setdefault("memory_space", program_req.group(1).lower())
         out.setdefault("program_bytes", size_bytes(*program_req.groups()[1:3]))
@@ -226,6 +234,10 @@ def _details(text: str) -> dict:
 
 
 _ENTRY = re.compile(r"(?:^|(?<=\s))(\d+)\.\s+(?=Size:|Operator:|Shape:)", re.M)
+# A list that names each allocation by its instruction and shape only ("1. fusion.11963 f32[4,192,1024]"),
+# as vmem reports print it: no sizes, but the shape gives them.
+_BARE_ENTRY = re.compile(
+    r"(?:^|(?<=\s))(\d+)\.\s+%?([\w.\-]+)\s+((?:pred|bf16|[fsu]\d+|f8\w+|c64|c128)\[[\d,]*\](?:\{[^}\s]*\})?)", re.M)
 
 
 def _allocations(text: str) -> list[OomAllocation]:
@@ -236,6 +248,10 @@ def _allocations(text: str) -> list[OomAllocation]:
     for i, start in enumerate(starts):
         end = starts[i + 1].start() if i + 1 < len(starts) else len(body)
         entries.append(_entry(read_int(start.group(1), "the allocation number"), body[start.end():end]))
+    if not entries and listed:
+        for match in _BARE_ENTRY.finditer(body):
+            entries.append(OomAllocation(index=read_int(match.group(1), "the allocation number"),
+                                         shape=match.group(3), xla_label=match.group(2)))
     return entries
 
 
@@ -291,13 +307,25 @@ def _shape_token(text: str, pos: int) -> str | None:
 
 
 def detect_framework(text: str) -> str | None:
-    if re.search(r"torch_xla|pt-xla|xla_client/xla_util|Bad StatusOr access|XRTCompile|tpu_worker", text):
-        return "torch_xla"
-    if re.search(r"jaxlib|XlaRuntimeError|JaxRuntimeError|jax\._src|\bjax\.|pjit\(|jit\(", text):
-        return "jax"
-    if re.search(r"tensorflow|ResourceExhaustedError|__inference_|Resource exhausted|keras|/job:worker", text):
-        return "tensorflow"
-    return None
+    """The framework of the job that printed TEXT (tpuprof.analyses.framework), None when it does not say."""
+    return framework.from_text(text).framework
+
+
+# A GPU's out-of-memory text can use the same words as a TPU runtime's ("Failed to allocate request for").
+_GPU = re.compile(r"\b(?:GTX|RTX|Tesla|Quadro|GeForce|Titan)\b(?: [A-Z]?\d{2,4}\w{0,3})?|\b[ABHL]100\b|\bH200\b|\bCUDA\b|cuDNN"
+                  r"|/(?:device:)?gpu:\d|/device:GPU|\bGPU\b|NVIDIA|ROCm")
+_TPU = re.compile(r"\bTPU\b|\btpu_|libtpu|\bhbm\b|\bHBM|TensorCore|XLA:TPU")
+
+
+def non_tpu_device(text: str) -> str | None:
+    """The other device a log names ("GTX 1080", "CUDA") when it names no TPU, else None."""
+    if _TPU.search(text):
+        return None
+    match = _GPU.search(text)
+    if not match:
+        return None
+    name = match.group(0).strip()
+    return f"{name} GPU" if re.match(r"GTX|RTX|Tesla|Quadro|GeForce|Titan|[ABHL]\d00|H200", name) else "GPU"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,6 +343,7 @@ def find_in_stream(stream: BinaryIO, target: str | None = None) -> OomReport | N
     found = 0
     seen: dict[int, bool] = {}  # hash of a message -> whether it parsed: workers repeat the same text
     unreadable: UserError | None = None  # the first message whose numbers cannot be real
+    other: OomReport | None = None  # the first out-of-memory error of a GPU (not triaged)
     for block in oom_log.iter_oom_blocks(stream):
         key = hash(block.text)
         if key in seen:
@@ -329,11 +358,21 @@ def find_in_stream(stream: BinaryIO, target: str | None = None) -> OomReport | N
             seen[key] = report is not None
         if report is None:
             continue
+        surroundings = block.context + "\n" + block.text
+        if report.kind == RUNTIME_ALLOCATION and non_tpu_device(surroundings):
+            report.kind = NOT_TPU
+        if report.kind == NOT_TPU:
+            report.device = non_tpu_device(surroundings) or "GPU or CPU"
+            other = other or report
+            continue
         found += 1
         if best is None or _detail_score(report) > _detail_score(best):
             report.line_number = block.line_number
-            report.framework = detect_framework(block.context + "\n" + block.text)
+            job = framework.from_text(surroundings)
+            report.framework, report.training = job.framework, job.training
             best = report
+    if best is None and other is not None:
+        return other  # only another device's out-of-memory error: the caller says so
     if best is None:
         if unreadable is not None:
             raise unreadable
@@ -400,36 +439,65 @@ def check_totals(report: OomReport) -> None:
             report.notes.append(
                 f"used {format_bytes(report.used_bytes)} - capacity {format_bytes(report.capacity_bytes)} "
                 f"is not the logged excess {format_bytes(report.exceeded_bytes)}")
-    if report.padded_bytes is not None and report.hlo_temp_bytes and report.utilization is not None \
-            and report.unpadded_bytes is not None and report.padded_bytes:
-        ratio = 100.0 * report.unpadded_bytes / report.hlo_temp_bytes
-        if abs(ratio - report.utilization) > 1.5:
+    if report.utilization is not None and report.unpadded_bytes is not None and report.padded_bytes:
+        # XLA's utilisation is the unpadded size over the padded size of the temporaries (fragmentation is
+        # counted apart), printed with one decimal of sizes rounded to 0.01G.
+        ratio = 100.0 * report.unpadded_bytes / report.padded_bytes
+        rounding = 100.0 * 0.011 * 1024 ** 3 / report.padded_bytes
+        if abs(ratio - report.utilization) > 0.15 + rounding:
             report.notes.append(
-                f"HLO temp utilisation {report.utilization}% does not match unpadded/HLO temp = {ratio:.1f}%")
+                f"HLO temp utilisation {report.utilization}% does not match unpadded/padded = {ratio:.1f}%")
 
 
 # ---------------------------------------------------------------------------------------------
 # Batch estimate
 # ---------------------------------------------------------------------------------------------
 
+# Op names of buffers whose leading dimension is a vocabulary or a weight's, never the batch.
+_NOT_BATCH_OPS = re.compile(r"embed|lm_head|vocab|wte\b|XLA_Args|param|weight|kernel\b|/w\d?\b", re.I)
+
+
 def shared_dimension(allocations: Iterable[OomAllocation], batch: int | None = None) -> tuple[int | None, float]:
-    """The dimension size present in most of the listed bytes (the batch, or a sequence length)."""
-    weights: dict[int, int] = {}
-    total = 0
+    """The batch dimension of the listed buffers and the share of their bytes that carry it.
+
+    Activations lead with the batch (`f32[32,4096,4096]`, `bf16[8,512,2048]`), so only leading dimensions are
+    candidates. A size that is also some buffer's minor-most dimension is a feature size (a vocabulary of
+    151936 in logits `[B, S, 151936]` and in the embedding table `[151936, H]`, a hidden size), and buffers of
+    embeddings, weights and arguments lead with their own sizes: neither is the batch. With --batch, that
+    size is the batch wherever it appears.
+    """
+    entries = []
     for entry in allocations:
         size = entry.size_bytes or entry.recomputed_padded_bytes or 0
-        if not entry.dims or not size:
-            continue
-        total += size
-        for dim in set(entry.dims):
-            if dim > 1:
-                weights[dim] = weights.get(dim, 0) + size
-    if not total or not weights:
+        if entry.dims and size:
+            entries.append((entry, size))
+    total = sum(size for _, size in entries)
+    if not total:
         return None, 0.0
-    if batch and batch in weights:
-        return batch, weights[batch] / total
-    dim = max(weights, key=lambda d: (weights[d], d))
+    if batch:
+        carrying = sum(size for entry, size in entries if batch in entry.dims)
+        if carrying:
+            return batch, carrying / total
+    minor_sizes = {entry.dims[-1] for entry, _ in entries if len(entry.dims) >= 2}
+    weights: dict[int, int] = {}
+    for entry, size in entries:
+        if len(entry.dims) < 2 or _NOT_BATCH_OPS.search(entry.op_name or "") \
+                or (entry.allocation_type or "").lower().startswith(("parameter", "argument")):
+            continue
+        lead = entry.dims[0]
+        if lead > 1 and lead not in minor_sizes:
+            weights[lead] = weights.get(lead, 0) + size
+    if not weights:
+        return None, 0.0
+    dim = max(weights, key=lambda d: (weights[d], -d))
     return dim, weights[dim] / total
+
+
+def fitting_batch(batch: int, scale: float) -> int:
+    """The largest batch that fits when BATCH scales to SCALE: a multiple of 8 (the sublane tile, so the
+    batch dimension pads nothing) from 8 up, the number itself below 8, and 0 when not even 1 fits."""
+    fitting = math.floor(batch * min(scale, 1.0) + 1e-9)
+    return fitting - fitting % 8 if fitting >= 8 else max(fitting, 0)
 
 
 def estimate_batch(report: OomReport, batch: int | None = None, capacity: int | None = None,
@@ -437,7 +505,11 @@ def estimate_batch(report: OomReport, batch: int | None = None, capacity: int | 
     """`dump_arguments`: argument bytes from the same program's dump, for messages that omit them;
     `dump_batch_arguments`: the part of them that carries the batch dimension (the inputs)."""
     capacity = report.capacity_bytes or capacity
-    if report.kind in (RUNTIME_ALLOCATION, RESERVATION):
+    if report.kind == EARLY_ABORT and report.required_bytes and capacity:
+        return BatchEstimate(None, "none", f"the compiler estimated {report.required_bytes / capacity:,.0f}x the "
+                             "memory: a shape is far larger than intended, which a smaller batch will not fix",
+                             current_batch=batch)
+    if report.kind in (RUNTIME_ALLOCATION, RESERVATION, NOT_TPU):
         return BatchEstimate(None, "none", "a run-time allocation failed: the memory is held by other live "
                              "buffers, so the program's batch is not what to shrink first")
     if report.memory_space in ("vmem", "smem"):
@@ -493,10 +565,7 @@ def estimate_batch(report: OomReport, batch: int | None = None, capacity: int | 
         estimate.reason += ": even a batch of 1 does not fit, the fixed part alone exceeds the capacity"
     estimate.current_batch = batch
     if batch and estimate.scale is not None and estimate.scale > 0:
-        fitting = math.floor(batch * min(estimate.scale, 1.0))
-        if fitting >= 16:
-            fitting -= fitting % 8  # TPU-friendly: keeps the batch a multiple of the sublane tile
-        estimate.fitting_batch = max(fitting, 0)
+        estimate.fitting_batch = fitting_batch(batch, estimate.scale)
     return estimate
 
 

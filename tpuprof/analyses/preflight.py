@@ -176,7 +176,7 @@ class Compiler:
         self.use_cache = use_cache
         self.on_compile = on_compile
         self.capacity = targets.get(target).compiler_hbm_bytes
-        self.topology = target if ":" in target else targets.get(target).topology
+        self.topology = targets.compile_label(target)  # with the chip config: v4 compiles are megacore
         self.compiles = 0
         self._libtpu = _libtpu_version()
         self._tpu_compile = tpu_compile

@@ -26,9 +26,6 @@ from dataclasses import dataclass
 from tpuprof import targets
 from tpuprof.models.profile import Op
 
-# v2 and v3 captures have one plane per TensorCore (two per chip); later generations one per chip.
-CORES_PER_CHIP_PLANE = {"v2": 2, "v3": 2}
-
 
 @dataclass
 class Roof:
@@ -50,11 +47,13 @@ def roof_for(kind: str) -> Roof:
     if kind not in targets.TARGETS:
         return Roof(kind, None, None, None, "", f"no published peaks for {kind!r} in tpuprof.targets")
     target = targets.TARGETS[kind]
-    share = CORES_PER_CHIP_PLANE.get(kind, 1)
+    # A capture has one plane per device: a TensorCore on v2, v3 and TPU7x (two per chip), a chip on the others
+    # (v4 and v5p devices are megacore chips).
+    share = target.devices_per_chip
     link = target.host_link_gbps * 1e9 if target.host_link_gbps else None
     source = f"tpuprof.targets: {kind} peak {target.peak_bf16_tflops:g} TFLOP/s bf16, HBM {target.hbm_gbps:g} GB/s per chip"
     if share > 1:
-        source += f", halved: a {kind} capture has one plane per TensorCore"
+        source += f", halved: a {kind} capture has one plane per TensorCore ({share} per chip)"
     return Roof(kind, target.peak_bf16_tflops * 1e12 / share, target.hbm_gbps * 1e9 / share, link,
                 target.host_link, source)
 

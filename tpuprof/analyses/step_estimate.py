@@ -594,16 +594,9 @@ def _bytes_in(shape: shapes.Shape, in_hbm: bool) -> float:
 
 # --- per generation -----------------------------------------------------------------------------------
 
-# Devices a job sees per chip when tpuprof.targets does not say (one compile-only device of the
-# smallest topology): v2-v4 compile per TensorCore, TPU7x has two devices per chip.
-_DEVICES_PER_CHIP = {"v2": 2, "v3": 2, "v4": 2, "tpu7x": 2}
-
-
 def devices_per_chip(target: targets.Target) -> int:
-    value = getattr(target, "devices_per_chip", None)
-    if isinstance(value, int) and value > 0:
-        return value
-    return _DEVICES_PER_CHIP.get(target.name, 1)
+    """Devices a job sees per chip (tpuprof.targets): 2 on v2/v3 and TPU7x, else 1."""
+    return max(int(getattr(target, "devices_per_chip", 1) or 1), 1)
 
 
 @dataclass

@@ -13,14 +13,36 @@ from tpuprof.sources import inputs
 
 
 def analyze(path: Path, module: str | None = None, target: str | None = None, top: int = 15,
-            compile_: bool = False) -> list[ModuleMemory]:
-    """The whole memory pipeline, for other commands (oom --dump, preflight, report) too."""
+            compile_: bool | None = None) -> list[ModuleMemory]:
+    """The whole memory pipeline, for other commands (oom --dump, preflight, report) too.
+
+    compile_=None (the default) recompiles with libtpu when it is installed, the TPU generation is known and the
+    input holds module protos without a TPU buffer assignment (CPU/GPU dumps): exact figures instead of an
+    estimate. True insists (a UserError if it cannot); False always estimates."""
     inputs.expect(path, inputs.MEMORY)  # a profile or a log given by mistake: name the command that reads it
     generation = targets.get(target) if target else None
+    automatic = compile_ is None
+    if automatic:
+        from tpuprof.sources import tpu_compile
+
+        compile_ = (generation is not None and analysis.needs_tpu_compile(Path(path), module)
+                    and tpu_compile.jax_available())
     if compile_:
         if generation is None:
             raise UserError("--compile needs --target (the TPU generation to compile for).")
-        results = compile_with_libtpu(path, module, generation.name)
+        try:
+            results = compile_with_libtpu(path, module, generation.name)
+        except UserError as error:
+            if not automatic:
+                raise
+            results = analysis.analyze_path(path, module, generation.name)
+            for result in results:
+                result.notes.insert(0, f"Not recompiled with libtpu ({error}); estimated instead.")
+        else:
+            if automatic:
+                for result in results:
+                    result.notes.insert(0, "This dump has no TPU buffer assignment and libtpu is installed: "
+                                           f"recompiled for {generation.name} (--no-compile estimates instead).")
     else:
         results = analysis.analyze_path(path, module, generation.name if generation else None)
     for result in results:
@@ -33,6 +55,8 @@ def analyze(path: Path, module: str | None = None, target: str | None = None, to
         analysis.describe(result, result.buffers[: max(top, 0) or len(result.buffers)])
         analysis.describe(result, [b for b in result.buffers if b.padding_bytes >= advice.MIN_PADDING_BYTES])
         analysis.describe(result, [b for b in result.buffers if b.live_at_peak and b.padding_bytes])
+        # The advice reasons about what is live at the peak (attention scores, kept activations) by shape.
+        analysis.describe(result, [b for b in result.buffers if b.live_at_peak and b.size_bytes >= advice.MiB])
         result.suggestions = advice.suggest(result)
     return results
 
@@ -57,6 +81,12 @@ def compile_with_libtpu(path, module: str | None, target: str) -> list[ModuleMem
             raise UserError(f"--compile needs an HLO module proto in {path}: dump with "
                             "XLA_FLAGS='--xla_dump_to=DIR --xla_dump_hlo_as_proto' (HLO text cannot be recompiled).")
         path = max(protos, key=lambda p: p.stat().st_size)
+    elif path.name.endswith(hlo_dump.PROTO_SUFFIXES) and any(m in path.name for m in hlo_dump.NON_TPU_MARKERS):
+        # A CPU/GPU HloProto after optimization: its module as it was before is the one to give libtpu.
+        marker = next(m for m in hlo_dump.NON_TPU_MARKERS if m in path.name)
+        before = path.with_name(path.name.split("." + marker)[0] + ".before_optimizations.hlo.pb")
+        if before.exists():
+            path = before
     elif not path.name.endswith(hlo_dump.PROTO_SUFFIXES):
         raise UserError("--compile takes an HLO module proto (*.hlo.pb from --xla_dump_hlo_as_proto): "
                         "HLO text cannot be recompiled.")
@@ -72,20 +102,23 @@ def compile_with_libtpu(path, module: str | None, target: str) -> list[ModuleMem
     except tpu_compile.CompileFailed as error:
         raise UserError(f"libtpu could not compile {path.name} for {target}: {error}") from None
     results = analysis.analyze_path(dump_dir, None, target)
+    from tpuprof.models.memory import METHOD_RECOMPILED
+
     for result in results:
+        result.method = METHOD_RECOMPILED
         result.notes.append(f"Compiled from {path} with libtpu for {target}.")
     return results
 
 
 def result(path: Path, module: str | None = None, target: str | None = None, top: int = 15,
-           compile_: bool = False):
+           compile_: bool | None = None):
     """The memory pipeline's modules as the typed result that `tpuprof.memory()` returns and the CLI renders."""
     from tpuprof.results import MemoryResult
 
     return MemoryResult(str(path), analyze(path, module, target, top, compile_), top)
 
 
-def run(path: Path, module: str | None, target: str | None, compile_: bool, top: int, as_json: bool,
+def run(path: Path, module: str | None, target: str | None, compile_: bool | None, top: int, as_json: bool,
         csv: str | None = None) -> None:
     from tpuprof.renderers import memory as render
 

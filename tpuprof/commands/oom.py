@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tpuprof.analyses.oom_dump import join_dump
 from tpuprof.errors import UserError
+from tpuprof.models.oom import NOT_TPU
 
 
 def run(path: str | None, dump: Path | None = None, batch: int | None = None, target: str | None = None,
@@ -63,8 +64,12 @@ def explain(path: str | None, dump: Path | None = None, batch: int | None = None
     finally:
         if opened:
             stream.close()
+    name = "stdin" if path in (None, "-") else path
     if report is None:
-        raise UserError(f"no TPU out-of-memory error found in {'stdin' if path in (None, '-') else path}.")
+        raise UserError(f"no TPU out-of-memory error found in {name}.")
+    if report.kind == NOT_TPU:
+        raise UserError(f"{name} holds an out-of-memory error of a {report.device} (\"{report.headline[:100]}\"), "
+                        "not a TPU out-of-memory error: tpuprof explains TPU memory only.")
     if report.capacity_bytes is None and capacity is not None and report.memory_space in ("hbm", None):
         report.notes.append(f"capacity taken from --target {target}: {analysis.format_bytes(capacity)}")
     joined = join_dump(report, dump, target, batch) if dump else None
@@ -74,6 +79,16 @@ def explain(path: str | None, dump: Path | None = None, batch: int | None = None
     suggestions = advice.suggest(report, estimate)
     if joined:  # the dump is the detail the advice would otherwise ask for
         suggestions = [s for s in suggestions if "--xla_dump_to" not in s["message"]]
+    if joined and report.framework is None:  # the dump's module and op names say what the log did not
+        from tpuprof.analyses import framework
+
+        job = framework.from_module(joined["module"], [r.get("op_name") or "" for r in joined["buffers"]],
+                                    [r.get("source_line") or "" for r in joined["buffers"]])
+        if job.framework:
+            report.framework = job.framework
+            report.training = job.training if report.training is None else report.training
+            suggestions = advice.suggest(report, estimate)
+            suggestions = [s for s in suggestions if "--xla_dump_to" not in s["message"]]
     return report, estimate, suggestions, joined
 
 

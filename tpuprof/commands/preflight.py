@@ -12,7 +12,7 @@ from tpuprof.errors import UserError
 def parse_targets(text: str) -> list[str]:
     names = [part.strip() for part in text.split(",") if part.strip()]
     if not names:
-        raise UserError("--tpu needs a TPU generation (v2 v3 v4 v5e v5p v6e) or a topology like v5e:2x2.")
+        raise UserError(f"--tpu needs a TPU generation ({' '.join(targets.TARGETS)}) or a topology like v5e:2x2.")
     for name in names:
         targets.get(name)  # unknown names are a UserError
     return list(dict.fromkeys(names))
@@ -90,8 +90,8 @@ def _target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_p
     from tpuprof.analyses import preflight
 
     target = targets.get(name)
-    result = {"target": target.name, "topology": name if ":" in name else target.topology,
-              "device": target.device, "hbm_capacity_bytes": target.compiler_hbm_bytes}
+    result = {"target": target.name, "topology": targets.topology_of(name),
+              "device": target.device_info(), "hbm_capacity_bytes": target.compiler_hbm_bytes}
     main = _run_dtype(spec, name, None, batch, max_batch, top, use_cache, report_progress)
     result.update(main)
     if compare_bf16:
@@ -151,6 +151,9 @@ def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progr
             out["peak_unpadded_heap_bytes"] = memory.peak_unpadded_heap_bytes
             out["padding_at_peak_bytes"] = memory.padding_at_peak_bytes
             out["memory"] = memory
+            if chosen.stats:  # the compiler's aliased bytes make the donation hint's figure (tpuprof.advice.memory)
+                from tpuprof.advice.memory import add_donation
+                add_donation(memory, chosen.stats)
             out["dump_dir"] = chosen.dump_dir
     parameters = None
     if chosen.oom_message or (max_batch and out["max_batch_size"] is None):

@@ -43,12 +43,19 @@ def _load_json(path: Path) -> Input:
     return Input(str(path), kind, document, from_json=True)
 
 
+def _is_dir(path: str) -> bool:
+    try:
+        return Path(path).is_dir()
+    except (OSError, ValueError):  # a name too long for the file system, or with a NUL byte
+        return False
+
+
 def _reload_preflight_dumps(document: dict) -> None:
     """preflight keeps each compile's dump (its cache): when it is still on this machine, analyse it again
     for what the JSON leaves out (the memory curve, each padded buffer's fix)."""
     for target in document["targets"]:
         dump = target.get("dump_dir")
-        if not isinstance(dump, str) or not Path(dump).is_dir() or not isinstance(target.get("memory"), dict):
+        if not isinstance(dump, str) or not _is_dir(dump) or not isinstance(target.get("memory"), dict):
             continue
         try:
             modules = _load_memory(Path(dump), target.get("target"), 0).document["modules"]
@@ -80,7 +87,7 @@ def _load_memory(path: Path, target: str | None, top: int) -> Input:
 def memory_input(path: str, results: list, meta: dict | None = None) -> Input:
     """The memory document of RESULTS (ModuleMemory), largest peak first, with each module's curve over
     program order and each padded buffer's fix."""
-    from tpuprof.advice.memory import padding_fix
+    from tpuprof.advice.memory import batch_dimension, class_counts, padding_fix
     from tpuprof.analyses.memory import describe
     from tpuprof.renderers.memory import to_json
 
@@ -90,7 +97,9 @@ def memory_input(path: str, results: list, meta: dict | None = None) -> Input:
     document = to_json(results, 0)  # every buffer: diff matches them, the page picks its top rows
     for module, entry in zip(results, document["modules"]):
         entry["timeline"] = _timeline(module)
-        fixes = {b.instruction: padding_fix(b) for b in module.buffers if b.padding_bytes > 0}
+        batch = batch_dimension(module)
+        classes = class_counts(module, batch)
+        fixes = {b.instruction: padding_fix(b, batch, classes) for b in module.buffers if b.padding_bytes > 0}
         for row in entry["buffers"]:
             if row["instruction"] in fixes:
                 row["fix"] = fixes[row["instruction"]]
@@ -198,7 +207,9 @@ def result(inputs: list, output: Path, target: str | None = None, top: int = 15,
     loaded = [load(path, target, top) for path in inputs]
     page = html.render(loaded, top=top, title=title)
     write_atomically(output, page)
-    suggestions = [as_suggestion(s) for item in loaded for s in _suggestions(item)]
+    # The page's order: the fixes of what does not fit first, then by saving (memory), then step time.
+    suggestions = [as_suggestion(s) for _, s in html.ranked_suggestions(loaded)] + \
+        [as_suggestion(s) for item in loaded if item.kind == STEPS for s in _suggestions(item)]
     return ReportResult(str(output), len(page.encode()), loaded, suggestions)
 
 

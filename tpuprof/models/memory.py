@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# How a module's figures were obtained ("method" in --json).
+METHOD_BUFFER_ASSIGNMENT = "buffer_assignment"  # the compiler's TPU buffer assignment, read as is: exact
+METHOD_RECOMPILED = "recompiled"  # recompiled with libtpu here, then its buffer assignment: exact
+METHOD_HLO_LIVENESS = "hlo_liveness"  # liveness over scheduled HLO with TPU layouts: an estimate
+METHOD_UNSCHEDULED_BOUND = "unscheduled_bound"  # no TPU schedule or layouts: an estimate within a range
+ESTIMATED_METHODS = (METHOD_HLO_LIVENESS, METHOD_UNSCHEDULED_BOUND)
+
 # Allocation kinds, in XProf's precedence order (an entry parameter that is also live-out is a parameter).
 PARAMETER, OUTPUT, THREAD_LOCAL, CONSTANT, TEMP = "parameter", "output", "thread-local", "constant", "temp"
 
@@ -52,11 +59,7 @@ class OpTotal:
         return max(0, self.size_bytes - self.unpadded_bytes)
 
 
-@dataclass
-class Suggestion:
-    kind: str  # padding | one_hot | bf16 | batch_size | capacity | more_detail
-    message: str
-    saving_bytes: int = 0
+from tpuprof.models.suggestion import Suggestion  # noqa: E402,F401  (one model for every command)
 
 
 @dataclass
@@ -65,7 +68,10 @@ class ModuleMemory:
     source: str  # the file it was read from
     source_kind: str  # hlo_proto | buffer_assignment | hlo_text
     target: str | None = None  # TPU generation, when known
-    estimated: bool = False  # True when sizes are simulated TPU tilings, not the compiler's
+    estimated: bool = False  # True when the figures are not the compiler's TPU buffer assignment
+    method: str = METHOD_BUFFER_ASSIGNMENT
+    expected_error_percent: float | None = None  # for estimates: the largest error measured on real compiles
+    peak_range_bytes: tuple[int, int] | None = None  # for unscheduled_bound: where the real peak can land
     notes: list[str] = field(default_factory=list)
     buffers: list[Buffer] = field(default_factory=list)  # HBM buffers, largest first
     ops: list[OpTotal] = field(default_factory=list)

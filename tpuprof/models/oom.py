@@ -13,6 +13,7 @@ COMPILE = "compile"  # XLA:TPU found at compile time that the program does not f
 EARLY_ABORT = "early_abort"  # compiler gave up before assigning buffers: "Aborting compilation early"
 RUNTIME_ALLOCATION = "runtime_allocation"  # a device buffer could not be allocated at run time
 RESERVATION = "reservation"  # the program's memory could not be reserved when loading it
+NOT_TPU = "not_tpu"  # an out-of-memory error of another device (a GPU's allocator): not triaged here
 
 
 @dataclass
@@ -71,6 +72,7 @@ class OomReport:
     headline: str  # the line that says what failed, cleaned of log prefixes
     memory_space: str | None = None  # hbm, vmem, smem
     used_bytes: int | None = None
+    required_bytes: int | None = None  # "Requires X, has Y available": the compiler's estimate when it gave up
     capacity_bytes: int | None = None
     exceeded_bytes: int | None = None
     requested_bytes: int | None = None
@@ -81,6 +83,7 @@ class OomReport:
     arguments_bytes: int | None = None
     arguments_unknown: bool = False
     output_bytes: int | None = None
+    output_shared_bytes: int | None = None  # "Output size X; shares Y with arguments": Y, what donation saved
     currently_allocated_bytes: int | None = None
     global_bytes: int | None = None
     scoped_bytes: int | None = None
@@ -93,18 +96,20 @@ class OomReport:
     tensorcore_bytes: int | None = None
     sparsecore_bytes: int | None = None
     allocations: list[OomAllocation] = field(default_factory=list)
-    framework: str | None = None  # jax, tensorflow, torch_xla: from the traceback around the message
+    framework: str | None = None  # jax, keras, tf2, tf1, pytorch_xla, vllm (tpuprof.analyses.framework)
+    training: bool | None = None  # True: a training step; False: inference/serving; None: cannot tell
+    device: str | None = None  # for NOT_TPU: the device the log names ("GTX 1080", "GPU")
     line_number: int | None = None  # where the message starts in the log (1-based)
     messages_found: int = 1  # out-of-memory messages in the whole log
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         keys = (
-            "kind", "memory_space", "used_bytes", "capacity_bytes", "exceeded_bytes", "requested_bytes",
+            "kind", "memory_space", "used_bytes", "required_bytes", "capacity_bytes", "exceeded_bytes", "requested_bytes",
             "free_bytes", "hlo_temp_bytes", "unpadded_bytes", "padded_bytes", "total_bytes",
-            "reserved_bytes", "program_bytes", "arguments_bytes", "output_bytes",
+            "reserved_bytes", "program_bytes", "arguments_bytes", "output_bytes", "output_shared_bytes",
             "currently_allocated_bytes", "global_bytes", "scoped_bytes", "utilization",
-            "fragmentation_bytes", "tensorcore_bytes", "sparsecore_bytes", "kernel", "framework", "headline",
+            "fragmentation_bytes", "tensorcore_bytes", "sparsecore_bytes", "kernel", "framework", "training", "headline",
             "line_number", "messages_found",
         )
         out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}

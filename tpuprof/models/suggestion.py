@@ -19,6 +19,18 @@ SEVERITIES = ("blocking", "improve", "info")
 # how the bytes or time scale, with a range), "rough" (an order of magnitude).
 CONFIDENCES = ("exact", "estimated", "rough")
 
+# How each kind is titled for people (renderers): never the internal label.
+KIND_TITLES = {
+    "padding": "Tile padding", "bf16": "bfloat16", "remat": "Rematerialisation", "attention": "Fused attention",
+    "sharding": "Sharding", "donation": "Buffer donation", "fragmentation": "Fragmentation",
+    "batch_size": "Batch size", "live_buffers": "Live buffers", "vmem": "vmem (on-chip scratch)",
+    "smem": "smem (on-chip scalar memory)", "sparsecore": "SparseCore", "shape_bug": "A shape far too large",
+    "largest_ops": "Largest ops", "more_detail": "More detail", "offload": "Host offload",
+    "one_hot": "One-hot padding", "input_pipeline": "Input pipeline", "steps_per_execution": "Steps per execution",
+    "host_transfer": "Host transfers", "collective": "Collectives", "compile": "Compilation",
+    "straggler": "Straggler", "memory_bound": "Memory-bound ops", "precision": "Precision",
+}
+
 # Frameworks whose API a suggestion can speak; None is framework-neutral wording.
 FRAMEWORKS = ("jax", "keras", "tf2", "tf1", "pytorch_xla", "vllm")
 
@@ -61,15 +73,52 @@ def rank(suggestions: list[Suggestion], *, shortfall_bytes: int | None = None) -
     """Order suggestions the same way in every command.
 
     With `shortfall_bytes` (the job needs that much more HBM than it has), a fix whose saving covers the
-    shortfall on its own comes first, largest saving first; then every other fix by saving (bytes and
+    shortfall on its own (counting the low end of an estimate's range, so a rough guess does not outrank an
+    exact figure) comes first, largest first; then every other fix by its saving (bytes and
     milliseconds are never compared with each other: a document is about one or the other), then advice
     without a number, by severity. Python's sort is stable: equal keys keep the order they were given in.
     """
     severity_order = {name: i for i, name in enumerate(SEVERITIES)}
 
     def key(s: Suggestion):
-        saving = s.saving_bytes if s.saving_bytes is not None else s.saving_ms_per_step
-        covers = bool(shortfall_bytes and s.saving_bytes is not None and s.saving_bytes >= shortfall_bytes)
+        counted = _counted(s)
+        covers = bool(shortfall_bytes and counted is not None and s.saving_bytes is not None
+                      and counted >= shortfall_bytes)
+        saving = counted if covers else _point(s)
         return (not covers, saving is None, -(saving or 0), severity_order.get(s.severity, len(SEVERITIES)))
 
     return sorted(suggestions, key=key)
+
+
+def _point(s: Suggestion):
+    return s.saving_bytes if s.saving_bytes is not None else s.saving_ms_per_step
+
+
+def _counted(s: Suggestion):
+    """The saving a fix can be counted on: the low end of an estimate's range, else its figure."""
+    if s.saving_bytes is not None:
+        return s.saving_bytes_range[0] if s.saving_bytes_range else s.saving_bytes
+    if s.saving_ms_per_step is not None:
+        return s.saving_ms_range[0] if s.saving_ms_range else s.saving_ms_per_step
+    return None
+
+
+def rank_across(groups: list[tuple[list[Suggestion], int | None]]) -> list[tuple[int, Suggestion]]:
+    """Suggestions of several inputs (a report) in one order: (group index, suggestion).
+
+    Each group is (its suggestions, its shortfall in bytes: > 0 when that input does not fit, 0 when it fits,
+    None when unknown). The fixes of inputs that do not fit come first, and among them those whose saving
+    covers their own input's shortfall, largest first; then the others by saving; then the inputs that fit.
+    """
+    severity_order = {name: i for i, name in enumerate(SEVERITIES)}
+    keyed = []
+    for index, (suggestions, shortfall) in enumerate(groups):
+        for order, s in enumerate(suggestions):
+            counted = _counted(s)
+            blocked = bool(shortfall and shortfall > 0)
+            covers = blocked and s.saving_bytes is not None and counted >= shortfall
+            saving = counted if covers else _point(s)
+            keyed.append(((not blocked, not covers, saving is None, -(saving or 0),
+                           severity_order.get(s.severity, len(SEVERITIES)), index, order), index, s))
+    keyed.sort(key=lambda item: item[0])
+    return [(index, s) for _, index, s in keyed]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import html as _html
+import math
 import re
 from itertools import count
 
@@ -217,44 +218,117 @@ STEP_SAVINGS = {"input_pipeline": "input", "steps_per_execution": "host_overhead
                 "host_transfer": "host_transfer", "collective": "collective"}
 
 
-def _suggestions(page: _Page, inputs: list[Input]) -> None:
-    memory, steps = [], []
+def _number(value) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _oom_shortfall(d: dict) -> int:
+    """What an OOM lacks; at least 1 byte: it did not fit, whatever figures its message gives."""
+    used = _number(d.get("used_bytes")) or _number(d.get("required_bytes")) or _number(d.get("hlo_temp_bytes"))
+    capacity = _number(d.get("capacity_bytes"))
+    requested, free = _number(d.get("requested_bytes")), _number(d.get("free_bytes"))
+    figures = [_number(d.get("exceeded_bytes")), used - capacity if used and capacity else None,
+               requested - free if requested is not None and free is not None else None]
+    return max([f for f in figures if f] + [1])
+
+
+def suggestion_groups(inputs: list[Input]) -> list[tuple[int, str, list[dict], int | None]]:
+    """(input number, kind, its suggestion dicts, its shortfall) for every program of every input: the
+    shortfall is > 0 when it does not fit, 0 when it fits, None when the input cannot tell."""
+    groups = []
     for number, item in enumerate(inputs, 1):
         d = item.document
         if item.kind == MEMORY:
-            lists = [m.get("suggestions", []) for m in d.get("modules", [])[:MAX_MODULES]]
+            for m in d.get("modules", [])[:MAX_MODULES]:
+                peak, capacity = _number(m.get("peak_heap_bytes")), _number(m.get("hbm_capacity_bytes"))
+                shortfall = max(peak - capacity, 0) if peak is not None and capacity else None
+                groups.append((number, item.kind, m.get("suggestions", []), shortfall))
         elif item.kind == PREFLIGHT:
-            lists = [(t.get("memory") or {}).get("suggestions", []) for t in d.get("targets", [])]
-        else:
-            lists = [d.get("suggestions", [])]
-        for suggestions in lists:
-            for s in suggestions:
-                if not isinstance(s, dict) or not s.get("message"):
-                    continue
-                if item.kind == STEPS:
-                    category = STEP_SAVINGS.get(s.get("kind"))
-                    saving = (d.get("breakdown_ms_per_step") or {}).get(category) if category else \
-                        s.get("saving_ms_per_step")
-                    steps.append((number, s, saving if isinstance(saving, (int, float)) else None))
+            for t in d.get("targets", []):
+                required, capacity = _number(t.get("required_bytes")), _number(t.get("hbm_capacity_bytes"))
+                if t.get("fits") is False:
+                    shortfall = max((required or 0) - (capacity or 0), 1)
+                elif t.get("fits") is True:
+                    shortfall = 0
                 else:
-                    saving = s.get("saving_bytes")
-                    memory.append((number, s, saving if isinstance(saving, (int, float)) else None))
-    # Sized savings first, largest first; the ones the inputs cannot size keep their command's order.
-    for found, heading, unit in ((memory, "Memory: what to change, by HBM saved", "bytes"),
-                                 (steps, "Step time: what to change, by time per step it can win", "ms")):
+                    shortfall = None
+                listed = [*(t.get("memory") or {}).get("suggestions", []), *(t.get("oom") or {}).get("suggestions", [])]
+                groups.append((number, item.kind, listed, shortfall))
+        elif item.kind == OOM:
+            groups.append((number, item.kind, d.get("suggestions", []), _oom_shortfall(d)))
+        else:
+            groups.append((number, item.kind, d.get("suggestions", []), None))
+    return [(n, k, [s for s in listed if isinstance(s, dict) and s.get("message")], f) for n, k, listed, f in groups]
+
+
+def ranked_suggestions(inputs: list[Input], kinds=(MEMORY, PREFLIGHT, OOM)) -> list[tuple[int, dict]]:
+    """(input number, suggestion dict) over INPUTS of KINDS, in one order: the fixes of what does not fit
+    first (those that make it fit alone, largest first), then the rest by saving, then what fits."""
+    from tpuprof.models.suggestion import Suggestion, rank_across
+
+    def ranked(d: dict) -> Suggestion:  # what the order needs from a document's suggestion
+        def figure(key):
+            return _number(d.get(key)) if not isinstance(d.get(key), float) else d[key]
+
+        def pair(key):
+            value = d.get(key)
+            ok = isinstance(value, list) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)
+            return tuple(value) if ok else None
+
+        severity = d.get("severity") if isinstance(d.get("severity"), str) else "improve"
+        return Suggestion(str(d.get("kind", "")), "", severity=severity, saving_bytes=figure("saving_bytes") or None,
+                          saving_bytes_range=pair("saving_bytes_range"),
+                          saving_ms_per_step=figure("saving_ms_per_step"), saving_ms_range=pair("saving_ms_range"))
+
+    groups = [g for g in suggestion_groups(inputs) if g[1] in kinds]
+    made = [[(ranked(s), s) for s in listed] for _, _, listed, _ in groups]
+    dicts = {id(obj): d for pairs in made for obj, d in pairs}
+    order = rank_across([([obj for obj, _ in pairs], group[3]) for pairs, group in zip(made, groups)])
+    return [(groups[index][0], dicts[id(obj)]) for index, obj in order]
+
+
+def _suggestions(page: _Page, inputs: list[Input]) -> None:
+    from tpuprof.analyses.framework import FRAMEWORK_NAMES
+    from tpuprof.models.suggestion import KIND_TITLES
+
+    memory = ranked_suggestions(inputs)
+    steps = []
+    for number, kind, listed, _ in suggestion_groups(inputs):
+        if kind != STEPS:
+            continue
+        d = inputs[number - 1].document
+        for s in listed:
+            category = STEP_SAVINGS.get(s.get("kind"))
+            saving = (d.get("breakdown_ms_per_step") or {}).get(category) if category else s.get("saving_ms_per_step")
+            steps.append((number, s, saving if isinstance(saving, (int, float)) else None))
+    steps.sort(key=lambda entry: -(entry[2] or 0))  # the time a fix can win, largest first
+    fits = {n: f for n, _, _, f in suggestion_groups(inputs)}
+    for found, heading, unit in (
+            ([(n, s, s.get("saving_bytes")) for n, s in memory],
+             "Memory: what to change, first what makes a program that does not fit fit", "bytes"),
+            (steps, "Step time: what to change, by time per step it can win", "ms")):
         if not found:
             continue
-        found.sort(key=lambda entry: -(entry[2] or 0))
         page.add(f"<h2>{heading}</h2><ol class=\"suggestions\">")
         for number, s, saving in found:
             badge = ""
-            if saving and unit == "bytes":
+            if saving and unit == "bytes" and isinstance(saving, (int, float)):
                 badge = f' <span class="saving">saves ~{esc(fmt_bytes(saving))}</span>'
-            elif saving:
+                if s.get("confidence"):
+                    badge += f' <span class="meta">({esc(s["confidence"])})</span>'
+            elif saving and unit == "ms":
                 badge = f' <span class="saving">up to {saving:.2f} ms per step</span>'
+            blocked = unit == "bytes" and (fits.get(number) or 0) > 0
+            status = ' <span class="oom">does not fit</span>' if blocked else ""
+            title = KIND_TITLES.get(s.get("kind", ""), s.get("kind", ""))
+            code = ""
+            if s.get("code"):
+                who = FRAMEWORK_NAMES.get(s.get("framework") or "", "")
+                code = f'<br><code>{esc((who + ": ") if who else "")}{esc(s["code"])}</code>'
+            where = f'<br><span class="meta">at {esc(s["source_line"])}</span>' if s.get("source_line") else ""
             evidence = f'<br><span class="meta">evidence: {prose(s["evidence"])}</span>' if s.get("evidence") else ""
-            page.add(f'<li><b>[{esc(s.get("kind", ""))}]</b> {prose(s["message"])}{badge} '
-                     f'<a href="#input-{number}" class="meta">(input {number})</a>{evidence}</li>')
+            page.add(f'<li><b>[{esc(title)}]</b> {prose(s["message"])}{badge} '
+                     f'<a href="#input-{number}" class="meta">(input {number})</a>{status}{code}{where}{evidence}</li>')
         page.add("</ol>")
 
 
@@ -272,9 +346,11 @@ def _memory_module(page: _Page, m: dict, top: int) -> None:
     """One module: its summary, the curve, the padding wasters and padding by op."""
     page.add(f'<h3 class="mono">{esc(m["name"])}</h3>'
              f'<p class="meta">{esc(m.get("source_kind"))}: {esc(m.get("source"))}</p>')
-    if m.get("estimated"):
-        page.add(f'<p class="warn">Estimate: simulated default TPU tilings for {esc(m.get("target") or "TPU")}; '
-                 "compile with libtpu (tpuprof memory --compile) for the real layouts.</p>")
+    from tpuprof.renderers.memory import method_words
+
+    method = m.get("method") or ("unscheduled_bound" if m.get("estimated") else "buffer_assignment")
+    words = method_words(method, m.get("target"), m.get("expected_error_percent"), m.get("peak_range_bytes"))
+    page.add(f'<p class="{"warn" if m.get("estimated") else "meta"}">{esc(words)}</p>')
     for note in m.get("notes", []):
         page.add(f'<p class="note">{prose(note)}</p>')
     rows = [("peak HBM (padded)", m.get("peak_heap_bytes")), ("peak HBM (unpadded)",
@@ -629,6 +705,9 @@ def _roofline(page: _Page, d: dict) -> None:
     if placed:
         intensities = [o["intensity"] for o in placed] + [roof.get("ridge_flops_per_byte") or peak / hbm]
         low, high = min(intensities) / 4, max(intensities) * 4
+        if not 0 < low < high < math.inf:  # a log axis needs a positive, finite range (a hand-edited document)
+            placed = []
+    if placed:
         xs = [low * (high / low) ** (i / 60) for i in range(61)]
         fig = go.Figure()
         fig.add_scatter(x=xs, y=[min(peak, x * hbm) for x in xs], mode="lines", name="roof: min(peak, intensity x HBM)",

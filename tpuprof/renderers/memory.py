@@ -19,6 +19,9 @@ def _module_json(m: ModuleMemory, top: int) -> dict:
         "source_kind": m.source_kind,
         "target": m.target,
         "estimated": m.estimated,
+        "method": m.method,
+        "expected_error_percent": m.expected_error_percent,
+        "peak_range_bytes": list(m.peak_range_bytes) if m.peak_range_bytes else None,
         "notes": m.notes,
         "peak_heap_bytes": m.peak_heap_bytes,
         "peak_unpadded_heap_bytes": m.peak_unpadded_heap_bytes,
@@ -56,10 +59,26 @@ def _module_json(m: ModuleMemory, top: int) -> dict:
             }
             for o in ops
         ],
-        "suggestions": [
-            {"kind": s.kind, "message": s.message, "saving_bytes": int(s.saving_bytes)} for s in m.suggestions
-        ],
+        "suggestions": [s.to_dict() for s in m.suggestions],
     }
+
+
+def method_words(method: str | None, target: str | None, error_percent: float | None,
+                 peak_range: tuple[int, int] | list[int] | None) -> str:
+    """How a module's figures were obtained, in one sentence (terminal and HTML report)."""
+    tpu = target or "the TPU"
+    if method == "recompiled":
+        return f"Exact: recompiled with libtpu for {tpu}; figures from its buffer assignment."
+    if method == "hlo_liveness":
+        within = f", expected within {error_percent:g}% of the compiler's peak" if error_percent is not None else ""
+        return (f"Estimate{within}: liveness over the scheduled HLO text (no buffer assignment); "
+                "the HloProto (--xla_dump_hlo_as_proto) gives exact figures.")
+    if method == "unscheduled_bound":
+        span = (f": the real peak lies between {fmt_bytes(peak_range[0])} and {fmt_bytes(peak_range[1])}"
+                if peak_range else "")
+        return (f"Estimate for {tpu} without a TPU schedule or layouts (libtpu's default tiles){span}; "
+                "recompile the module proto with libtpu (--compile) for exact figures.")
+    return "Exact: the compiler's TPU buffer assignment."
 
 
 def print_tables(results: list[ModuleMemory], top: int) -> None:
@@ -73,9 +92,8 @@ def print_tables(results: list[ModuleMemory], top: int) -> None:
     for m in results:
         title = f"[bold]{escape(m.name)}[/bold]  ({m.source_kind}: {escape(m.source)})"
         out.print(title)
-        if m.estimated:
-            out.print(f"[yellow]Estimate:[/yellow] simulated default TPU tilings for {m.target or 'TPU'}; "
-                      "compile with libtpu for the real layouts.")
+        wording = method_words(m.method, m.target, m.expected_error_percent, m.peak_range_bytes)
+        out.print(f"[yellow]{escape(wording)}[/yellow]" if m.estimated else f"[dim]{escape(wording)}[/dim]")
         for note in m.notes:
             out.print(f"[dim]{escape(note)}[/dim]")
         summary = Table(show_header=False, box=None, pad_edge=False)
@@ -92,7 +110,11 @@ def print_tables(results: list[ModuleMemory], top: int) -> None:
                 generation = targets.get(m.target)
                 capacity = (f"{share:.1%} of the {fmt_bytes(m.hbm_capacity_bytes)} of HBM the compiler offers "
                             f"{generation.device} of {m.target}: {verdict}")
-            summary.add_row("peak HBM (padded)", fmt_bytes(m.peak_heap_bytes), capacity)
+            label = "peak HBM (padded, estimate)" if m.estimated else "peak HBM (padded)"
+            if m.estimated and m.peak_range_bytes:
+                capacity = (f"range {fmt_bytes(m.peak_range_bytes[0])} to {fmt_bytes(m.peak_range_bytes[1])}; "
+                            + capacity)
+            summary.add_row(label, fmt_bytes(m.peak_heap_bytes), capacity)
             summary.add_row("peak HBM (unpadded)", fmt_bytes(m.peak_unpadded_heap_bytes),
                             "as XProf counts it: the temporaries unpadded, the arguments/outputs as allocated")
             summary.add_row("padding live at the peak", fmt_bytes(m.padding_at_peak_bytes), "")
@@ -107,10 +129,10 @@ def print_tables(results: list[ModuleMemory], top: int) -> None:
         columns = [tables.name("instruction", least=20), tables.text("shape"), tables.number("padded"),
                    tables.number("unpadded", drop=3), tables.number("padding"), tables.number("x", drop=4),
                    tables.text("kind", drop=2), tables.text("peak", drop=5, justify="center"),
-                   tables.name("framework op", drop=1)]
+                   tables.name("framework op", drop=1), tables.name("source", drop=6)]
         rows = [(escape(b.instruction), escape(wrappable_shape(b.shape)), fmt_bytes(b.size_bytes), fmt_bytes(b.unpadded_bytes),
                  fmt_bytes(b.padding_bytes), f"{b.expansion:.1f}", b.allocation_type, "*" if b.live_at_peak else "",
-                 escape(b.op_name)) for b in shown]
+                 escape(b.op_name), escape(b.source_line.rsplit("/", 1)[-1])) for b in shown]
         out.print(tables.table(columns, rows, out.width, title=f"Largest HBM buffers ({len(shown)} of {len(m.buffers)})"))
 
         ops = m.ops[:top] if top > 0 else m.ops
@@ -122,10 +144,9 @@ def print_tables(results: list[ModuleMemory], top: int) -> None:
         out.print(tables.table(columns, rows, out.width, title=f"By framework op ({scope})"))
 
         if m.suggestions:
-            out.print("[bold]What to change[/bold]")
-            for i, s in enumerate(m.suggestions, 1):
-                saving = f" [dim](saves ~{fmt_bytes(s.saving_bytes)})[/dim]" if s.saving_bytes else ""
-                out.print(f"{i}. [{s.kind}] {escape(s.message)}{saving}")
+            from tpuprof.renderers.suggestions import render_suggestions
+
+            render_suggestions(out, m.suggestions, None, "What to change: first what makes it fit, then by HBM saved")
         out.print()
 
 

@@ -19,6 +19,11 @@ KIND_TEXT = {
 }
 
 
+# XLA lists its largest allocations (about 10-20); a log that repeats or concatenates messages can list thousands,
+# which a terminal table cannot usefully show (and rich takes seconds to lay out).
+MAX_ALLOCATION_ROWS = 30
+
+
 def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], source: str,
            dump_rows: dict | None = None, console: Console | None = None) -> None:
     console = console or tables.console()
@@ -35,12 +40,16 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
     summary.add_row("kind", KIND_TEXT.get(report.kind, report.kind))
     if report.memory_space:
         summary.add_row("memory space", report.memory_space)
-    if report.framework:
-        summary.add_row("framework", report.framework)
+    if report.framework or report.training is not None:
+        from tpuprof.analyses.framework import FRAMEWORK_NAMES
+
+        job = {True: "training", False: "inference"}.get(report.training, "")
+        name = FRAMEWORK_NAMES.get(report.framework or "", "unknown")
+        summary.add_row("framework", f"{name}, {job}" if job else name)
     if report.kernel:
         summary.add_row("kernel", e(report.kernel))
     rows = [
-        ("used", report.used_bytes), ("capacity", report.capacity_bytes), ("exceeded by", report.exceeded_bytes),
+        ("used", report.used_bytes), ("required (estimate)", report.required_bytes), ("capacity", report.capacity_bytes), ("exceeded by", report.exceeded_bytes),
         ("requested", report.requested_bytes), ("free", report.free_bytes),
         ("total usage", report.total_bytes), ("reserved", report.reserved_bytes),
         ("program", report.program_bytes), ("arguments", report.arguments_bytes),
@@ -68,7 +77,8 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
     if report.allocations:
         console.print()
         rows = []
-        for entry in report.allocations:
+        shown = report.allocations[:MAX_ALLOCATION_ROWS]
+        for entry in shown:
             size = entry.size_bytes
             unpadded = entry.unpadded_bytes if entry.unpadded_bytes is not None else entry.recomputed_unpadded_bytes
             expansion = entry.expansion or (size / unpadded if size and unpadded else None)
@@ -85,7 +95,9 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
         table = tables.table(columns, rows, console.width,
                              title="Largest allocations (log) with padding recomputed from the shape")
         console.print(table)
-        for entry in report.allocations:
+        if len(report.allocations) > len(shown):
+            console.print(f"... and {len(report.allocations) - len(shown)} more listed allocations (--json has every one)")
+        for entry in shown:
             for message in entry.disagreements:
                 console.print(f"[yellow]! allocation {entry.index}: {e(message)}[/yellow]")
 
@@ -103,19 +115,19 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
         console.print(table)
 
     console.print()
-    if estimate.scale is not None and estimate.scale >= 1:
-        console.print(f"batch estimate: the program fits the capacity at the current batch ({e(estimate.reason)}).")
-    elif estimate.scale is not None and estimate.scale <= 0:
-        console.print(f"batch estimate: no batch fits; confidence {estimate.confidence}: {e(estimate.reason)}.")
-    elif estimate.scale is not None:
-        line = f"batch estimate: {estimate.scale:.0%} of the current batch fits"
-        if estimate.fitting_batch is not None:
-            line += f" (≈{estimate.fitting_batch})"
-        console.print(f"{line}; confidence {estimate.confidence}: {e(estimate.reason)}.")
-    else:
-        console.print(f"batch estimate: none ({e(estimate.reason)}).")
-    console.print()
-    console.print("[bold]Causes and fixes, largest first[/bold]")
-    for i, item in enumerate(suggestions, 1):
-        saving = f" [dim](frees ≈{fmt(item['saving_bytes'])})[/dim]" if item.get("saving_bytes") else ""
-        console.print(f"{i}. [bold]{item['kind']}[/bold]{saving}: {e(item['message'])}")
+    from tpuprof.renderers.suggestions import value as _get
+
+    if not any(_get(item, "kind") == "batch_size" for item in suggestions):  # else the fix says it
+        if estimate.scale is not None and estimate.scale >= 1:
+            console.print(f"batch estimate: the program fits the capacity at the current batch ({e(estimate.reason)}).")
+        elif estimate.scale is not None and estimate.scale <= 0:
+            console.print(f"batch estimate: no batch fits; confidence {estimate.confidence}: {e(estimate.reason)}.")
+        elif estimate.scale is None:
+            console.print(f"batch estimate: none ({e(estimate.reason)}).")
+        console.print()
+    from tpuprof.renderers.suggestions import render_suggestions
+
+    render_suggestions(console, suggestions, report.framework,
+                       "Causes and fixes: first what can make it fit alone, then by memory freed")
+
+

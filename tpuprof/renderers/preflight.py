@@ -108,7 +108,7 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     if any(r.get("estimate") for r in results):
         _estimate_rows(row)
     row("compiles (this run)", lambda r: str(r["compiles"]))
-    columns = [tables.text("")] + [tables.text(f"{r['target']} ({r['topology']}, {r['device']})", justify="right")
+    columns = [tables.text("")] + [tables.text(f"{r['target']} ({r['topology']}, {r['device']['description']})", justify="right")
                                    for r in results]
     out.print(tables.table(columns, rows, out.width))
 

@@ -30,7 +30,8 @@ class DumpFile:
 
 def _module_key(name: str) -> str:
     """`module_0001.jit_f.cl_123.after_optimizations.hlo.pb` -> `module_0001.jit_f.cl_123`."""
-    for marker in (".after_optimizations", ".before_optimizations", ".after_codegen", ".hlo_proto.pb",
+    for marker in (".cpu_after_optimizations", ".gpu_after_optimizations",  # XLA:CPU/GPU dumps
+                   ".after_optimizations", ".before_optimizations", ".after_codegen", ".hlo_proto.pb",
                    ".hlo.pb", "-buffer-assignment.txt", ".txt"):
         index = name.find(marker)
         if index > 0:
@@ -60,6 +61,35 @@ def classify(path: Path) -> tuple[str, int] | None:
             if handle.read(64).lstrip().startswith(b"HloModule"):
                 return "hlo_text", 5
     return None
+
+
+# XLA's CPU and GPU compilers name their dumps `<module>.cpu_after_optimizations.hlo.pb` / `gpu_...`: the
+# buffer assignment inside is the host's or the GPU's, not a TPU's.
+NON_TPU_MARKERS = ("cpu_after_optimizations", "gpu_after_optimizations", "cpu_after_buffer_assignment",
+                   "gpu_after_buffer_assignment")
+
+
+def non_tpu_platform(path: Path, module_proto=None) -> str | None:
+    """'CPU'/'GPU'/'non-TPU' when the dump was not compiled for a TPU: its file name says so, or no array in
+    its entry computation carries TPU tiles (`T(...)`); None for a TPU dump."""
+    name = path.name
+    for marker in NON_TPU_MARKERS:
+        if marker in name:
+            return marker[:3].upper()
+    if module_proto is None:
+        return None
+    entry = next((c for c in module_proto.computations if c.id == module_proto.entry_computation_id), None)
+    if entry is None:
+        return None
+    arrays = 0
+    for instruction in entry.instructions:
+        shape = instruction.shape
+        for element in ([shape] if not shape.tuple_shapes else list(shape.tuple_shapes)):
+            if element.dimensions:
+                arrays += 1
+                if element.layout.tiles:
+                    return None
+    return "non-TPU" if arrays else None
 
 
 def discover(path: Path, module: str | None = None) -> list[DumpFile]:

@@ -27,6 +27,8 @@ TRIGGERS = (
     b"Attempting to reserve", b"Failed to allocate request for", b"would exceed memory (size=",
     b"Total hbm usage >=", b"Program hbm requirement", b"Largest program allocations in",
     b"Extra memory due to padding:", b". Size: ",
+    # GPU allocators' words: found so that the answer can say the log is not a TPU's.
+    b"OOM when allocating tensor", b"CUDA out of memory", b"Out of memory while trying to allocate",
 )
 
 
@@ -57,7 +59,7 @@ _PART = re.compile(
     r"|HBM capacity|Top-of-Memory|Currently allocated|Program requirement|Available after request"
     r"|Heap allocator status|Max free chunk|Persistent allocations|attempting reservation"
     r"|Ran out of memory|Attempting to|Exceeded \w+ capacity|Hbm usage|Aborting compilation"
-    r"|Failed to allocate|would exceed memory"
+    r"|Failed to allocate|would exceed memory|OOM when allocating|CUDA out of memory|Out of memory while trying"
 )
 
 # Log-line prefixes: timestamps, glog/absl headers, Python logging, process tags, quoting.

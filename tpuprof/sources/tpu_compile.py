@@ -1,8 +1,9 @@
 """Compile programs for a TPU with libtpu on a machine that has no TPU (compile-only).
 
 libtpu (from `jax[tpu]`) runs the real XLA:TPU compiler against a topology description. We compile
-for ONE device of the smallest topology of a generation (`tpuprof.targets`), so every figure is per
-chip (v5e, v6e) or per TensorCore (v2-v4, v5p), with the per-device batch the user would run.
+for ONE device of the smallest topology of a generation (`tpuprof.targets`), with the chip config users'
+jobs run (v4: "megacore"), so every figure is per device as a job sees it: a chip on v4, v5e, v5p and v6e,
+a TensorCore on v2, v3 and TPU7x, with the per-device batch the user would run.
 
 Three front ends reach the same compiler:
 - a JAX callable and example arguments: `jax.jit(f).lower(...).compile(compiler_options=...)`;
@@ -120,18 +121,21 @@ def jax_available() -> bool:
 
 @lru_cache(maxsize=None)
 def topology_devices(name: str) -> tuple:
-    """The compile-only devices of a generation's smallest topology (or of an explicit `v5e:2x2`)."""
+    """The compile-only devices of a generation's smallest topology (or of an explicit `v5e:2x2`), in the
+    chip config users' jobs run (`tpuprof.targets`: v4 is "megacore", one device per chip)."""
     if not jax_available():
         raise UserError(INSTALL_HINT)
     _quiet_libtpu()
     from jax.experimental import topologies
 
     target = targets.get(name)
-    topology = name if ":" in name else target.topology
+    topology = targets.topology_of(name)
+    chip_config = {"chip_config_name": target.chip_config_name} if target.chip_config_name else {}
     try:
-        description = topologies.get_topology_desc(platform="tpu", topology_name=topology)
+        description = topologies.get_topology_desc(platform="tpu", topology_name=topology, **chip_config)
     except Exception as error:  # noqa: BLE001 - libtpu raises plain RuntimeErrors
-        raise UserError(f"libtpu cannot compile for topology {topology!r}: {_first_line(error)}.") from None
+        raise UserError(f"libtpu cannot compile for topology {targets.compile_label(name)!r}: "
+                        f"{_first_line(error)}.") from None
     return tuple(description.devices)
 
 
@@ -149,7 +153,7 @@ def topology_mesh(name: str, axis_name: str = "data"):
 
 
 def _topology_name(name: str) -> str:
-    return name if ":" in name else targets.get(name).topology
+    return targets.topology_of(name)
 
 
 def _first_line(error: BaseException) -> str:
