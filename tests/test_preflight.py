@@ -231,3 +231,27 @@ def test_a_factory_taking_mesh_shards_over_the_topology(tmp_path):
     target = json.loads(result.stdout)["targets"][0]
     assert target["argument_bytes"] == 1024 * 1024 * 4 + 256 * 1024 * 4  # w whole, x / 4
     assert target["output_bytes"] == 1024 * 1024 * 4
+
+
+def test_max_batch_search_reports_the_step_time_and_cost(jax_search):
+    """The reported compile's dump (after_codegen kept) gives a step-time band and a cost per example."""
+    from tpuprof import prices
+
+    estimate = jax_search["estimate"]
+    assert estimate["step_ms_low"] <= estimate["step_ms"] <= estimate["step_ms_high"]
+    assert estimate["compiler_ms"] is not None and estimate["ops_with_compiler_cycles"] > 0
+    batch = jax_search["batch_size"]
+    assert estimate["examples_per_s"] == pytest.approx(batch / (estimate["step_ms"] / 1e3), rel=0.01)
+    price = prices.PRICES["v5e"].usd_per_chip_hour
+    assert estimate["price_per_chip_hour"] == price and estimate["price_verified"] is False
+    assert estimate["cost_per_million_examples"] == pytest.approx(price / 3600 / estimate["examples_per_s"] * 1e6,
+                                                                  rel=0.01)
+    assert estimate["top_ops"] and any(op["source_line"].endswith(("mlp.py:21", "mlp.py:22", "mlp.py:23"))
+                                       for op in estimate["top_ops"])
+    assert "collectives across chips (ICI/DCN)" in estimate["not_modelled"]
+
+
+def test_bad_price_is_one_sentence(preflight):
+    result, _ = preflight(f"{MODELS / 'mlp.py'}:factory", "--tpu", "v5e", "--batch", "8", "--price", "v6e=free")
+    assert result.returncode == 2 and "is not a number of dollars" in result.stderr
+    assert "Traceback" not in result.stderr

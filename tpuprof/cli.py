@@ -236,6 +236,7 @@ def diff(
 @app.command(epilog=_examples(
     "tpuprof preflight sample_profiles/models/conv18.py:factory --tpu v5e --batch 64",
     "tpuprof preflight train.py:step --tpu v5e,v6e --max-batch      # compare generations",
+    "tpuprof preflight train.py:step --tpu v5e,v6e,v5p --max-batch --tokens-per-example 2048 --price v6e=2.70",
     "tpuprof preflight sample_profiles/models/keras_mlp.py:factory --tpu v5e:2x2 --batch 32",
 ))
 def preflight(
@@ -248,16 +249,20 @@ def preflight(
     max_batch: bool = typer.Option(False, "--max-batch", help="Search the largest per-chip batch that fits."),
     compare_bf16: bool = typer.Option(False, "--compare-bf16", help="Also compile in bfloat16 and compare."),
     top: int = typer.Option(10, "--top", help="Rows in the memory breakdown tables."),
+    tokens_per_example: Optional[int] = typer.Option(None, "--tokens-per-example", metavar="N",
+                                                     help="Tokens in one example (sequence length): adds tokens/s and cost per 1M tokens."),
+    price: Optional[str] = typer.Option(None, "--price", metavar="GEN=USD[,...]",
+                                        help="On-demand price per chip-hour, overriding tpuprof's table (e.g. v6e=2.70)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Recompile even if a cached result exists."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
-    """Will it fit on a TPU, and the largest batch that does: compiled with libtpu, no TPU needed."""
+    """Will it fit on a TPU, the largest batch that does, and how fast and at what cost: compiled with libtpu, no TPU needed."""
     library_output.hold(verbose)
     from tpuprof.commands import preflight as command
 
     command.run(spec, tpu, batch=batch, max_batch=max_batch, compare_bf16=compare_bf16, top=top,
-                use_cache=not no_cache, as_json=as_json)
+                use_cache=not no_cache, as_json=as_json, tokens_per_example=tokens_per_example, price=price)
 
 
 # The command list shows each command's first sentence whole, wrapped if need be (click would cut it to

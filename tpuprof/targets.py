@@ -22,7 +22,7 @@ compiler offers 15.75 GiB, more than 16e9 bytes).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tpuprof.errors import UserError
 
@@ -66,6 +66,11 @@ class Target:
     # The link between the host and one chip, GB/s per direction, and what that figure is (None: not published).
     host_link_gbps: float | None = None
     host_link: str = ""
+    # For the step-time estimate (preflight): the TensorCore clock the compiler's estimated_cycles count,
+    # and published peaks for 8-bit operands (None: the bf16 peak applies). See RATES below.
+    clock_ghz: float | None = None
+    peak_int8_tops: float | None = None  # per chip
+    peak_fp8_tflops: float | None = None  # per chip
 
     @property
     def device(self) -> str:
@@ -134,6 +139,28 @@ TARGETS: dict[str, Target] = {
                aliases=("v7x", "7x", "v7", "tpu7", "ironwood", "tpu v7x"), published_source="tpu7x-docs"),
     )
 }
+# TensorCore clocks: published peak bf16 FLOP/s / (2 x multiply-adds per cycle of the chip's MXUs), MXU counts
+# from the Cloud TPU system-architecture pages (v2 1 MXU 128x128 per core, 2 cores; v3 2 per core, 2 cores;
+# v4 and v5p 4 per core, 2 cores; v5e 4, 1 core). v2 0.70, v3 0.94 and v4 1.05 GHz agree with the clocks
+# Google's TPU papers state (700, 940, 1050 MHz). v6e: its page says two 256x256 MXUs, but libtpu's own cost
+# model schedules an 8192^3 bf16 matmul at 184,616 multiply-adds per cycle, more than two such MXUs can do
+# (131,072): the 918 TFLOP/s are 4 x 256x256 at 1.75 GHz. TPU7x: no published MXU count; libtpu schedules
+# 211,071 per cycle on one device, consistent with 4 x 256x256 per device at 2.2 GHz (the per-device half of
+# 2,307 TFLOP/s bf16), an estimate. Measured on libtpu 0.0.42.1: an 8192^3 bf16 matmul compiled for one device,
+# its cycles read by tpuprof/analyses/step_estimate.py (v2 16,110, v3 31,748, v4 58,878 per TensorCore, v5e
+# 57,522, v5p 118,174 multiply-adds per cycle: 88-98% of the MXUs' peak at the clocks above; the
+# bigmatmul_* samples of tests/fixtures/step_estimate check it stays below 100%).
+# int8: Cloud TPU pages (v5e 393, v5p 918, v6e 1836 TOPS per chip); fp8: TPU7x 4614 TFLOP/s per chip.
+RATES = {
+    "v2": {"clock_ghz": 0.70},
+    "v3": {"clock_ghz": 0.94},
+    "v4": {"clock_ghz": 1.05},
+    "v5e": {"clock_ghz": 1.50, "peak_int8_tops": 393},
+    "v5p": {"clock_ghz": 1.75, "peak_int8_tops": 918},
+    "v6e": {"clock_ghz": 1.75, "peak_int8_tops": 1836},
+    "tpu7x": {"clock_ghz": 2.2, "peak_fp8_tflops": 4614},
+}
+TARGETS = {name: replace(target, **RATES.get(name, {})) for name, target in TARGETS.items()}
 ALIASES = {alias.replace(" ", ""): t.name for t in TARGETS.values() for alias in t.aliases}
 
 

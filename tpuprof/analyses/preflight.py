@@ -21,7 +21,7 @@ from typing import Callable
 
 from tpuprof import targets
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: dumps keep *.after_codegen.hlo.pb (the step-time estimate reads it)
 STEP = 8  # batch sizes searched are multiples of 8 ...
 PREFERRED = 128  # ... and multiples of 128 are recommended when they fit (Cloud TPU performance guide)
 BATCH_LIMIT = 1 << 20  # a search stops here: larger batches make compiles slow and are not realistic

@@ -19,7 +19,7 @@ def parse_targets(text: str) -> list[str]:
 
 
 def run(spec_text: str, tpu: str, batch: int | None, max_batch: bool, compare_bf16: bool, top: int,
-        use_cache: bool, as_json: bool) -> None:
+        use_cache: bool, as_json: bool, tokens_per_example: int | None = None, price: str | None = None) -> None:
     from tpuprof.sources import tpu_compile
 
     names = parse_targets(tpu)
@@ -29,6 +29,11 @@ def run(spec_text: str, tpu: str, batch: int | None, max_batch: bool, compare_bf
         raise UserError("give --batch N (the per-chip batch size) or --max-batch to search for it.")
     if batch is not None and batch < 1:
         raise UserError("--batch must be a positive number of examples per chip.")
+    if tokens_per_example is not None and tokens_per_example < 1:
+        raise UserError("--tokens-per-example must be a positive number of tokens.")
+    from tpuprof import prices
+
+    price_overrides = prices.parse_overrides(price)
     if not tpu_compile.jax_available():
         raise UserError(tpu_compile.INSTALL_HINT)
     spec = tpu_compile.load_spec(spec_text)
@@ -36,7 +41,8 @@ def run(spec_text: str, tpu: str, batch: int | None, max_batch: bool, compare_bf
     from tpuprof.renderers import preflight as render
 
     with render.progress(enabled=not as_json) as report_progress:
-        checked = result(spec, names, batch, max_batch, compare_bf16, top, use_cache, report_progress)
+        checked = result(spec, names, batch, max_batch, compare_bf16, top, use_cache, report_progress,
+                         tokens_per_example=tokens_per_example, price_overrides=price_overrides)
     if as_json:
         from tpuprof.renderers.output import print_json
 
@@ -46,14 +52,38 @@ def run(spec_text: str, tpu: str, batch: int | None, max_batch: bool, compare_bf
 
 
 def result(spec, names: list[str], batch: int | None, max_batch: bool, compare_bf16: bool = False, top: int = 10,
-           use_cache: bool = True, on_compile=None):
+           use_cache: bool = True, on_compile=None, tokens_per_example: int | None = None,
+           price_overrides: dict | None = None):
     """Every target's figures as the typed result that `tpuprof.preflight()` returns and the CLI renders.
     ON_COMPILE(label, batch) is called before each compile (the progress line)."""
     from tpuprof.results import PreflightResult
 
     report_progress = on_compile or (lambda label, batch_size: None)
-    return PreflightResult(spec.text, [_target(spec, name, batch, max_batch, compare_bf16, top, use_cache,
-                                               report_progress) for name in names], top)
+    checked = [_target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_progress)
+               for name in names]
+    for target in checked:
+        estimate = _estimate(target, tokens_per_example, price_overrides, top)
+        if estimate is not None:
+            target["estimate"] = estimate
+    return PreflightResult(spec.text, checked, top)
+
+
+def _estimate(target: dict, tokens_per_example, price_overrides, top) -> dict | None:
+    """Step time, throughput and cost from the reported compile's dump (None without a dump)."""
+    from tpuprof import prices
+    from tpuprof.analyses import step_estimate
+
+    if not target.get("dump_dir") or target.get("required_bytes") is None:
+        return None
+    try:
+        cost = step_estimate.load(target["dump_dir"])
+    except UserError:
+        return None
+    estimate = step_estimate.estimate(cost, target["target"])
+    if estimate.point_s <= 0:
+        return None
+    return step_estimate.report(estimate, target["batch_size"], tokens_per_example,
+                                prices.price_for(target["target"], price_overrides), top=min(top, 5))
 
 
 def _target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_progress) -> dict:

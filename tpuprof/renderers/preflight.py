@@ -10,7 +10,7 @@ JSON_KEYS = ("target", "topology", "device", "hbm_capacity_bytes", "batch_size",
              "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
              "peak_heap_bytes", "peak_unpadded_heap_bytes", "padding_at_peak_bytes", "max_batch_size",
              "recommended_batch_size", "search_limited", "parameter_bytes", "verdict", "compiles", "curve",
-             "curve_fit", "bf16", "oom", "dump_dir", "cache")
+             "curve_fit", "bf16", "oom", "estimate", "dump_dir", "cache")
 
 
 @contextmanager
@@ -105,6 +105,8 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
             if r.get("bf16") else "-")
         if any("max_batch_size" in r.get("bf16", {}) for r in results):
             row("bf16: max batch", lambda r: _max(r["bf16"]) if r.get("bf16") else "-")
+    if any(r.get("estimate") for r in results):
+        _estimate_rows(row)
     row("compiles (this run)", lambda r: str(r["compiles"]))
     columns = [tables.text("")] + [tables.text(f"{r['target']} ({r['topology']}, {r['device']['description']})", justify="right")
                                    for r in results]
@@ -123,6 +125,7 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
         if r.get("memory") is not None:
             out.print(f"[bold]{r['target']} at batch {r['batch_size']}: where the memory goes[/bold]")
             memory_render.print_tables([r["memory"]], min(top, 8))
+    _print_estimates(out, results)
     out.print(f"[dim]compiles are cached in {escape(results[0]['cache'])} (--no-cache to recompile)[/dim]")
 
 
@@ -137,3 +140,62 @@ def _curve(r: dict) -> str:
     if not fit:
         return "-"
     return f"{fmt_bytes(fit['fixed_bytes'])} + {fmt_bytes(fit['per_example_bytes'])}/example"
+
+
+def _estimate_rows(row) -> None:
+    """Step time, throughput, utilisation and cost per generation (estimated from the compiled program)."""
+
+    def get(key, fmt):
+        return lambda r: fmt(r["estimate"][key]) if r.get("estimate") and r["estimate"].get(key) is not None else "-"
+
+    row("step time, estimated (band)", lambda r: (
+        f"{r['estimate']['step_ms']:.3g} ms ({r['estimate']['step_ms_low']:.3g}-{r['estimate']['step_ms_high']:.3g})"
+        if r.get("estimate") else "-"))
+    row("examples/s per chip", get("examples_per_s", lambda v: f"{v:,}"))
+    row("tokens/s per chip", get("tokens_per_s", lambda v: f"{v:,}"))
+    row("FLOP utilisation", get("flop_utilization_percent", lambda v: f"{v:.0f}%"))
+    row("compute / memory bound", lambda r: (
+        f"{r['estimate']['compute_bound_percent']:.0f}% / {r['estimate']['memory_bound_percent']:.0f}%"
+        if r.get("estimate") and r["estimate"].get("compute_bound_percent") is not None else "-"))
+    row("price per chip-hour", lambda r: (
+        f"${r['estimate']['price_per_chip_hour']:.2f}{'' if r['estimate']['price_verified'] else ' (unverified)'}"
+        if r.get("estimate") and r["estimate"].get("price_per_chip_hour") else "-"))
+    row("cost per 1M examples", get("cost_per_million_examples", _usd))
+    row("cost per 1M tokens", get("cost_per_million_tokens", _usd))
+
+
+def _usd(value: float) -> str:
+    if value >= 100:
+        return f"${value:,.0f}"
+    return f"${value:.2f}" if value >= 1 else f"${value:.3g}"
+
+
+def _print_estimates(out, results: list[dict]) -> None:
+    from rich.markup import escape
+
+    from tpuprof.analyses.step_estimate import NOT_MODELLED, choice, short_source
+
+    estimated = [r for r in results if r.get("estimate")]
+    if not estimated:
+        return
+    for r in estimated:
+        e = r["estimate"]
+        ops = ", ".join(f"{escape(op['op_name'] or op['name'])}"
+                        f"{' (' + escape(short_source(op['source_line'])) + ')' if op['source_line'] else ''}"
+                        f" {op['ms']:.3g} ms {op['bound']}" + (f" x{op['count']}" if op["count"] > 1 else "")
+                        for op in e["top_ops"][:3])
+        out.print(f"[bold]{r['target']}[/bold] slowest ops: {ops}")
+        if e.get("kernels_without_estimate"):
+            out.print(f"  [yellow]no estimate for kernel(s) {escape(', '.join(e['kernels_without_estimate'][:5]))}"
+                      "[/yellow]: counted as 0 FLOPs and their operands' bytes")
+        unknown = [loop["name"] for loop in e.get("loops", []) if loop["trip_count_source"] == "unknown"]
+        if unknown:
+            out.print(f"  [yellow]loop(s) {escape(', '.join(unknown[:5]))}: trip count unknown, counted once[/yellow]")
+        if not e.get("compiler_ms"):
+            out.print("  [yellow]no compiler cycle estimates in this dump: the band is the roofline alone[/yellow]")
+    line = choice(results)
+    if line:
+        out.print(f"[bold]which TPU:[/bold] {escape(line)}")
+    out.print("[dim]step time: estimated from the compiled program for one chip, band = \\[roofline, compiler's "
+              "cycle estimates], point = geometric mean (published MaxText steps fell inside the band; see "
+              f"bench/bench_step_estimate.py). Not modelled: {', '.join(NOT_MODELLED)}.[/dim]")
