@@ -61,8 +61,8 @@ class Target:
     codename_variant: str = ""  # tpu_topology_args.variant ("lite" on v5e)
     aliases: tuple[str, ...] = ()  # other names people use; slice names (v6e-8) and topologies work too
     published_source: str = "cloud-tpu-docs"  # a key of SOURCES
-    # Second-minor tile for 32/16/8-bit types in the default TPU layouts (minor dim tiles to 128).
-    second_minor_tile: tuple[int, int, int] = (8, 16, 32)
+    # A tuple's index table: 4 bytes per element rounded up to this many bytes (see TUPLE_TABLE_GRANULES).
+    tuple_table_granule_bytes: int = 512
     # The link between the host and one chip, GB/s per direction, and what that figure is (None: not published).
     host_link_gbps: float | None = None
     host_link: str = ""
@@ -160,7 +160,12 @@ RATES = {
     "v6e": {"clock_ghz": 1.75, "peak_int8_tops": 1836},
     "tpu7x": {"clock_ghz": 2.2, "peak_fp8_tflops": 4614},
 }
-TARGETS = {name: replace(target, **RATES.get(name, {})) for name, target in TARGETS.items()}
+# How the compiler sizes a tuple's index table (the estimate of HLO text counts it): probe compiles of tuples of
+# 3 to 40 elements on libtpu 0.0.42.1 gave 1024-byte steps on v2/v3, 512 on v4/v5e and 32 on v5p, v6e and TPU7x
+# (tpu7x: 32, 64 and 160 B for 3, 9 and 40 elements).
+TUPLE_TABLE_GRANULES = {"v2": 1024, "v3": 1024, "v4": 512, "v5e": 512, "v5p": 32, "v6e": 32, "tpu7x": 32}
+TARGETS = {name: replace(target, **RATES.get(name, {}), tuple_table_granule_bytes=TUPLE_TABLE_GRANULES[name])
+           for name, target in TARGETS.items()}
 ALIASES = {alias.replace(" ", ""): t.name for t in TARGETS.values() for alias in t.aliases}
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 
+from tpuprof import targets
 from tpuprof.analyses.buffers import aggregate_ops, fill_shape_details
 from tpuprof.errors import UserError
 from tpuprof.models import shape as shapes
@@ -32,10 +33,6 @@ from tpuprof.models.memory import (
 )
 from tpuprof.sources import hlo_text
 
-# How the compiler sizes a tuple's index table: 4 bytes per element, rounded up to a granule that depends on
-# the generation (checked on libtpu 0.0.42.1 with 3 to 40 elements: 1024 B on v2/v3, 512 B on v4/v5e, 32-byte
-# steps on v5p/v6e). Kept here, keyed by generation name, until tpuprof.targets carries it.
-TUPLE_TABLE_GRANULE = {"v2": 1024, "v3": 1024, "v4": 512, "v5e": 512, "v5p": 32, "v6e": 32}
 TUPLE_TABLE_ENTRY_BYTES = 4
 DEFAULT_TUPLE_TABLE_GRANULE = 512  # generation unknown: v4/v5e's
 
@@ -51,7 +48,8 @@ ASYNC_STARTS = {"copy-start", "all-gather-start", "collective-permute-start", "a
 
 
 def tuple_table_bytes(elements: int, target: str | None) -> int:
-    granule = TUPLE_TABLE_GRANULE.get(target or "", DEFAULT_TUPLE_TABLE_GRANULE)
+    granule = targets.TARGETS[target].tuple_table_granule_bytes if target in targets.TARGETS else \
+        DEFAULT_TUPLE_TABLE_GRANULE
     return max(1, math.ceil(elements * TUPLE_TABLE_ENTRY_BYTES / granule)) * granule
 
 
