@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test bench samples captures fuzz clean
+.PHONY: setup demo test bench samples captures fuzz golden clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ bench: $(STAMP)
 MINUTES ?= 10
 fuzz: $(STAMP)
 	nice $(BIN)/python tests/fuzz/run.py --minutes $(MINUTES)
+
+# Rewrites tests/golden/ (every sample's --json document) from the current code: review `git diff tests/golden`.
+golden: $(STAMP)
+	TPUPROF_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/test_golden.py
 
 # Regenerates the committed sample dumps with libtpu (compile-only, no TPU needed).
 samples: $(STAMP)
