@@ -25,7 +25,7 @@ MIN_PADDING_SHARE = 0.005
 MAX_PADDING_SUGGESTIONS = 5
 _ATTENTION = re.compile(r"attention|attn|hqk|bhqk|qhd,|khd->|softmax|scores", re.I)
 # Layer indices in op names: Flax "layers_3", "layer_3", "h_3", ".../blocks/3/...", "block3".
-_LAYER = re.compile(r"(?:layers?|blocks?|\bh)[_./]?(\d+)\b")
+_LAYER = re.compile(r"(?:layers?|blocks?|\bh)[_./]?(\d{1,6})\b")  # a layer index, not any run of digits
 _FORWARD = re.compile(r"jvp\(")
 _BACKWARD = re.compile(r"transpose\(")
 
