@@ -101,6 +101,21 @@ def test_report_covers_every_sample(every_sample_report):
     assert max(len(s) for s in tags.scripts) > 3_000_000 and "plotly.js" in page[:10_000_000]
 
 
+def test_estimated_peaks_say_so_on_their_card(every_sample_report):
+    """tf_hlo_cpu is HLO text without TPU layouts: its card says the peak is an estimate and gives the range the
+    memory command computes; the dumps with a buffer assignment say nothing of the kind."""
+    _, _, page = every_sample_report
+    document = json.loads(run_cli("memory", DUMPS / "tf_hlo_cpu", "--target", "v5e", "--json").stdout)
+    module = document["modules"][0]
+    assert module["estimated"] is True
+    cards = re.findall(r'<div class="card">.*?</div>', page)
+    low, high = module["peak_range_bytes"]
+    from tpuprof.units import fmt_bytes
+    estimated = [c for c in cards if "(estimate)" in c]
+    assert len(estimated) == 1 and f"range {fmt_bytes(low)} to {fmt_bytes(high)}" in estimated[0]
+    assert fmt_bytes(module["peak_heap_bytes"]) in estimated[0]
+
+
 def test_memory_curve_peak_and_padding_match_the_memory_command(every_sample_report):
     _, _, page = every_sample_report
     figures = plots(page)

@@ -140,7 +140,9 @@ def render(inputs: list[Input], top: int = 15, title: str | None = None) -> str:
 # ---------------------------------------------------------------- header and suggestions
 
 def _capacity_card(name: str, target: str | None, peak: int | None, capacity: int | None,
-                   what: str = "peak") -> str:
+                   what: str = "peak", estimated: bool = False, peak_range=None) -> str:
+    if estimated:
+        what += " (estimate)"  # from HLO text or a non-TPU dump: say so where the number is read
     if peak is None:
         verdict = '<span class="warn">peak unknown</span>'
     elif not capacity:
@@ -149,6 +151,11 @@ def _capacity_card(name: str, target: str | None, peak: int | None, capacity: in
         verdict = f'<span class="oom">does not fit: {peak / capacity:.1%} of HBM</span>'
     else:
         verdict = f'<span class="fit">fits: {peak / capacity:.1%} of HBM</span>'
+    if isinstance(peak_range, list) and len(peak_range) == 2 and all(isinstance(v, int) for v in peak_range):
+        verdict += f'<br><span class="meta">range {esc(fmt_bytes(peak_range[0]))} to {esc(fmt_bytes(peak_range[1]))}'
+        if capacity and peak_range[1] > capacity >= (peak or 0):
+            verdict += ": may not fit"
+        verdict += "</span>"
     return (f'<div class="card"><span class="mono">{esc(_short(name, 40))}</span><b>{esc(fmt_bytes(peak))} {what}</b>'
             f'{esc(target or "target unknown")}, HBM {esc(fmt_bytes(capacity) if capacity else "n/a")}<br>{verdict}'
             "</div>")
@@ -187,7 +194,8 @@ def _header(page: _Page, inputs: list[Input], title: str | None) -> None:
         if item.kind == MEMORY:
             for m in d["modules"][:MAX_MODULES]:
                 cards.append(_capacity_card(m["name"], m.get("target"), m.get("peak_heap_bytes"),
-                                            m.get("hbm_capacity_bytes")))
+                                            m.get("hbm_capacity_bytes"), estimated=bool(m.get("estimated")),
+                                            peak_range=m.get("peak_range_bytes")))
         elif item.kind == OOM:
             space = (d.get("memory_space") or "device memory").upper()
             cards.append(f'<div class="card">OOM log <span class="mono">{esc(_short(item.path, 40))}</span>'
