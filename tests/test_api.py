@@ -245,6 +245,13 @@ def test_preflight_of_a_jax_function_and_its_arguments_matches_the_cli(compile_c
     assert _without_cache_paths(as_text.to_dict()) == _without_cache_paths(
         cli_json("preflight", spec, "--tpu", "v5e", "--batch", "64", env=env))
 
+    # Throughput and cost options (cached compile): the same estimate as --tokens-per-example and --price.
+    priced = tpuprof.preflight(spec, tpu="v5e", batch=64, tokens_per_example=512, price={"v5e": 1.5})
+    cli_priced = cli_json("preflight", spec, "--tpu", "v5e", "--batch", "64", "--tokens-per-example", "512",
+                          "--price", "v5e=1.5", env=env)
+    assert priced.to_dict()["targets"][0]["estimate"] == cli_priced["targets"][0]["estimate"]
+    assert priced.to_dict()["targets"][0]["estimate"]["price_per_chip_hour"] == 1.5
+
 
 def test_preflight_of_a_keras_model_matches_the_cli(compile_cache):
     sys.path.insert(0, str(MODELS))

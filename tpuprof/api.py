@@ -111,7 +111,8 @@ def _looks_like_a_missing_path(text: str) -> bool:
 
 def preflight(fn_or_model: Any, *example_args: Any, tpu: Union[str, Iterable[str]] = "v5e",
               batch: Optional[int] = None, max_batch: bool = False, compare_bf16: bool = False, top: int = 10,
-              cache: bool = True, on_compile: Optional[Callable[[str, int], None]] = None) -> PreflightResult:
+              cache: bool = True, on_compile: Optional[Callable[[str, int], None]] = None,
+              tokens_per_example: Optional[int] = None, price: Union[str, dict, None] = None) -> PreflightResult:
     """Will a training step fit in one TPU device's HBM, and the largest batch that does: compiled by libtpu
     for the target on this machine, no TPU needed (`pip install 'jax[tpu]'`).
 
@@ -132,6 +133,8 @@ def preflight(fn_or_model: Any, *example_args: Any, tpu: Union[str, Iterable[str
     compare_bf16: also compile in bfloat16 (a factory with a `dtype` parameter, or a file.py:factory).
     cache: reuse earlier compiles of the same program ($XDG_CACHE_HOME/tpuprof/preflight).
     on_compile: called with (label, batch) before each compile, e.g. to show progress.
+    tokens_per_example: tokens in one example (sequence length), for tokens/s and the cost per 1M tokens.
+    price: on-demand price per chip-hour overriding tpuprof's table: {"v6e": 2.70} or "v6e=2.70,v5e=1.2".
 
         >>> result = tpuprof.preflight(jax.jit(step), params, x, y, tpu="v5e", max_batch=True)
         >>> result.fits, result.targets[0]["max_batch_size"]
@@ -147,6 +150,8 @@ def preflight(fn_or_model: Any, *example_args: Any, tpu: Union[str, Iterable[str
     objects = not isinstance(fn_or_model, (str, os.PathLike))
     if batch is None and not max_batch and not (objects and example_args):
         raise UserError("give --batch N (the per-chip batch size) or --max-batch to search for it.")
+    if tokens_per_example is not None and tokens_per_example < 1:
+        raise UserError("--tokens-per-example must be a positive number of tokens.")
     if not tpu_compile.jax_available():
         raise UserError(tpu_compile.INSTALL_HINT)
     if objects:
@@ -163,7 +168,16 @@ def preflight(fn_or_model: Any, *example_args: Any, tpu: Union[str, Iterable[str
                                 "as a factory, or arguments whose last one has a batch dimension.")
     else:
         spec = tpu_compile.load_spec(str(fn_or_model))
-    return command.result(spec, names, batch, max_batch, compare_bf16, top, cache, on_compile)
+    return command.result(spec, names, batch, max_batch, compare_bf16, top, cache, on_compile,
+                          tokens_per_example=tokens_per_example, price_overrides=_price_overrides(price))
+
+
+def _price_overrides(price: Union[str, dict, None]) -> dict:
+    from tpuprof import prices
+
+    if isinstance(price, dict):
+        price = ",".join(f"{name}={value}" for name, value in price.items())
+    return prices.parse_overrides(price)
 
 
 def capture(*, logdir: str = "logs", port: Optional[int] = None, service_addr: Optional[str] = None,
