@@ -61,6 +61,8 @@ CASES = [
     ("json_suggestion_framework_list.json", "report", 2, "framework should be a string"),
     # A layer index of 4,401 digits in an op name (int() refuses it): not a layer index.
     ("oom_layer_index_4401_digits.txt", "oom", 0, ""),
+    # parameter(N) with 4,401 digits in HLO text: read by the one number reader, like every other integer there.
+    ("parameter_number_4401_digits.hlo.txt", "memory", 2, "a parameter number is"),
 ]
 
 

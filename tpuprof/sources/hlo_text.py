@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from tpuprof.errors import UserError
 from tpuprof.models.shape import Shape, parse_shape_prefix, strip_comments
+from tpuprof.units import read_int
 
 # A computation header: `[ENTRY] %name (params) -> result {`. Matched at its start only, after cheap checks of
 # '->' and the closing '{': one regex over the whole line backtracks quadratically on a long hostile line.
@@ -119,7 +120,8 @@ def _parse_instruction(line: str, computation: str, source: str) -> TextInstruct
     opcode = opcode_match.group(1)
     parameter_number = None
     if opcode in ("parameter", "constant", "iota"):  # what follows is a number or literal, not operands
-        parameter_number = int(operands_text) if opcode == "parameter" and operands_text.strip().isdigit() else None
+        parameter_number = (read_int(operands_text, "a parameter number") if opcode == "parameter"
+                            and operands_text.strip().isdigit() else None)
         operands = []
     attributes = rest.split(", metadata={", 1)[0].split(", backend_config=", 1)[0]
     roles = {m.group(1): m.group(2) for m in _CALLED_RE.finditer(attributes)}
@@ -137,7 +139,7 @@ def _parse_instruction(line: str, computation: str, source: str) -> TextInstruct
     return TextInstruction(
         name=match.group(2), shape=shape, opcode=opcode, operands=operands,
         computation=computation, is_root=bool(match.group(1)), called=tuple(called),
-        index=int(index.group(1)) if index else None, parameter_number=parameter_number,
+        index=read_int(index.group(1), "a tuple index") if index else None, parameter_number=parameter_number,
         fusion_kind=fusion_kind.group(1) if fusion_kind else "",
         operand_aliasing=_aliases(aliasing.group(1)) if aliasing else backend_aliasing(rest, len(operands)),
         op_name=op_name.group(1) if op_name else "",
@@ -192,7 +194,8 @@ def backend_aliasing(rest: str, operand_count: int) -> tuple[tuple[tuple[int, ..
     lists = rest[rest.index('"aliasing_operands":{"lists":[{'):]
     pairs = []
     for match in _INDICES_RE.finditer(lists[:lists.find("]}") + 2 if "]}]" not in lists else lists.find("]}]") + 3]):
-        operand, output = sorted((int(match.group(1)), int(match.group(2))))
+        operand, output = sorted((read_int(match.group(1), "an aliasing operand"),
+                                  read_int(match.group(2), "an aliasing operand")))
         if operand < operand_count <= output:
             pairs.append(((), operand, ()) if output == operand_count else ((output - operand_count,), operand, ()))
     return tuple(pairs)
@@ -200,11 +203,12 @@ def backend_aliasing(rest: str, operand_count: int) -> tuple[tuple[tuple[int, ..
 
 def _aliases(text: str) -> tuple[tuple[tuple[int, ...], int, tuple[int, ...]], ...]:
     """`{0}: (0, {}, may-alias), {1}: (2, {0})` -> ((0,), 0, ()), ((1,), 2, (0,))."""
-    return tuple((_index(m.group(1)), int(m.group(2)), _index(m.group(3))) for m in _ALIAS_RE.finditer(text))
+    return tuple((_index(m.group(1)), read_int(m.group(2), "an aliased parameter"), _index(m.group(3)))
+                 for m in _ALIAS_RE.finditer(text))
 
 
 def _index(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(",") if part.strip())
+    return tuple(read_int(part, "a shape index") for part in text.split(",") if part.strip())
 
 
 def _balanced(text: str, open_at: int) -> tuple[str, str]:
