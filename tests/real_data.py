@@ -6,7 +6,7 @@ The workplace forbids committing files that the `fetch` tool brought, so a test 
 1. `$TPUPROF_REAL_DATA`: a folder holding `<owner>+<name>/<path>` or just the file's base name;
 2. `shared/real_data/` beside the clone (or beside any folder above it), laid out the same way: the place
    where the CEO can put data files for every engineer;
-3. a local bare mirror `.mirror/<owner>+<name>/repo` beside the clone (or above it), read with
+3. a local bare mirror `.mirror/<owner>+<name>/repo` beside the clone (or above it, or in `$TPUPROF_MIRRORS`), read with
    `git show <commit>:<path>`.
 
 The file is copied into a folder of the caller's (XProf writes cache files beside what it reads, and no
@@ -92,7 +92,11 @@ def _candidates(artefact: Artefact) -> list[Path]:
 
 
 def _mirrors(artefact: Artefact) -> list[Path]:
-    return [parent / ".mirror" / artefact.folder_name / "repo" for parent in _ancestors()[1:]]
+    folders = [parent / ".mirror" for parent in _ancestors()[1:]]
+    # A clone elsewhere (CI's) finds the machine's mirror folder through $TPUPROF_MIRRORS (.ci/run sets it).
+    if os.environ.get("TPUPROF_MIRRORS"):
+        folders.insert(0, Path(os.environ["TPUPROF_MIRRORS"]))
+    return [folder / artefact.folder_name / "repo" for folder in folders]
 
 
 def real_artefact(artefact: Artefact, into: Path) -> Path:
