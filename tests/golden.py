@@ -23,6 +23,7 @@ UPDATE = os.environ.get("TPUPROF_UPDATE_GOLDEN") == "1"
 # Keys whose values say how or where a document was made, not what tpuprof found.
 VOLATILE_KEYS = {"cached", "cache", "dump_dir", "compile_seconds", "seconds", "elapsed_seconds", "wall_seconds"}
 TEMPORARY = re.compile(re.escape(tempfile.gettempdir()) + r"/tpuprof-[^/]+/")
+CHECKOUT = re.compile(r"(?:/[\w.+-]+)+/(?=(?:sample_profiles|tpuprof|tests|bench|\.venv)/)")
 SIGNIFICANT_DIGITS = 6  # floats are compared to this precision (the renderers print 3-4)
 
 
@@ -38,7 +39,9 @@ def normalise(value, key: str | None = None):
         return [normalise(v, key) for v in value]
     if isinstance(value, str):
         value = TEMPORARY.sub("<tmp>/", value)  # compile caches and dumps of this run
-        return value.replace(str(ROOT), "<repo>").replace(os.path.expanduser("~"), "<home>")
+        # Source lines name the clone the samples were generated in (their dumps keep it), or this one.
+        value = CHECKOUT.sub("<repo>/", value.replace(str(ROOT), "<repo>"))
+        return value.replace(os.path.expanduser("~"), "<home>")
     if isinstance(value, float):
         return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
     return value
