@@ -48,47 +48,24 @@ def hlo_pb(name: str) -> Path:
     return next(sample_dump(name).glob("*.after_optimizations.hlo.pb"))
 
 
-_JOBS: dict = {}  # (script, *args) -> jobs_helper.Job, for the whole session
-
-
 @pytest.fixture(scope="session")
 def profiler_job():
     """Start a training job of sample_profiles/jobs once per session: profiler_job("jax_job.py", "--slow-loader-ms", "20").
 
     Returns a jobs_helper.Job (its `.address` is localhost:PORT) that is READY and training; the same
-    script and arguments give the same running job to every test; all are stopped at session end, and
-    paused (SIGSTOP) between the tests that use them.
+    script and arguments give the same running job to every test; all are stopped at session end.
     """
     from jobs_helper import start_job
 
+    running = {}
+
     def get(script: str, *args: str):
         key = (script, *args)
-        job = _JOBS.get(key)
+        job = running.get(key)
         if job is None or job.process.poll() is not None:
-            job = _JOBS[key] = start_job(script, *args)
-        else:
-            job.resume()
+            job = running[key] = start_job(script, *args)
         return job
 
     yield get
-    for job in _JOBS.values():
+    for job in running.values():
         job.stop()
-
-
-def _uses_jobs(item) -> bool:
-    return "profiler_job" in getattr(item, "fixturenames", ())
-
-
-def pytest_runtest_setup(item):
-    # Module fixtures hand the same job to several tests without calling profiler_job again: resume here.
-    if _uses_jobs(item):
-        for job in _JOBS.values():
-            job.resume()
-
-
-def pytest_runtest_teardown(item, nextitem):
-    # A running job trains all the time it is up and takes a core from every other test: pause the jobs
-    # unless the next test uses them too (profiler_job resumes a job when a test asks for it).
-    if nextitem is None or not _uses_jobs(nextitem):
-        for job in _JOBS.values():
-            job.pause()

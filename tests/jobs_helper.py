@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import selectors
-import signal
 import socket
 import subprocess
 import sys
@@ -19,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 JOBS_DIR = Path(__file__).resolve().parent.parent / "sample_profiles" / "jobs"
-# After SIGCONT the job finishes the step it was in (its wall time includes the pause) before a test captures.
-RESUME_SETTLE_S = 0.5
 
 
 def free_port() -> int:
@@ -38,7 +35,6 @@ class Job:
     process: subprocess.Popen
     log_path: str
     started_s: float = field(default=0.0)  # seconds from launch to READY
-    paused: bool = False
 
     @property
     def address(self) -> str:
@@ -50,20 +46,7 @@ class Job:
         except OSError:
             return ""
 
-    def pause(self) -> None:
-        """SIGSTOP: a paused job takes no CPU (a training job otherwise keeps a core busy between the tests)."""
-        if self.process.poll() is None and not self.paused:
-            os.kill(self.process.pid, signal.SIGSTOP)
-            self.paused = True
-
-    def resume(self) -> None:
-        if self.process.poll() is None and self.paused:
-            os.kill(self.process.pid, signal.SIGCONT)
-            self.paused = False
-            time.sleep(RESUME_SETTLE_S)
-
     def stop(self) -> None:
-        self.resume()  # a stopped process handles SIGTERM only once continued
         if self.process.poll() is None:
             self.process.terminate()
             try:
