@@ -215,14 +215,20 @@ def test_tpu_node_session_falls_back_to_tracing_each_worker(keras_job, jax_job, 
     assert all(Path(h.path).is_file() for h in result.hosts)
 
 
+def _as_from_a_shell() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_interrupted_capture_leaves_no_run(profiler_job, tmp_path):
-    # A job of its own: against the session's shared JAX job, after the many captures of earlier test files,
-    # the interrupted capture exited 0 in 3 of 3 full runs from a fresh clone (never alone, never on a new
-    # job). Why the interrupt is lost there is not understood yet; it is noted in the closing note.
+    # In full test runs started in the background from a fresh clone the interrupt was lost (exit 0) in 4 of 4
+    # runs, never in this file alone; the pytest process there had SIGINT ignored, which children inherit. The
+    # child starts the way an interactive shell starts a command: SIGINT unblocked and default.
     job = profiler_job("jax_job.py", "--slow-loader-ms", str(SLOW_LOADER_MS), "--seconds", "300")
     process = subprocess.Popen([sys.executable, "-m", "tpuprof", "capture", "--service-addr", job.address,
                                 "--logdir", str(tmp_path), "--duration", "3s"],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=_as_from_a_shell)
     time.sleep(2.0)  # inside the trace window
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
