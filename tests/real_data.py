@@ -64,6 +64,33 @@ TPU_HOST_OFFLOAD_MANGLED = Artefact(
     "xprof/convert/test_xplanes/tpu_inference_2.xplane.pb",
     "fb7491b0d632492fc698e54e406c13614fc5eaad52382e649b3ed869fdada6a2")
 
+# The HloProto (with its buffer assignment) that the Pallas matmul capture above ran.
+TPU_PALLAS_MATMUL_HLO_PROTO = Artefact(
+    "vlasenkoalexey/xprof-cli", "bdb8194298cdb2986f399b3507db5d609691b00a",
+    "tests/fixtures/logdir/plugins/profile/testrun/jit_matmul_optimized(17342868964687645945).hlo_proto.pb",
+    "904fcd816c84640824aa045c0055c3d93cce7d89d9193e8d8fbb4db5813439d3")
+# XProf's GPU demo capture (TF2 BERT on 8 GPUs): not a TPU.
+GPU_DEMO_CAPTURE = Artefact(
+    "tensorflow/profiler", "d6853e0c4b0d",
+    "demo/plugins/profile/GPU-multi-worker/34.83.195.179_6003.xplane.pb",
+    "2613d2907394f313c483c7185d6342517f69ff58f5c03c8b5ba5a665779c8e8a")
+
+# Out-of-memory logs of real TPU jobs (vlasenkoalexey/tpu_performance_autoresearch_wiki; pwais/au2018).
+_WIKI = "vlasenkoalexey/tpu_performance_autoresearch_wiki"
+# A whole XPK job log: JAX Qwen3-8B on v6e, compile OOM "Used 45.12G of 31.25G", 20 allocations.
+OOM_QWEN3_JOB_LOG = Artefact(_WIKI, "273bcc2aaa6805a71a6a7983562a08f13ecc2df0", "log.txt",
+                             "11befbdff7ec68dbb2297ab3972ddcc1de16ac7ed9d71d7d69caf01ddd835757")
+# "Used 35.40G of 31.25G", HLO temp 29.67G with 35.7% fragmentation; the allocation list is cut off.
+OOM_QWEN3_CUT_LIST = Artefact(_WIKI, "53811e8d6ef9cc23157feab73dc39b9e1d34381b", "actual_crash.txt",
+                              "bf9ce7aa576e0e0e3fbd87dd15881a789724cb483d6c9e436119a3222a4dd09d")
+# Only the tail of an allocation list (items 16-20), no headline.
+OOM_LIST_TAIL = Artefact(_WIKI, "53811e8d6ef9cc23157feab73dc39b9e1d34381b", "crash_logs.txt",
+                         "e302085d9170f5ad7aac0294b99ba872f8005f2a4ba5b83b7ab5e6f521141a3e")
+# A TF1 TPUEstimator detection job (v2/v3, 16G HBM): "Used 17.60G of 16.00G", arguments of unknown size. An
+# excerpt of the job's log (no commit of its own: found in shared/real_data only).
+OOM_TF1_DETECTION = Artefact("pwais/au2018", "", "detection_tpu_oom_excerpt.log",
+                             "cb9de2f271a0d0fed84d601f7157781a53b622599c0bbc516df9f4602f0e7104")
+
 REAL_TPU_CAPTURES = {"v6e_4_host_offload": TPU_HOST_OFFLOAD_V6E_4, "v6e_1_pallas_matmul": TPU_PALLAS_MATMUL_V6E_1}
 
 
@@ -114,7 +141,7 @@ def real_artefact(artefact: Artefact, into: Path) -> Path:
             return target
         tried.append(f"{candidate} has another sha256")
     for mirror in _mirrors(artefact):
-        if not mirror.is_dir():
+        if not mirror.is_dir() or not artefact.commit:
             continue
         with open(target, "wb") as out:
             done = subprocess.run(["git", "-C", str(mirror), "show", f"{artefact.commit}:{artefact.path}"],

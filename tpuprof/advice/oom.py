@@ -391,7 +391,17 @@ def _live_buffers(report: OomReport, missing: int | None) -> Suggestion:
     message = (f"At run time {fmt(want)} was requested{with_free} and could not be allocated: the memory is held by "
                "arrays still alive (parameters, old batches, copies kept by Python references, another program's "
                "buffers).")
-    if want is not None and free is not None and free >= want:
+    largest = report.largest_free_bytes
+    if want is not None and largest is not None and free is not None and largest < want <= free:
+        message += (f" Free memory exceeds the request but its largest contiguous region is {fmt(largest)}: it is "
+                    "fragmented. Allocate the large arrays first, and keep long-lived arrays from interleaving "
+                    "with per-step ones.")
+    elif want is not None and report.reservable_bytes is not None and free is not None \
+            and report.reservable_bytes < want <= free:
+        message += (f" Free memory exceeds the request but only {fmt(report.reservable_bytes)} of it is reservable "
+                    "at the bottom of memory, where programs are loaded: buffers allocated there block it. Load "
+                    "(compile and run once) the large programs before allocating the large arrays.")
+    elif want is not None and free is not None and free >= want:
         message += " Free memory exceeds the request, so it is fragmented: allocate the large arrays first."
     if report.kind == RESERVATION and report.currently_allocated_bytes is not None:
         message += f" {fmt(report.currently_allocated_bytes)} was allocated when the program was loaded."

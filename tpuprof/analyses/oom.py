@@ -78,14 +78,71 @@ def parse_message(text: str) -> OomReport | None:
             "(only the allocation list: the message's first lines are not in the input)"
         report = OomReport(kind=COMPILE, headline=headline)
     for key, value in details.items():
-        if key == "arguments_unknown":
-            report.arguments_unknown = value
+        if key in ("arguments_unknown", "program_unknown"):
+            setattr(report, key, value)
         elif getattr(report, key) is None:
             setattr(report, key, value)
-    report.allocations = allocations
+    report.allocations = allocations or _scoped_allocation(text)
     if report.memory_space is None and allocations:
         report.memory_space = "hbm"
+    _code_and_runtime_facts(text, report)
+    _note_cut_lists(text, report)
     return report
+
+
+# "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. ..." (XLA's error codes,
+# openxla/xla docs/errors): the code names the documented failure, so it is kept as printed.
+_ERROR_CODE = re.compile(r"\b(E\d{4}):\s*([A-Z][A-Za-z0-9]+):")
+
+
+def _code_and_runtime_facts(text: str, report: OomReport) -> None:
+    """Facts any form may carry: the error code, the runtime allocator's fragmentation figure, and what a
+    program load says beside the reservation that failed."""
+    s = _SIZE
+    code = _ERROR_CODE.search(text)
+    if code:
+        report.error_code, report.error_name = code.group(1), code.group(2)
+    # TPU runtime allocator: "... There are X free. The largest contiguous region of free memory is Y due to
+    # fragmentation." (and "Due to fragmentation, the largest contiguous region of free memory is Y").
+    report.largest_free_bytes = _size(rf"largest contiguous region of free memory is\s+{s}{_EXACT}", text, re.I)
+    loading = re.search(r"Error loading program '([^']+)'", text)
+    if loading:
+        report.program_name = loading.group(1)
+    free = re.search(rf"There are\s+{s}\s+free,\s*{s}\s+reserved,\s*and\s+{s}\s+reservable", text)
+    if free:
+        if report.reserved_bytes is None:
+            report.reserved_bytes = size_bytes(*free.groups()[2:4])
+        report.reservable_bytes = size_bytes(*free.groups()[4:6])
+
+
+# "Allocation (size=N) would exceed memory (size=M) :: #allocation25 [shape = 'u8[N]{0}', space=vmem,
+# size = 0x8000000, tag = 'scoped memory for KERNEL'] :: KERNEL" (openxla/xla docs/errors/error_1001.md)
+_SCOPED_ALLOCATION = re.compile(
+    r"#allocation(\d+)\s*\[shape\s*=\s*'([^']+)',\s*space\s*=\s*(\w+),\s*size\s*=\s*(0x[0-9a-fA-F]+|\d+)"
+    r"(?:,\s*tag\s*=\s*'([^']*)')?\]")
+
+
+def _scoped_allocation(text: str) -> list[OomAllocation]:
+    match = _SCOPED_ALLOCATION.search(text)
+    if not match:
+        return []
+    size = match.group(4)
+    return [OomAllocation(index=read_int(match.group(1), "the allocation number"), shape=match.group(2),
+                          size_bytes=int(size, 16) if size.lower().startswith("0x") else read_int(size, "the size"),
+                          xla_label=match.group(5) or None)]
+
+
+def _note_cut_lists(text: str, report: OomReport) -> None:
+    """Say when the allocation list is cut: the largest buffers come first, so a list that starts after 1 or
+    a heading with nothing below it misses the ones that matter most."""
+    listed = re.search(r"Largest program allocations in \w+:?", text)
+    numbered = [a.index for a in report.allocations if a.index is not None]
+    if listed and not report.allocations:
+        report.notes.append("the log is cut off after 'Largest program allocations': none of the listed "
+                            "allocations is in the input")
+    elif numbered and numbered[0] > 1 and not _SCOPED_ALLOCATION.search(text):
+        report.notes.append(f"the allocation list starts at item {numbered[0]}: items 1-{numbered[0] - 1}, the "
+                            "largest, are not in the input")
 
 
 def _first_line(text: str) -> str:
@@ -170,6 +227,8 @@ def _headline(text: str) -> OomReport | None:
                            memory_space=space.group(1).lower() if space else None)
         report.requested_bytes = read_int(match.group(1), "the allocation size")
         report.capacity_bytes = read_int(match.group(2), "the memory size")
+        kernel = re.search(r"\]\s*::\s*%?([\w.\-]+)", text[match.end():])
+        report.kernel = kernel.group(1) if kernel else None
         return report
     return None
 
@@ -197,6 +256,8 @@ def _details(text: str) -> dict:
             out["program_bytes"] = size_bytes(*program.groups())
         if re.search(r"\barguments\s+unknown size", section):
             out["arguments_unknown"] = True
+        if re.search(r"\bprogram\s+unknown size", section):
+            out["program_unknown"] = True
     arguments = re.search(rf"\barguments\s+{s}", text)
     if arguments:
         out["arguments_bytes"] = size_bytes(*arguments.groups())

@@ -22,6 +22,12 @@ def analyze(path: str, top: int = 10, workers: int | None = None) -> Report:
         workers = workers or min(len(files), os.cpu_count() or 1)
         with ProcessPoolExecutor(max_workers=workers) as pool:
             profiles = list(pool.map(analysis.analyze_file, files))
+    if all(profile.platform == "gpu" for profile in profiles):
+        from tpuprof.errors import UserError
+
+        # A GPU's step time, kernels and roofline are not a TPU's: XProf reads those captures, tpuprof does not.
+        raise UserError(f"{path} was captured on GPUs, not on a TPU: tpuprof analyzes TPU (and host-only CPU) "
+                        "captures; open this one in XProf.")
     report = summarize(profiles, top=top)
     report.suggestions = [s.to_dict() for s in advice.suggest(report)]
     report.run = run

@@ -95,6 +95,12 @@ class OomReport:
     kernel: str | None = None  # the instruction whose scratch allocation failed ("allocating on stack for %X")
     tensorcore_bytes: int | None = None
     sparsecore_bytes: int | None = None
+    largest_free_bytes: int | None = None  # "the largest contiguous region of free memory is X": fragmentation
+    reservable_bytes: int | None = None  # "Y free, 0B reserved, and Z reservable" when loading a program
+    program_name: str | None = None  # "Error loading program 'jit_step'"
+    program_unknown: bool = False  # "program unknown size" in the total's breakdown
+    error_code: str | None = None  # XLA's error code ("E1000"), documented at openxla.org/xla/errors
+    error_name: str | None = None  # its name ("CompileTimeHbmOom")
     allocations: list[OomAllocation] = field(default_factory=list)
     framework: str | None = None  # jax, keras, tf2, tf1, pytorch_xla, vllm (tpuprof.analyses.framework)
     training: bool | None = None  # True: a training step; False: inference/serving; None: cannot tell
@@ -109,12 +115,15 @@ class OomReport:
             "free_bytes", "hlo_temp_bytes", "unpadded_bytes", "padded_bytes", "total_bytes",
             "reserved_bytes", "program_bytes", "arguments_bytes", "output_bytes", "output_shared_bytes",
             "currently_allocated_bytes", "global_bytes", "scoped_bytes", "utilization",
-            "fragmentation_bytes", "tensorcore_bytes", "sparsecore_bytes", "kernel", "framework", "training", "headline",
+            "fragmentation_bytes", "tensorcore_bytes", "sparsecore_bytes", "largest_free_bytes", "reservable_bytes",
+            "program_name", "error_code", "error_name", "kernel", "framework", "training", "headline",
             "line_number", "messages_found",
         )
         out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
         if self.arguments_unknown:
             out["arguments_unknown"] = True
+        if self.program_unknown:
+            out["program_unknown"] = True
         out["allocations"] = [a.to_json() for a in self.allocations]
         if self.notes:
             out["notes"] = list(self.notes)

@@ -38,6 +38,11 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
     summary.add_column(style="bold")
     summary.add_column()
     summary.add_row("kind", KIND_TEXT.get(report.kind, report.kind))
+    if report.error_code:
+        summary.add_row("error code", f"{report.error_code} {e(report.error_name or '')} "
+                        f"(openxla.org/xla/errors/error_{report.error_code[1:]})")
+    if report.program_name:
+        summary.add_row("program", e(report.program_name))
     if report.memory_space:
         summary.add_row("memory space", report.memory_space)
     if report.framework or report.training is not None:
@@ -51,6 +56,7 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
     rows = [
         ("used", report.used_bytes), ("required (estimate)", report.required_bytes), ("capacity", report.capacity_bytes), ("exceeded by", report.exceeded_bytes),
         ("requested", report.requested_bytes), ("free", report.free_bytes),
+        ("largest free region", report.largest_free_bytes), ("reservable", report.reservable_bytes),
         ("total usage", report.total_bytes), ("reserved", report.reserved_bytes),
         ("program", report.program_bytes), ("arguments", report.arguments_bytes),
         ("output", report.output_bytes), ("currently allocated", report.currently_allocated_bytes),
@@ -60,6 +66,8 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
     for label, value in rows:
         if value is not None:
             summary.add_row(label, fmt(value))
+    if report.program_unknown:
+        summary.add_row("program", "unknown size")
     if report.arguments_unknown:
         summary.add_row("arguments", "unknown size")
     if report.hlo_temp_bytes is not None:

@@ -60,6 +60,7 @@ _PART = re.compile(
     r"|Heap allocator status|Max free chunk|Persistent allocations|attempting reservation"
     r"|Ran out of memory|Attempting to|Exceeded \w+ capacity|Hbm usage|Aborting compilation"
     r"|Failed to allocate|would exceed memory|OOM when allocating|CUDA out of memory|Out of memory while trying"
+    r"|largest contiguous region|reservable"
 )
 
 # Log-line prefixes: timestamps, glog/absl headers, Python logging, process tags, quoting.
