@@ -112,3 +112,48 @@ def test_capture_summary_fits(profiler_job, tmp_path):
                          "--duration", "500ms", env={"COLUMNS": str(width)}, timeout=120)
         assert result.returncode == 0, result.stderr
         check_width(result.stdout, width)
+
+
+def _every_sample() -> dict[str, list]:
+    """Every command with terminal output on every sample the repository holds: each dump and HLO text
+    (memory), each capture (analyze), each OOM text (oom) and the diff pairs."""
+    cases = {f"memory {p.name}": ["memory", p] for p in sorted(DUMPS.iterdir()) if p.is_dir()}
+    cases["memory tf_hlo_cpu"] += ["--target", "v5e", "--no-compile"]  # HLO without TPU layouts
+    cases |= {f"memory {p.name}": ["memory", p] for p in sorted((SAMPLES / "estimate").glob("*.txt.gz"))}
+    cases |= {f"analyze {p.name}": ["analyze", p] for p in sorted(CAPTURES.iterdir()) if p.is_dir()}
+    cases |= {f"oom {p.name}": ["oom", p] for p in sorted(OOM.glob("*.txt")) + sorted((SAMPLES / "oom").glob("*.txt"))}
+    cases |= {"diff dumps": COMMANDS["diff dumps"], "diff profiles": COMMANDS["diff profiles"]}
+    return cases
+
+
+EVERY_SAMPLE = _every_sample()
+
+
+def _in_process(args: list, width: int, monkeypatch, capsys) -> str:
+    """The command's stdout at WIDTH columns, run in this process (a process each would cost minutes)."""
+    from tpuprof.cli import main
+
+    monkeypatch.setenv("COLUMNS", str(width))
+    try:
+        main([str(a) for a in args])
+    except SystemExit as done:
+        assert done.code in (0, None), capsys.readouterr().err
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", EVERY_SAMPLE)
+def test_every_command_on_every_sample_fits_80_and_100_columns(name, monkeypatch, capsys, tmp_path):
+    args = list(EVERY_SAMPLE[name])
+    if str(args[1]).endswith(".gz"):  # the estimate suite's HLO texts are stored gzipped
+        import gzip
+
+        text = tmp_path / args[1].name[:-3]
+        text.write_bytes(gzip.decompress(args[1].read_bytes()))
+        args[1] = text
+    reference = _in_process(args, 200, monkeypatch, capsys)
+    for width in (80, 100):
+        output = _in_process(args, width, monkeypatch, capsys)
+        check_width(output, width, reference)
+        # Columns are cells, not bytes: '…' and '≈' are one column and three UTF-8 bytes, so `awk length` in a
+        # byte locale counts a full 100-column line with two of them as 104.
+        assert max(len(line) for line in output.splitlines()) <= width
