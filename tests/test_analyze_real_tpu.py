@@ -329,3 +329,33 @@ def test_copies_over_the_host_link_have_no_place_on_the_hbm_roofline(offload):
     copies = [op for op in document["top_ops"] if op["kind"] == "copy-done"]
     assert {op["transfer"] for op in copies} == {"to_device", "to_host"}
     assert all(op["intensity"] is None and op["bound"] == "host link" for op in copies)
+
+
+# --- XProf's duty cycle against the steps' shares ----------------------------------------------------
+
+
+def _xprof_duty_cycle(xprof, path) -> float:
+    return float(xprof(path, "overview_page")[0]["p"]["device_duty_cycle_percent"].rstrip("%"))
+
+
+@pytest.mark.parametrize("capture", ["offload", "pallas"])
+def test_duty_cycle_equals_xprofs_overview_page(capture, request, xprof):
+    path, report = request.getfixturevalue(capture)
+    duty = render.duty_cycle_json(report)
+    assert duty["percent"] == _xprof_duty_cycle(xprof, path)  # 86.5% and 37.4%, to XProf's printed digit
+
+
+def test_pallas_steps_leave_out_the_last_run_that_the_duty_cycle_counts(pallas, xprof):
+    """3 calls of ~76 us with gaps of 243 and 137 us between them: XProf's duty cycle is 3 runs over the
+    607 us from the first to the last (37.4%); the 2 complete steps are 2 runs over 2 runs and 2 gaps
+    (28.5%). Both are right about their window; the steady-state share of a step is the second."""
+    path, report = pallas
+    (_, chip), = report.devices
+    assert chip.program_runs == 3 and len(chip.steps) == 2
+    assert report.breakdown_percent["compute"] == 28.5
+    third_run = chip.op_busy_ps - sum(s.compute_ps for s in chip.steps)
+    # The duty cycle's span is the two steps plus the last run: nothing else ran on the chip.
+    assert abs(chip.op_span_ps - sum(s.duration_ps for s in chip.steps) - third_run) < 0.01 * chip.op_span_ps
+    sentence = render.duty_cycle_sentence(report)
+    assert "37.4%" in sentence and "28.5%" in sentence and "the last run" in sentence
+    assert _xprof_duty_cycle(xprof, path) == 37.4

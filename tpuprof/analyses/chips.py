@@ -321,8 +321,17 @@ def analyze(planes, host_wait: Spans, host_compile: Spans) -> ChipsResult | None
         steps = split(chip, a, b, host_wait, host_compile)
         for number, step in enumerate(steps):
             step.number = number
-        devices.append(Device(id=chip.id, kind=chip.kind, device_type=chip.device_type, steps=steps,
-                              capture_peak_tflops=chip.capture_peak_tflops))
+        device = Device(id=chip.id, kind=chip.kind, device_type=chip.device_type, steps=steps,
+                        capture_peak_tflops=chip.capture_peak_tflops)
+        if chip.ops is not None and len(chip.ops.start):
+            # XProf's overview_page: busy = the ops' self times, idle = the rest of the time from the first
+            # program or op event to the last (on the offload capture this gives XProf's 86.5%, the ops line's
+            # extent alone 86.6%).
+            lines = [line for line in (chip.ops, chip.modules) if line is not None and len(line.start)]
+            device.op_busy_ps = int(chip.own.sum())
+            device.op_span_ps = int(max(line.end.max() for line in lines) - min(line.start.min() for line in lines))
+        device.program_runs = len(chip.modules.start) if chip.modules is not None else 0
+        devices.append(device)
         per_chip.append(steps)
         for key, op in chip_ops(chip, a, b, chip.program_names()).items():
             into = merged.get(key)

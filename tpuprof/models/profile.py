@@ -58,6 +58,14 @@ class Device:
     device_type: str  # as the capture says: "TPU v6 Lite"
     steps: list[Step] = field(default_factory=list)
     capture_peak_tflops: float | None = None  # what the capture states (peak_teraflops_per_second)
+    # XProf's duty cycle, over the whole capture: op time (self times on `XLA Ops`) over the time from the first
+    # device op's start to the last one's end. Steps (above) count each program run with the gap after it.
+    op_busy_ps: int = 0
+    op_span_ps: int = 0
+    program_runs: int = 0  # events on `XLA Modules`
+
+    def duty_cycle_percent(self) -> float | None:
+        return 100.0 * self.op_busy_ps / self.op_span_ps if self.op_span_ps else None
 
     def median_step_ms(self) -> float:
         return statistics.median(s.duration_ps / 1e9 for s in self.steps) if self.steps else 0.0

@@ -72,6 +72,41 @@ def roofline_json(report: Report) -> dict | None:
     }
 
 
+def duty_cycle_json(report: Report) -> dict | None:
+    """XProf's device duty cycle (overview_page), summed over chips: op time over the time from each chip's
+    first device op to its last. It counts every program run but only the gaps between runs, so with few runs
+    it is higher than the steps' share of compute, which counts each run with the gap after it."""
+    chips = [d for _, d in report.devices if d.op_span_ps]
+    if not chips:
+        return None
+    busy, span = sum(d.op_busy_ps for d in chips), sum(d.op_span_ps for d in chips)
+    return {"percent": round(100.0 * busy / span, 1), "op_ms_per_chip": _ms(busy / len(chips)),
+            "span_ms_per_chip": _ms(span / len(chips)), "program_runs_per_chip": round(
+                sum(d.program_runs for d in chips) / len(chips), 1),
+            "how": "XProf's duty cycle: device op self time over the time from the first program or op event to "
+                   "the last, summed over chips; every program run counts, the gap after the last one does not"}
+
+
+def duty_cycle_sentence(report: Report) -> str | None:
+    duty = duty_cycle_json(report)
+    if duty is None or not report.step_count:
+        return None
+    # The steps' device time: what XProf counts as busy (its ops), per step.
+    in_steps = sum(report.breakdown_percent[c] for c in ("compute", "host_transfer", "collective", "other"))
+    runs = duty["program_runs_per_chip"]
+    sentence = (f"Device duty cycle over the capture (XProf's overview figure): {duty['percent']:.1f}% "
+                f"({duty['op_ms_per_chip']:,.2f} ms of ops in {duty['span_ms_per_chip']:,.2f} ms from the first "
+                f"device event to the last, per chip, {runs:g} program runs).")
+    if abs(duty["percent"] - in_steps) >= 1.0:
+        chips = [d for _, d in report.devices if d.op_span_ps]
+        outside = sum(d.op_span_ps - sum(st.duration_ps for st in d.steps) for d in chips) / len(chips)
+        sentence += (f" The steps' device time ({in_steps:.1f}%) differs: a step is one run of the step program "
+                     f"with the gap after it, and {_ms(max(outside, 0)):,.2f} ms per chip of that span is outside the "
+                     "steps (other programs, time before the first step, the last run, whose gap the capture does "
+                     "not hold).")
+    return sentence
+
+
 def devices_json(report: Report) -> list[dict]:
     out = []
     for host, d in report.devices:
@@ -79,7 +114,8 @@ def devices_json(report: Report) -> list[dict]:
         out.append({"id": d.id, "host": host, "kind": d.kind, "device_type": d.device_type, "steps": len(d.steps),
                     "median_ms": round(d.median_step_ms(), 3), "work_median_ms": round(d.median_work_ms(), 3),
                     "breakdown_percent": {c: round(100.0 * sum(getattr(s, f"{c}_ps") for s in d.steps) / total, 1)
-                                          if total else 0.0 for c in CATEGORIES}})
+                                          if total else 0.0 for c in CATEGORIES},
+                    "duty_cycle_percent": None if d.duty_cycle_percent() is None else round(d.duty_cycle_percent(), 1)})
     return out
 
 
@@ -115,6 +151,7 @@ def to_json(report: Report, top: int) -> dict:
         "verdict_reason": report.verdict_reason,
         "verdict_ops": [o.hlo_op or o.name for o in report.verdict_ops],
         "devices": devices_json(report),
+        "duty_cycle": duty_cycle_json(report),
         "slow_chips": [{"host": c.host, "chip": c.chip, "work_median_ms": round(c.work_ms, 3),
                         "fastest_work_median_ms": round(c.fastest_ms, 3)} for c in report.slow_chips],
         "roofline": roofline_json(report),
@@ -189,6 +226,9 @@ def print_tables(report: Report, top: int) -> None:
                  f"{report.breakdown_ms_per_step[category]:.2f}") for category in CATEGORIES]
         columns = [tables.text("category"), tables.number("% of step"), tables.number("ms per step")]
         out.print(tables.table(columns, rows, out.width, title="Where the step time goes"))
+        duty = duty_cycle_sentence(report)
+        if duty:
+            out.print(escape(duty))
     for warning in report.warnings:
         out.print(f"[bold yellow]Warning:[/bold yellow] {escape(warning)}")
     devices = report.devices
