@@ -359,3 +359,26 @@ def test_pallas_steps_leave_out_the_last_run_that_the_duty_cycle_counts(pallas, 
     sentence = render.duty_cycle_sentence(report)
     assert "37.4%" in sentence and "28.5%" in sentence and "the last run" in sentence
     assert _xprof_duty_cycle(xprof, path) == 37.4
+
+
+def test_analyze_json_imports_only_what_it_needs(pallas):
+    """The start-up is most of a whole `tpuprof analyze` on a 1 MB capture (bench/bench_analyze_tpu.py): the
+    JSON path loads no table library, no TensorFlow or JAX, and none of what numpy's masked-array module or
+    `statistics` would add (np.unique, np.median and np.percentile load numpy.ma on first call)."""
+    import os
+    import subprocess
+    import sys
+
+    path, _ = pallas
+    code = ("import json, os, sys\nfrom tpuprof.cli import main\nmain(['analyze', sys.argv[1], '--json'])\n"
+            "print(json.dumps([sorted(sys.modules), os.environ.get('OPENBLAS_NUM_THREADS')]), file=sys.stderr)")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert done.returncode == 0, done.stderr
+    names, blas = json.loads(done.stderr.strip().splitlines()[-1])
+    modules = set(names)
+    assert json.loads(done.stdout)["duty_cycle"]["percent"] == 37.4
+    for heavy in ("numpy.ma", "statistics", "rich", "tensorflow", "jax", "xprof"):
+        assert heavy not in modules, heavy
+    assert "numpy" in modules and blas == "1"  # numpy's OpenBLAS started one thread, not one per core

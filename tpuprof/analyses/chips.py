@@ -31,8 +31,8 @@ import numpy as np
 from tpuprof import targets
 from tpuprof.analyses import top_ops
 from tpuprof.analyses.step_split import complement_within, make_steps, split_layers
-from tpuprof.analyses.timeline import TIME_LIMIT_PS, Line, Spans, read_line, self_times
-from tpuprof.models.profile import Device, Op, Step
+from tpuprof.analyses.timeline import TIME_LIMIT_PS, Line, Spans, distinct, read_line, self_times
+from tpuprof.models.profile import Device, Op, Step, median
 
 TPU_PLANE = re.compile(r"^/device:TPU:(\d+)$")
 PROGRAM = re.compile(r"^(.*)\((\d+)\)$")
@@ -205,7 +205,7 @@ def align(chip_starts: list[np.ndarray]) -> list[np.ndarray]:
     reference = chip_starts[0]
     if len(chip_starts) == 1 or not len(reference):
         return [np.arange(len(s)) for s in chip_starts]
-    step = float(np.median(np.diff(reference))) if len(reference) > 1 else float("inf")
+    step = float(median(np.diff(reference).tolist())) if len(reference) > 1 else float("inf")
     matches = []  # per chip: reference index -> own index
     for starts in chip_starts:
         own = {}
@@ -258,7 +258,7 @@ def chip_ops(chip: Chip, a: np.ndarray, b: np.ndarray, programs: dict[str, str])
         in_step = (k >= 0) & (ops.start < b[np.maximum(k, 0)])
     else:
         in_step = np.zeros(len(ops.mid), dtype=bool)
-    for key in np.unique(ops.mid).tolist():
+    for key in distinct(ops.mid):
         mask = ops.mid == key
         info = chip.infos.get(key)
         if info is None:  # an event whose metadata id names nothing (a damaged capture): nothing to call it

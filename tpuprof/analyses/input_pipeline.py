@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 
-from tpuprof.analyses.timeline import Line, Spans, self_times
+from tpuprof.analyses.timeline import Line, Spans, distinct, self_times
 from tpuprof.models.profile import Stage
 
 ITERATOR = "Iterator::"
@@ -48,7 +48,7 @@ def stages(plane, lines: list[Line]) -> list[Stage]:
         start, end, mid = line.start[idx], line.end[idx], line.mid[idx]
         own = self_times(start, end)
         python = py_spans.measure(start, end)
-        for key in np.unique(mid).tolist():
+        for key in distinct(mid):
             mask = mid == key
             entry = totals.setdefault(key, [0, 0, 0, 0])
             entry[0] += int(mask.sum())

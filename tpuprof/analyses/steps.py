@@ -31,7 +31,7 @@ import numpy as np
 
 from tpuprof.analyses import chips, input_pipeline, top_ops
 from tpuprof.analyses.step_split import make_steps, split_layers
-from tpuprof.analyses.timeline import Line, Spans, read_line, top_level
+from tpuprof.analyses.timeline import Line, Spans, distinct, read_line, top_level
 from tpuprof.models.profile import HostProfile
 
 GPU_PLANE = re.compile(r"^/device:GPU:(\d+)$")
@@ -146,7 +146,7 @@ class HostView:
             best = None
             for line in self.lines:
                 found = line.select(ids)
-                for key in np.unique(line.mid[found]).tolist():
+                for key in distinct(line.mid[found]):
                     idx = found[line.mid[found] == key]
                     if len(idx) < fewest:
                         continue

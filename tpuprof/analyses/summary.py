@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tpuprof.analyses import input_pipeline
 from tpuprof.analyses.roofline import OpRoofline, ProgramRoofline, Roof, op_roofline, program_roofline, roof_for
-from tpuprof.models.profile import CATEGORIES, Device, HostProfile, Op, Stage
+from tpuprof.models.profile import CATEGORIES, Device, HostProfile, Op, Stage, median, percentile
 from tpuprof.sources.xplane import RunChoice
 from tpuprof.units import fmt_bytes
 
@@ -76,7 +75,7 @@ class Report:
     @property
     def batches_per_step(self) -> float:
         steps = [s for h in self.hosts for s in h.steps]
-        return int(round(statistics.median([s.batches for s in steps]))) if steps else 1
+        return int(round(median([s.batches for s in steps]))) if steps else 1
 
     @property
     def devices(self) -> list[tuple[str, Device]]:
@@ -253,8 +252,8 @@ def summarize(hosts: list[HostProfile], top: int = 10) -> Report:
     durations = np.array([s.duration_ps for s in steps], dtype=np.float64) / 1e9
     report.step_count = len(steps)
     report.mean_ms = float(durations.mean())
-    report.median_ms = float(np.median(durations))
-    report.p90_ms = float(np.percentile(durations, 90))
+    report.median_ms = float(median(durations.tolist()))
+    report.p90_ms = float(percentile(durations.tolist(), 90))
     total = float(durations.sum()) * 1e9
     for category in CATEGORIES:
         spent = sum(getattr(s, f"{category}_ps") for s in steps)
@@ -266,7 +265,7 @@ def summarize(hosts: list[HostProfile], top: int = 10) -> Report:
 
     medians = {h.host: h.median_step_ms() for h in hosts if h.steps}
     if len(medians) > 1:
-        middle = statistics.median(medians.values())
+        middle = median(medians.values())
         report.stragglers = [(host, value, middle) for host, value in medians.items()
                              if middle and value >= STRAGGLER_RATIO * middle]
     report.slow_chips = _slow_chips(hosts)

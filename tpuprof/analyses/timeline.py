@@ -54,6 +54,13 @@ def read_line(line) -> Line:
     return Line(name, start, end, mid, events, origin)
 
 
+def distinct(values: np.ndarray) -> list[int]:
+    """The sorted distinct values (metadata ids) of an integer array. Plain np.unique(values) imports numpy.ma
+    on its first call to rule out a masked array (20-45 ms of a 0.3 s start); with the counts asked for, numpy
+    skips that check."""
+    return np.unique(values, return_counts=True)[0].tolist()
+
+
 def _within(values: np.ndarray) -> bool:
     return not len(values) or (int(values.min()) >= -TIME_LIMIT_PS and int(values.max()) <= TIME_LIMIT_PS)
 

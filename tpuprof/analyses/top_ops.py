@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tpuprof.analyses.timeline import Line, self_times
+from tpuprof.analyses.timeline import Line, distinct, self_times
 from tpuprof.models.profile import Op
 
 TF_OP = re.compile(r"^([^ :]+):([A-Za-z_]\w*)$")
@@ -49,7 +49,7 @@ def _aggregate(rows: dict[tuple[str, str], list[int]], line: Line, idx: np.ndarr
         return
     own = self_times(line.start[idx], line.end[idx])
     mid = line.mid[idx]
-    for key in np.unique(mid).tolist():
+    for key in distinct(mid):
         mask = mid == key
         name, kind = label(key)
         entry = rows.setdefault((name, kind), [0, 0])
@@ -219,7 +219,7 @@ def fill_from_events(plane, line: Line, infos: dict[int, DeviceOpInfo]) -> None:
     from tpuprof.sources.xplane import event_stats
 
     names = {k: m.name for k, m in plane.stat_metadata.items()}
-    present = set(np.unique(line.mid).tolist())
+    present = set(distinct(line.mid))
     missing = {k for k, info in infos.items() if k in present and (not info.bytes_accessed or not info.flops)}
     if not missing:
         return

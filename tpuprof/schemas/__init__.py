@@ -10,7 +10,6 @@ in the package: `tpuprof.schemas.schema("memory")`. Documents written before the
 from __future__ import annotations
 
 import json
-from importlib import resources
 
 PREFIX = "tpuprof."
 VERSIONS = {"memory": 1, "analyze": 1, "oom": 1, "preflight": 1, "capture": 1, "diff": 1, "report": 1}
@@ -33,6 +32,8 @@ def parse(text) -> tuple[str, int] | None:
 
 def schema(command: str) -> dict:
     """The JSON Schema of a command's documents, as shipped in the package."""
+    from importlib import resources  # only here: every --json document imports this module for name()
+
     return json.loads(resources.files(__name__).joinpath(f"{command}.schema.json").read_text(encoding="utf-8"))
 
 
