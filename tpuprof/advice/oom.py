@@ -40,6 +40,9 @@ def shortfall(report: OomReport) -> int | None:
         return needed - report.capacity_bytes
     if report.requested_bytes and report.free_bytes is not None and report.requested_bytes > report.free_bytes:
         return report.requested_bytes - report.free_bytes
+    if report.kind == COMPILE and report.requested_bytes and report.capacity_bytes \
+            and report.requested_bytes > report.capacity_bytes:  # one allocation larger than the memory: at least
+        return report.requested_bytes - report.capacity_bytes
     return None
 
 
@@ -64,6 +67,9 @@ def suggestions(report: OomReport, estimate: BatchEstimate) -> list[Suggestion]:
         found.append(_sparsecore(report))
     if report.kind == EARLY_ABORT:
         found.append(_shape_bug(report, missing))
+    if report.kind == COMPILE and report.memory_space == "hbm" and report.used_bytes is None \
+            and report.requested_bytes and report.capacity_bytes and report.requested_bytes > report.capacity_bytes:
+        found.append(_buffer_larger_than_memory(report, missing))
 
     if report.memory_space in ("hbm", None) and report.kind in (COMPILE, RESERVATION):
         found += _padding(report, capacity, estimate)
@@ -364,6 +370,18 @@ def _shape_bug(report: OomReport, missing: int | None) -> Suggestion:
         "a static size used as a batch, a missing sharding annotation that replicates a huge array). Look for the "
         "largest shape in the program."),
         evidence=f"Requires {fmt(required)}, has {fmt(report.capacity_bytes)} available")
+
+
+def _buffer_larger_than_memory(report: OomReport, missing: int | None) -> Suggestion:
+    """E1001's form in HBM: "Allocation (size=N) would exceed memory (size=M)", one buffer alone too large."""
+    entry = report.allocations[0] if report.allocations else None
+    what = f"{entry.shape}" + (f" ({entry.xla_label})" if entry.xla_label else "") if entry else "one buffer"
+    return Suggestion(kind="shape_bug", saving_bytes=missing, confidence="rough", message=(
+        f"One allocation, {what}, needs {fmt(report.requested_bytes)}: more than the chip's whole "
+        f"{fmt(report.capacity_bytes)}, so no smaller batch of the rest makes it fit. Shard that array over the "
+        "devices, or shrink it; if it is not meant to exist at that size, look for an accidental outer product, "
+        "broadcast or missing reshape."),
+        evidence=f"Allocation (size={report.requested_bytes}) would exceed memory (size={report.capacity_bytes})")
 
 
 def _scratch_memory(report: OomReport) -> Suggestion:

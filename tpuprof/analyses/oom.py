@@ -127,9 +127,11 @@ def _scoped_allocation(text: str) -> list[OomAllocation]:
     if not match:
         return []
     size = match.group(4)
+    size_bytes = int(size, 16) if size.lower().startswith("0x") else read_int(size, "the size")
+    if size_bytes >= 1 << 63:  # "size = 0xffffffffffffffff": -1 printed unsigned, the size is not known yet
+        size_bytes = None
     return [OomAllocation(index=read_int(match.group(1), "the allocation number"), shape=match.group(2),
-                          size_bytes=int(size, 16) if size.lower().startswith("0x") else read_int(size, "the size"),
-                          xla_label=match.group(5) or None)]
+                          size_bytes=size_bytes, xla_label=match.group(5) or None)]
 
 
 def _note_cut_lists(text: str, report: OomReport) -> None:
@@ -583,6 +585,8 @@ def estimate_batch(report: OomReport, batch: int | None = None, capacity: int | 
     if used is None and report.hlo_temp_bytes is not None and report.kind == COMPILE:
         used = report.hlo_temp_bytes  # "HLO temporaries (X) exceed available HBM": arguments are not in X
     if used is None or not capacity:
+        if capacity:
+            return BatchEstimate(None, "none", "the message gives the capacity but no total usage")
         return BatchEstimate(None, "none", "the message gives no total and no capacity (pass --target)")
     if used <= 0 or capacity < 0:  # "Used 0B of 16G": nothing to scale by (and no division by zero)
         return BatchEstimate(None, "none", f"the message's figures (used {format_bytes(used)} of "
