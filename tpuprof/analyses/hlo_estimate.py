@@ -474,7 +474,9 @@ def estimate(module: hlo_text.TextModule, source: str, kind: str, target: str | 
         result.expected_error_percent = EXPECTED_ERROR_PERCENT
         result.notes.append(
             "No TPU buffer assignment: the peak is a liveness estimate over the scheduled HLO (XLA's aliasing, "
-            f"the layouts as printed); expected within {EXPECTED_ERROR_PERCENT}% of the compiler's peak.")
+            f"the layouts as printed); expected within {EXPECTED_ERROR_PERCENT}% of the compiler's peak. That peak "
+            "is of live buffers: to fit, the compiler also needs room for its heap's fragmentation (public OOM "
+            "reports show up to a third of the temporaries).")
     else:
         why = ("no TPU layouts (CPU/GPU/TensorFlow HLO): sizes use libtpu's default tiles"
                if not tiled else "the module is not scheduled: the text order is not libtpu's execution order")
