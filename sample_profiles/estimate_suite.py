@@ -284,7 +284,7 @@ def transformer_scan(target):
     return step, (params, jax.ShapeDtypeStruct((batch, seq, d), bf16)), (0,)
 
 
-def llm8b_scan(target):
+def llm8b_scan(target, remat: bool = True, seq: int = 2048):
     """A Qwen3-8B-shaped decoder (hidden 4096, MLP 12288, 32 query / 8 KV heads of 128, vocab 151936) scanned over
     its 36 layers with remat, bf16 SGD train step, FSDP over the 8 devices of the topology (batch 8 x 2048)."""
     import jax
@@ -294,7 +294,7 @@ def llm8b_scan(target):
 
     from tpuprof.sources import tpu_compile
 
-    layers, d, mlp, heads, kv, hd, vocab, batch, seq = 36, 4096, 12288, 32, 8, 128, 151936, 8, 2048
+    layers, d, mlp, heads, kv, hd, vocab, batch = 36, 4096, 12288, 32, 8, 128, 151936, 8
     devices = tpu_compile.topology_devices(target)
     mesh = Mesh(np.array(devices), ("fsdp",))
     bf16 = jnp.bfloat16
@@ -317,7 +317,7 @@ def llm8b_scan(target):
 
     def loss(params, tokens):
         x = params["embed"][tokens]
-        x, _ = jax.lax.scan(jax.checkpoint(block), x, params["layers"])
+        x, _ = jax.lax.scan(jax.checkpoint(block) if remat else block, x, params["layers"])
         logits = rms(x) @ params["unembed"]
         return -jnp.mean(jax.nn.log_softmax(logits.astype(jnp.float32))[..., 0])
 
@@ -341,6 +341,13 @@ def llm8b_scan(target):
     return jax.jit(step, out_shardings=shardings, donate_argnums=(0,)), (params, tokens), ()
 
 
+def llm8b_scan_saved(target):
+    """llm8b_scan without remat, sequences of 1024: the scan saves every layer's activations for the backward pass
+    in stacked [36, ...] buffers that live from the forward loop to the backward loop (the public Qwen3-8B text's
+    kind; at 2048 tokens they take 46.79G of HLO temporaries, more than a v6e chip has)."""
+    return llm8b_scan(target, remat=False, seq=1024)
+
+
 def keras_mlp(target):
     """The Keras 3 (TF backend) MLP of sample_profiles/models/keras_mlp.py, Adam train step via TF -> HLO."""
     import keras_mlp as model_file
@@ -362,6 +369,7 @@ PROGRAMS = {
     "transformer_scan": transformer_scan,
     "keras_mlp": keras_mlp,
     "llm8b_scan": llm8b_scan,
+    "llm8b_scan_saved": llm8b_scan_saved,
 }
 # (program, generation): v5e and v6e get every program; v5p, v4 and v2 a spread of them.
 SUITE = [(p, "v5e") for p in PROGRAMS] + [(p, "v6e") for p in PROGRAMS] + [
@@ -369,7 +377,7 @@ SUITE = [(p, "v5e") for p in PROGRAMS] + [(p, "v6e") for p in PROGRAMS] + [
                          "multi_output")
 ] + [(p, "v4") for p in ("scan_remat", "attention_hd96", "while_loop", "donation", "collectives_2x2")] + [
     (p, "v2") for p in ("multi_output", "attention_hd80", "keras_mlp")
-] + [("llm8b_scan", "v6e:2x4")]
+] + [("llm8b_scan", "v6e:2x4"), ("llm8b_scan_saved", "v6e:2x4")]
 # Programs also dumped on the host CPU (single-device ones whose HLO the TPU compiler takes back).
 CPU_PROGRAMS = ("multi_output", "donation", "attention_hd96")
 
