@@ -66,6 +66,8 @@ CASES = [
     # A module proto without a buffer assignment (the estimate's path) whose input_output_alias names an output
     # index its result does not have (a negative one indexed the tuple from its end, past it: IndexError).
     ("alias_output_index_negative.hlo.pb", "memory", 2, "input_output_alias gives output {-1000}"),
+    # The same in HLO text: output {3} of a module whose result is one array (was silently ignored).
+    ("alias_output_index_missing.hlo.txt", "memory", 2, "input_output_alias gives output {3} to parameter 1"),
 ]
 
 
