@@ -167,6 +167,32 @@ def collectives_2x2(target):
     return jax.jit(step, out_shardings=out), (params, x), ()
 
 
+def data_parallel_2x2(target):
+    """A 4-layer MLP train step, data parallel over a 2x2 mesh of the 4 devices: the weights replicated, the batch
+    split; the gradients of several layers are all-reduced by one all-reduce of a tuple, in place."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from tpuprof.sources import tpu_compile
+
+    mesh = Mesh(np.array(tpu_compile.topology_devices(target)[:4]).reshape(2, 2), ("data", "model"))
+    width, batch, layers, bf16 = 4096, 8192, 4, jnp.bfloat16
+
+    def loss(params, x):
+        for w in params:
+            x = jax.nn.relu(x @ w)
+        return jnp.mean(x.astype(jnp.float32) ** 2)
+
+    def step(params, x):
+        return jax.tree_util.tree_map(lambda a, g: a - 1e-3 * g, params, jax.grad(loss)(params, x))
+
+    params = [jax.ShapeDtypeStruct((width, width), bf16, sharding=NamedSharding(mesh, P())) for _ in range(layers)]
+    x = jax.ShapeDtypeStruct((batch, width), bf16, sharding=NamedSharding(mesh, P(("data", "model"), None)))
+    return jax.jit(step), (params, x), ()
+
+
 def host_offload(target):
     """Activations saved for the backward pass are offloaded to pinned host memory (remat offload policy) in a
     scanned MLP; the weights' update comes back to HBM."""
@@ -370,6 +396,7 @@ PROGRAMS = {
     "keras_mlp": keras_mlp,
     "llm8b_scan": llm8b_scan,
     "llm8b_scan_saved": llm8b_scan_saved,
+    "data_parallel_2x2": data_parallel_2x2,
 }
 # (program, generation): v5e and v6e get every program; v5p, v4 and v2 a spread of them.
 SUITE = [(p, "v5e") for p in PROGRAMS] + [(p, "v6e") for p in PROGRAMS] + [
@@ -377,7 +404,7 @@ SUITE = [(p, "v5e") for p in PROGRAMS] + [(p, "v6e") for p in PROGRAMS] + [
                          "multi_output")
 ] + [(p, "v4") for p in ("scan_remat", "attention_hd96", "while_loop", "donation", "collectives_2x2")] + [
     (p, "v2") for p in ("multi_output", "attention_hd80", "keras_mlp")
-] + [("llm8b_scan", "v6e:2x4"), ("llm8b_scan_saved", "v6e:2x4")]
+] + [("llm8b_scan", "v6e:2x4"), ("llm8b_scan_saved", "v6e:2x4"), ("data_parallel_2x2", "v5p")]
 # Programs also dumped on the host CPU (single-device ones whose HLO the TPU compiler takes back).
 CPU_PROGRAMS = ("multi_output", "donation", "attention_hd96")
 

@@ -68,6 +68,8 @@ CASES = [
     ("alias_output_index_negative.hlo.pb", "memory", 2, "input_output_alias gives output {-1000}"),
     # The same in HLO text: output {3} of a module whose result is one array (was silently ignored).
     ("alias_output_index_missing.hlo.txt", "memory", 2, "input_output_alias gives output {3} to parameter 1"),
+    # A shape proto with fewer is_dynamic_dimension flags than dimensions (its text indexed past the flags).
+    ("dynamic_flags_fewer_than_dims.hlo.pb", "memory", 2, "has 1 dynamic-dimension flag(s) for its 2 dimension(s)"),
 ]
 
 

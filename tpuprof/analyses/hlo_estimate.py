@@ -182,7 +182,8 @@ def module_from_proto(module_proto) -> hlo_text.TextModule:
                 fusion_kind=_FUSION_KINDS.get(i.fusion_kind, "") if i.opcode == "fusion" else "",
                 operand_aliasing=tuple((tuple(a.output_shape_index), a.operand_index, tuple(a.operand_shape_index))
                                        for a in i.output_operand_aliasing)
-                or hlo_text.backend_aliasing(_text_of(i.backend_config), len(i.operand_ids)),
+                or hlo_text.backend_aliasing(_text_of(i.backend_config), len(i.operand_ids),
+                                             bool(i.shape.tuple_shapes)),
             )
             for i in ordered
         ]
