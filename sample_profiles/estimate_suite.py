@@ -167,6 +167,32 @@ def collectives_2x2(target):
     return jax.jit(step, out_shardings=out), (params, x), ()
 
 
+def data_parallel_2x2(target):
+    """A 4-layer MLP train step, data parallel over a 2x2 mesh of the 4 devices: the weights replicated, the batch
+    split; the gradients of several layers are all-reduced by one all-reduce of a tuple, in place."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from tpuprof.sources import tpu_compile
+
+    mesh = Mesh(np.array(tpu_compile.topology_devices(target)[:4]).reshape(2, 2), ("data", "model"))
+    width, batch, layers, bf16 = 4096, 8192, 4, jnp.bfloat16
+
+    def loss(params, x):
+        for w in params:
+            x = jax.nn.relu(x @ w)
+        return jnp.mean(x.astype(jnp.float32) ** 2)
+
+    def step(params, x):
+        return jax.tree_util.tree_map(lambda a, g: a - 1e-3 * g, params, jax.grad(loss)(params, x))
+
+    params = [jax.ShapeDtypeStruct((width, width), bf16, sharding=NamedSharding(mesh, P())) for _ in range(layers)]
+    x = jax.ShapeDtypeStruct((batch, width), bf16, sharding=NamedSharding(mesh, P(("data", "model"), None)))
+    return jax.jit(step), (params, x), ()
+
+
 def host_offload(target):
     """Activations saved for the backward pass are offloaded to pinned host memory (remat offload policy) in a
     scanned MLP; the weights' update comes back to HBM."""
@@ -284,7 +310,7 @@ def transformer_scan(target):
     return step, (params, jax.ShapeDtypeStruct((batch, seq, d), bf16)), (0,)
 
 
-def llm8b_scan(target):
+def llm8b_scan(target, remat: bool = True, seq: int = 2048):
     """A Qwen3-8B-shaped decoder (hidden 4096, MLP 12288, 32 query / 8 KV heads of 128, vocab 151936) scanned over
     its 36 layers with remat, bf16 SGD train step, FSDP over the 8 devices of the topology (batch 8 x 2048)."""
     import jax
@@ -294,7 +320,7 @@ def llm8b_scan(target):
 
     from tpuprof.sources import tpu_compile
 
-    layers, d, mlp, heads, kv, hd, vocab, batch, seq = 36, 4096, 12288, 32, 8, 128, 151936, 8, 2048
+    layers, d, mlp, heads, kv, hd, vocab, batch = 36, 4096, 12288, 32, 8, 128, 151936, 8
     devices = tpu_compile.topology_devices(target)
     mesh = Mesh(np.array(devices), ("fsdp",))
     bf16 = jnp.bfloat16
@@ -317,7 +343,7 @@ def llm8b_scan(target):
 
     def loss(params, tokens):
         x = params["embed"][tokens]
-        x, _ = jax.lax.scan(jax.checkpoint(block), x, params["layers"])
+        x, _ = jax.lax.scan(jax.checkpoint(block) if remat else block, x, params["layers"])
         logits = rms(x) @ params["unembed"]
         return -jnp.mean(jax.nn.log_softmax(logits.astype(jnp.float32))[..., 0])
 
@@ -341,6 +367,13 @@ def llm8b_scan(target):
     return jax.jit(step, out_shardings=shardings, donate_argnums=(0,)), (params, tokens), ()
 
 
+def llm8b_scan_saved(target):
+    """llm8b_scan without remat, sequences of 1024: the scan saves every layer's activations for the backward pass
+    in stacked [36, ...] buffers that live from the forward loop to the backward loop (the public Qwen3-8B text's
+    kind; at 2048 tokens they take 46.79G of HLO temporaries, more than a v6e chip has)."""
+    return llm8b_scan(target, remat=False, seq=1024)
+
+
 def keras_mlp(target):
     """The Keras 3 (TF backend) MLP of sample_profiles/models/keras_mlp.py, Adam train step via TF -> HLO."""
     import keras_mlp as model_file
@@ -362,6 +395,8 @@ PROGRAMS = {
     "transformer_scan": transformer_scan,
     "keras_mlp": keras_mlp,
     "llm8b_scan": llm8b_scan,
+    "llm8b_scan_saved": llm8b_scan_saved,
+    "data_parallel_2x2": data_parallel_2x2,
 }
 # (program, generation): v5e and v6e get every program; v5p, v4 and v2 a spread of them.
 SUITE = [(p, "v5e") for p in PROGRAMS] + [(p, "v6e") for p in PROGRAMS] + [
@@ -369,7 +404,7 @@ SUITE = [(p, "v5e") for p in PROGRAMS] + [(p, "v6e") for p in PROGRAMS] + [
                          "multi_output")
 ] + [(p, "v4") for p in ("scan_remat", "attention_hd96", "while_loop", "donation", "collectives_2x2")] + [
     (p, "v2") for p in ("multi_output", "attention_hd80", "keras_mlp")
-] + [("llm8b_scan", "v6e:2x4")]
+] + [("llm8b_scan", "v6e:2x4"), ("llm8b_scan_saved", "v6e:2x4"), ("data_parallel_2x2", "v5p")]
 # Programs also dumped on the host CPU (single-device ones whose HLO the TPU compiler takes back).
 CPU_PROGRAMS = ("multi_output", "donation", "attention_hd96")
 

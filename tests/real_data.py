@@ -153,3 +153,13 @@ def real_artefact(artefact: Artefact, into: Path) -> Path:
     where = "; ".join(tried) or "no copy in $TPUPROF_REAL_DATA, shared/real_data/ or a .mirror/ beside the clone"
     pytest.skip(f"real artefact {artefact.repository}@{artefact.commit[:8]}:{artefact.path} not available ({where}); "
                 "see sample_profiles/real/README.md")
+
+# After-optimizations HLO texts of LLM train steps on a v6e-8 (vlasenkoalexey/tpu_performance_autoresearch_wiki, no
+# licence stated: test use only). Scheduled SPMD modules (8 partitions), scan over the layers, splash attention.
+QWEN3_8B_TRAIN_STEP_V6E_8_HLO = Artefact(
+    "vlasenkoalexey/tpu_performance_autoresearch_wiki", "53811e8d6ef9cc23157feab73dc39b9e1d34381b",
+    "scratch/oom.txt", "2fa4faa291a8d93a5c4d426f47cfac85a19945dcfd0366bac9dcf9f7f6499ca2")
+LLAMA3_8B_TRAIN_STEP_V6E_8_HLO = Artefact(
+    "vlasenkoalexey/tpu_performance_autoresearch_wiki", "c5e3f7aacc7deb4fa8a9b1b416638b969e0fc75f",
+    "raw/profiles/2026-04-27-jax-hlodump-exp28b/module_0262.jit_train_step.cl_854318611.after_optimizations.hlo",
+    "8ef5ade50b1a27898639a592e5c6afe2b11c0830416efe0a3d3ee062210410ab")

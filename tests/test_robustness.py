@@ -63,6 +63,13 @@ CASES = [
     ("oom_layer_index_4401_digits.txt", "oom", 0, ""),
     # parameter(N) with 4,401 digits in HLO text: read by the one number reader, like every other integer there.
     ("parameter_number_4401_digits.hlo.txt", "memory", 2, "a parameter number is"),
+    # A module proto without a buffer assignment (the estimate's path) whose input_output_alias names an output
+    # index its result does not have (a negative one indexed the tuple from its end, past it: IndexError).
+    ("alias_output_index_negative.hlo.pb", "memory", 2, "input_output_alias gives output {-1000}"),
+    # The same in HLO text: output {3} of a module whose result is one array (was silently ignored).
+    ("alias_output_index_missing.hlo.txt", "memory", 2, "input_output_alias gives output {3} to parameter 1"),
+    # A shape proto with fewer is_dynamic_dimension flags than dimensions (its text indexed past the flags).
+    ("dynamic_flags_fewer_than_dims.hlo.pb", "memory", 2, "has 1 dynamic-dimension flag(s) for its 2 dimension(s)"),
 ]
 
 

@@ -193,6 +193,19 @@ class HloProto(ProtoTarget):
 
     def load(self) -> None:
         self.samples = [p.read_bytes() for name in SMALL_DUMPS for p in (DUMPS / name).glob("*.hlo.pb")]
+        # Without a buffer assignment `memory` estimates from the module (analyses/hlo_estimate.py), with the
+        # module's donations (input_output_alias) as buffers it shares. The seeds above all carry an assignment and
+        # none donates, and the message walk only goes down fields that are set: that path and its aliasing were
+        # out of reach. Each seed again without its assignment and donating every parameter an output could reuse,
+        # and the Keras step's module (19 donated variables), put them in reach of every mutation.
+        hlo_proto = self.message_class()
+        donating = next((DUMPS / "keras_mlp_v5e").glob("*.hlo.pb")).read_bytes()
+        for data in [*self.samples, donating]:
+            message = hlo_proto.FromString(data)
+            message.ClearField("buffer_assignment")
+            if not message.hlo_module.input_output_alias.entries:
+                _donate_what_fits(message.hlo_module)
+            self.samples.append(message.SerializeToString())
         self.load_messages()
 
     def run(self, path: Path, data: bytes) -> None:
@@ -201,6 +214,23 @@ class HloProto(ProtoTarget):
         v = variant(data, 8)
         memory.run(path, module=None, target=(None, "v5e")[v % 2], compile_=False,
                    top=(15, 0)[v // 2 % 2] if v < 6 else 15, as_json=v < 6, csv="ops" if v == 7 else None)
+
+
+def _donate_what_fits(module) -> None:
+    """Alias each entry parameter to an output of the same shape (as jax.jit(donate_argnums=...) does)."""
+    entry = next(c for c in module.computations if c.id == module.entry_computation_id)
+    root = next(i for i in entry.instructions if i.id == entry.root_id)
+    outputs = list(enumerate(root.shape.tuple_shapes)) if root.shape.tuple_shapes else [(None, root.shape)]
+    taken = set()
+    for parameter in sorted((i for i in entry.instructions if i.opcode == "parameter"),
+                            key=lambda i: i.parameter_number):
+        for index, shape in outputs:
+            if index not in taken and shape == parameter.shape:
+                taken.add(index)
+                alias = module.input_output_alias.entries.add()
+                alias.output_shape_index.extend([] if index is None else [index])
+                alias.parameter_number = parameter.parameter_number
+                break
 
 
 def _trimmed_capture(path: Path, events_per_line: int):

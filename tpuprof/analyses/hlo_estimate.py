@@ -182,7 +182,8 @@ def module_from_proto(module_proto) -> hlo_text.TextModule:
                 fusion_kind=_FUSION_KINDS.get(i.fusion_kind, "") if i.opcode == "fusion" else "",
                 operand_aliasing=tuple((tuple(a.output_shape_index), a.operand_index, tuple(a.operand_shape_index))
                                        for a in i.output_operand_aliasing)
-                or hlo_text.backend_aliasing(_text_of(i.backend_config), len(i.operand_ids)),
+                or hlo_text.backend_aliasing(_text_of(i.backend_config), len(i.operand_ids),
+                                             bool(i.shape.tuple_shapes)),
             )
             for i in ordered
         ]
@@ -314,7 +315,7 @@ class _Dataflow:
         if op == "parameter":
             if not entry:
                 number = ins.parameter_number or 0
-                if param_trees and number < len(param_trees) and param_trees[number] is not None:
+                if param_trees and 0 <= number < len(param_trees) and param_trees[number] is not None:
                     return param_trees[number]
             return self.build(ins, ins.shape, instance, pos, PARAMETER if entry else TEMP)
         if op == "constant":
@@ -322,7 +323,7 @@ class _Dataflow:
         if op == "get-tuple-element":
             if first is not None:
                 self.uses.append((first[0], instance, pos))  # reads the index table only
-                if ins.index is not None and ins.index < len(first[1]):
+                if ins.index is not None and 0 <= ins.index < len(first[1]):
                     return first[1][ins.index]
             return self.build(ins, ins.shape, instance, pos, TEMP)
         if op == "tuple":
@@ -368,7 +369,7 @@ class _Dataflow:
                     self.union_trees(element, operand)
         aliasing = ins.operand_aliasing or (self.fusion_in_place(ins) if op == "fusion" else ())
         for out_index, operand_number, operand_index in aliasing:
-            if operand_number < len(operands) and operands[operand_number] is not None:
+            if 0 <= operand_number < len(operands) and operands[operand_number] is not None:
                 self.union_trees(_subtree(out, out_index), _subtree(operands[operand_number], operand_index))
         return out
 
@@ -416,7 +417,7 @@ class _Dataflow:
 
 def _subtree(tree, index):
     for i in index:
-        if tree is None or i >= len(tree[1]):
+        if tree is None or not 0 <= i < len(tree[1]):  # damaged protos: negative or missing tuple indices
             return None
         tree = tree[1][i]
     return tree
@@ -455,7 +456,13 @@ def estimate(module: hlo_text.TextModule, source: str, kind: str, target: str | 
     if module.input_output_alias:
         parameter_trees = _entry_parameter_trees(flow, entry_instance)
         for out_index, number, param_index in module.input_output_alias:
-            flow.union_trees(_subtree(root, out_index), _subtree(parameter_trees.get(number), param_index))
+            output, parameter = _subtree(root, out_index), _subtree(parameter_trees.get(number), param_index)
+            if output is None or parameter is None:
+                raise UserError(
+                    f"{source}: its input_output_alias gives output {{{','.join(map(str, out_index))}}} to parameter "
+                    f"{number} {{{','.join(map(str, param_index))}}}, which the module does not have "
+                    "(a damaged or hand-edited module).")
+            flow.union_trees(output, parameter)
 
     sets = _buffer_sets(flow, outputs)
     if _pack_into_outputs(flow, sets):
@@ -468,7 +475,9 @@ def estimate(module: hlo_text.TextModule, source: str, kind: str, target: str | 
         result.expected_error_percent = EXPECTED_ERROR_PERCENT
         result.notes.append(
             "No TPU buffer assignment: the peak is a liveness estimate over the scheduled HLO (XLA's aliasing, "
-            f"the layouts as printed); expected within {EXPECTED_ERROR_PERCENT}% of the compiler's peak.")
+            f"the layouts as printed); expected within {EXPECTED_ERROR_PERCENT}% of the compiler's peak. That peak "
+            "is of live buffers: to fit, the compiler also needs room for its heap's fragmentation (public OOM "
+            "reports show up to a third of the temporaries).")
     else:
         why = ("no TPU layouts (CPU/GPU/TensorFlow HLO): sizes use libtpu's default tiles"
                if not tiled else "the module is not scheduled: the text order is not libtpu's execution order")

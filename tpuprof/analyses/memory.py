@@ -145,22 +145,18 @@ def from_hlo_proto(proto, source: str) -> ModuleMemory:
             if assigned.logical_buffer_id in logical:
                 allocation_of[assigned.logical_buffer_id] = allocation
 
-    facts_cache: dict[int, tuple[int, str]] = {}
-
-    def facts(buffer_id: int) -> tuple[int, str]:
-        value = facts_cache.get(buffer_id)
-        if value is None:
-            lb = logical[buffer_id]
-            instruction = instructions.by_id.get(lb.defined_at.instruction_id)
-            if instruction is None:
-                value = (lb.size, "")
-            else:
-                value = _dense_facts(_resolve_shape_proto(instruction.shape, lb.defined_at.shape_index))
-            facts_cache[buffer_id] = value
-        return value
+    # (dense bytes, dtype) of every logical buffer, in one pass over them (the replay and the buffer list both need
+    # them; a large module has tens of thousands, and each protobuf field read costs): a repeated id keeps its last.
+    by_id = instructions.by_id
+    facts: dict[int, tuple[int, str]] = {}
+    for lb in assignment.logical_buffers:
+        defined_at = lb.defined_at
+        instruction = by_id.get(defined_at.instruction_id)
+        facts[lb.id] = ((lb.size, "") if instruction is None else
+                        _dense_facts(_resolve_shape_proto(instruction.shape, defined_at.shape_index)))
 
     def unpadded(buffer_id: int) -> int:
-        return facts(buffer_id)[0]
+        return facts[buffer_id][0]
 
     result = ModuleMemory(name=module.name, source=source, source_kind="hlo_proto")
     replay = _replay_heap_trace(assignment, logical, allocation_of, unpadded)
@@ -199,7 +195,6 @@ def from_hlo_proto(proto, source: str) -> ModuleMemory:
 
     # Every HBM logical buffer becomes a Buffer; shapes and source lines only for the ones shown.
     kind_of_allocation = {a.index: _allocation_type(a) for a in assignment.buffer_allocations}
-    by_id = instructions.by_id
     for lb in assignment.logical_buffers:
         if lb.color != HBM:
             continue
@@ -210,7 +205,7 @@ def from_hlo_proto(proto, source: str) -> ModuleMemory:
             continue
         index = defined_at.shape_index
         name = instruction.name + ("{" + ",".join(map(str, index)) + "}" if index else "")
-        dense, dtype = facts(lb.id)
+        dense, dtype = facts[lb.id]
         result.buffers.append(Buffer(
             lb.id, name, instruction.opcode, "", lb.size, dense, kind_of_allocation[allocation.index],
             instruction.metadata.op_name, "", HBM, lb.id in live_at_peak, dtype=dtype,
@@ -226,6 +221,7 @@ def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
     if result.details_source is None:
         return
     instructions, logical = result.details_source
+    converted: dict[bytes, shapes.Shape] = {}  # a model's layers repeat their shapes: convert each once
     for buffer in buffers:
         if buffer.shape:
             continue
@@ -234,8 +230,11 @@ def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
         instruction = instructions.by_id.get(lb.defined_at.instruction_id) if lb is not None else None
         if instruction is None:
             continue
-        shape = shapes.from_proto(instruction.shape).subshape(list(lb.defined_at.shape_index))
-        fill_shape_details(buffer, shape)
+        key = instruction.shape.SerializeToString()
+        shape = converted.get(key)
+        if shape is None:
+            shape = converted[key] = shapes.from_proto(instruction.shape)
+        fill_shape_details(buffer, shape.subshape(list(lb.defined_at.shape_index)))
         buffer.source_line = instructions.source_line(instruction)
 
 

@@ -93,19 +93,21 @@ def compile_with_libtpu(path, module: str | None, target: str) -> list[ModuleMem
     if not tpu_compile.jax_available():
         raise UserError(tpu_compile.INSTALL_HINT)
     proto = hlo_dump.read_hlo_proto(path)
-    dump_dir = Path(tempfile.mkdtemp(prefix="tpuprof-compile-"))
-    try:
-        tpu_compile.compile_hlo_module(proto.hlo_module.SerializeToString(), target, dump_dir)
-    except tpu_compile.CompileResourceExhausted as error:
-        raise UserError(f"libtpu ran out of memory compiling {path.name} for {target}; run "
-                        f"`tpuprof oom` on its message: {error.message.splitlines()[0]}") from None
-    except tpu_compile.CompileFailed as error:
-        raise UserError(f"libtpu could not compile {path.name} for {target}: {error}") from None
-    results = analysis.analyze_path(dump_dir, None, target)
+    with tempfile.TemporaryDirectory(prefix="tpuprof-compile-") as folder:  # the dump is read, then removed
+        dump_dir = Path(folder)
+        try:
+            tpu_compile.compile_hlo_module(proto.hlo_module.SerializeToString(), target, dump_dir)
+        except tpu_compile.CompileResourceExhausted as error:
+            raise UserError(f"libtpu ran out of memory compiling {path.name} for {target}; run "
+                            f"`tpuprof oom` on its message: {error.message.splitlines()[0]}") from None
+        except tpu_compile.CompileFailed as error:
+            raise UserError(f"libtpu could not compile {path.name} for {target}: {error}") from None
+        results = analysis.analyze_path(dump_dir, None, target)
     from tpuprof.models.memory import METHOD_RECOMPILED
 
     for result in results:
         result.method = METHOD_RECOMPILED
+        result.source = str(path)  # the temporary dump is gone: name the module the user gave
         result.notes.append(f"Compiled from {path} with libtpu for {target}.")
     return results
 

@@ -142,8 +142,8 @@ class Shape:
     def text(self, with_layout: bool = True) -> str:
         if self.is_tuple:
             return "(" + ", ".join(s.text(with_layout) for s in self.tuple_shapes) + ")"
-        dims = ",".join(("<=" if self.dynamic and self.dynamic[i] else "") + str(d)
-                        for i, d in enumerate(self.dims))
+        dynamic = self.dynamic
+        dims = ",".join(("<=" if i < len(dynamic) and dynamic[i] else "") + str(d) for i, d in enumerate(self.dims))
         out = f"{self.dtype}[{dims}]"
         if with_layout and self.layout is not None:
             out += self.layout.text()
@@ -306,29 +306,35 @@ MAX_ELEMENT_BITS = 1024  # E(bits): XLA's widest element is c128; anything wider
 def check(shape: Shape, text: str = "") -> None:
     """Refuse, once where a shape is read, what the size arithmetic cannot take: a layout that does not fit
     the shape's rank, more elements than int64 holds. After this, padded_bytes and padded_dims cannot fail."""
-    where = quote(text) if text else shape.text()
     if shape.is_tuple:
         return
+
+    def where() -> str:  # only for a message: built when one is needed (most shapes are fine)
+        return quote(text) if text else shape.text()
+
+    if shape.dynamic and len(shape.dynamic) != len(shape.dims):
+        raise UserError(f"the shape {where()} has {len(shape.dynamic)} dynamic-dimension flag(s) for its "
+                        f"{len(shape.dims)} dimension(s).")
     if any(d < 0 for d in shape.dims):
-        raise UserError(f"the shape {where} has a negative dimension.")
+        raise UserError(f"the shape {where()} has a negative dimension.")
     if math.prod(shape.dims) > INT64_MAX:
-        raise UserError(f"the shape {where} has more elements than int64 counts: not a real array.")
+        raise UserError(f"the shape {where()} has more elements than int64 counts: not a real array.")
     layout = shape.layout
     if layout is None:
         return
     rank = len(shape.dims)
     if layout.minor_to_major and sorted(layout.minor_to_major) != list(range(rank)):
-        raise UserError(f"the layout of {where} does not fit its {rank} dimension(s): minor_to_major "
+        raise UserError(f"the layout of {where()} does not fit its {rank} dimension(s): minor_to_major "
                         f"{list(layout.minor_to_major)} must name each of them once.")
     for tile in layout.tiles:
         if any(d == 0 or d < -1 for d in tile):
-            raise UserError(f"the layout of {where} has a tile dimension that is not positive.")
+            raise UserError(f"the layout of {where()} has a tile dimension that is not positive.")
     if layout.tail_padding_alignment < 1:
-        raise UserError(f"the layout of {where} has a tail padding L() below 1.")
+        raise UserError(f"the layout of {where()} has a tail padding L() below 1.")
     if not 0 <= layout.element_size_in_bits <= MAX_ELEMENT_BITS:
-        raise UserError(f"the layout of {where} has an element size E() out of range.")
+        raise UserError(f"the layout of {where()} has an element size E() out of range.")
     if layout.memory_space < 0:
-        raise UserError(f"the layout of {where} has a negative memory space.")
+        raise UserError(f"the layout of {where()} has a negative memory space.")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -141,7 +141,8 @@ def _parse_instruction(line: str, computation: str, source: str) -> TextInstruct
         computation=computation, is_root=bool(match.group(1)), called=tuple(called),
         index=read_int(index.group(1), "a tuple index") if index else None, parameter_number=parameter_number,
         fusion_kind=fusion_kind.group(1) if fusion_kind else "",
-        operand_aliasing=_aliases(aliasing.group(1)) if aliasing else backend_aliasing(rest, len(operands)),
+        operand_aliasing=(_aliases(aliasing.group(1)) if aliasing else
+                          backend_aliasing(rest, len(operands), shape.is_tuple)),
         op_name=op_name.group(1) if op_name else "",
         source_line=f"{source_file.group(1)}:{source_line.group(1)}" if source_file and source_line else "",
     )
@@ -188,7 +189,11 @@ def _closing(text: str, open_at: int) -> int:
     return -1
 
 
-def backend_aliasing(rest: str, operand_count: int) -> tuple[tuple[tuple[int, ...], int, tuple[int, ...]], ...]:
+def backend_aliasing(rest: str, operand_count: int, tuple_result: bool = False
+                     ) -> tuple[tuple[tuple[int, ...], int, tuple[int, ...]], ...]:
+    """libtpu's `aliasing_operands` pairs (operand, output): outputs are numbered after the operands, one number per
+    array of the result: the result itself when it is an array, element k of a tuple result as operand_count + k
+    (a 3-operand all-reduce returning 3 arrays lists ["0","3"], ["1","4"]: {0} in operand 0, {1} in operand 1)."""
     if '"aliasing_operands":{"lists":[{' not in rest:
         return ()
     lists = rest[rest.index('"aliasing_operands":{"lists":[{'):]
@@ -197,7 +202,8 @@ def backend_aliasing(rest: str, operand_count: int) -> tuple[tuple[tuple[int, ..
         operand, output = sorted((read_int(match.group(1), "an aliasing operand"),
                                   read_int(match.group(2), "an aliasing operand")))
         if operand < operand_count <= output:
-            pairs.append(((), operand, ()) if output == operand_count else ((output - operand_count,), operand, ()))
+            element = output - operand_count
+            pairs.append(((element,) if tuple_result or element else (), operand, ()))
     return tuple(pairs)
 
 

@@ -108,6 +108,21 @@ def _quiet_libtpu() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Compile-only touches no TPU: other processes (tests, other tpuprof runs) may hold libtpu too.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    if "TPU_LOG_DIR" not in os.environ:
+        _private_libtpu_log_dir()
+
+
+def _private_libtpu_log_dir() -> None:
+    """libtpu writes log files for every process that loads it, to /tmp/tpu_logs (whatever TMPDIR says), and
+    leaves them there; `TPU_LOG_DIR=disabled` only moves them to TMPDIR. A folder of this process's own, removed
+    when it exits, keeps the temp directory as it was (its messages still reach stderr at the levels above)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="tpuprof-libtpu-logs-")
+    os.environ["TPU_LOG_DIR"] = folder
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
 
 
 def jax_available() -> bool:
