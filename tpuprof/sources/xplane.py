@@ -248,7 +248,6 @@ def read_xspace(path: str):
 
 
 MISSING = xspace_stream.MISSING  # int_stat_values: the event has no such stat
-_VARINT_BYTES = 10
 
 
 def int_stat_values(events, stat_ids: dict[str, int]) -> dict[str, "object"]:
@@ -259,16 +258,12 @@ def int_stat_values(events, stat_ids: dict[str, int]) -> dict[str, "object"]:
     `metadata_id` and integer value (uint64_value, int64_value or ref_value) are read with numpy.
     """
     import numpy as np
-    from itertools import chain
-    from operator import attrgetter
 
     n = len(events)
     result = {name: np.full(n, MISSING, dtype=np.int64) for name in stat_ids}
     if not n or not stat_ids:
         return result
-    per_event = list(map(attrgetter("stats"), events))
-    counts = np.fromiter(map(len, per_event), np.int64, n)
-    stats = list(chain.from_iterable(per_event))
+    stats = next((event.stats for event in events if len(event.stats)), [])
     if not stats:
         return result
     if not isinstance(stats[0], bytes):  # a real XSpace (tests, schema-built captures): decode directly
@@ -281,10 +276,6 @@ def int_stat_values(events, stat_ids: dict[str, int]) -> dict[str, "object"]:
                     result[name][i] = int(getattr(stat, kind)) if kind in ("int64_value", "uint64_value",
                                                                              "ref_value") else 0
         return result
-    lengths = np.fromiter(map(len, stats), np.int64, len(stats))
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    buf = np.frombuffer(b"".join(stats) + bytes(2 * _VARINT_BYTES + 1), dtype=np.uint8)
-    owner = np.repeat(np.arange(n), counts)
-    return xspace_stream.int_stats_at(buf, starts, lengths, owner, n, stat_ids)
+    return xspace_stream.int_stats_of(events, stat_ids)
 
 

@@ -33,6 +33,7 @@ from typing import Iterator
 from tpuprof.errors import UserError
 
 BATCH_BYTES = 4 << 20  # bytes of events parsed at once: about 100,000 events, ~15 MB of parse tree
+SMALL_RUN_BYTES = 64 << 10  # below it, a run's events are read as messages rather than decoded in numpy
 REMOTE_BLOCK_BYTES = 16 << 20
 _PLANES, _LINES, _EVENTS = 1, 3, 4
 _FAULT_AROUND_BYTES = 64 << 10  # Linux's default fault_around_bytes
@@ -260,17 +261,26 @@ class LineStream:
     def batches(self, batch_bytes: int = BATCH_BYTES) -> Iterator:
         """The line's events, a light XLine message per run of about BATCH_BYTES of consecutive event records
         (other XLine fields inside a run are parsed too and harmless)."""
-        return self._runs(self._line_class, batch_bytes)
+        for start, end in self._runs(batch_bytes):
+            yield _parse(self._line_class, self._source.slice(start, end), "events")
 
     def event_batches(self, batch_bytes: int = BATCH_BYTES) -> Iterator["EventBatch"]:
-        """The line's events as EventBatch columns (decoded in numpy: several times faster than `batches`)."""
-        for run in self._runs(self._records_class, batch_bytes):
-            yield EventBatch(run.events)
+        """The line's events as columns (EventBatch), run by run: a large run is decoded in numpy (several times
+        faster than reading a message per event), a small one through messages (numpy's fixed cost per call
+        would dominate)."""
+        for start, end in self._runs(batch_bytes):
+            data = self._source.slice(start, end)
+            if end - start >= SMALL_RUN_BYTES:
+                yield EventBatch(_parse(self._records_class, data, "events").events)
+            else:
+                yield EventBatch.from_messages(_parse(self._line_class, data, "events").events)
 
-    def _runs(self, message_class, batch_bytes: int) -> Iterator:
+    def _runs(self, batch_bytes: int) -> Iterator[tuple[int, int]]:
+        """(start, end) of runs of whole records of the line, about BATCH_BYTES each; each run's pages are let go
+        once the caller has parsed it."""
         source, start, end = self._source, self._start, self._end
         if end - start <= batch_bytes:
-            yield _parse(message_class, source.slice(start, end), "line")
+            yield start, end
             source.release(start, end)
             return
         cut = start
@@ -291,11 +301,11 @@ class LineStream:
             if at > end:
                 raise CorruptCapture("line")
             if at - cut >= batch_bytes:
-                yield _parse(message_class, source.slice(cut, at), "events")
+                yield cut, at
                 source.release(cut, at)
                 cut = at
         if at > cut:
-            yield _parse(message_class, source.slice(cut, at), "events")
+            yield cut, at
             source.release(cut, at)
 
 
@@ -453,7 +463,7 @@ class EventBatch:
     def __init__(self, records):
         import numpy as np
 
-        self._records = records
+        self._messages = None
         n = self.size = len(records)
         lengths = np.fromiter(map(len, records), np.int64, n)
         ends = np.cumsum(lengths)
@@ -493,12 +503,28 @@ class EventBatch:
         order = np.argsort(owner, kind="stable")  # stats of one event in file order, events in order
         self._stat_owner, self._stat_start, self._stat_end = owner[order], start[order], end[order]
 
+    @classmethod
+    def from_messages(cls, events) -> "EventBatch":
+        """The same columns from light XEvent messages (a repeated field of a light XLine)."""
+        import numpy as np
+
+        batch = cls.__new__(cls)
+        batch._messages = events
+        batch.size = n = len(events)
+        batch.offset_ps = np.fromiter(map(_OFFSET, events), np.int64, n)
+        batch.duration_ps = np.fromiter(map(_DURATION, events), np.int64, n)
+        batch.metadata_id = np.fromiter(map(_METADATA, events), np.int64, n)
+        return batch
+
     def __len__(self) -> int:
         return self.size
 
     def stats(self, index: int) -> list[bytes]:
         """Event INDEX's stats, each a serialized XStat (as the light XEvent keeps them)."""
         import numpy as np
+
+        if self._messages is not None:
+            return list(self._messages[index].stats)
 
         first, last = np.searchsorted(self._stat_owner, [index, index + 1])
         data = self._buf
@@ -509,6 +535,9 @@ class EventBatch:
         """{name: int64 array per event (of INDEX, if given), xplane.MISSING where an event lacks it}."""
         import numpy as np
 
+        if self._messages is not None:
+            events = self._messages
+            return int_stats_of(events if index is None else [events[i] for i in index.tolist()], stat_ids)
         owner, start, end = self._stat_owner, self._stat_start, self._stat_end
         n = self.size
         if index is not None:
@@ -535,6 +564,21 @@ def _varints(buf, positions):
         if not going.any():
             break
     return values, positions + lengths, ~going
+
+
+def int_stats_of(events, stat_ids: dict[str, int]) -> dict[str, "object"]:
+    """int_stats_at for light XEvent messages (stats kept as serialized XStats): their stats joined into one buffer."""
+    import numpy as np
+    from itertools import chain
+
+    n = len(events)
+    per_event = [event.stats for event in events]
+    counts = np.fromiter(map(len, per_event), np.int64, n)
+    stats = list(chain.from_iterable(per_event))
+    lengths = np.fromiter(map(len, stats), np.int64, len(stats))
+    starts = np.cumsum(lengths) - lengths
+    buf = np.frombuffer(b"".join(stats) + bytes(_PAD), dtype=np.uint8)
+    return int_stats_at(buf, starts, lengths, np.repeat(np.arange(n), counts), n, stat_ids)
 
 
 def int_stats_at(buf, starts, lengths, owner, n: int, stat_ids: dict[str, int]) -> dict[str, "object"]:
