@@ -8,16 +8,24 @@ gs:// or other fsspec URL) and only bounded slices are handed to the C++ (upb) p
 - a plane's header (id, name, event_metadata, stat_metadata, stats: every field but its lines) is parsed on its own;
 - a line's events (XLine.events, field 4) are cut into runs of consecutive records of about `BATCH_BYTES`:
   a run of length-delimited `events` records cut from an XLine is itself a valid serialized XLine, so each run is
-  parsed as one (light) XLine message, and dropped before the next.
+  parsed as one XLine message, and dropped before the next. `event_batches` parses a large run as a line of
+  serialized events (`repeated bytes`) and decodes their fields with numpy (EventBatch); `batches` gives light
+  XEvent messages.
 
-Messages are the light classes of `light_xspace_class` below (same field numbers as tsl's xplane.proto; events
-keep their stats as undecoded bytes: `xplane.event_stats` decodes them). Usage:
+Pages read through the mmap are let go as the walk passes them (they would count in the process's RSS). Messages
+are the light classes of `light_xspace_class` below (same field numbers as tsl's xplane.proto; events keep their
+stats as undecoded bytes: `xplane.event_stats` decodes them). Usage (a trace exporter, an analysis):
 
-    with XSpaceStream(path) as space:
-        for plane in space.planes():            # PlaneStream: .name .id .header (metadata maps, stats)
-            for line in plane.lines():          # LineStream: .id .name .display_name .timestamp_ns
-                for batch in line.batches():    # a light XLine; batch.events in file order
-                    offsets, durations, ids = event_arrays(batch)
+    with XSpaceStream(path) as space:           # a local path, file://, gs:// or any fsspec URL, or bytes
+        for plane in space.planes():            # PlaneStream: .name .id .header (event_metadata, stat_metadata, stats)
+            names = {key: meta.name for key, meta in plane.header.event_metadata.items()}
+            for line in plane.lines():          # LineStream: .id .label .timestamp_ns .has_events
+                for batch in line.event_batches():   # EventBatch: int64 arrays, in file order
+                    batch.offset_ps, batch.duration_ps, batch.metadata_id   # + batch.stats(i), batch.int_stats({...})
+
+`space.plane_names()` reads only the planes' names; `space.plane(i)` reads plane I again (a second pass). A
+malformed record raises CorruptCapture from any of these (xplane.open_stream and xplane.readable turn it and an
+unreadable file into the one-sentence UserError).
 
 Field numbers (tsl/profiler/protobuf/xplane.proto): XSpace planes=1; XPlane id=1 name=2 lines=3 event_metadata=4
 stat_metadata=5 stats=6; XLine id=1 name=2 timestamp_ns=3 events=4 duration_ps=9 display_id=10 display_name=11.
@@ -44,7 +52,7 @@ class CorruptCapture(Exception):
 
 
 class _LocalBytes:
-    """A local file as one read-only buffer (mmap: pages are read on demand and dropped under memory pressure)."""
+    """A local file as one read-only buffer (mmap: pages are read on demand; `release` lets them go)."""
 
     def __init__(self, path: str):
         import mmap
