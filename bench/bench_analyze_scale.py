@@ -1,7 +1,7 @@
 """`tpuprof analyze` time and peak memory against the size of one host's file, next to XProf's tools.
 
     nice -n 10 .venv/bin/python bench/bench_analyze_scale.py [--sizes 0.05,0.5,1,2,4] [--sources v6e,keras]
-                                                         [--xprof-limit-gb 4] [--folder /tmp]
+                                                         [--xprof-limit-gb 4] [--no-xprof] [--folder /tmp]
 
 Each file is copies of a real capture concatenated, which is itself a valid XSpace (its repeated `planes` field
 appends): `v6e` is the real 4-chip v6e capture of tests/real_data.py (every copy's 4 TPU planes are analysed: 4 GB
@@ -75,6 +75,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="0.05,0.5,1,2,4", help="file sizes in GB")
     parser.add_argument("--sources", default="v6e,keras")
     parser.add_argument("--xprof-limit-gb", type=float, default=4.0)
+    parser.add_argument("--no-xprof", action="store_true", help="time tpuprof only")
     parser.add_argument("--folder", default=tempfile.gettempdir())
     options = parser.parse_args()
     sizes = [float(s) for s in options.sizes.split(",")]
@@ -97,6 +98,9 @@ def main() -> None:
                          f"{rss / file_gb:.2f}"]
                 for tool in ("overview_page", "input_pipeline_analyzer"):
                     expected = xprof_gb_per_gb.get(tool, 0) * file_gb
+                    if options.no_xprof:
+                        cells.append("not run")
+                        continue
                     if expected > options.xprof_limit_gb:
                         cells.append(f"skipped (~{expected:.0f} GB expected)")
                         continue
