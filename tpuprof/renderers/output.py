@@ -15,6 +15,33 @@ def print_json(document) -> None:
     sys.stdout.flush()
 
 
+FORMATS = ("table", "json", "markdown")
+
+
+def output_format(as_json: bool, format_: str | None) -> str:
+    """The one format asked for: --json is --format json, kept for scripts that use it."""
+    from tpuprof.errors import UserError
+
+    if as_json and format_ not in (None, "json"):
+        raise UserError(f"--json and --format {format_} ask for two formats: give one.")
+    return "json" if as_json else (format_ or "table")
+
+
+def print_document(result, format_: str) -> bool:
+    """Print RESULT's --json document as JSON or Markdown (rendered from that same document); False for "table",
+    which each command prints from its own objects."""
+    if format_ == "json":
+        print_json(result.to_dict())
+    elif format_ == "markdown":
+        from tpuprof.renderers.markdown import render
+
+        sys.stdout.write(render(result.to_dict()))
+        sys.stdout.flush()
+    else:
+        return False
+    return True
+
+
 def console():
     """The rich console of human output; its width follows the one rule in renderers/tables.py."""
     from tpuprof.renderers.tables import console as make_console
