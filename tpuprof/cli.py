@@ -280,6 +280,14 @@ def preflight(
                 format_=format_.value if format_ else None)
 
 
+@app.command(epilog=_examples("tpuprof guide | less"))
+def guide() -> None:
+    """How to use tpuprof from an agent or a script: which command answers what, JSON fields, exit codes, chains."""
+    from tpuprof.commands import guide as command
+
+    command.run()
+
+
 # The command list shows each command's first sentence whole, wrapped if need be (click would cut it to
 # fit one line at 80 columns).
 for _command in app.registered_commands:
