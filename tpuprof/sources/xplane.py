@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -274,6 +275,43 @@ def parse_xspace(data: bytes, path: str = "<bytes>", light: bool = True):
     if not data:
         raise UserError(f"{path} is empty: the capture did not finish writing.")
     raise UserError(f"{path} is not a readable xplane.pb (truncated, or not a profiler capture).")
+
+
+# Files up to this size that are not captures are read whole to say what they are instead (an HloProto).
+_SNIFF_LIMIT_BYTES = 256 << 20
+
+
+def open_stream(path: str):
+    """One host's capture as a sources.xspace_stream.XSpaceStream (read plane by plane, batch by batch), once its
+    top level is known to be an XSpace; else the UserError `parse_xspace` gives (empty, an HloProto, unreadable)."""
+    from tpuprof.sources.xspace_stream import CorruptCapture, XSpaceStream
+
+    space = XSpaceStream(path)
+    try:
+        names = space.plane_names()
+        ok = bool(names) and all(names) and any(n.startswith(("/host:", "/device:")) for n in names)
+    except CorruptCapture:
+        ok = False
+    if ok:
+        return space
+    size = space.size
+    space.close()
+    if size and size <= _SNIFF_LIMIT_BYTES:
+        parse_xspace(read_bytes(path), path)  # raises the error that says what the file is
+    if not size:
+        raise UserError(f"{path} is empty: the capture did not finish writing.")
+    raise UserError(f"{path} is not a readable xplane.pb (truncated, or not a profiler capture).")
+
+
+@contextmanager
+def readable(path: str):
+    """Turns a malformed record met while streaming the capture into the one-sentence error."""
+    from tpuprof.sources.xspace_stream import CorruptCapture
+
+    try:
+        yield
+    except CorruptCapture:
+        raise UserError(f"{path} is not a readable xplane.pb (truncated, or not a profiler capture).") from None
 
 
 def read_xspace(path: str):
