@@ -21,7 +21,7 @@ import typer
 from tpuprof import library_output, targets
 from tpuprof.errors import UserError
 from tpuprof.renderers.csv import ANALYZE_TABLES, MEMORY_TABLES
-from tpuprof.renderers.output import FORMATS
+from tpuprof.renderers.formats import FORMATS
 from tpuprof.version import __version__
 
 app = typer.Typer(
@@ -278,6 +278,25 @@ def preflight(
     command.run(spec, tpu, batch=batch, max_batch=max_batch, compare_bf16=compare_bf16, top=top,
                 use_cache=not no_cache, as_json=as_json, tokens_per_example=tokens_per_example, price=price,
                 format_=format_.value if format_ else None)
+
+
+@app.command(epilog=_examples(
+    "tpuprof trace sample_profiles/captures/jax_compute -o steps.pftrace",
+    "tpuprof trace LOGDIR -o steps.pftrace --steps 10:13 --hosts worker0,worker1",
+))
+def trace(
+    path: str = typer.Argument(..., metavar="PROFILE", help="Profile logdir, run folder, <host>.xplane.pb or gs:// path, as for analyze."),
+    output: Path = typer.Option(..., "--output", "-o", help="The Perfetto trace to write (protobuf; open in ui.perfetto.dev)."),
+    steps: Optional[str] = typer.Option(None, "--steps", metavar="FIRST:END", help="Steps FIRST to END-1 as analyze numbers them (10:13: three steps). Default: the median step and one either side."),
+    hosts: Optional[str] = typer.Option(None, "--hosts", metavar="HOST[,...]", help="Only these hosts (file names without .xplane.pb). Default: every host."),
+    force: bool = typer.Option(False, "--force", help="Replace the output file if it exists."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+) -> None:
+    """Chosen steps of every host and TPU core as a Perfetto trace: ops, modules, steps, flows, memory counters."""
+    library_output.hold(verbose)
+    from tpuprof.commands import trace as command
+
+    command.run(path, output, steps=steps, hosts=hosts, force=force)
 
 
 @app.command(epilog=_examples("tpuprof guide | less"))

@@ -38,7 +38,7 @@ def result(path: str, top: int = 10):
 
 def run(path: str, top: int, as_json: bool, csv: str | None = None, format_: str | None = None) -> None:
     from tpuprof.renderers import analyze as render
-    from tpuprof.renderers.output import output_format, print_document
+    from tpuprof.renderers.formats import output_format, print_document
 
     format_ = output_format(as_json, format_)
     if csv is not None:

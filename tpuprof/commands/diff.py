@@ -69,7 +69,7 @@ def result(a, b, fail_if: list[str], batches=None, target: str | None = None, to
 def run(a: str, b: str, fail_if: list[str], batches: str | None, target: str | None, top: int,
         as_json: bool, format_: str | None = None) -> None:
     from tpuprof.renderers import diff as render
-    from tpuprof.renderers.output import output_format, print_document
+    from tpuprof.renderers.formats import output_format, print_document
 
     format_ = output_format(as_json, format_)
     compared = result(a, b, fail_if, batches, target, top)

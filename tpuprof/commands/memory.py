@@ -121,7 +121,7 @@ def result(path: Path, module: str | None = None, target: str | None = None, top
 def run(path: Path, module: str | None, target: str | None, compile_: bool | None, top: int, as_json: bool,
         csv: str | None = None, format_: str | None = None) -> None:
     from tpuprof.renderers import memory as render
-    from tpuprof.renderers.output import output_format, print_document
+    from tpuprof.renderers.formats import output_format, print_document
 
     format_ = output_format(as_json, format_)
     if csv is not None:

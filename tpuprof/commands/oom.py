@@ -16,7 +16,7 @@ from tpuprof.models.oom import NOT_TPU
 
 def run(path: str | None, dump: Path | None = None, batch: int | None = None, target: str | None = None,
         as_json: bool = False, format_: str | None = None) -> None:
-    from tpuprof.renderers.output import output_format, print_document
+    from tpuprof.renderers.formats import output_format, print_document
 
     format_ = output_format(as_json, format_)
     if path in (None, "-") and sys.stdin.isatty():

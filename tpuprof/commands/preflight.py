@@ -21,7 +21,7 @@ def parse_targets(text: str) -> list[str]:
 def run(spec_text: str, tpu: str, batch: int | None, max_batch: bool, compare_bf16: bool, top: int,
         use_cache: bool, as_json: bool, tokens_per_example: int | None = None, price: str | None = None,
         format_: str | None = None) -> None:
-    from tpuprof.renderers.output import output_format, print_document
+    from tpuprof.renderers.formats import output_format, print_document
     from tpuprof.sources import tpu_compile
 
     format_ = output_format(as_json, format_)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -15,33 +16,6 @@ def print_json(document) -> None:
     sys.stdout.flush()
 
 
-FORMATS = ("table", "json", "markdown")
-
-
-def output_format(as_json: bool, format_: str | None) -> str:
-    """The one format asked for: --json is --format json, kept for scripts that use it."""
-    from tpuprof.errors import UserError
-
-    if as_json and format_ not in (None, "json"):
-        raise UserError(f"--json and --format {format_} ask for two formats: give one.")
-    return "json" if as_json else (format_ or "table")
-
-
-def print_document(result, format_: str) -> bool:
-    """Print RESULT's --json document as JSON or Markdown (rendered from that same document); False for "table",
-    which each command prints from its own objects."""
-    if format_ == "json":
-        print_json(result.to_dict())
-    elif format_ == "markdown":
-        from tpuprof.renderers.markdown import render
-
-        sys.stdout.write(render(result.to_dict()))
-        sys.stdout.flush()
-    else:
-        return False
-    return True
-
-
 def console():
     """The rich console of human output; its width follows the one rule in renderers/tables.py."""
     from tpuprof.renderers.tables import console as make_console
@@ -51,16 +25,23 @@ def console():
 
 def write_atomically(path: Path, data: bytes | str) -> None:
     """Write to a temporary file beside PATH and rename: a crash never leaves half a file."""
+    with atomic_file(path, "wb" if isinstance(data, bytes) else "w") as handle:
+        handle.write(data)
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: str = "wb"):
+    """A file object to write PATH through: a temporary file beside it, renamed over PATH when the block ends
+    without an error, removed otherwise (a crash or an interrupt never leaves half a file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the result should read like any file the user writes
     try:
         with os.fdopen(fd, mode) as handle:
-            handle.write(data)
+            yield handle
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
