@@ -299,7 +299,7 @@ def trace(
     command.run(path, output, steps=steps, hosts=hosts, force=force)
 
 
-@app.command(epilog=_examples("tpuprof guide | less"))
+@app.command(epilog=_examples("tpuprof guide | less", "tpuprof guide > AGENTS-tpuprof.md      # beside the code an agent works on"))
 def guide() -> None:
     """How to use tpuprof from an agent or a script: which command answers what, JSON fields, exit codes, chains."""
     from tpuprof.commands import guide as command

@@ -60,23 +60,47 @@ def choose_hosts(files: list[str], hosts: str | None) -> list[str]:
     return [names[h] for h in wanted]
 
 
-def default_numbers(steps) -> list[int]:
-    """The median step by duration and one either side, in step order."""
-    ordered = sorted(steps, key=lambda s: s.number)
-    by_duration = sorted(range(len(ordered)), key=lambda i: (ordered[i].duration_ps, i))
-    middle = by_duration[(len(by_duration) - 1) // 2]
-    low = max(0, middle - DEFAULT_STEPS_AROUND_MEDIAN)
-    high = min(len(ordered), middle + DEFAULT_STEPS_AROUND_MEDIAN + 1)
-    return [s.number for s in ordered[low:high]]
+def choose_steps(steps, asked: tuple[int, int] | None) -> list:
+    """The steps to export, consecutive in time: steps FIRST to END-1 by number (the first such run when numbers
+    repeat, as in captures of restarted loops), or the median step by duration and one either side."""
+    ordered = sorted(steps, key=lambda s: s.start_ps)
+    if asked is None:
+        by_duration = sorted(range(len(ordered)), key=lambda i: (ordered[i].duration_ps, i))
+        middle = by_duration[(len(by_duration) - 1) // 2]
+        return ordered[max(0, middle - DEFAULT_STEPS_AROUND_MEDIAN):middle + DEFAULT_STEPS_AROUND_MEDIAN + 1]
+    low, high = asked
+    first = next((i for i, s in enumerate(ordered) if low <= s.number < high), None)
+    if first is None:
+        return []
+    chosen = []
+    for step in ordered[first:]:
+        if not low <= step.number < high or any(c.number == step.number for c in chosen):
+            break
+        chosen.append(step)
+    return chosen
 
 
-def window(profile, numbers: set[int]) -> tuple[int, int] | None:
-    """[start, end) in ps of the chosen steps on the host and on every TPU core."""
-    chosen = [s for s in profile.steps if s.number in numbers]
-    chosen += [s for d in profile.devices for s in d.steps if s.number in numbers]
-    if not chosen:
-        return None
-    return min(s.start_ps for s in chosen), max(s.start_ps + s.duration_ps for s in chosen)
+def window(profile, chosen: list) -> tuple[int, int]:
+    """[start, end) in ps of the chosen host steps, widened to the same steps on every TPU core (each core's
+    step of that number nearest in time)."""
+    start = min(s.start_ps for s in chosen)
+    end = max(s.start_ps + s.duration_ps for s in chosen)
+    for device in profile.devices:
+        for step in chosen:
+            same = [d for d in device.steps if d.number == step.number]
+            if same:
+                nearest = min(same, key=lambda d: abs(d.start_ps - step.start_ps))
+                start, end = min(start, nearest.start_ps), max(end, nearest.start_ps + nearest.duration_ps)
+    return start, end
+
+
+def _same_steps(steps, chosen: list) -> list:
+    found = []
+    for step in chosen:
+        same = [s for s in steps if s.number == step.number]
+        if same:
+            found.append(min(same, key=lambda s: abs(s.start_ps - step.start_ps)))
+    return found
 
 
 def export(path: str, output: Path, steps: str | None = None, hosts: str | None = None,
@@ -100,19 +124,21 @@ def export(path: str, output: Path, steps: str | None = None, hosts: str | None 
     first = next((p for p in profiles if p.steps), None)
     if first is None:
         raise UserError(f"no steps found in {path}: `tpuprof analyze` says why; a trace needs steps to pick.")
-    available = sorted(s.number for s in first.steps)
-    numbers = list(range(*asked)) if asked else default_numbers(first.steps)
-    if not set(numbers) & set(available):
-        raise UserError(f"--steps {steps}: the capture holds steps {available[0]} to {available[-1]}.")
-    numbers = [n for n in numbers if n in set(available)]
+    chosen = choose_steps(first.steps, asked)
+    if not chosen:
+        numbers = sorted(s.number for s in first.steps)
+        raise UserError(f"--steps {steps}: the capture holds steps {numbers[0]} to {numbers[-1]}.")
+    numbers = [s.number for s in chosen]
     events, spans = 0, []
     with atomic_file(output) as handle:  # a temporary file beside OUTPUT, renamed when complete
         writer = Writer(handle)
         next_pid = 1
         for file, profile in zip(files, profiles):
-            span = window(profile, set(numbers))
-            if span is None:
+            # Other hosts: their steps of the same numbers nearest in time to the first host's.
+            mine = chosen if profile is first else _same_steps(profile.steps, chosen)
+            if not mine:
                 continue
+            span = window(profile, mine)
             spans.append(span)
             host = HostTrace(writer, xplane.host_name(file), span, set(numbers), next_pid)
             with xplane.open_stream(file) as space:

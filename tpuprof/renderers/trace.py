@@ -82,8 +82,9 @@ class HostTrace:
         return self.next_pid - 1
 
     def _steps(self, track: int, steps) -> None:
-        for step in steps:
-            if step.number in self.numbers:
+        for step in steps:  # the chosen numbers, within the window (numbers can repeat in a long capture)
+            middle = step.start_ps + step.duration_ps // 2
+            if step.number in self.numbers and self.start_ps <= middle < self.end_ps:
                 start = step.start_ps // 1000
                 self.writer.begin(track, start, f"step {step.number}", "step",
                                   {"duration_ms": f"{step.duration_ps / 1e9:.3f}"})
