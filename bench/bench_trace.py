@@ -97,6 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gb", type=float, default=1.0, help="size of the concatenated capture")
     parser.add_argument("--capture", type=Path, default=DEFAULT, help="the capture to copy")
+    parser.add_argument("--analyze", action="store_true", help="also measure `tpuprof analyze` on the same file")
     args = parser.parse_args()
     large = CACHE / f"{args.capture.stem.removesuffix('.xplane')}_{args.gb:g}gb" / "host.xplane.pb"
     if not large.exists() or large.stat().st_size < args.gb * 0.9e9:
@@ -104,18 +105,26 @@ def main() -> None:
         concatenated(args.capture, args.gb * 1e9, large)
         print(f"made {large} ({large.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - started:.0f} s")
     output = Path(tempfile.mkdtemp(prefix="tpuprof-bench-trace-")) / "steps.pftrace"
-    command = ["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "tpuprof", "trace", str(large), "-o", str(output)]
+    stdout, seconds, peak_mb = measure(["trace", str(large), "-o", str(output)])
+    print(stdout)
+    steps = re.search(r"steps ([\d-]+)", stdout).group(1)
+    print(f"capture {large.stat().st_size / 1e9:.2f} GB -> steps {steps}: trace {output.stat().st_size / 1e3:.1f} kB "
+          f"in {seconds:.0f} s, peak RSS {peak_mb:.0f} MB")
+    shutil.rmtree(output.parent, ignore_errors=True)
+    if args.analyze:  # the first of trace's two passes is analyze's step analysis: its own peak, for comparison
+        _, seconds, peak_mb = measure(["analyze", str(large), "--json"])
+        print(f"tpuprof analyze on the same capture: {seconds:.0f} s, peak RSS {peak_mb:.0f} MB")
+
+
+def measure(arguments: list[str]) -> tuple[str, float, float]:
+    """A tpuprof command as its own process: (stdout, seconds, peak RSS in MB) from /usr/bin/time."""
+    command = ["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "tpuprof", *arguments]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     if result.returncode:
-        sys.exit(f"tpuprof trace failed: {result.stderr}")
+        sys.exit(f"tpuprof {arguments[0]} failed: {result.stderr}")
     seconds, peak_kb = result.stderr.strip().splitlines()[-1].split()
-    print(result.stdout.strip())
-    steps = re.search(r"steps ([\d-]+)", result.stdout).group(1)
-    print(f"capture {large.stat().st_size / 1e9:.2f} GB -> steps {steps}: trace {output.stat().st_size / 1e3:.1f} kB "
-          f"in {float(seconds):.1f} s, peak RSS {int(peak_kb) / 1024:.0f} MB")
-    shutil.rmtree(output.parent, ignore_errors=True)
-
+    return result.stdout.strip(), float(seconds), int(peak_kb) / 1024
 
 if __name__ == "__main__":
     main()
