@@ -50,8 +50,13 @@ def read(path) -> dict[int, Track]:
         if not track.process and track.parent in tracks:
             track.process = tracks[track.parent].process
     Begin, End, Counter = pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END, pb.TrackEvent.TYPE_COUNTER
+    last: dict[int, int] = {}
     for ts, event in events:  # in file order: the writer emits each track's events nested and in time order
         track = tracks[event.track_uuid]
+        if event.type in (Begin, End):
+            # Time never goes back on a track: with BEGIN/END paired by a stack, the slices nest properly.
+            assert ts >= last.get(track.uuid, 0), f"{track.name}: a slice event at {ts} after {last[track.uuid]}"
+            last[track.uuid] = ts
         if event.type == Begin:
             args = {a.name: a.string_value for a in event.debug_annotations}
             open_slices.setdefault(track.uuid, []).append(Slice(event.name, ts, ts, args, list(event.categories),

@@ -39,8 +39,11 @@ def export(path, output, *options) -> perfetto_reader.Track:
 
 
 def steps_of(tracks, process: str) -> list[tuple[str, float]]:
-    track = next(t for t in tracks.values() if t.name == "tpuprof steps" and t.process == process)
-    return [(s.name, (s.end_ns - s.start_ns) / 1e6) for s in sorted(track.slices, key=lambda s: s.start_ns)]
+    """The steps on the process's `tpuprof steps` track and its overflow tracks (TPU step periods can overlap)."""
+    slices = [s for t in tracks.values() if t.name.startswith("tpuprof steps") and t.process == process
+              for s in t.slices]
+    assert slices, f"no steps track in {process}"
+    return [(s.name, (s.end_ns - s.start_ns) / 1e6) for s in sorted(slices, key=lambda s: s.start_ns)]
 
 
 def assert_steps_equal_analyze(tracks, host: dict, numbers: list[int], process: str) -> None:
@@ -91,6 +94,7 @@ def test_real_tpu_capture_has_every_core_its_steps_and_ops(real_tpu):
     assert_steps_equal_analyze(tracks, host, numbers, f"{host['host']} /host:CPU")
     for device in document["devices"]:
         process = f"{host['host']} /device:{device['id']}"
+        assert len(steps_of(tracks, process)) == len(numbers), f"{device['id']} lacks the window's steps"
         ops = [t for t in tracks.values() if t.process == process and t.name.startswith("XLA Ops")]
         assert ops and any(t.slices for t in ops), f"{device['id']} has no op track"
         assert any(t.name == "XLA Modules" and t.slices for t in tracks.values() if t.process == process)
@@ -144,3 +148,22 @@ def test_a_file_that_is_not_a_capture_is_one_sentence(tmp_path):
     result = run_cli("trace", str(bad), "-o", str(tmp_path / "t.pftrace"))
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "t.pftrace").exists()
+
+
+def test_overlapping_events_go_to_another_lane_and_every_lane_nests(tmp_path):
+    """A line whose events overlap without nesting (an async copy running over the next op) gets a second track;
+    the reader checks that time never goes back on a track, so BEGIN/END pairs nest."""
+    from tpuprof.renderers.perfetto import Lanes, Writer
+
+    output = tmp_path / "lanes.pftrace"
+    with open(output, "wb") as handle:
+        writer = Writer(handle)
+        process = writer.process(1, "p")
+        lanes = Lanes(writer, lambda lane: writer.track(process, f"line {lane}"))
+        for start, end, name in [(0, 100, "outer"), (10, 20, "inner"), (50, 150, "overlapping"), (120, 130, "later")]:
+            lanes.add(start, end, name)
+        lanes.close()
+    tracks = {t.name: sorted((s.name, s.start_ns, s.end_ns) for s in t.slices)
+              for t in perfetto_reader.read(output).values() if t.slices}
+    assert tracks == {"line 0": [("inner", 10, 20), ("later", 120, 130), ("outer", 0, 100)],
+                      "line 1": [("overlapping", 50, 150)]}

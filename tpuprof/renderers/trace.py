@@ -71,24 +71,28 @@ class HostTrace:
                 infos = device_op_infos(plane.header)
                 device = next((d for d in profile.devices if d.id == f"TPU:{tpu.group(1)}"), None)
                 if device is not None:
-                    self._steps(self.writer.track(process, STEPS_TRACK, rank=-1), device.steps)
+                    self._steps(process, device.steps)
             self._plane(plane, pid, process, is_host, infos)
         if profile.steps:
             parent = steps_parent or self.writer.process(self._pid(), f"{self.host} steps")
-            self._steps(self.writer.track(parent, STEPS_TRACK, rank=-1), profile.steps)
+            self._steps(parent, profile.steps)
 
     def _pid(self) -> int:
         self.next_pid += 1
         return self.next_pid - 1
 
-    def _steps(self, track: int, steps) -> None:
-        for step in steps:  # the chosen numbers, within the window (numbers can repeat in a long capture)
-            middle = step.start_ps + step.duration_ps // 2
+    def _steps(self, process: int, steps) -> None:
+        """The chosen steps as the analysis measured them; a chip's step periods can overlap by a little (each
+        ends at its own next start, on the chip's clock), so an overlapping one goes on a second track."""
+        lanes = Lanes(self.writer, lambda lane: self.writer.track(
+            process, STEPS_TRACK if lane == 0 else f"{STEPS_TRACK} (overlapping {lane})", rank=lane - 10))
+        for step in sorted(steps, key=lambda s: (s.start_ps, -s.duration_ps)):
+            middle = step.start_ps + step.duration_ps // 2  # numbers can repeat in a long capture
             if step.number in self.numbers and self.start_ps <= middle < self.end_ps:
                 start = step.start_ps // 1000
-                self.writer.begin(track, start, f"step {step.number}", "step",
-                                  {"duration_ms": f"{step.duration_ps / 1e9:.3f}"})
-                self.writer.end(track, start + step.duration_ps // 1000)
+                lanes.add(start, start + step.duration_ps // 1000, f"step {step.number}", "step",
+                          {"duration_ms": f"{step.duration_ps / 1e9:.3f}"})
+        lanes.close()
 
     def _plane(self, plane, pid: int, process: int, is_host: bool, infos) -> None:
         from tpuprof.sources.xplane import event_stats
