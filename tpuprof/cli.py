@@ -38,10 +38,6 @@ app = typer.Typer(
 JSON_HELP = "Print one JSON document on stdout instead of tables (the same as --format json)."
 FORMAT_HELP = "table (default), json, or markdown: GitHub-flavoured, for a PR comment or $GITHUB_STEP_SUMMARY."
 OutputFormat = Enum("OutputFormat", {name: name for name in FORMATS}, type=str)
-
-
-def _format_option():
-    return typer.Option(None, "--format", help=FORMAT_HELP)
 VERBOSE_HELP = "Also show what TensorFlow, JAX, libtpu and the profiler print on stderr."
 # The generations come from tpuprof.targets, the one place that knows them: help and completion follow it.
 GENERATIONS = " ".join(targets.TARGETS)
@@ -69,6 +65,10 @@ def _check_generations(value: Optional[str]) -> Optional[str]:
         except UserError as error:
             raise typer.BadParameter(str(error)) from None
     return value
+
+
+def _format_option():
+    return typer.Option(None, "--format", help=FORMAT_HELP)
 
 
 def _target_option(help_text: str):
