@@ -152,9 +152,16 @@ class HostTrace:
         linked = np.fromiter(self.consumed, np.int64, len(self.consumed)) if self.consumed else None
         origin = int(line.timestamp_ns) * 1000
         starts, durations, ids, raws = [], [], [], []
+        sorted_so_far, last_start = True, None  # lines are usually in start order: then stop past the window
         for batch in line.batches():
             offset, duration, mid = event_arrays(batch)
             begin = origin + offset
+            if len(begin):
+                sorted_so_far = sorted_so_far and (last_start is None or begin[0] >= last_start) \
+                    and bool(np.all(begin[1:] >= begin[:-1]))
+                last_start = int(begin[-1])
+                if sorted_so_far and begin[0] >= self.end_ps and (linked is None or len(producer_stats) != 2):
+                    break  # every later event starts after the window (producers of linked flows may come later)
             inside = (begin < self.end_ps) & (begin + duration > self.start_ps)
             if linked is not None and len(producer_stats) == 2:
                 values = int_stat_values(batch.events, producer_stats)
