@@ -55,9 +55,6 @@ def read_line(line, keep=None, stats_for=(), int_stats: dict[str, int] | None = 
     keep: metadata ids of the events to keep (None: all); stats_for: ids whose events keep their raw stats;
     int_stats: {name: stat id} of integer stats read for every kept event; first_stats: keep the raw stats of each
     metadata id's first event. Only the arrays and these stats outlive a batch."""
-    from tpuprof.sources.xplane import int_stat_values
-    from tpuprof.sources.xspace_stream import event_arrays
-
     keep_ids = None if keep is None else np.fromiter(keep, np.int64, len(keep))
     stats_ids = np.fromiter(stats_for, np.int64, len(stats_for)) if len(stats_for) else None
     origin = int(line.timestamp_ns) * 1000
@@ -69,30 +66,28 @@ def read_line(line, keep=None, stats_for=(), int_stats: dict[str, int] | None = 
     first: dict[int, list] = {}
     ints: dict[str, list[np.ndarray]] = {key: [] for key in (int_stats or {})}
     kept = 0
-    for batch in line.batches():
-        offset, duration, mid = event_arrays(batch)
-        events = batch.events
+    for batch in line.event_batches():
+        offset, duration, mid = batch.offset_ps, batch.duration_ps, batch.metadata_id
         index = None if keep_ids is None else np.flatnonzero(np.isin(mid, keep_ids))
         if index is not None:
             offset, duration, mid = offset[index], duration[index], mid[index]
         if not (_within(offset) and _within(duration)):
             _out_of_range(name)
         if int_stats:
-            chosen = events if index is None else [events[i] for i in index.tolist()]
-            for key, values in int_stat_values(chosen, int_stats).items():
+            for key, values in batch.int_stats(int_stats, index).items():
                 ints[key].append(values)
         if stats_ids is not None:
             for i in np.flatnonzero(np.isin(mid, stats_ids)).tolist():
-                stats[kept + i] = list(events[i if index is None else int(index[i])].stats)
+                stats[kept + i] = batch.stats(i if index is None else int(index[i]))
         if first_stats:
             ids, at = np.unique(mid, return_index=True)
             for key, i in zip(ids.tolist(), at.tolist()):
                 if key not in first:
-                    first[key] = list(events[i if index is None else int(index[i])].stats)
+                    first[key] = batch.stats(i if index is None else int(index[i]))
         start = offset + origin  # no overflow: each term is within 2**61
         parts.append((start, start + duration, mid))
         kept += len(mid)
-        del batch, events
+        del batch
     start, end, mid = (np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64) for k in range(3))
     if not (_within(start) and _within(end)):
         _out_of_range(name)
