@@ -18,6 +18,8 @@ Only the window's events of the current line are held (sorted to nest), never a 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from tpuprof.renderers.perfetto import Lanes, Writer
@@ -28,6 +30,12 @@ MEMORY_EVENTS = ("MemoryAllocation", "MemoryDeallocation")
 MEMORY_STATS = ("bytes_allocated", "index_on_host")
 STEPS_TRACK = "tpuprof steps"
 OP_LINES = ("XLA Ops", "Async XLA Ops")  # TPU lines whose events are HLO instructions
+
+
+class _RawEvent(NamedTuple):
+    """An event's raw XStat bytes, in the shape xplane.event_stats reads."""
+
+    stats: list
 
 
 def flow_id(kind: int, context: int) -> int:
@@ -145,17 +153,15 @@ class HostTrace:
         """The line's events overlapping the window, and on the host the launches that produced what the window's
         device programs consume: absolute start (ps), duration (ps), metadata id, and the raw event (for its
         stats) — read batch by batch, only these kept."""
-        from tpuprof.sources.xplane import int_stat_values
-        from tpuprof.sources.xspace_stream import event_arrays
+        from tpuprof.sources.xplane import MISSING
 
         producer_stats = {name: key for key, name in (stat_names or {}).items() if name in ("_p", "_pt")}
         linked = np.fromiter(self.consumed, np.int64, len(self.consumed)) if self.consumed else None
         origin = int(line.timestamp_ns) * 1000
         starts, durations, ids, raws = [], [], [], []
         sorted_so_far, last_start = True, None  # lines are usually in start order: then stop past the window
-        for batch in line.batches():
-            offset, duration, mid = event_arrays(batch)
-            begin = origin + offset
+        for batch in line.event_batches():
+            begin, duration = origin + batch.offset_ps, batch.duration_ps
             if len(begin):
                 sorted_so_far = sorted_so_far and (last_start is None or begin[0] >= last_start) \
                     and bool(np.all(begin[1:] >= begin[:-1]))
@@ -164,17 +170,16 @@ class HostTrace:
                     break  # every later event starts after the window (producers of linked flows may come later)
             inside = (begin < self.end_ps) & (begin + duration > self.start_ps)
             if linked is not None and len(producer_stats) == 2:
-                values = int_stat_values(batch.events, producer_stats)
+                values = batch.int_stats(producer_stats)
                 produced = (values["_pt"] & 0xFFFF) << 47 | (values["_p"] & ((1 << 47) - 1))
-                inside |= (values["_p"] >= 0) & np.isin(produced, linked)
+                inside |= (values["_p"] != MISSING) & np.isin(produced, linked)
             keep = np.flatnonzero(inside)
             if not len(keep):
                 continue
             starts.append(begin[keep])
             durations.append(duration[keep])
-            ids.append(mid[keep])
-            events = batch.events
-            raws += [events[i] if len(events[i].stats) else None for i in keep.tolist()]
+            ids.append(batch.metadata_id[keep])
+            raws += [_RawEvent(stats) if (stats := batch.stats(i)) else None for i in keep.tolist()]
         if not starts:
             empty = np.zeros(0, np.int64)
             return empty, empty, empty, []
