@@ -1,6 +1,6 @@
 """One host's capture, within a time window, as Perfetto tracks: streamed plane by plane, line by line.
 
-What goes in (`write_host`):
+What goes in (`HostTrace.write`):
 - a process per plane (`<host> /host:CPU`, `<host> /device:TPU:0`...), a thread track per host thread and a track
   per device line (XLA Modules, XLA Ops, Steps, XLA TraceMe...), events overlapping the window, whole;
 - TPU ops named by their HLO instruction, with the framework op, HLO category and program as arguments (the
@@ -25,9 +25,7 @@ import numpy as np
 from tpuprof.renderers.perfetto import Lanes, Writer
 
 HOST_PLANE = "/host:CPU"
-FLOW_STATS = ("_p", "_pt", "_c", "_ct")
 MEMORY_EVENTS = ("MemoryAllocation", "MemoryDeallocation")
-MEMORY_STATS = ("bytes_allocated", "index_on_host")
 STEPS_TRACK = "tpuprof steps"
 OP_LINES = ("XLA Ops", "Async XLA Ops")  # TPU lines whose events are HLO instructions
 
