@@ -21,6 +21,7 @@ import typer
 from tpuprof import library_output, targets
 from tpuprof.errors import UserError
 from tpuprof.renderers.csv import ANALYZE_TABLES, MEMORY_TABLES
+from tpuprof.renderers.formats import FORMATS
 from tpuprof.version import __version__
 
 app = typer.Typer(
@@ -34,7 +35,9 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
 )
 
-JSON_HELP = "Print one JSON document on stdout instead of tables."
+JSON_HELP = "Print one JSON document on stdout instead of tables (the same as --format json)."
+FORMAT_HELP = "table (default), json, or markdown: GitHub-flavoured, for a PR comment or $GITHUB_STEP_SUMMARY."
+OutputFormat = Enum("OutputFormat", {name: name for name in FORMATS}, type=str)
 VERBOSE_HELP = "Also show what TensorFlow, JAX, libtpu and the profiler print on stderr."
 # The generations come from tpuprof.targets, the one place that knows them: help and completion follow it.
 GENERATIONS = " ".join(targets.TARGETS)
@@ -62,6 +65,10 @@ def _check_generations(value: Optional[str]) -> Optional[str]:
         except UserError as error:
             raise typer.BadParameter(str(error)) from None
     return value
+
+
+def _format_option():
+    return typer.Option(None, "--format", help=FORMAT_HELP)
 
 
 def _target_option(help_text: str):
@@ -106,6 +113,7 @@ def memory(
     compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="Recompile the module proto (*.hlo.pb of a CPU/GPU/TF dump) with libtpu for --target: exact layouts and sizes. Default: recompile when libtpu is installed, --target is given and the dump has no TPU buffer assignment; --no-compile estimates instead."),
     top: int = typer.Option(15, "--top", help="Rows in the buffer and op tables and JSON lists (0: all)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    format_: Optional[OutputFormat] = _format_option(),
     csv: Optional[MemoryTable] = typer.Option(None, "--csv", help="Print one table as CSV, every row."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
@@ -114,7 +122,7 @@ def memory(
     from tpuprof.commands import memory as command
 
     command.run(path, module=module, target=target, compile_=compile_, top=top, as_json=as_json,
-                csv=csv.value if csv else None)
+                csv=csv.value if csv else None, format_=format_.value if format_ else None)
 
 
 @app.command(epilog=_examples(
@@ -129,13 +137,14 @@ def oom(
     batch: Optional[int] = typer.Option(None, "--batch", help="The batch size that failed, to estimate the one that fits."),
     target: Optional[str] = _target_option("TPU generation: the capacity when the message has none."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    format_: Optional[OutputFormat] = _format_option(),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Explain a TPU out-of-memory error: the numbers, each buffer's padding, the fixes. Exit 2 if none is found."""
     library_output.hold(verbose)
     from tpuprof.commands import oom as command
 
-    command.run(log, dump=dump, batch=batch, target=target, as_json=as_json)
+    command.run(log, dump=dump, batch=batch, target=target, as_json=as_json, format_=format_.value if format_ else None)
 
 
 @app.command(epilog=_examples(
@@ -148,6 +157,7 @@ def analyze(
     path: str = typer.Argument(..., metavar="PROFILE", help="Profile logdir (its newest run), run folder (plugins/profile/<run>), <host>.xplane.pb, or a gs:// path; several hosts make one report."),
     top: int = typer.Option(10, "--top", help="Rows in the op and tf.data stage tables (0: all)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    format_: Optional[OutputFormat] = _format_option(),
     csv: Optional[AnalyzeTable] = typer.Option(None, "--csv", help="Print one table as CSV, every row."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
@@ -155,7 +165,8 @@ def analyze(
     library_output.hold(verbose)
     from tpuprof.commands import analyze as command
 
-    command.run(path, top=top, as_json=as_json, csv=csv.value if csv else None)
+    command.run(path, top=top, as_json=as_json, csv=csv.value if csv else None,
+                format_=format_.value if format_ else None)
 
 
 @app.command(epilog=_examples(
@@ -224,13 +235,15 @@ def diff(
     target: Optional[str] = _target_option("TPU generation for inputs that do not say."),
     top: int = typer.Option(10, "--top", help="Rows of buffers that appear, disappear or change."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    format_: Optional[OutputFormat] = _format_option(),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """What changed between two runs (peak, padding, buffers, step time, input %); --fail-if for CI."""
     library_output.hold(verbose)
     from tpuprof.commands import diff as command
 
-    command.run(a, b, fail_if=fail_if or [], batches=batches, target=target, top=top, as_json=as_json)
+    command.run(a, b, fail_if=fail_if or [], batches=batches, target=target, top=top, as_json=as_json,
+                format_=format_.value if format_ else None)
 
 
 @app.command(epilog=_examples(
@@ -255,6 +268,7 @@ def preflight(
                                         help="On-demand price per chip-hour, overriding tpuprof's table (e.g. v6e=2.70)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Recompile even if a cached result exists."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    format_: Optional[OutputFormat] = _format_option(),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Will it fit on a TPU, the largest batch that does, and how fast and at what cost: compiled with libtpu, no TPU needed."""
@@ -262,7 +276,35 @@ def preflight(
     from tpuprof.commands import preflight as command
 
     command.run(spec, tpu, batch=batch, max_batch=max_batch, compare_bf16=compare_bf16, top=top,
-                use_cache=not no_cache, as_json=as_json, tokens_per_example=tokens_per_example, price=price)
+                use_cache=not no_cache, as_json=as_json, tokens_per_example=tokens_per_example, price=price,
+                format_=format_.value if format_ else None)
+
+
+@app.command(epilog=_examples(
+    "tpuprof trace sample_profiles/captures/jax_compute -o steps.pftrace",
+    "tpuprof trace LOGDIR -o steps.pftrace --steps 10:13 --hosts worker0,worker1",
+))
+def trace(
+    path: str = typer.Argument(..., metavar="PROFILE", help="Profile logdir, run folder, <host>.xplane.pb or gs:// path, as for analyze."),
+    output: Path = typer.Option(..., "--output", "-o", help="The Perfetto trace to write (protobuf; open in ui.perfetto.dev)."),
+    steps: Optional[str] = typer.Option(None, "--steps", metavar="FIRST:END", help="Steps FIRST to END-1 as analyze numbers them (10:13: three steps). Default: the median step and one either side."),
+    hosts: Optional[str] = typer.Option(None, "--hosts", metavar="HOST[,...]", help="Only these hosts (file names without .xplane.pb). Default: every host."),
+    force: bool = typer.Option(False, "--force", help="Replace the output file if it exists."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+) -> None:
+    """Chosen steps of every host and TPU core as a Perfetto trace: ops, modules, steps, flows, memory counters."""
+    library_output.hold(verbose)
+    from tpuprof.commands import trace as command
+
+    command.run(path, output, steps=steps, hosts=hosts, force=force)
+
+
+@app.command(epilog=_examples("tpuprof guide | less", "tpuprof guide > AGENTS-tpuprof.md      # beside the code an agent works on"))
+def guide() -> None:
+    """How to use tpuprof from an agent or a script: which command answers what, JSON fields, exit codes, chains."""
+    from tpuprof.commands import guide as command
+
+    command.run()
 
 
 # The command list shows each command's first sentence whole, wrapped if need be (click would cut it to

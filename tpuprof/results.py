@@ -56,9 +56,10 @@ class Result:
 
     def to_dict(self) -> dict:
         """The command's `--json` document: first its schema name ("tpuprof.memory/1", see tpuprof/schemas)."""
-        from tpuprof import schemas
+        from tpuprof import caveats, schemas
 
-        return {"schema": schemas.name(self.command), **self._document()}
+        # Every estimated figure carries what it leaves out, derived from the document itself.
+        return caveats.annotate(self.command, {"schema": schemas.name(self.command), **self._document()})
 
     def _document(self) -> dict:
         raise NotImplementedError

@@ -42,9 +42,11 @@ def result(path: str, top: int = 10):
     return AnalyzeResult(str(path), analyze(str(path), top=top), top)
 
 
-def run(path: str, top: int, as_json: bool, csv: str | None = None) -> None:
+def run(path: str, top: int, as_json: bool, csv: str | None = None, format_: str | None = None) -> None:
     from tpuprof.renderers import analyze as render
+    from tpuprof.renderers.formats import output_format, print_document
 
+    format_ = output_format(as_json, format_)
     if csv is not None:
         from tpuprof.renderers import csv as render_csv
 
@@ -52,9 +54,5 @@ def run(path: str, top: int, as_json: bool, csv: str | None = None) -> None:
         render_csv.print_analyze(analyze(str(path), top=0), csv)  # CSV: every row
         return
     steps = result(path, top)
-    if as_json:
-        from tpuprof.renderers.output import print_json
-
-        print_json(steps.to_dict())
-    else:
+    if not print_document(steps, format_):
         render.print_tables(steps.report, top)

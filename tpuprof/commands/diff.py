@@ -67,15 +67,13 @@ def result(a, b, fail_if: list[str], batches=None, target: str | None = None, to
 
 
 def run(a: str, b: str, fail_if: list[str], batches: str | None, target: str | None, top: int,
-        as_json: bool) -> None:
+        as_json: bool, format_: str | None = None) -> None:
     from tpuprof.renderers import diff as render
+    from tpuprof.renderers.formats import output_format, print_document
 
+    format_ = output_format(as_json, format_)
     compared = result(a, b, fail_if, batches, target, top)
-    if as_json:
-        from tpuprof.renderers.output import print_json
-
-        print_json(compared.to_dict())
-    else:
+    if not print_document(compared, format_):
         render.print_tables(compared.diff)
     if compared.regression:
         sys.stdout.flush()

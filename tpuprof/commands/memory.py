@@ -121,9 +121,11 @@ def result(path: Path, module: str | None = None, target: str | None = None, top
 
 
 def run(path: Path, module: str | None, target: str | None, compile_: bool | None, top: int, as_json: bool,
-        csv: str | None = None) -> None:
+        csv: str | None = None, format_: str | None = None) -> None:
     from tpuprof.renderers import memory as render
+    from tpuprof.renderers.formats import output_format, print_document
 
+    format_ = output_format(as_json, format_)
     if csv is not None:
         from tpuprof.renderers import csv as render_csv
 
@@ -131,9 +133,5 @@ def run(path: Path, module: str | None, target: str | None, compile_: bool | Non
         render_csv.print_memory(analyze(path, module, target, 0, compile_), csv)
         return
     memory = result(path, module, target, top, compile_)
-    if as_json:
-        from tpuprof.renderers.output import print_json
-
-        print_json(memory.to_dict())
-    else:
+    if not print_document(memory, format_):
         render.print_tables(memory.modules, top)

@@ -15,14 +15,14 @@ from tpuprof.models.oom import NOT_TPU
 
 
 def run(path: str | None, dump: Path | None = None, batch: int | None = None, target: str | None = None,
-        as_json: bool = False) -> None:
+        as_json: bool = False, format_: str | None = None) -> None:
+    from tpuprof.renderers.formats import output_format, print_document
+
+    format_ = output_format(as_json, format_)
     if path in (None, "-") and sys.stdin.isatty():
         raise UserError("give the log file, or pipe the log into `tpuprof oom -`.")
     explained = result(path, dump=dump, batch=batch, target=target)
-    if as_json:
-        from tpuprof.renderers.output import print_json
-
-        print_json(explained.to_dict())
+    if print_document(explained, format_):
         return
     from tpuprof.renderers import oom as renderer
 

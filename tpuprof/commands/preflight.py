@@ -19,9 +19,12 @@ def parse_targets(text: str) -> list[str]:
 
 
 def run(spec_text: str, tpu: str, batch: int | None, max_batch: bool, compare_bf16: bool, top: int,
-        use_cache: bool, as_json: bool, tokens_per_example: int | None = None, price: str | None = None) -> None:
+        use_cache: bool, as_json: bool, tokens_per_example: int | None = None, price: str | None = None,
+        format_: str | None = None) -> None:
+    from tpuprof.renderers.formats import output_format, print_document
     from tpuprof.sources import tpu_compile
 
+    format_ = output_format(as_json, format_)
     names = parse_targets(tpu)
     if batch is not None and max_batch:
         raise UserError("give either --batch N or --max-batch, not both.")
@@ -40,14 +43,10 @@ def run(spec_text: str, tpu: str, batch: int | None, max_batch: bool, compare_bf
 
     from tpuprof.renderers import preflight as render
 
-    with render.progress(enabled=not as_json) as report_progress:
+    with render.progress(enabled=format_ == "table") as report_progress:
         checked = result(spec, names, batch, max_batch, compare_bf16, top, use_cache, report_progress,
                          tokens_per_example=tokens_per_example, price_overrides=price_overrides)
-    if as_json:
-        from tpuprof.renderers.output import print_json
-
-        print_json(checked.to_dict())
-    else:
+    if not print_document(checked, format_):
         render.print_report(spec_text, checked.targets, top)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -24,16 +25,23 @@ def console():
 
 def write_atomically(path: Path, data: bytes | str) -> None:
     """Write to a temporary file beside PATH and rename: a crash never leaves half a file."""
+    with atomic_file(path, "wb" if isinstance(data, bytes) else "w") as handle:
+        handle.write(data)
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: str = "wb"):
+    """A file object to write PATH through: a temporary file beside it, renamed over PATH when the block ends
+    without an error, removed otherwise (a crash or an interrupt never leaves half a file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the result should read like any file the user writes
     try:
         with os.fdopen(fd, mode) as handle:
-            handle.write(data)
+            yield handle
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

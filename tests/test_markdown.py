@@ -1,0 +1,133 @@
+"""`--format markdown`: every sample's Markdown shows its --json document's figures, and a Markdown parser builds
+its tables (what GitHub renders in a PR comment or a job summary)."""
+
+from __future__ import annotations
+
+import pytest
+from markdown_it import MarkdownIt
+
+from conftest import run_cli
+from sample_documents import commands, document
+from tpuprof.renderers import markdown
+from tpuprof.renderers.diff import fmt_change, fmt_value
+from tpuprof.units import fmt_bytes
+
+PARSER = MarkdownIt("commonmark").enable("table")
+
+
+def tables(text: str) -> list[list[list[str]]]:
+    """The tables a Markdown parser builds: each a list of rows (header first) of cell texts."""
+    found, row, in_cell = [], None, False
+    for token in PARSER.parse(text):
+        if token.type == "table_open":
+            found.append([])
+        elif token.type == "tr_open":
+            row = []
+        elif token.type == "tr_close":
+            found[-1].append(row)
+        elif token.type in ("th_open", "td_open"):
+            in_cell = True
+        elif token.type in ("th_close", "td_close"):
+            in_cell = False
+        elif token.type == "inline" and in_cell:
+            row.append("".join(child.content for child in token.children or []) if token.children else token.content)
+    return found
+
+
+def expected_figures(doc: dict) -> list[str]:
+    """The figures of the document the Markdown must show, formatted independently of the renderer's layout."""
+    command = doc["schema"].split(".")[1].split("/")[0]
+    out: list[str] = []
+    if command == "memory":
+        ranked = sorted(doc["modules"], key=lambda m: m.get("peak_heap_bytes") or 0, reverse=True)
+        for module in ranked[:markdown.MAX_MODULES]:
+            out += [module["name"], fmt_bytes(module["peak_heap_bytes"]), fmt_bytes(module["padding_at_peak_bytes"])]
+            out += [fmt_bytes(b["size_bytes"]) for b in module["buffers"][:markdown.TOP]]
+            out += [b["instruction"] for b in module["buffers"][:markdown.TOP]]
+            out += [s["message"] for s in module["suggestions"][:markdown.MAX_FIXES]]
+            out += module["caveats"]
+    elif command == "analyze":
+        out += [doc["verdict"], str(doc["steps"]["median_ms"]), str(doc["steps"]["count"])]
+        out += [str(v) for v in doc["breakdown_percent"].values() if v]
+        out += [o["name"] for o in doc["top_ops"][:markdown.TOP]]
+        out += [s["message"] for s in doc["suggestions"][:markdown.MAX_FIXES]] + doc["caveats"] + doc["warnings"]
+    elif command == "oom":
+        out += [doc["headline"], fmt_bytes(doc["capacity_bytes"])]
+        out += [s["message"] for s in doc["suggestions"][:markdown.MAX_FIXES]] + doc["batch_estimate"]["caveats"]
+        if doc["batch_estimate"].get("fitting_batch") is not None:
+            out.append(f"**Batch that fits:** {doc['batch_estimate']['fitting_batch']}")
+    elif command == "preflight":
+        for target in doc["targets"]:
+            out += [target["target"], fmt_bytes(target["required_bytes"]), "fits" if target["fits"] else "does not fit"]
+            if target.get("estimate"):
+                out += [str(target["estimate"]["step_ms"])] + target["estimate"]["caveats"]
+            if target.get("memory"):
+                out += [fmt_bytes(target["memory"]["peak_heap_bytes"])] + target["memory"]["caveats"]
+    elif command == "diff":
+        out += [c["expression"] for c in doc["thresholds"]]
+        for group in doc["groups"]:
+            out += group["caveats"]
+            for m in group["metrics"]:
+                if m["change"]:
+                    out += [m["name"], fmt_value(m["b"], m["unit"]), fmt_change(m["change"], m["unit"])]
+    return out
+
+
+def _unescaped(text: str) -> str:
+    return text.replace("\\|", "|")
+
+
+@pytest.mark.parametrize("sample", commands(), ids=lambda c: c[0])
+def test_markdown_shows_the_json_figures(sample):
+    doc = document(sample)
+    text = markdown.render(doc)
+    plain = _unescaped(text)
+    missing = [figure for figure in expected_figures(doc) if figure not in plain]
+    assert not missing, f"{sample[0]}: the Markdown lacks {missing[:5]}"
+    built = tables(text)
+    assert built, f"{sample[0]}: no table was built"
+    assert all(len(row) == len(t[0]) for t in built for row in t), "a row with a different number of cells"
+    assert len(text) < 12_000, "too long for a PR comment"
+
+
+def test_the_tables_hold_the_figures_in_their_cells():
+    """Not only somewhere in the text: the parser puts the diff's tripped threshold and its metric in cells."""
+    sample = next(c for c in commands() if c[0] == "diff/memory")
+    doc = document(sample)
+    built = tables(markdown.render(doc))
+    thresholds = built[0]
+    assert thresholds[0][:3] == ["threshold", "group", "A"]
+    assert thresholds[1][0] == "peak_heap_bytes>+5%" and thresholds[1][-1] == "❌ tripped"
+    metrics = {row[0]: row for row in built[1][1:]}
+    peak = next(m for m in doc["groups"][0]["metrics"] if m["name"] == "peak_heap_bytes")
+    assert metrics["peak_heap_bytes"][1:3] == [fmt_bytes(peak["a"]), fmt_bytes(peak["b"])]
+
+
+def test_a_pipe_in_a_name_stays_in_its_cell():
+    doc = {"schema": "tpuprof.analyze/1", "verdict": "compute-bound", "steps": {"count": 9, "median_ms": 1.0},
+           "breakdown_percent": {"compute": 100.0}, "breakdown_ms_per_step": {"compute": 1.0},
+           "top_ops": [{"name": "a|b`c", "kind": "k", "where": "TPU", "count": 1, "self_ms": 2.0}]}
+    ops = tables(markdown.render(doc))[1]
+    assert len(ops[1]) == 5 and ops[1][0] == "a|b`c"
+
+
+def test_cli_markdown_is_the_json_document_rendered():
+    """`--format markdown` prints exactly what the renderer makes of the `--json` document; diff keeps exit 1."""
+    sample = next(c for c in commands() if c[0] == "diff/memory")
+    result = run_cli(*sample[1], "--format", "markdown")
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == markdown.render(document(sample))
+    assert result.stdout.startswith("## tpuprof diff\n\n**❌ Regression: 1 of 1 thresholds tripped**")
+
+
+def test_json_and_another_format_is_one_sentence():
+    result = run_cli("analyze", "sample_profiles/captures/jax_compute", "--json", "--format", "markdown")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "tpuprof: --json and --format markdown ask for two formats: give one."
+
+
+@pytest.mark.parametrize("command", ["memory", "oom", "analyze", "preflight", "diff"])
+def test_a_document_missing_its_optional_parts_still_renders(command):
+    """A document read back may lack lists and figures (older tpuprof, another tool): the heading, no error."""
+    text = markdown.render({"schema": f"tpuprof.{command}/1"})
+    assert text.startswith(f"## tpuprof {command}")

@@ -1,0 +1,158 @@
+"""`tpuprof trace PROFILE -o trace.pftrace [--steps 10:13] [--hosts h1,h2]`: chosen steps of every host and TPU core
+as a Perfetto trace (protobuf), for ui.perfetto.dev.
+
+Two streamed passes per host file, each in bounded memory (sources.xspace_stream): the step analysis `tpuprof
+analyze` runs (steps.analyze_file), which gives the steps and so the time window; then the window's events
+(renderers.trace). The window is the chosen steps, on the host and every TPU core; by default the median step
+(by duration, on the first host) and one either side.
+
+The output is written to a temporary file beside it and renamed: an interrupted export leaves nothing, and an
+existing file is replaced only with --force. Exit 2 on bad input (one sentence).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpuprof.errors import UserError
+
+DEFAULT_STEPS_AROUND_MEDIAN = 1
+
+
+@dataclass
+class Exported:
+    output: str
+    bytes: int
+    hosts: list[str]
+    steps: list[int]
+    events: int
+    window_ms: float
+
+
+def parse_steps(text: str | None) -> tuple[int, int] | None:
+    """'10:13' -> (10, 13), steps 10, 11 and 12 (as Python slices); '12' -> (12, 13); None: the default window."""
+    if text is None:
+        return None
+    first, sep, last = text.partition(":")
+    try:
+        low = int(first)
+        high = int(last) if sep else low + 1
+    except ValueError:
+        raise UserError(f"--steps takes FIRST:END step numbers, e.g. 10:13 (steps 10 to 12), or one number "
+                        f"(got {text!r}).") from None
+    if low < 0 or high <= low:
+        raise UserError(f"--steps {text}: give FIRST:END with END > FIRST >= 0 (10:13 is steps 10, 11, 12).")
+    return low, high
+
+
+def choose_hosts(files: list[str], hosts: str | None) -> list[str]:
+    from tpuprof.sources import xplane
+
+    if not hosts:
+        return files
+    wanted = [h.strip() for h in hosts.split(",") if h.strip()]
+    names = {xplane.host_name(f): f for f in files}
+    missing = [h for h in wanted if h not in names]
+    if missing:
+        raise UserError(f"no host {', '.join(missing)} in the capture; it has {', '.join(sorted(names))}.")
+    return [names[h] for h in wanted]
+
+
+def choose_steps(steps, asked: tuple[int, int] | None) -> list:
+    """The steps to export, consecutive in time: steps FIRST to END-1 by number (the first such run when numbers
+    repeat, as in captures of restarted loops), or the median step by duration and one either side."""
+    ordered = sorted(steps, key=lambda s: s.start_ps)
+    if asked is None:
+        by_duration = sorted(range(len(ordered)), key=lambda i: (ordered[i].duration_ps, i))
+        middle = by_duration[(len(by_duration) - 1) // 2]
+        return ordered[max(0, middle - DEFAULT_STEPS_AROUND_MEDIAN):middle + DEFAULT_STEPS_AROUND_MEDIAN + 1]
+    low, high = asked
+    first = next((i for i, s in enumerate(ordered) if low <= s.number < high), None)
+    if first is None:
+        return []
+    chosen = []
+    for step in ordered[first:]:
+        if not low <= step.number < high or any(c.number == step.number for c in chosen):
+            break
+        chosen.append(step)
+    return chosen
+
+
+def window(profile, chosen: list) -> tuple[int, int]:
+    """[start, end) in ps of the chosen host steps, widened to the same steps on every TPU core (each core's
+    step of that number nearest in time)."""
+    start = min(s.start_ps for s in chosen)
+    end = max(s.start_ps + s.duration_ps for s in chosen)
+    for device in profile.devices:
+        for step in chosen:
+            same = [d for d in device.steps if d.number == step.number]
+            if same:
+                nearest = min(same, key=lambda d: abs(d.start_ps - step.start_ps))
+                start, end = min(start, nearest.start_ps), max(end, nearest.start_ps + nearest.duration_ps)
+    return start, end
+
+
+def _same_steps(steps, chosen: list) -> list:
+    found = []
+    for step in chosen:
+        same = [s for s in steps if s.number == step.number]
+        if same:
+            found.append(min(same, key=lambda s: abs(s.start_ps - step.start_ps)))
+    return found
+
+
+def export(path: str, output: Path, steps: str | None = None, hosts: str | None = None,
+           force: bool = False) -> Exported:
+    from tpuprof.analyses import steps as analysis
+    from tpuprof.renderers.output import atomic_file
+    from tpuprof.renderers.perfetto import Writer
+    from tpuprof.renderers.trace import HostTrace
+    from tpuprof.sources import inputs, xplane
+
+    output = Path(output)
+    asked = parse_steps(steps)
+    if output.is_dir():
+        raise UserError(f"{output} is a folder: -o names the trace file to write, e.g. -o steps.pftrace.")
+    if output.exists() and not force:
+        raise UserError(f"{output} exists: give another -o, or --force to replace it.")
+    inputs.expect(path, inputs.STEPS)
+    files, _ = xplane.find_capture(path)
+    files = choose_hosts(files, hosts)
+    profiles = [analysis.analyze_file(f) for f in files]  # the step analysis of `tpuprof analyze`
+    first = next((p for p in profiles if p.steps), None)
+    if first is None:
+        raise UserError(f"no steps found in {path}: `tpuprof analyze` says why; a trace needs steps to pick.")
+    chosen = choose_steps(first.steps, asked)
+    if not chosen:
+        numbers = sorted(s.number for s in first.steps)
+        raise UserError(f"--steps {steps}: the capture holds steps {numbers[0]} to {numbers[-1]}.")
+    numbers = [s.number for s in chosen]
+    events, spans = 0, []
+    with atomic_file(output) as handle:  # a temporary file beside OUTPUT, renamed when complete
+        writer = Writer(handle)
+        next_pid = 1
+        for file, profile in zip(files, profiles):
+            # Other hosts: their steps of the same numbers nearest in time to the first host's.
+            mine = chosen if profile is first else _same_steps(profile.steps, chosen)
+            if not mine:
+                continue
+            span = window(profile, mine)
+            spans.append(span)
+            host = HostTrace(writer, xplane.host_name(file), span, set(numbers), next_pid)
+            with xplane.open_stream(file) as space:
+                host.write(space, profile)
+            next_pid, events = host.next_pid, events + host.events
+    window_ms = max((end - start) / 1e9 for start, end in spans) if spans else 0.0
+    return Exported(str(output), output.stat().st_size, [xplane.host_name(f) for f in files], numbers, events,
+                    window_ms)
+
+
+def run(path: str, output: Path, steps: str | None, hosts: str | None, force: bool) -> None:
+    done = export(path, output, steps, hosts, force)
+    from tpuprof.units import fmt_bytes
+
+    shown = f"{done.steps[0]}" if len(done.steps) == 1 else f"{done.steps[0]}-{done.steps[-1]}"
+    print(f"{done.output}: steps {shown} of {len(done.hosts)} host(s), {done.events:,} events over "
+          f"{done.window_ms:.1f} ms, {fmt_bytes(done.bytes)}. Open it in https://ui.perfetto.dev", file=sys.stdout)

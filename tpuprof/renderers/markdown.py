@@ -1,0 +1,335 @@
+"""`--format markdown`: a command's --json document as GitHub-flavoured Markdown, short enough for a pull request
+comment or `$GITHUB_STEP_SUMMARY`: the verdict first, the top rows, the fixes with their code, the caveats.
+
+Rendered from the very document `--json` prints (never from the pipeline's objects), so the two cannot drift:
+every figure here is a field of the document, formatted. `render(document)` picks the layout from the document's
+`schema` (tpuprof.<command>/<version>).
+"""
+
+from __future__ import annotations
+
+from tpuprof import schemas
+from tpuprof.renderers.diff import fmt_change, fmt_percent, fmt_value
+from tpuprof.units import fmt_bytes
+
+TOP = 5  # rows of each table: enough to act on, short enough for a comment
+MAX_MODULES = 3  # memory documents of a whole dump folder: the largest peaks
+MAX_FIXES = 5
+
+
+def render(document: dict, top: int = TOP) -> str:
+    """The Markdown of any tpuprof --json document (memory, oom, analyze, preflight, diff)."""
+    parsed = schemas.parse(document.get("schema"))
+    command = parsed[0] if parsed else ""
+    renderer = RENDERERS.get(command)
+    if renderer is None:
+        raise ValueError(f"no Markdown layout for a {document.get('schema')!r} document")
+    lines = renderer(document, top)
+    return "\n".join(_tidy(lines)).strip() + "\n"
+
+
+# --- building blocks ---------------------------------------------------------------------------------------
+
+def cell(value) -> str:
+    """Text for a table cell: pipes escaped, one line, backticks kept balanced."""
+    text = "" if value is None else str(value)
+    return text.replace("|", "\\|").replace("\n", " ").strip()
+
+
+def code(value) -> str:
+    """Inline code that survives any backticks inside (a longer fence around it); a table's cell() escapes its
+    pipes."""
+    text = "" if value is None else str(value).replace("\n", " ").strip()
+    if not text:
+        return ""
+    fence = "`"
+    while fence in text:
+        fence += "`"
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def table(headers: list[str], rows: list[list], right: set[int] = frozenset()) -> list[str]:
+    """A GitHub table; columns in RIGHT are numbers (right-aligned)."""
+    if not rows:
+        return []
+    out = ["| " + " | ".join(cell(h) for h in headers) + " |",
+           "|" + "|".join("---:" if i in right else "---" for i in range(len(headers))) + "|"]
+    out += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return out + [""]
+
+
+def more(shown: int, total: int | None, what: str) -> list[str]:
+    return [f"_{total - shown} of {total} {what} not shown: `--json` has every one._", ""] if total and total > shown else []
+
+
+def fixes(suggestions: list, limit: int = MAX_FIXES) -> list[str]:
+    """Numbered fixes: title, saving, message, then the code to write."""
+    from tpuprof.models.suggestion import KIND_TITLES
+
+    if not suggestions:
+        return []
+    out = ["**Fixes**", ""]
+    for number, item in enumerate(suggestions[:limit], 1):
+        kind = item.get("kind") or ""
+        title = KIND_TITLES.get(kind, kind.replace("_", " ").capitalize())
+        saving = ""
+        if item.get("saving_bytes"):
+            saving = f" (frees ≈{fmt_bytes(item['saving_bytes'])}, {item.get('confidence') or 'estimated'})"
+        elif item.get("saving_ms_per_step"):
+            saving = f" (saves ≈{item['saving_ms_per_step']:g} ms/step, {item.get('confidence') or 'estimated'})"
+        out.append(f"{number}. **{cell(title)}**{saving}: {cell(item.get('message'))}")
+        if item.get("code"):
+            out.append(f"   {code(item['code'])}")
+        if item.get("source_line"):
+            out.append(f"   at {code(item['source_line'])}")
+    out.append("")
+    return out + more(limit, len(suggestions), "fixes")
+
+
+def caveats(items: list | None, what: str = "") -> list[str]:
+    if not items:
+        return []
+    return [f"<details><summary>Caveats{' (' + what + ')' if what else ''}</summary>", ""] \
+        + [f"- {cell(c)}" for c in items] + ["", "</details>", ""]
+
+
+def _tidy(lines: list[str]) -> list[str]:
+    """No runs of blank lines."""
+    out: list[str] = []
+    for line in lines:
+        if line == "" and (not out or out[-1] == ""):
+            continue
+        out.append(line)
+    return out
+
+
+def _how(module: dict) -> str:
+    if not module.get("estimated"):
+        return "exact (compiler's buffer assignment" + (", recompiled)" if module.get("method") == "recompiled" else ")")
+    error = module.get("expected_error_percent")
+    return f"estimated ({module.get('method')}" + (f", expected error {error:g}%)" if error is not None else ")")
+
+
+# --- memory ------------------------------------------------------------------------------------------------
+
+def memory_module(module: dict, top: int, heading: str = "###") -> list[str]:
+    peak, capacity = module.get("peak_heap_bytes"), module.get("hbm_capacity_bytes")
+    out = [f"{heading} {code(module.get('name'))}" + (f" on {module['target']}" if module.get("target") else ""), ""]
+    if peak is not None:
+        share = f" of {fmt_bytes(capacity)} HBM ({100 * peak / capacity:.1f}%)" if capacity else ""
+        fits = "" if not capacity else (" — **fits**" if peak <= capacity else " — **does not fit**")
+        out.append(f"**Peak {fmt_bytes(peak)}**{share}{fits}; {_how(module)}.")
+        if module.get("peak_range_bytes"):
+            low, high = module["peak_range_bytes"]
+            out.append(f"The real peak can land from {fmt_bytes(low)} to {fmt_bytes(high)}.")
+        out.append("")
+    out += table(["", "padded", "unpadded"], [
+        ["peak", fmt_bytes(peak), fmt_bytes(module.get("peak_unpadded_heap_bytes"))],
+        ["padding at peak", fmt_bytes(module.get("padding_at_peak_bytes")), ""],
+        ["arguments", fmt_bytes(module.get("argument_bytes")), ""],
+        ["temporaries", fmt_bytes(module.get("temp_bytes")), ""],
+        ["output", fmt_bytes(module.get("output_bytes")), ""],
+    ], right={1, 2})
+    buffers = module.get("buffers") or []
+    if buffers:
+        out += [f"**Largest buffers** ({min(top, len(buffers))} of {module.get('buffer_count', len(buffers))})", ""]
+        out += table(["buffer", "shape", "padded", "unpadded", "padding", "at peak", "op"],
+                     [[code(b["instruction"]), code(b.get("shape")), fmt_bytes(b["size_bytes"]),
+                       fmt_bytes(b["unpadded_bytes"]), fmt_bytes(b.get("padding_bytes")),
+                       "yes" if b.get("live_at_peak") else "", cell(b.get("op_name"))] for b in buffers[:top]],
+                     right={2, 3, 4})
+    ops = module.get("ops") or []
+    if ops:
+        scope = "at the peak" if module.get("ops_scope") == "peak" else "over all buffers"
+        out += [f"**Framework ops** ({scope})", ""]
+        out += table(["op", "padded", "unpadded", "padding", "buffers"],
+                     [[code(o["op_name"]), fmt_bytes(o["size_bytes"]), fmt_bytes(o["unpadded_bytes"]),
+                       fmt_bytes(o.get("padding_bytes")), o.get("buffers")] for o in ops[:top]], right={1, 2, 3, 4})
+    return out + fixes(module.get("suggestions") or []) + caveats(module.get("caveats"))
+
+
+def _memory(document: dict, top: int) -> list[str]:
+    modules = document.get("modules") or []
+    out = ["## tpuprof memory", ""]
+    if not modules:
+        return out + ["No module with HBM buffers found."]
+    ranked = sorted(modules, key=lambda m: m.get("peak_heap_bytes") or 0, reverse=True)
+    for module in ranked[:MAX_MODULES]:
+        out += memory_module(module, top)
+    return out + more(MAX_MODULES, len(modules), "modules")
+
+
+# --- oom ---------------------------------------------------------------------------------------------------
+
+OOM_FIGURES = [("used", "used_bytes"), ("required (estimate)", "required_bytes"), ("capacity", "capacity_bytes"),
+               ("exceeded by", "exceeded_bytes"), ("requested", "requested_bytes"), ("free", "free_bytes"),
+               ("HLO temporaries", "hlo_temp_bytes"), ("program", "program_bytes"), ("arguments", "arguments_bytes"),
+               ("reserved", "reserved_bytes")]
+
+
+def _oom(document: dict, top: int) -> list[str]:
+    out = ["## tpuprof oom: TPU out of memory", "", f"> {cell(document.get('headline'))}", "",
+           f"**{cell(document.get('kind'))}** in {cell(document.get('memory_space') or 'memory')}"
+           + (f"; {document['messages_found']} messages in the log, this is the most detailed"
+              if (document.get("messages_found") or 0) > 1 else "") + ".", ""]
+    out += table(["", "bytes"], [[label, fmt_bytes(document[key])] for label, key in OOM_FIGURES
+                                 if document.get(key) is not None], right={1})
+    allocations = document.get("allocations") or []
+    if allocations:
+        out += ["**Largest allocations** (from the log)", ""]
+        out += table(["#", "size", "shape", "unpadded", "op"],
+                     [[a.get("index"), fmt_bytes(a.get("size_bytes")), code(a.get("shape")),
+                       fmt_bytes(a.get("unpadded_bytes") if a.get("unpadded_bytes") is not None
+                                 else a.get("recomputed_unpadded_bytes")),
+                       cell(a.get("op_name") or a.get("op_type") or a.get("xla_label"))] for a in allocations[:top]],
+                     right={1, 3})
+        out += more(top, len(allocations), "allocations")
+    estimate = document.get("batch_estimate") or {}
+    if estimate.get("fitting_batch") is not None:
+        out += [f"**Batch that fits:** {estimate['fitting_batch']} (now {estimate.get('current_batch')}; "
+                f"confidence {estimate.get('confidence')}).", ""]
+    return out + fixes(document.get("suggestions") or []) + caveats(estimate.get("caveats"), "batch estimate")
+
+
+# --- analyze -----------------------------------------------------------------------------------------------
+
+def _analyze(document: dict, top: int) -> list[str]:
+    steps = document.get("steps") or {}
+    out = ["## tpuprof analyze", ""]
+    if document.get("verdict"):
+        out += [f"**{cell(document['verdict'])}**: {cell(document.get('verdict_reason'))}", ""]
+    if steps.get("count"):
+        out += [f"{steps['count']} steps over {len(document.get('hosts') or [])} host(s): median "
+                f"{steps.get('median_ms')} ms, mean {steps.get('mean_ms')} ms, p90 {steps.get('p90_ms')} ms.", ""]
+    percent, per_step = document.get("breakdown_percent") or {}, document.get("breakdown_ms_per_step") or {}
+    out += table(["step time", "%", "ms/step"],
+                 [[name.replace("_", " "), value, per_step.get(name)] for name, value in percent.items() if value],
+                 right={1, 2})
+    bottleneck = (document.get("input_pipeline") or {}).get("bottleneck")
+    if bottleneck:
+        out += [f"Slowest tf.data stage: {code(bottleneck.get('stage'))} ({bottleneck.get('self_ms')} ms self).", ""]
+    ops = document.get("top_ops") or []
+    if ops:
+        out += ["**Top ops** (self time over the capture)", ""]
+        out += table(["op", "kind", "where", "count", "self ms"],
+                     [[code(o.get("name")), cell(o.get("kind")), o.get("where"), o.get("count"), o.get("self_ms")]
+                      for o in ops[:top]], right={3, 4})
+    stragglers = document.get("stragglers") or []
+    if stragglers:
+        out += table(["straggler host", "median ms", "hosts' median ms"],
+                     [[s.get("host"), s.get("median_ms"), s.get("hosts_median_ms")] for s in stragglers[:top]],
+                     right={1, 2})
+    out += [f"> ⚠️ {cell(w)}" for w in document.get("warnings") or []] + [""]
+    return out + fixes(document.get("suggestions") or []) + caveats(document.get("caveats"))
+
+
+# --- preflight ---------------------------------------------------------------------------------------------
+
+def _preflight(document: dict, top: int) -> list[str]:
+    targets = document.get("targets") or []
+    out = ["## tpuprof preflight", ""]
+    rows = []
+    for t in targets:
+        e = t.get("estimate") or {}
+        rows.append([t.get("target"), t.get("batch_size"), "✅ fits" if t.get("fits") else "❌ does not fit",
+                     fmt_bytes(t.get("required_bytes")), fmt_bytes(t.get("hbm_capacity_bytes")),
+                     t.get("max_batch_size", ""), e.get("step_ms", ""), e.get("examples_per_s", ""),
+                     e.get("cost_per_million_examples", "")])
+    out += table(["target", "batch", "verdict", "required", "HBM", "max batch", "step ms (est.)", "examples/s",
+                  "$ per 1M examples"], rows, right={1, 3, 4, 5, 6, 7, 8})
+    for t in targets:
+        name = t.get("target")
+        if t.get("verdict"):
+            out += [f"{name}: {cell(t['verdict'])}", ""]
+        e = t.get("estimate") or {}
+        if e.get("step_ms") is not None:
+            out += [f"**{name} step estimate** {e['step_ms']} ms (band {e.get('step_ms_low')}–{e.get('step_ms_high')} ms, "
+                    f"{e.get('flop_utilization_percent')}% FLOP utilisation).", ""]
+        memory = t.get("memory")
+        if isinstance(memory, dict):
+            out += memory_module(memory, top, heading="###")
+        oom = t.get("oom") or {}
+        if oom.get("suggestions"):
+            out += [f"**{name}: out of memory** — {cell((oom.get('report') or {}).get('headline') or oom.get('message'))}",
+                    ""] + fixes(oom["suggestions"]) + caveats((oom.get("batch_estimate") or {}).get("caveats"),
+                                                              "batch estimate")
+        out += caveats(e.get("caveats"), f"{name} step estimate") + caveats(t.get("caveats"), f"{name} largest batch")
+    return out
+
+
+# --- diff --------------------------------------------------------------------------------------------------
+
+def _diff(document: dict, top: int) -> list[str]:
+    checks = document.get("thresholds") or []
+    tripped = [c for c in checks if c.get("tripped")]
+    out = ["## tpuprof diff", ""]
+    if checks:
+        out.append(f"**❌ Regression: {len(tripped)} of {len(checks)} thresholds tripped**" if tripped
+                   else f"**✅ No regression: {len(checks)} threshold(s) checked**")
+        out.append("")
+        ordered = tripped + [c for c in checks if not c.get("tripped")]
+        out += table(["threshold", "group", "A", "B", "change", "", ],
+                     [[code(c["expression"]), cell(c.get("group")), _threshold_value(c, "a"), _threshold_value(c, "b"),
+                       _threshold_change(c), "❌ tripped" if c.get("tripped") else
+                       ("✅ ok" if c.get("evaluated") else "not evaluated")] for c in ordered], right={2, 3, 4})
+    a, b = document.get("a") or {}, document.get("b") or {}
+    out += [f"A: {code(a.get('path'))} → B: {code(b.get('path'))} ({document.get('kind')}): "
+            f"**{document.get('summary')}**.", ""]
+    for group in document.get("groups") or []:
+        name = group.get("name")
+        if group.get("a_name") and group.get("b_name") and group["a_name"] != group["b_name"]:
+            name = f"{group['a_name']} → {group['b_name']}"
+        out += [f"### {code(name)}", ""]
+        out += table(["metric", "A", "B", "change", "%"],
+                     [[m["name"], fmt_value(m.get("a"), m.get("unit")), fmt_value(m.get("b"), m.get("unit")),
+                       fmt_change(m.get("change"), m.get("unit")), fmt_percent(m.get("percent"))]
+                      for m in group.get("metrics") or [] if m.get("change")], right={1, 2, 3, 4})
+        verdict = group.get("verdict")
+        if isinstance(verdict, dict) and verdict.get("a") != verdict.get("b"):
+            out += [f"Verdict: {cell(verdict.get('a'))} → **{cell(verdict.get('b'))}**.", ""]
+        per_example = group.get("per_example") or {}
+        if per_example.get("per_example_bytes") is not None:
+            out += [f"Per example: {fmt_bytes(per_example['per_example_bytes'])}, fixed "
+                    f"{fmt_bytes(per_example.get('fixed_bytes'))}; largest batch if linear: "
+                    f"{per_example.get('largest_batch_if_linear')}.", ""]
+        changed = (group.get("buffers") or {}).get("changed") or []
+        if changed:
+            out += ["**Buffers that changed most**", ""]
+            out += table(["buffer", "A", "B", "change", "op"],
+                         [[code(c["instruction"]), fmt_bytes(c.get("a_bytes")), fmt_bytes(c.get("b_bytes")),
+                           fmt_change(c.get("change"), "bytes"), cell(c.get("op_name"))] for c in changed[:top]],
+                         right={1, 2, 3})
+        ops = group.get("ops") or []
+        if ops:
+            out += table(["op", "where", "A ms/step", "B ms/step", "change ms"],
+                         [[code(o.get("name")), o.get("where"), _ms(o.get("a_ms_per_step")),
+                           _ms(o.get("b_ms_per_step")), _ms(o.get("change_ms"), signed=True)] for o in ops[:top]],
+                         right={2, 3, 4})
+        out += caveats(group.get("caveats"))
+    return out
+
+
+def _ms(value, signed: bool = False) -> str:
+    return "" if value is None else f"{value:+.3f}" if signed else f"{value:.3f}"
+
+
+def _unit(metric: str | None) -> str:
+    """A threshold names its metric, not its unit: the metrics' names end in it."""
+    for suffix, unit in (("_bytes", "bytes"), ("_ms", "ms"), ("_percent", "percent")):
+        if (metric or "").endswith(suffix):
+            return unit
+    return ""
+
+
+def _threshold_value(check: dict, side: str) -> str:
+    return fmt_value(check.get(side), _unit(check.get("metric")))
+
+
+def _threshold_change(check: dict) -> str:
+    if check.get("on") == "percent":
+        return fmt_percent(check.get("percent")) or "n/a"
+    return fmt_change(check.get("change"), _unit(check.get("metric")))
+
+
+RENDERERS = {"memory": _memory, "oom": _oom, "analyze": _analyze, "preflight": _preflight, "diff": _diff}
