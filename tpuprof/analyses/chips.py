@@ -300,6 +300,8 @@ class ChipsResult:
     source: str
     matmul_ps: int
     matmul_f32_ps: int
+    executions: int = 0  # step markers (programs run) on the chip that ran the most, the unmeasured last one too
+    last_event_ps: int = 0  # when the chips' last event ends (device clock)
 
 
 def analyze(planes, host_wait: Spans, host_compile: Spans) -> ChipsResult | None:
@@ -335,6 +337,9 @@ def analyze(planes, host_wait: Spans, host_compile: Spans) -> ChipsResult | None
             total, f32 = top_ops.matmul_precision_of(chip.infos, chip.ops.mid, chip.own)
             matmul, wide = matmul + total, wide + f32
     source = kept[0][3]
-    return ChipsResult(devices=devices, steps=mean_steps(per_chip) if all(per_chip) else [],
+    ends = [int(line.end.max()) for chip in chips for line in (chip.ops, chip.modules) if line is not None
+            and len(line.end)]
+    return ChipsResult(executions=max(len(marks[0]) for _, marks in found), last_event_ps=max(ends, default=0),
+                       devices=devices, steps=mean_steps(per_chip) if all(per_chip) else [],
                        ops=list(merged.values()), chip_steps=sum(len(s) for s in per_chip), source=source,
                        matmul_ps=matmul, matmul_f32_ps=wide)

@@ -97,6 +97,8 @@ def to_json(report: Report, top: int) -> dict:
                 "breakdown_percent": {c: round(100.0 * h.total(c) / h.step_ps, 1) if h.step_ps else 0.0
                                       for c in CATEGORIES},
                 "notes": h.notes,
+                "steps_without_device": h.steps_without_device,
+                "device_stops_early_ms": _ms(h.device_stops_early_ps) if h.device_stops_early_ps else None,
                 "step_list": [
                     {"number": st.number, "duration_ms": _ms(st.duration_ps), "batches": st.batches,
                      **{f"{c}_ms": _ms(getattr(st, f"{c}_ps")) for c in CATEGORIES}}
@@ -134,6 +136,37 @@ def to_json(report: Report, top: int) -> dict:
         "run": None if report.run is None else {"name": report.run.name, "folder": report.run.folder,
                                                 "other_runs": report.run.others},
         "warnings": report.warnings,
+        "pod": pod_json(report.pod),
+    }
+
+
+def _pod_host(row) -> dict:
+    def rounded(value):
+        return None if value is None else round(value, 3)
+
+    return {"host": row.host, "steps": row.steps, "median_ms": row.median_ms, "input_ms": rounded(row.input_ms),
+            "host_overhead_ms": rounded(row.host_overhead_ms), "collective_ms": rounded(row.collective_ms),
+            "clock_offset_ms": rounded(row.clock_offset_ms), "residual_ms": rounded(row.residual_ms),
+            "delay_ms": rounded(row.delay_ms), "last_steps": row.last_steps,
+            "steps_without_device": row.steps_without_device,
+            "device_stops_early_ms": rounded(row.device_stops_early_ms)}
+
+
+def pod_json(pod) -> dict | None:
+    """Several hosts: per-host figures, their clocks aligned, stragglers by how much they delay the collective."""
+    if pod is None:
+        return None
+    return {
+        "hosts": [_pod_host(r) for r in pod.hosts],
+        "reference_host": pod.reference,
+        "alignment": pod.alignment,
+        "matched_steps": pod.matched_steps,
+        "residual_ms": None if pod.residual_ms is None else round(pod.residual_ms, 3),
+        "stragglers": [_pod_host(r) for r in pod.stragglers],
+        "compact": None if pod.compact is None else {k: [_pod_host(r) for r in rows] for k, rows in pod.compact.items()},
+        "how": "steps matched by step number; clock offset = median difference of matching step starts against the "
+               "reference host, residual = median distance left; delay = a host's own time in a step (step time "
+               "less collective wait) minus the next slowest host's, in the steps where it was last, summed",
     }
 
 
