@@ -21,7 +21,10 @@ import numpy as np
 from tpuprof.models.profile import HostProfile
 
 COMPACT_HOSTS = 64  # from this many hosts on, a compact table (slowest, median, fastest, outliers)
-OUTLIER_MADS = 3.0  # a host whose median step is this many median absolute deviations from the pod's
+# An outlier's median step is this many median absolute deviations from the pod's median, and at least this share
+# of it away (hosts of a pod can agree to the microsecond: a 1 % difference is then not worth naming).
+OUTLIER_MADS = 3.0
+OUTLIER_SHARE = 0.05
 MOST_STRAGGLERS = 5
 
 
@@ -116,7 +119,8 @@ def _compact(rows: list[PodHost]) -> dict[str, list[PodHost]]:
     medians = np.array([r.median_ms for r in by_median])
     middle = float(np.median(medians))
     spread = float(np.median(np.abs(medians - middle)))
-    outliers = [r for r in by_median if spread and abs(r.median_ms - middle) > OUTLIER_MADS * spread]
+    limit = max(OUTLIER_MADS * spread, OUTLIER_SHARE * middle)
+    outliers = [r for r in by_median if abs(r.median_ms - middle) > limit]
     return {"slowest": [by_median[-1]], "median": [by_median[len(by_median) // 2]], "fastest": [by_median[0]],
             "outliers": sorted(outliers, key=lambda r: -abs(r.median_ms - middle))}
 

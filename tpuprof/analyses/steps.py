@@ -336,7 +336,7 @@ def _lost_device_data(profile: HostProfile, view: HostView, found) -> None:
 
     The profiler keeps a bounded number of device events, and a device buffer that a long capture can outrun
     (jax-ml/jax#23446): the host's events then go on after the chips' stop. A call or two at the end with no
-    execution is only the host running ahead of the chips when the capture stopped.
+    execution can also be the host running ahead of the chips when the capture stopped.
     """
     markers = view.markers()
     if markers is None:
@@ -349,13 +349,16 @@ def _lost_device_data(profile: HostProfile, view: HostView, found) -> None:
                              "events were lost: the profiler's device buffer or event cap, jax-ml/jax#23446)")
         return
     profile.steps_without_device = max(0, len(idx) - found.executions)
+    if not profile.steps_without_device:
+        return
     early = host_end - found.last_event_ps
-    if profile.steps_without_device and early > 0:
+    if early > 0:
         profile.device_stops_early_ps = early
-        profile.notes.append(
-            f"the chips' events stop {early / 1e12:.2f} s before the host's last step call: "
-            f"{profile.steps_without_device} step call(s) have no device data (the profiler's device buffer or "
-            f"event cap, jax-ml/jax#23446); the device figures cover the steps before")
+    when = f"the chips' events stop {early / 1e12:.2f} s before the host's last step call: " if early > 0 else ""
+    profile.notes.append(
+        f"{when}the host called its step {profile.steps_without_device} more time(s) than the chips ran it: "
+        f"{profile.steps_without_device} step(s) have no device data (the profiler's device buffer or event cap, "
+        f"jax-ml/jax#23446); the device figures cover the steps it has")
 
 
 def analyze_file(path: str) -> HostProfile:

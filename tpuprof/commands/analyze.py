@@ -1,27 +1,48 @@
-"""`tpuprof analyze`: capture files -> per-host steps (one process per host) -> report -> advice -> output."""
+"""`tpuprof analyze`: capture files -> per-host steps (one process or Ray task per host) -> report -> advice -> output."""
 
 from __future__ import annotations
 
 from tpuprof.advice import steps as advice
+import posixpath
+
 from tpuprof.analyses import coverage
-from tpuprof.analyses import steps as analysis
 from tpuprof.analyses.summary import Report, summarize
+from tpuprof.commands.hosts import analyze_hosts
+from tpuprof.errors import UserError
 from tpuprof.sources import inputs, xplane
 
 
-def analyze(path: str, top: int = 10, workers: int | None = None) -> Report:
-    inputs.expect(path, inputs.STEPS)  # a dump given by mistake: name the command that reads it
-    files, run = xplane.find_capture(path)
-    if len(files) == 1:
-        profiles = [analysis.analyze_file(files[0])]
-    else:
-        # One process per host file: parsing is CPU-bound Python and the hosts are independent.
-        import os
-        from concurrent.futures import ProcessPoolExecutor
+def _paths(path) -> list[str]:
+    return [str(path)] if isinstance(path, (str, bytes)) or not hasattr(path, "__iter__") else [str(p) for p in path]
 
-        workers = workers or min(len(files), os.cpu_count() or 1)
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            profiles = list(pool.map(analysis.analyze_file, files))
+
+def find_hosts(paths: list[str]):
+    """The host files every path names, in order, and the logdir run chosen when one path names a logdir.
+
+    Several paths make one pod: a capture from several machines can land in several run folders."""
+    files, run = [], None
+    for path in paths:
+        inputs.expect(path, inputs.STEPS)  # a dump given by mistake: name the command that reads it
+        found, run = xplane.find_capture(path)
+        files += [f for f in found if f not in files]
+    return files, run if len(paths) == 1 else None
+
+
+def _distinct_hosts(profiles) -> None:
+    """Hosts of the same name from different run folders are told apart by their folder."""
+    names = [p.host for p in profiles]
+    for profile in profiles:
+        if names.count(profile.host) > 1:
+            profile.host = f"{posixpath.basename(posixpath.dirname(profile.path))}/{profile.host}"
+
+
+def analyze(path, top: int = 10, workers: int | None = None, ray: str | None = None) -> Report:
+    paths = _paths(path)
+    if not paths:
+        raise UserError("name a profile to analyze.")
+    files, run = find_hosts(paths)
+    profiles = analyze_hosts(files, workers=workers, ray=ray)
+    _distinct_hosts(profiles)
     report = summarize(profiles, top=top)
     report.suggestions = [s.to_dict() for s in advice.suggest(report)]
     report.run = run
@@ -29,23 +50,25 @@ def analyze(path: str, top: int = 10, workers: int | None = None) -> Report:
     return report
 
 
-def result(path: str, top: int = 10):
+def result(path, top: int = 10, workers: int | None = None, ray: str | None = None):
     """The analyze pipeline's report as the typed result that `tpuprof.analyze()` returns and the CLI renders."""
     from tpuprof.results import AnalyzeResult
 
-    return AnalyzeResult(str(path), analyze(str(path), top=top), top)
+    paths = _paths(path)
+    return AnalyzeResult(" ".join(paths), analyze(paths, top=top, workers=workers, ray=ray), top)
 
 
-def run(path: str, top: int, as_json: bool, csv: str | None = None) -> None:
+def run(path, top: int, as_json: bool, csv: str | None = None, workers: int | None = None,
+        ray: str | None = None) -> None:
     from tpuprof.renderers import analyze as render
 
     if csv is not None:
         from tpuprof.renderers import csv as render_csv
 
         render_csv.check_analyze(csv)
-        render_csv.print_analyze(analyze(str(path), top=0), csv)  # CSV: every row
+        render_csv.print_analyze(analyze(path, top=0, workers=workers, ray=ray), csv)  # CSV: every row
         return
-    steps = result(path, top)
+    steps = result(path, top, workers=workers, ray=ray)
     if as_json:
         from tpuprof.renderers.output import print_json
 
