@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from real_data import TPU_HOST_OFFLOAD_V6E_4, real_artefact
+from test_schemas import validate
 from tpuprof.analyses import pod as pod_view
 from tpuprof.commands import analyze as command
 
@@ -65,6 +66,7 @@ def test_the_slowed_host_is_named_and_every_host_steps_are_right(pod16, pod16_js
     own = sum(s.duration_ps - s.collective_ps for s in source.steps) / 1e9
     assert slowed["delay_ms"] == pytest.approx(SLOW * own, rel=1e-3)
     assert pod["matched_steps"] == len(source.steps) and pod["compact"] is None
+    assert validate(pod16_json) == "analyze"
 
 
 def test_hosts_from_two_run_folders_named_together_make_one_pod(tmp_path, source_report):
@@ -85,6 +87,10 @@ def test_64_hosts_give_the_compact_table(source_report):
         steps = [replace(s, duration_ps=round(s.duration_ps * slow)) for s in profile.steps]
         hosts.append(replace(profile, host=f"h{i:02d}", steps=steps))
     pod = pod_view.build(hosts)
+    from tpuprof.analyses.summary import summarize
+    from tpuprof.renderers.analyze import to_json
+
+    assert validate({"schema": "tpuprof.analyze/1", **to_json(summarize(hosts), 10)}) == "analyze"
     assert pod.compact["slowest"][0].host == "h17" and [r.host for r in pod.compact["outliers"]] == ["h17"]
     assert pod.compact["fastest"][0].median_ms == pod.compact["median"][0].median_ms == \
         pytest.approx(profile.median_step_ms(), abs=1e-3)
