@@ -144,3 +144,20 @@ def test_the_local_path_does_not_import_ray(pod16):
     done = subprocess.run([sys.executable, "-c", code, pod16.runs[0]], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_report_draws_a_host_by_step_heat_map(pod16, tmp_path, source_report):
+    from test_report import plots, title
+
+    from tpuprof.commands.report import steps_input
+    from tpuprof.renderers import html
+
+    page = html.render([steps_input(pod16.folder, command.analyze(pod16.folder), 10)])
+    (data, layout), = [p for p in plots(page).values() if p[0][0]["type"] == "heatmap"]
+    heat = data[0]
+    assert heat["y"] == pod16.hosts and len(heat["z"]) == HOSTS
+    assert "host and step" in title(layout)
+    # One column per step; the slowed host's row is the hot one.
+    rows = [sum(v for v in row if v is not None) for row in heat["z"]]
+    assert len(heat["z"][0]) == len(source_report.hosts[0].steps) and rows.index(max(rows)) == SLOW_HOST
+    assert "Holds up the pod" in page and f"host_{SLOW_HOST:03d}" in page
