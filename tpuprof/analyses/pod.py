@@ -88,8 +88,10 @@ def _align(rows: dict[str, PodHost], profiles: list[HostProfile]) -> tuple[str, 
         row.clock_offset_ms = offset / 1e9
         row.residual_ms = float(np.median(np.abs(differences - offset))) / 1e9
         common &= set(shared)
-    aligned = sum(rows[p.host].clock_offset_ms is not None for p in with_steps)
-    return reference.host, sorted(common) if aligned > 1 else []
+    if sum(rows[p.host].clock_offset_ms is not None for p in with_steps) < 2:  # only the reference with itself
+        rows[reference.host].clock_offset_ms = rows[reference.host].residual_ms = None
+        return reference.host, []
+    return reference.host, sorted(common)
 
 
 def _delays(rows: dict[str, PodHost], profiles: list[HostProfile], numbers: list[int]) -> None:

@@ -319,14 +319,16 @@ def _print_pod(out, pod) -> None:
                tables.number("input ms", drop=2), tables.number("host overhead ms", drop=2),
                tables.number("collective ms", drop=2), tables.number("clock offset ms", drop=1),
                tables.number("delay ms")]
-    residual = "" if pod.residual_ms is None else f", residual up to {pod.residual_ms:.3f} ms"
     compact = f"; {len(pod.hosts)} hosts: slowest, median, fastest, outliers" if pod.compact is not None else ""
-    out.print(tables.table(columns, rows, out.width,
-                           title=f"Pod: per host, per step (clocks against {pod.reference}, from matching step "
-                                 f"starts{residual}; delay: how much it held up the collective, summed over "
-                                 f"{pod.matched_steps} matched steps{compact})"))
+    if pod.matched_steps:
+        residual = "" if pod.residual_ms is None else f", residual up to {pod.residual_ms:.3f} ms"
+        how = (f"clocks against {pod.reference}, from matching step starts{residual}; delay: how much it held up "
+               f"the collective, summed over {pod.matched_steps} matched steps")
+    else:
+        how = "clocks not aligned: the hosts ran no step number in common"
+    out.print(tables.table(columns, rows, out.width, title=f"Pod: per host, per step ({how}{compact})"))
     unaligned = [r.host for r in pod.hosts if r.steps and r.clock_offset_ms is None]
-    if unaligned:
+    if pod.matched_steps and unaligned:
         out.print(f"[yellow]Not aligned:[/yellow] {escape(', '.join(unaligned[:8]))}"
                   f"{' ...' if len(unaligned) > 8 else ''}: no step number in common with {escape(pod.reference)}")
     for r in pod.stragglers:

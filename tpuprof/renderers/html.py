@@ -711,10 +711,12 @@ def _pod(page: _Page, d: dict) -> None:
     rows = "".join(row(r, f"{kind.rstrip('s')}: ") for kind in ("slowest", "median", "fastest", "outliers")
                    for r in compact[kind]) if compact is not None else "".join(row(r) for r in pod["hosts"])
     residual = "" if pod.get("residual_ms") is None else f', residual up to {pod["residual_ms"]:.3f} ms'
+    how = (f'Clocks against <span class="mono">{esc(pod["reference_host"])}</span> from matching step starts'
+           f'{esc(residual)}; delay: how much a host held up the collective everyone waits on, summed over '
+           f'{esc(pod["matched_steps"])} matched steps.') if pod.get("matched_steps") else \
+        "Clocks not aligned: the hosts ran no step number in common."
     page.add(f'<h3>Pod: {len(pod["hosts"])} hosts{" (slowest, median, fastest, outliers)" if compact else ""}</h3>'
-             f'<p class="meta">Clocks against <span class="mono">{esc(pod["reference_host"])}</span> from matching '
-             f'step starts{esc(residual)}; delay: how much a host held up the collective everyone waits on, summed '
-             f'over {esc(pod["matched_steps"])} matched steps.</p>'
+             f'<p class="meta">{how}</p>'
              '<table><tr><th>host</th><th>steps</th><th>median step ms</th><th>input ms</th><th>host overhead ms</th>'
              '<th>collective ms</th><th>clock offset ms</th><th>delay ms</th><th>steps with no device data</th></tr>'
              f'{rows}</table>')
