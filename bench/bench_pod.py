@@ -60,10 +60,11 @@ def main() -> None:
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     ray_address = None
     if not args.no_ray:
+        # Loopback only: Ray's single-machine mode (read when ray is imported; the drivers inherit it).
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         import ray
 
-        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR",
-                 log_to_driver=False)
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         ray_address = ray.get_runtime_context().gcs_address
     try:
         print(f"source {args.source} ({os.cpu_count()} cores)")

@@ -13,7 +13,7 @@ from tpuprof.sources import inputs, xplane
 
 
 def _paths(path) -> list[str]:
-    return [str(path)] if isinstance(path, (str, bytes)) or not hasattr(path, "__iter__") else [str(p) for p in path]
+    return [str(path)] if isinstance(path, str) or not hasattr(path, "__iter__") else [str(p) for p in path]
 
 
 def find_hosts(paths: list[str]):
