@@ -66,6 +66,8 @@ def main() -> None:
 
         ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         ray_address = ray.get_runtime_context().gcs_address
+        env = dict(os.environ, **{k: v for k, v in env.items() if k == "PYTHONPATH"})  # ray.init's auth settings
+        env.pop("TPUPROF_RAY_ADDRESS", None)
     try:
         print(f"source {args.source} ({os.cpu_count()} cores)")
         print("| hosts | pod MB | 1 worker s | 2 workers s | Ray (2 CPUs) s | peak RSS MB | same JSON |")

@@ -68,6 +68,9 @@ def test_the_slowed_host_is_named_and_every_host_steps_are_right(pod16, pod16_js
     assert slowed["delay_ms"] == pytest.approx(SLOW * own, rel=1e-3)
     assert pod["matched_steps"] == len(source.steps) and pod["compact"] is None
     assert validate(pod16_json) == "analyze"
+    # The suggestion names it by how long the pod waits for it each step.
+    straggler, = [s for s in pod16_json["suggestions"] if s["kind"] == "straggler"]
+    assert f"host_{SLOW_HOST:03d}" in straggler["message"] and "holding the pod up" in straggler["evidence"]
 
 
 def test_hosts_from_two_run_folders_named_together_make_one_pod(tmp_path, source_report):
@@ -134,7 +137,8 @@ def ray_cluster():
 
 
 def test_ray_tasks_give_the_same_json_as_local_processes(ray_cluster, pod16, pod16_json):
-    # The CLI in its own process connects to the cluster as a second driver, through TPUPROF_RAY_ADDRESS.
+    # The CLI in its own process connects to the cluster as a second driver, through TPUPROF_RAY_ADDRESS (with
+    # the token authentication that ray.init put in this process's environment).
     env = dict(os.environ, TPUPROF_RAY_ADDRESS=ray_cluster, PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-m", "tpuprof", "analyze", pod16.folder, "--json"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=180)

@@ -49,8 +49,9 @@ def _on_ray(files: list[str], address: str) -> list[HostProfile]:
         try:
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
         except (ConnectionError, ValueError, RuntimeError) as error:
-            raise UserError(f"cannot reach the Ray cluster at {address}: {str(error).splitlines()[0][:300]}.") \
-                from None
+            # Ray's own sentence, and the reason under it (an authentication token missing, nothing listening).
+            why = [str(e).strip().splitlines()[0][:200] for e in (error, error.__cause__) if e and str(e).strip()]
+            raise UserError(f"cannot reach the Ray cluster at {address}: {'; '.join(why).rstrip('.')}.") from None
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(analysis.analyze_file)
         refs = [task.remote(f) for f in files]
