@@ -748,11 +748,11 @@ def _pod_heat_map(page: _Page, hosts: list[dict]) -> None:
         z.append([total / count if count else None for total, count in zip(sums, counts)])
     x = [numbers[i * width] for i in range(columns)]
     fig = go.Figure(go.Heatmap(z=z, x=x, y=[h["host"] for h in hosts], colorscale="YlOrRd",
-                               colorbar=dict(title="ms"), hoverongaps=False,
+                               colorbar=dict(title="step time (ms)"), hoverongaps=False,
                                hovertemplate="%{y}, step %{x}: %{z:.2f} ms<extra></extra>"))
     binned = f"; each column the mean of {width} steps" if width > 1 else ""
     fig.update_layout(title=esc(f"Step time per host and step (same step number = same step{binned})"),
-                      xaxis_title="step number", yaxis=dict(autorange="reversed", automargin=True))
+                      xaxis_title="step number", yaxis=dict(title="host", autorange="reversed", automargin=True))
     page.figure(fig, height=min(1200, 160 + 14 * len(hosts)))
 
 
