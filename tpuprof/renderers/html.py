@@ -698,18 +698,17 @@ def _pod(page: _Page, d: dict) -> None:
     pod = d.get("pod")
     if not pod:
         return
-
-    def row(r: dict, label: str = "") -> str:
-        offset = "" if r.get("clock_offset_ms") is None else f'{r["clock_offset_ms"]:+.3f}'
-        return (f'<tr><td class="mono">{esc(label + r["host"])}</td><td class="n">{esc(r["steps"])}</td>'
-                f'<td class="n">{r["median_ms"]:.2f}</td><td class="n">{_num(r.get("input_ms"), 2)}</td>'
-                f'<td class="n">{_num(r.get("host_overhead_ms"), 2)}</td><td class="n">{_num(r.get("collective_ms"), 2)}'
-                f'</td><td class="n">{offset}</td><td class="n">{r["delay_ms"]:.2f}</td>'
-                f'<td class="n">{esc(r.get("steps_without_device") or "")}</td></tr>')
-
+    columns = [("host", lambda r: f'<span class="mono">{esc(r["label"] + r["host"])}</span>'),
+               ("steps", lambda r: esc(r["steps"])), ("median step ms", lambda r: f'{r["median_ms"]:.2f}'),
+               ("input ms", lambda r: _num(r.get("input_ms"), 2)),
+               ("host overhead ms", lambda r: _num(r.get("host_overhead_ms"), 2)),
+               ("collective ms", lambda r: _num(r.get("collective_ms"), 2)),
+               ("clock offset ms", lambda r: "" if r.get("clock_offset_ms") is None else f'{r["clock_offset_ms"]:+.3f}'),
+               ("delay ms", lambda r: f'{r["delay_ms"]:.2f}'),
+               ("steps with no device data", lambda r: esc(r.get("steps_without_device") or ""))]
     compact = pod.get("compact")
-    rows = "".join(row(r, f"{kind.rstrip('s')}: ") for kind in ("slowest", "median", "fastest", "outliers")
-                   for r in compact[kind]) if compact is not None else "".join(row(r) for r in pod["hosts"])
+    shown = [dict(r, label=f"{kind.rstrip('s')}: ") for kind in ("slowest", "median", "fastest", "outliers")
+             for r in compact[kind]] if compact is not None else [dict(r, label="") for r in pod["hosts"]]
     residual = "" if pod.get("residual_ms") is None else f', residual up to {pod["residual_ms"]:.3f} ms'
     how = (f'Clocks against <span class="mono">{esc(pod["reference_host"])}</span> from matching step starts'
            f'{esc(residual)}; delay: how much a host held up the collective everyone waits on, summed over '
@@ -717,9 +716,8 @@ def _pod(page: _Page, d: dict) -> None:
         "Clocks not aligned: the hosts ran no step number in common."
     page.add(f'<h3>Pod: {len(pod["hosts"])} hosts{" (slowest, median, fastest, outliers)" if compact else ""}</h3>'
              f'<p class="meta">{how}</p>'
-             '<table><tr><th>host</th><th>steps</th><th>median step ms</th><th>input ms</th><th>host overhead ms</th>'
-             '<th>collective ms</th><th>clock offset ms</th><th>delay ms</th><th>steps with no device data</th></tr>'
-             f'{rows}</table>')
+             + _table([name for name, _ in columns], [[cell(r) for _, cell in columns] for r in shown],
+                      set(range(1, len(columns)))))
     for r in pod.get("stragglers") or []:
         page.add(f'<p class="warn">Holds up the pod: <span class="mono">{esc(r["host"])}</span>, {r["delay_ms"]:.2f} ms '
                  f'over {esc(pod["matched_steps"])} steps (the last to arrive in {esc(r["last_steps"])}).</p>')
