@@ -23,6 +23,7 @@ the steps summed over chips (so 4 chips running a 200 ms copy each step show 200
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -38,6 +39,9 @@ TPU_PLANE = re.compile(r"^/device:TPU:(\d+)$")
 PROGRAM = re.compile(r"^(.*)\((\d+)\)$")
 # Steps of two chips are the same step when they start within this share of the median step of each other.
 ALIGN_TOLERANCE = 0.5
+# Op events of the chips kept in memory between the two passes of `analyze` (about 40 bytes each); past it a chip
+# is read again from the file.
+KEPT_EVENTS = int(os.environ.get("TPUPROF_KEPT_EVENTS", 4_000_000))
 
 
 class DeviceClock:
@@ -67,22 +71,23 @@ class DeviceClock:
     def line(self, line: Line | None) -> Line | None:
         if line is None:
             return None
-        return Line(line.name, self(line.start), np.maximum(self(line.end), self(line.start)), line.mid, line.events,
+        return Line(line.name, self(line.start), np.maximum(self(line.end), self(line.start)), line.mid,
                     line.origin_ps)
 
     def spans(self, spans: Spans) -> Spans:
         return Spans(self(spans.starts), self(spans.ends)) if len(spans.starts) else spans
 
 
+DEVICE_TIMES = ("device_offset_ps", "device_duration_ps")  # the device's own times of an op event (stats)
+
+
 def _on_device_clock(plane, ops: Line) -> tuple[Line, DeviceClock | None]:
     """The op line with device times where the events carry them, and the timeline -> device clock map."""
     from tpuprof.sources import xplane
 
-    wanted = {"device_offset_ps", "device_duration_ps"}
-    ids = {meta.name: key for key, meta in plane.stat_metadata.items() if meta.name in wanted}
-    if set(ids) != wanted:
+    values = ops.int_stats
+    if set(values) != set(DEVICE_TIMES):
         return ops, None
-    values = xplane.int_stat_values(ops.events, ids)
     offset, duration = values["device_offset_ps"], values["device_duration_ps"]
     limit = TIME_LIMIT_PS  # device times past it would overflow int64 below: such a stat is damaged
     has = (offset != xplane.MISSING) & (duration != xplane.MISSING) & (duration >= 0) & (duration <= limit) \
@@ -93,7 +98,7 @@ def _on_device_clock(plane, ops: Line) -> tuple[Line, DeviceClock | None]:
     start = np.where(has, offset + ops.origin_ps, ops.start)
     end = np.where(has, start + np.maximum(duration, 0), ops.end)
     clock = DeviceClock(np.concatenate([ops.start[has], ops.end[has]]), np.concatenate([start[has], end[has]]))
-    return Line(ops.name, start, end, ops.mid, ops.events, ops.origin_ps), clock
+    return Line(ops.name, start, end, ops.mid, ops.origin_ps, first_stats=ops.first_stats), clock
 
 
 @dataclass
@@ -139,12 +144,16 @@ def _plane_stats(plane) -> dict[str, object]:
     return result
 
 
-def read_chip(plane) -> Chip | None:
-    lines = {line.name: line for line in plane.lines if len(line.events)}
+def read_chip(stream) -> Chip | None:
+    """One TPU plane (a sources.xspace_stream.PlaneStream): only the lines the analysis uses are read."""
+    plane = stream.header
+    lines = {line.name: line for line in stream.lines() if line.has_events}
     if "XLA Ops" not in lines and "XLA Modules" not in lines:
         return None
     stats = _plane_stats(plane)
-    ops = read_line(lines["XLA Ops"]) if "XLA Ops" in lines else None
+    device_times = {meta.name: key for key, meta in plane.stat_metadata.items() if meta.name in DEVICE_TIMES}
+    ops = read_line(lines["XLA Ops"], int_stats=device_times if len(device_times) == len(DEVICE_TIMES) else None,
+                    first_stats=True) if "XLA Ops" in lines else None
     infos = top_ops.device_op_infos(plane)
     clock = None
     if ops is not None:
@@ -154,9 +163,9 @@ def read_chip(plane) -> Chip | None:
     steps_line = read_line(lines["Steps"]) if "Steps" in lines else None
     barriers = Spans.empty()
     if "XLA TraceMe" in lines:
-        traceme = read_line(lines["XLA TraceMe"])
-        idx = traceme.select({k for k, m in plane.event_metadata.items() if m.name == "barrier-cores"})
-        barriers = Spans(traceme.start[idx], traceme.end[idx])
+        barrier_ids = {k for k, m in plane.event_metadata.items() if m.name == "barrier-cores"}
+        traceme = read_line(lines["XLA TraceMe"], keep=barrier_ids)
+        barriers = Spans(traceme.start, traceme.end)
     if clock is not None:
         modules, steps_line, barriers = clock.line(modules), clock.line(steps_line), clock.spans(barriers)
     peak = stats.get("peak_teraflops_per_second")
@@ -304,21 +313,41 @@ class ChipsResult:
     last_event_ps: int = 0  # when the chips' last event ends (device clock)
 
 
+def _events(chip: Chip) -> int:
+    return sum(len(line.mid) for line in (chip.ops, chip.modules, chip.steps_line) if line is not None)
+
+
 def analyze(planes, host_wait: Spans, host_compile: Spans) -> ChipsResult | None:
-    """Every TPU chip of one host, or None when no chip has steps."""
-    chips = [chip for chip in map(read_chip, planes) if chip is not None]
-    found = [(chip, step_markers(chip)) for chip in chips]
-    found = [(chip, marks) for chip, marks in found if marks is not None and len(marks[0])]
-    if not found:
-        return None
-    kept = []
-    for chip, (starts, ends, source, whole) in found:
+    """Every TPU chip of one host, or None when no chip has steps. PLANES: one callable per TPU plane that reads it
+    (a sources.xspace_stream.PlaneStream).
+
+    Two passes: the chips' step periods must all be known to align them before any chip's steps are split. Chips
+    are kept in memory from the first pass up to KEPT_EVENTS events in all; the others are read again from the
+    file in the second, so memory holds one chip's events however many planes the capture has."""
+    kept, budget = [], KEPT_EVENTS
+    executions = last_event = 0  # the most step markers on a chip; when the chips' last event ends
+    for read in planes:
+        chip = read_chip(read())
+        if chip is not None:
+            last_event = max([last_event] + [int(line.end.max()) for line in (chip.ops, chip.modules)
+                                             if line is not None and len(line.end)])
+        marks = step_markers(chip) if chip is not None else None
+        if marks is None or not len(marks[0]):
+            continue
+        executions = max(executions, len(marks[0]))
+        starts, ends, source, whole = marks
         a, b = periods(starts, ends, whole)
-        kept.append((chip, a, b, source))
+        budget -= _events(chip)
+        kept.append((chip if budget >= 0 else read, a, b, source))
+        del chip
+    if not kept:
+        return None
     indices = align([a for _, a, _, _ in kept])
     devices, per_chip, merged = [], [], {}
     matmul = wide = 0
     for (chip, a, b, source), idx in zip(kept, indices):
+        if not isinstance(chip, Chip):
+            chip = read_chip(chip())
         a, b = a[idx], b[idx]
         steps = split(chip, a, b, host_wait, host_compile)
         for number, step in enumerate(steps):
@@ -337,9 +366,7 @@ def analyze(planes, host_wait: Spans, host_compile: Spans) -> ChipsResult | None
             total, f32 = top_ops.matmul_precision_of(chip.infos, chip.ops.mid, chip.own)
             matmul, wide = matmul + total, wide + f32
     source = kept[0][3]
-    ends = [int(line.end.max()) for chip in chips for line in (chip.ops, chip.modules) if line is not None
-            and len(line.end)]
-    return ChipsResult(executions=max(len(marks[0]) for _, marks in found), last_event_ps=max(ends, default=0),
+    return ChipsResult(executions=executions, last_event_ps=last_event,
                        devices=devices, steps=mean_steps(per_chip) if all(per_chip) else [],
                        ops=list(merged.values()), chip_steps=sum(len(s) for s in per_chip), source=source,
                        matmul_ps=matmul, matmul_f32_ps=wide)

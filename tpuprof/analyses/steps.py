@@ -26,6 +26,7 @@ loader's: input. Traced dispatch, launch and return stay host overhead.
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import numpy as np
 
@@ -93,15 +94,30 @@ def _periods(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarr
 class HostView:
     """The host plane's lines, with the spans the step split needs."""
 
-    def __init__(self, plane):
-        self.plane = plane
-        self.lines = [read_line(line) for line in plane.lines if len(line.events)]
+    def __init__(self, stream):
+        """STREAM: the host plane (sources.xspace_stream.PlaneStream); its lines are read once, keeping only the
+        events the analyses look at (all of them on a line that holds step-marker candidates)."""
+        plane = self.plane = stream.header
         get_next = _ids(plane, GET_NEXT.match)
         compile_ids = _ids(plane, lambda n: bool(COMPILE.search(n)) and not COMPILE_EXCLUDE.search(n))
         # Work = kernels actually running: TF ops (`scope/name:Type`) and XLA:CPU thunks on executor threads.
         tf_ops = _ids(plane, lambda n: bool(top_ops.TF_OP.match(n)))
         xla_ops = _ids(plane, lambda n: bool(n) and not top_ops.NOT_OP.match(n) and not top_ops.TF_OP.match(n))
         iterator_ids = _ids(plane, lambda n: n.startswith("Iterator::"))
+        markers = set().union(*self._marker_ids().values())
+        wanted = get_next | compile_ids | tf_ops | iterator_ids | markers | \
+            _ids(plane, lambda n: bool(input_pipeline.PY_FUNCTION.match(n)))
+        self.lines = []
+        for stream_line in stream.lines():
+            if not stream_line.has_events:
+                continue
+            keep = wanted | xla_ops if top_ops.XLA_CPU_LINE.match(stream_line.label) else wanted
+            line = read_line(stream_line, keep=keep, stats_for=markers)
+            if len(line.select(markers)):
+                # A step-marker candidate's line: its other events (dispatch, transfers) are the host's traced
+                # work, and its first and last event bound the thread's time. Read it again, whole.
+                line = read_line(stream_line, stats_for=markers)
+            self.lines.append(line)
         wait, comp, work = [], [], []
         compiles: dict[int, list[int]] = {}
         for line in self.lines:
@@ -132,13 +148,17 @@ class HostView:
             self._markers = self._find_markers()
         return self._markers
 
+    def _marker_ids(self) -> dict[str, set[int]]:
+        return {"explicit": _ids(self.plane, EXPLICIT_MARKER.match),
+                "tf_step": _ids(self.plane, lambda n: n in TF_STEP_FUNCTIONS),
+                "tf_inference": _ids(self.plane, lambda n: bool(TF_INFERENCE.match(n))
+                                     and TF_INFERENCE.match(n).group(1) in TF_STEP_FUNCTIONS),
+                "pjit": _ids(self.plane, PJIT.match)}
+
     def _find_markers(self):
         meta = self.plane.event_metadata
-        explicit = _ids(self.plane, EXPLICIT_MARKER.match)
-        tf_step = _ids(self.plane, lambda n: n in TF_STEP_FUNCTIONS)
-        tf_inference = _ids(self.plane, lambda n: bool(TF_INFERENCE.match(n))
-                            and TF_INFERENCE.match(n).group(1) in TF_STEP_FUNCTIONS)
-        pjit = _ids(self.plane, PJIT.match)
+        ids = self._marker_ids()
+        explicit, tf_step, tf_inference, pjit = ids["explicit"], ids["tf_step"], ids["tf_inference"], ids["pjit"]
         # A marker seen twice is a step; once, only when nothing repeats (a step longer than the capture).
         for fewest, ids, label in ((2, explicit, "step markers"), (2, tf_step, "TF step function"),
                                    (2, tf_inference, "TF step function"), (2, pjit, "jitted function"),
@@ -168,11 +188,9 @@ class HostView:
     def step_numbers(self, line: Line, idx: np.ndarray) -> np.ndarray | None:
         names = _stat_names(self.plane)
         numbers = []
-        from tpuprof.sources.xplane import event_stats
-
         for i in idx.tolist():
             value = None
-            for stat in event_stats(line.events[i]):
+            for stat in line.event_stats(i):
                 if names.get(stat.metadata_id) in ("step_num", "iter_num"):
                     value = _stat(self.plane, stat, names)
             if not isinstance(value, int):
@@ -290,14 +308,16 @@ def _host_waiting(view: HostView) -> Spans:
 
 
 def analyze_xspace(space, host: str, path: str = "") -> HostProfile:
-    planes = list(space.planes)
-    host_plane = next((p for p in planes if p.name == HOST_PLANE), None)
-    tpu_planes = sorted((p for p in planes if chips.TPU_PLANE.match(p.name)),
-                        key=lambda p: int(chips.TPU_PLANE.match(p.name)[1]))
-    gpu_planes = [p for p in planes if GPU_PLANE.match(p.name)]
+    """One host's capture, SPACE a sources.xspace_stream.XSpaceStream: planes are read one at a time, each line's
+    events batch by batch, keeping only the arrays the analyses need."""
+    names = space.plane_names()
+    host_index = next((i for i, name in enumerate(names) if name == HOST_PLANE), None)
+    tpu_planes = sorted((i for i, name in enumerate(names) if chips.TPU_PLANE.match(name)),
+                        key=lambda i: int(chips.TPU_PLANE.match(names[i])[1]))
+    gpu_planes = [i for i, name in enumerate(names) if GPU_PLANE.match(name)]
     platform = "tpu" if tpu_planes else "gpu" if gpu_planes else "cpu"
     profile = HostProfile(host=host, path=path, platform=platform, step_source="")
-    view = HostView(host_plane) if host_plane is not None else None
+    view = HostView(space.plane(host_index)) if host_index is not None else None
     if view is not None:
         profile.input_visible = view.input_visible
         profile.framework = _framework(view.plane)
@@ -305,11 +325,13 @@ def analyze_xspace(space, host: str, path: str = "") -> HostProfile:
 
     if view is not None and gpu_planes:
         # GPU kernels and copies run on the device planes' stream lines: they are the step's compute.
-        kernels = [read_line(line) for plane in gpu_planes for line in plane.lines if len(line.events)]
-        view.work = view.work | _spans([(k.start, k.end) for k in kernels])
+        for index in gpu_planes:
+            kernels = [read_line(line) for line in space.plane(index).lines() if line.has_events]
+            view.work = view.work | _spans([(k.start, k.end) for k in kernels])
     host_wait = _host_waiting(view) if view is not None and tpu_planes else Spans.empty()
     host_compile = view.compile if view is not None else Spans.empty()
-    found = chips.analyze(tpu_planes, host_wait, host_compile) if tpu_planes else None
+    found = chips.analyze([partial(space.plane, i) for i in tpu_planes], host_wait, host_compile) \
+        if tpu_planes else None
     if found is not None and found.steps:
         profile.steps = found.steps
         profile.devices = found.devices
@@ -365,5 +387,5 @@ def analyze_file(path: str) -> HostProfile:
     """Read and analyse one host file (runs in a worker process when there are several hosts)."""
     from tpuprof.sources import xplane
 
-    space = xplane.read_xspace(path)
-    return analyze_xspace(space, xplane.host_name(path), path)
+    with xplane.open_stream(path) as space, xplane.readable(path):
+        return analyze_xspace(space, xplane.host_name(path), path)

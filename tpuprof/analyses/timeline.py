@@ -8,8 +8,7 @@ numpy rather than event by event in Python.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from operator import attrgetter
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,8 +19,11 @@ class Line:
     start: np.ndarray  # absolute ps
     end: np.ndarray
     mid: np.ndarray  # event metadata ids
-    events: object  # the proto's repeated events, for the rare look at stats
     origin_ps: int = 0  # the line's timestamp: event offsets are relative to it
+    # Only what the analyses look at, kept while the events stream by (the events themselves are not kept):
+    stats: dict[int, list] = field(default_factory=dict)  # event index -> its raw stats, for the events asked for
+    first_stats: dict[int, list] = field(default_factory=dict)  # metadata id -> raw stats of its first event
+    int_stats: dict[str, np.ndarray] = field(default_factory=dict)  # stat name -> value per event (int_stat_values)
 
     def select(self, ids) -> np.ndarray:
         """Indices of the events whose metadata id is in IDS."""
@@ -29,29 +31,68 @@ class Line:
             return np.zeros(0, dtype=np.int64)
         return np.flatnonzero(np.isin(self.mid, np.fromiter(ids, np.int64, len(ids))))
 
+    def event_stats(self, index: int) -> list:
+        """The XStat messages of event INDEX (kept only for the events `read_line` was asked to keep them for)."""
+        from tpuprof.sources.xplane import event_stats
 
-_OFFSET, _DURATION, _METADATA = attrgetter("offset_ps"), attrgetter("duration_ps"), attrgetter("metadata_id")
+        return event_stats(_Stats(self.stats.get(index, [])))
+
+
+@dataclass
+class _Stats:
+    stats: list
+
+
 # Every time is kept in int64 picoseconds. Within +-2**61 ps (26 days) of the capture's start, any sum or difference
 # of two times still fits: numpy would otherwise wrap around silently (a RuntimeWarning and wrong durations).
 TIME_LIMIT_PS = 2**61
 
 
-def read_line(line) -> Line:
-    events = line.events
-    n = len(events)
-    # map(attrgetter) keeps the per-event loop in C: the one Python-speed step of the whole analysis.
-    offset = np.fromiter(map(_OFFSET, events), np.int64, n)
-    duration = np.fromiter(map(_DURATION, events), np.int64, n)
-    mid = np.fromiter(map(_METADATA, events), np.int64, n)
+def read_line(line, keep=None, stats_for=(), int_stats: dict[str, int] | None = None,
+              first_stats: bool = False) -> Line:
+    """A streamed line (sources.xspace_stream.LineStream) as arrays, read batch by batch.
+
+    keep: metadata ids of the events to keep (None: all); stats_for: ids whose events keep their raw stats;
+    int_stats: {name: stat id} of integer stats read for every kept event; first_stats: keep the raw stats of each
+    metadata id's first event. Only the arrays and these stats outlive a batch."""
+    keep_ids = None if keep is None else np.fromiter(keep, np.int64, len(keep))
+    stats_ids = np.fromiter(stats_for, np.int64, len(stats_for)) if len(stats_for) else None
     origin = int(line.timestamp_ns) * 1000
-    name = line.name or line.display_name or str(line.id)
-    if abs(origin) > TIME_LIMIT_PS or not (_within(offset) and _within(duration)):
+    name = line.label
+    if abs(origin) > TIME_LIMIT_PS:
         _out_of_range(name)
-    start = offset + origin  # no overflow: each term is within 2**61
-    end = start + duration
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    stats: dict[int, list] = {}
+    first: dict[int, list] = {}
+    ints: dict[str, list[np.ndarray]] = {key: [] for key in (int_stats or {})}
+    kept = 0
+    for batch in line.event_batches():
+        offset, duration, mid = batch.offset_ps, batch.duration_ps, batch.metadata_id
+        index = None if keep_ids is None else np.flatnonzero(np.isin(mid, keep_ids))
+        if index is not None:
+            offset, duration, mid = offset[index], duration[index], mid[index]
+        if not (_within(offset) and _within(duration)):
+            _out_of_range(name)
+        if int_stats:
+            for key, values in batch.int_stats(int_stats, index).items():
+                ints[key].append(values)
+        if stats_ids is not None:
+            for i in np.flatnonzero(np.isin(mid, stats_ids)).tolist():
+                stats[kept + i] = batch.stats(i if index is None else int(index[i]))
+        if first_stats:
+            ids, at = np.unique(mid, return_index=True)
+            for key, i in zip(ids.tolist(), at.tolist()):
+                if key not in first:
+                    first[key] = batch.stats(i if index is None else int(index[i]))
+        start = offset + origin  # no overflow: each term is within 2**61
+        parts.append((start, start + duration, mid))
+        kept += len(mid)
+        del batch
+    start, end, mid = (np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64) for k in range(3))
     if not (_within(start) and _within(end)):
         _out_of_range(name)
-    return Line(name, start, end, mid, events, origin)
+    return Line(name, start, end, mid, origin, stats, first,
+                {key: np.concatenate(values) if values else np.zeros(0, np.int64) for key, values in ints.items()})
 
 
 def _within(values: np.ndarray) -> bool:
@@ -128,20 +169,25 @@ class Spans:
         return self._covered_until(b) - self._covered_until(a)
 
 
+_CHUNK = 1 << 18
+
+
 def self_times(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Duration minus the time of directly nested events (events on one line nest like a call stack)."""
     order = np.lexsort((-end, start))
     result = (end - start).astype(np.int64)
-    stack: list[int] = []
-    s = start.tolist()
-    e = end.tolist()
-    for i in order.tolist():
-        while stack and e[stack[-1]] <= s[i]:
-            stack.pop()
-        if stack and e[i] <= e[stack[-1]]:
-            result[stack[-1]] -= e[i] - s[i]
-        stack.append(i)
-    return result
+    # The walk holds Python ints only for a chunk of events at a time (40 bytes each, against 8 in numpy).
+    stack: list[tuple[int, int]] = []  # (index, end) of the enclosing events
+    nested = np.zeros(len(start), dtype=np.int64)
+    for first in range(0, len(order), _CHUNK):
+        chunk = order[first:first + _CHUNK]
+        for i, s, e in zip(chunk.tolist(), start[chunk].tolist(), end[chunk].tolist()):
+            while stack and stack[-1][1] <= s:
+                stack.pop()
+            if stack and e <= stack[-1][1]:
+                nested[stack[-1][0]] += e - s
+            stack.append((i, e))
+    return result - nested
 
 
 def top_level(start: np.ndarray, end: np.ndarray) -> np.ndarray:

@@ -219,15 +219,12 @@ def fill_from_events(plane, line: Line, infos: dict[int, DeviceOpInfo]) -> None:
     from tpuprof.sources.xplane import event_stats
 
     names = {k: m.name for k, m in plane.stat_metadata.items()}
-    present = set(np.unique(line.mid).tolist())
+    present = set(line.first_stats)
     missing = {k for k, info in infos.items() if k in present and (not info.bytes_accessed or not info.flops)}
     if not missing:
         return
-    for i, key in enumerate(line.mid.tolist()):
-        if key not in missing:
-            continue
-        missing.discard(key)
-        values = {names.get(s.metadata_id): s for s in event_stats(line.events[i])}
+    for key in missing:
+        values = {names.get(s.metadata_id): s for s in event_stats(_Event(line.first_stats[key]))}
         info = infos[key]
         number = lambda stat: float(getattr(stat, stat.WhichOneof("value") or "int64_value", 0) or 0)  # noqa: E731
         if not info.flops and "flops" in values and number(values["flops"]):
@@ -236,8 +233,11 @@ def fill_from_events(plane, line: Line, infos: dict[int, DeviceOpInfo]) -> None:
             info.flops_source = "capture (per-event stat)"
         if not info.bytes_accessed and "bytes_accessed" in values:
             info.bytes_accessed = number(values["bytes_accessed"])
-        if not missing:
-            break
+
+
+@dataclass
+class _Event:
+    stats: list  # raw XStat bytes (the first event of an op, kept by timeline.read_line)
 
 
 def matmul_precision_of(infos: dict[int, DeviceOpInfo], mid: np.ndarray, own: np.ndarray) -> tuple[int, int]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 CATEGORIES = ("compute", "input", "host_transfer", "collective", "host_overhead", "compile", "other")
 
 
-@dataclass
+@dataclass(slots=True)  # one per step per chip: a host of many chips holds many
 class Step:
     """One step period: from this step's start to the next one's (the gap between steps is part of it)."""
 

@@ -58,3 +58,14 @@ def call(url: str, doing: str, function: Callable[..., T], *args, **kwargs) -> T
     if "error" in result:
         raise result["error"]
     return result["value"]
+
+
+def quiet_loggers() -> None:
+    """gcsfs and friends log their retries with tracebacks; our one-line error says what failed."""
+    import logging
+
+    for name in ("gcsfs", "fsspec", "google", "google.auth", "aiohttp", "s3fs", "adlfs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+            logger.addHandler(logging.NullHandler())
+        logger.propagate = False

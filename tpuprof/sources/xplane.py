@@ -11,23 +11,14 @@ from __future__ import annotations
 
 import os
 import posixpath
+from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 
 from tpuprof.errors import UserError
+from tpuprof.sources import remote, xspace_stream
+from tpuprof.sources.xspace_stream import light_xspace_class  # noqa: F401 - part of this module's API
 
 SUFFIX = ".xplane.pb"
-
-
-def _quiet_remote_loggers() -> None:
-    """gcsfs and friends log their retries with tracebacks; our one-line error says what failed."""
-    import logging
-
-    for name in ("gcsfs", "fsspec", "google", "google.auth", "aiohttp", "s3fs", "adlfs"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
-            logger.addHandler(logging.NullHandler())
-        logger.propagate = False
 
 
 class _LocalFS:
@@ -58,7 +49,7 @@ def _fs(path: str):
         return _LocalFS(), os.path.abspath(path.removeprefix("file://"))
     import fsspec
 
-    _quiet_remote_loggers()
+    remote.quiet_loggers()
 
     try:
         return fsspec.core.url_to_fs(path)
@@ -147,7 +138,7 @@ def read_bytes(path: str) -> bytes:
 
     from tpuprof.sources import remote
 
-    _quiet_remote_loggers()
+    remote.quiet_loggers()
     # Each step has the time limit (nothing answers: one sentence within 30 s); a large file takes the chunks it needs.
     try:
         handle = remote.call(path, "opening the capture", fsspec.open(path, "rb").open)
@@ -171,68 +162,6 @@ def _looks_like_hlo_proto(data: bytes) -> bool:
     except Exception:  # noqa: BLE001 - any decode failure just means "not an HloProto"
         return False
     return bool(proto.hlo_module.name) and len(proto.hlo_module.computations) > 0
-
-
-@lru_cache(maxsize=None)
-def light_xspace_class():
-    """An XSpace class that reads what the analyses need, and keeps each event's stats undecoded.
-
-    Same field numbers as tsl's xplane.proto, so it reads the same bytes; events keep only their
-    metadata id, offset and duration, and their stats as raw bytes (decode one with `event_stats`).
-    Parsing skips building millions of XStat messages: on a TF capture about 5x faster.
-    """
-    from google.protobuf import descriptor_pb2, message_factory
-
-    from tpuprof.protos import xplane_pb2
-
-    real = xplane_pb2().DESCRIPTOR
-    pool = real.pool
-    package = "tpuprof.xplane_light"
-    try:
-        return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.XSpace"))
-    except KeyError:
-        pass
-    field = descriptor_pb2.FieldDescriptorProto
-    optional, repeated = field.LABEL_OPTIONAL, field.LABEL_REPEATED
-    proto = descriptor_pb2.FileDescriptorProto(name="tpuprof/xplane_light.proto", package=package, syntax="proto3")
-    proto.dependency.append(real.name)
-
-    def message(name, fields, into=proto.message_type):
-        result = into.add(name=name)
-        for field_name, number, kind, label, type_name in fields:
-            added = result.field.add(name=field_name, number=number, type=kind, label=label)
-            if type_name:
-                added.type_name = type_name
-        return result
-
-    message("XEvent", [("metadata_id", 1, field.TYPE_INT64, optional, None),
-                       ("offset_ps", 2, field.TYPE_INT64, optional, None),
-                       ("duration_ps", 3, field.TYPE_INT64, optional, None),
-                       ("stats", 4, field.TYPE_BYTES, repeated, None)])
-    message("XLine", [("id", 1, field.TYPE_INT64, optional, None),
-                      ("name", 2, field.TYPE_STRING, optional, None),
-                      ("display_name", 11, field.TYPE_STRING, optional, None),
-                      ("timestamp_ns", 3, field.TYPE_INT64, optional, None),
-                      ("events", 4, field.TYPE_MESSAGE, repeated, f".{package}.XEvent")])
-    plane = message("XPlane", [("id", 1, field.TYPE_INT64, optional, None),
-                               ("name", 2, field.TYPE_STRING, optional, None),
-                               ("lines", 3, field.TYPE_MESSAGE, repeated, f".{package}.XLine"),
-                               ("stats", 6, field.TYPE_MESSAGE, repeated, f".{real.package}.XStat")])
-    for field_name, number, value_type in (("event_metadata", 4, "XEventMetadata"),
-                                           ("stat_metadata", 5, "XStatMetadata")):
-        entry_name = "".join(part.title() for part in field_name.split("_")) + "Entry"
-        entry = message(entry_name, [("key", 1, field.TYPE_INT64, optional, None),
-                                     ("value", 2, field.TYPE_MESSAGE, optional, f".{real.package}.{value_type}")],
-                        into=plane.nested_type)
-        entry.options.map_entry = True
-        plane.field.add(name=field_name, number=number, type=field.TYPE_MESSAGE, label=repeated,
-                        type_name=f".{package}.XPlane.{entry_name}")
-    message("XSpace", [("planes", 1, field.TYPE_MESSAGE, repeated, f".{package}.XPlane"),
-                       ("errors", 2, field.TYPE_STRING, repeated, None),
-                       ("warnings", 3, field.TYPE_STRING, repeated, None),
-                       ("hostnames", 4, field.TYPE_STRING, repeated, None)])
-    pool.Add(proto)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.XSpace"))
 
 
 def event_stats(event) -> list:
@@ -276,30 +205,50 @@ def parse_xspace(data: bytes, path: str = "<bytes>", light: bool = True):
     raise UserError(f"{path} is not a readable xplane.pb (truncated, or not a profiler capture).")
 
 
+# Files up to this size that are not captures are read whole to say what they are instead (an HloProto).
+_SNIFF_LIMIT_BYTES = 256 << 20
+
+
+def open_stream(path: str):
+    """One host's capture as a sources.xspace_stream.XSpaceStream (read plane by plane, batch by batch), once its
+    top level is known to be an XSpace; else the UserError `parse_xspace` gives (empty, an HloProto, unreadable)."""
+    from tpuprof.sources.xspace_stream import CorruptCapture, XSpaceStream
+
+    space = XSpaceStream(path)
+    try:
+        names = space.plane_names()
+        ok = bool(names) and all(names) and any(n.startswith(("/host:", "/device:")) for n in names)
+    except CorruptCapture:
+        ok = False
+    if ok:
+        return space
+    size = space.size
+    space.close()
+    if size and size <= _SNIFF_LIMIT_BYTES:
+        parse_xspace(read_bytes(path), path)  # raises the error that says what the file is
+    if not size:
+        raise UserError(f"{path} is empty: the capture did not finish writing.")
+    raise UserError(f"{path} is not a readable xplane.pb (truncated, or not a profiler capture).")
+
+
+@contextmanager
+def readable(path: str):
+    """Turns a malformed record met while streaming the capture into the one-sentence error."""
+    from tpuprof.sources.xspace_stream import CorruptCapture
+
+    try:
+        yield
+    except CorruptCapture:
+        raise UserError(f"{path} is not a readable xplane.pb (truncated, or not a profiler capture).") from None
+
+
 def read_xspace(path: str):
     """One host's XSpace. The bytes are dropped as soon as they are parsed (large files)."""
     return parse_xspace(read_bytes(path), path)
 
 
+MISSING = xspace_stream.MISSING  # int_stat_values: the event has no such stat
 _VARINT_BYTES = 10
-MISSING = -(2**63)  # int_stat_values: the event has no such stat
-
-
-def _varints(buf, positions):
-    """Protobuf varints starting at POSITIONS of the uint8 array BUF: (values as uint64, their byte lengths)."""
-    import numpy as np
-
-    values = np.zeros(len(positions), dtype=np.uint64)
-    lengths = np.zeros(len(positions), dtype=np.int64)
-    going = np.ones(len(positions), dtype=bool)
-    for k in range(_VARINT_BYTES):
-        byte = buf[positions + k].astype(np.uint64)
-        values |= np.where(going, (byte & np.uint64(0x7F)) << np.uint64(7 * k), np.uint64(0))
-        lengths += going
-        going &= (byte & np.uint64(0x80)) != 0
-        if not going.any():
-            break
-    return values, lengths
 
 
 def int_stat_values(events, stat_ids: dict[str, int]) -> dict[str, "object"]:
@@ -336,18 +285,6 @@ def int_stat_values(events, stat_ids: dict[str, int]) -> dict[str, "object"]:
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     buf = np.frombuffer(b"".join(stats) + bytes(2 * _VARINT_BYTES + 1), dtype=np.uint8)
     owner = np.repeat(np.arange(n), counts)
-    # Field 1 (metadata_id, tag 0x08) comes first; proto3 omits it when 0 (then the stat has no id we want).
-    has_id = buf[starts] == 0x08
-    ids, id_len = _varints(buf, starts + 1)
-    ids = np.where(has_id, ids, 0).astype(np.int64)
-    value_at = starts + 1 + id_len
-    tag = np.where(value_at < starts + lengths, buf[np.minimum(value_at, len(buf) - 1)], 0)
-    values, _ = _varints(buf, value_at + 1)
-    integer = np.isin(tag, (0x18, 0x20, 0x38))  # uint64_value, int64_value, ref_value
-    # A stat with an id and no value field holds 0 (proto3 omits defaults).
-    values = np.where(integer, values, 0).view(np.int64)
-    for name, key in stat_ids.items():
-        mask = has_id & (ids == key) & (integer | (tag == 0))
-        result[name][owner[mask]] = values[mask]
-    return result
+    return xspace_stream.int_stats_at(buf, starts, lengths, owner, n, stat_ids)
+
 
