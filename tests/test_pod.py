@@ -190,3 +190,14 @@ def test_a_damaged_host_file_on_ray_is_the_same_one_sentence(ray_cluster, pod16,
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
         outs.append(done.stderr.strip())
     assert outs[0] == outs[1] and outs[0].count("\n") == 0 and "host_001.xplane.pb" in outs[0]
+
+
+def test_ray_asked_for_but_not_installed_is_one_sentence(pod16):
+    code = ("import sys; sys.modules['ray'] = None  # as if Ray were not installed\n"
+            "from tpuprof import cli\n"
+            "cli.main(['analyze', sys.argv[1], '--ray', 'auto'])\n")
+    done = subprocess.run([sys.executable, "-c", code, pod16.runs[0]], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == "tpuprof: --ray needs Ray installed here and on the cluster: pip install " \
+                                  "'tpuprof[ray]'."
