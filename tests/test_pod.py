@@ -201,3 +201,30 @@ def test_ray_asked_for_but_not_installed_is_one_sentence(pod16):
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == "tpuprof: --ray needs Ray installed here and on the cluster: pip install " \
                                   "'tpuprof[ray]'."
+
+
+def test_the_host_the_all_reduce_waits_for_is_ranked_by_its_delay(tmp_path):
+    """Lock-step TPU hosts (schema-built XSpaces): every host's step takes as long, the slow host's matmul is longer
+    and the others wait for it in the all-reduce; its delay per step is the matmul's extra time."""
+    from synthetic_xspace import Layout, tpu_xspace, write_run
+
+    extra, shifts_ns = 1.5, [0, 3_000_000, -2_000_000, 7_000_000]  # clocks 3 ms ahead, 2 ms behind...
+    spaces = {}
+    for i, shift in enumerate(shifts_ns):
+        slow = i == 2
+        layout = Layout(steps=12, matmul_ms=6.0 + (extra if slow else 0.0), collective_ms=1.0 + (0.0 if slow else extra),
+                        start_ns=1_000_000 + shift)
+        spaces[f"tpu-vm-{i}"] = tpu_xspace(layout, f"tpu-vm-{i}")
+    report = command.analyze(str(write_run(tmp_path, spaces)))
+    pod = report.pod
+    medians = {r.median_ms for r in pod.hosts}
+    assert len(medians) == 1  # lock step: the same step time everywhere
+    assert [r.host for r in pod.stragglers] == ["tpu-vm-2"]
+    slowed = pod.host("tpu-vm-2")
+    assert slowed.delay_ms / pod.matched_steps == pytest.approx(extra, abs=1e-3)
+    assert slowed.last_steps == pod.matched_steps == len(report.hosts[0].steps)
+    for r, shift in zip(pod.hosts, shifts_ns):
+        assert r.clock_offset_ms == pytest.approx(shift / 1e6, abs=1e-6) and r.residual_ms == pytest.approx(0, abs=1e-6)
+    # The median step says nothing here (every host's is the same): the delay names it.
+    assert report.stragglers == []
+    assert any(s["kind"] == "straggler" and "tpu-vm-2" in s["message"] for s in report.suggestions)
