@@ -81,6 +81,10 @@ def test_hosts_from_two_run_folders_named_together_make_one_pod(tmp_path, source
     assert report.pod.stragglers[0].host == "host_002"
     # The same host file named twice (a folder and the file in it) is read once.
     assert len(command.analyze([pod.runs[0], pod.files[0]]).hosts) == 2
+    # Hosts of the same name in two captures' run folders (of the same name too) are told apart by their folder.
+    other = _generator().build(SOURCE, tmp_path / "other", hosts=2, slow_host=None)
+    names = [h.host for h in command.analyze([pod.runs[0], other.runs[0]]).hosts]
+    assert len(set(names)) == 4 and names[2] == f"{other.runs[0]}/host_000"
 
 
 def test_64_hosts_give_the_compact_table(source_report):

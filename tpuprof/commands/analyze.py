@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tpuprof.advice import steps as advice
 import posixpath
 
+from tpuprof.advice import steps as advice
 from tpuprof.analyses import coverage
 from tpuprof.analyses.summary import Report, summarize
 from tpuprof.commands.hosts import analyze_hosts
@@ -29,11 +29,13 @@ def find_hosts(paths: list[str]):
 
 
 def _distinct_hosts(profiles) -> None:
-    """Hosts of the same name from different run folders are told apart by their folder."""
+    """Hosts of the same name from different run folders are told apart by their run folder's name, or by the
+    whole folder when the runs' names are the same too (captures started in the same second)."""
     names = [p.host for p in profiles]
-    for profile in profiles:
-        if names.count(profile.host) > 1:
-            profile.host = f"{posixpath.basename(posixpath.dirname(profile.path))}/{profile.host}"
+    same = [p for p in profiles if names.count(p.host) > 1]
+    runs = [f"{posixpath.basename(posixpath.dirname(p.path))}/{p.host}" for p in same]
+    for profile, run in zip(same, runs):
+        profile.host = run if runs.count(run) == 1 else f"{posixpath.dirname(profile.path)}/{profile.host}"
 
 
 def analyze(path, top: int = 10, workers: int | None = None, ray: str | None = None) -> Report:
