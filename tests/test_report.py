@@ -434,7 +434,8 @@ def test_every_chart_has_data_and_units(every_page):
                     assert all(SIZE.match(row[0]) for row in trace["customdata"]), (name, trace.get("name"))
             for axis in ("xaxis", "yaxis"):
                 spec = layout.get(axis, {})
-                categorical = any(t.get("orientation") == "h" for t in data) and axis == "yaxis"
+                categorical = any(t.get("orientation") == "h" or t["type"] == "heatmap" for t in data) \
+                    and axis == "yaxis"  # named rows: hosts, stages
                 if data[0]["type"] != "treemap" and not categorical:
                     assert AXIS_UNITS.search((spec.get("title") or {}).get("text", "")), (name, axis)
 

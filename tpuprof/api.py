@@ -47,21 +47,27 @@ def memory(path: PathLike, target: Optional[str] = None, module: Optional[str] =
     return command.result(Path(path), module, target, top, compile)
 
 
-def analyze(path: PathLike, *, top: int = 10) -> AnalyzeResult:
+def analyze(path: Union[PathLike, list], *, top: int = 10, workers: Optional[int] = None,
+            ray: Optional[str] = None) -> AnalyzeResult:
     """Why a step is slow, from a saved profile: step time per chip and per category (compute, input, host
     transfers, collectives, host overhead, compilation), the verdict, the roofline, the tf.data stages and
     what to change.
 
     path: a logdir (its newest run), a run folder (plugins/profile/<run>), a `<host>.xplane.pb`, or a gs://
         (any fsspec) URL of one of these. Several hosts make one report.
+        A list of such paths makes one pod (hosts from several run folders of the same capture).
     top: rows of the op and stage lists in `to_dict()` (0: all).
+    workers: local processes for the hosts (default: one per core).
+    ray: run one task per host on Ray: "auto", "ray://HEAD:10001" or "HEAD:6379" (default
+        $TPUPROF_RAY_ADDRESS; without either, local processes). Needs `pip install 'tpuprof[ray]'`.
 
         >>> result = tpuprof.analyze("sample_profiles/captures/tf_slow_map")
         >>> result.verdict, result.median_ms, result.breakdown_percent["input"]
     """
     from tpuprof.commands import analyze as command
 
-    return command.result(str(path), top)
+    paths = [str(p) for p in path] if isinstance(path, (list, tuple)) else str(path)
+    return command.result(paths, top, workers=workers, ray=ray)
 
 
 def oom(text_or_path: Union[str, bytes, os.PathLike], batch: Optional[int] = None,

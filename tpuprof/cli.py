@@ -152,21 +152,25 @@ def oom(
     "tpuprof analyze LOGDIR/plugins/profile/RUN      # one run: every host's xplane.pb",
     "tpuprof analyze gs://bucket/logs --json",
     "tpuprof analyze LOGDIR --csv steps > steps.csv",
+    "tpuprof analyze runA/host1.xplane.pb runB/host2.xplane.pb   # one pod from two run folders",
+    "tpuprof analyze gs://bucket/logs --ray auto   # one Ray task per host",
 ))
 def analyze(
-    path: str = typer.Argument(..., metavar="PROFILE", help="Profile logdir (its newest run), run folder (plugins/profile/<run>), <host>.xplane.pb, or a gs:// path; several hosts make one report."),
+    paths: List[str] = typer.Argument(..., metavar="PROFILE...", help="Profile logdir (its newest run), run folder (plugins/profile/<run>), <host>.xplane.pb, or a gs:// path; several hosts (or several paths) make one report."),
     top: int = typer.Option(10, "--top", help="Rows in the op and tf.data stage tables (0: all)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     format_: Optional[OutputFormat] = _format_option(),
     csv: Optional[AnalyzeTable] = typer.Option(None, "--csv", help="Print one table as CSV, every row."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Local processes for the hosts (default: one per core)."),
+    ray: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS", help="One Ray task per host: auto, ray://HEAD:10001 or HEAD:6379 (default $TPUPROF_RAY_ADDRESS; needs tpuprof[ray])."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Step time, input-pipeline stalls and host overhead from a saved profile, and what to change."""
     library_output.hold(verbose)
     from tpuprof.commands import analyze as command
 
-    command.run(path, top=top, as_json=as_json, csv=csv.value if csv else None,
-                format_=format_.value if format_ else None)
+    command.run(paths, top=top, as_json=as_json, csv=csv.value if csv else None,
+                format_=format_.value if format_ else None, workers=workers, ray=ray)
 
 
 @app.command(epilog=_examples(

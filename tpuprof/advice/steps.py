@@ -7,6 +7,7 @@ category takes, and usually less.
 from __future__ import annotations
 
 import math
+import statistics
 
 from tpuprof.analyses import input_pipeline
 from tpuprof.analyses.summary import COMPILE_BOUND, MODERATELY_INPUT_BOUND, Report
@@ -189,13 +190,33 @@ def _compile(report: Report) -> Suggestion | None:
                       saving_ms_per_step=per_step, saving_ms_range=(0.0, per_step))
 
 
+# A host that holds the pod up by less than this share of the median step per step is not worth a suggestion.
+POD_DELAY_SHARE = 0.05
+
+
+def _straggler(host: str, evidence: str, saving: float) -> Suggestion:
+    return Suggestion(kind="straggler",
+                      message=(f"Host {host} is slower than the others; every synchronous step waits for it: check "
+                               "its input pipeline, CPU load and data locality."),
+                      evidence=evidence, saving_ms_per_step=saving, saving_ms_range=(0.0, saving))
+
+
 def _stragglers(report: Report) -> list[Suggestion]:
-    found = [Suggestion(kind="straggler",
-                        message=(f"Host {host} is slower than the others; every synchronous step waits for it: check "
-                                 "its input pipeline, CPU load and data locality."),
-                        evidence=f"median step {value:.2f} ms against {middle:.2f} ms across hosts.",
-                        saving_ms_per_step=value - middle, saving_ms_range=(0.0, value - middle))
-             for host, value, middle in report.stragglers]
+    pod = report.pod
+    if pod is not None and pod.matched_steps:
+        # The hosts' steps are matched: name the hosts the collective waited for, by how long.
+        found = []
+        middle = statistics.median(r.median_ms for r in pod.hosts if r.steps)
+        for row in pod.stragglers:
+            per_step = row.delay_ms / pod.matched_steps
+            if per_step >= POD_DELAY_SHARE * report.median_ms:
+                found.append(_straggler(row.host, (
+                    f"the last host to reach the collective in {row.last_steps} of {pod.matched_steps} matched steps, "
+                    f"holding the pod up {per_step:.2f} ms per step ({row.delay_ms:.2f} ms in all); its median step "
+                    f"{row.median_ms:.2f} ms against {middle:.2f} ms across hosts (the hosts' median)."), per_step))
+    else:
+        found = [_straggler(host, f"median step {value:.2f} ms against {middle:.2f} ms across hosts.", value - middle)
+                 for host, value, middle in report.stragglers]
     for chip in report.slow_chips:
         found.append(Suggestion(
             kind="slow_chip",

@@ -309,6 +309,8 @@ class ChipsResult:
     source: str
     matmul_ps: int
     matmul_f32_ps: int
+    executions: int = 0  # step markers (programs run) on the chip that ran the most, the unmeasured last one too
+    last_event_ps: int = 0  # when the chips' last event ends (device clock)
 
 
 def _events(chip: Chip) -> int:
@@ -323,11 +325,16 @@ def analyze(planes, host_wait: Spans, host_compile: Spans) -> ChipsResult | None
     are kept in memory from the first pass up to KEPT_EVENTS events in all; the others are read again from the
     file in the second, so memory holds one chip's events however many planes the capture has."""
     kept, budget = [], KEPT_EVENTS
+    executions = last_event = 0  # the most step markers on a chip; when the chips' last event ends
     for read in planes:
         chip = read_chip(read())
+        if chip is not None:
+            last_event = max([last_event] + [int(line.end.max()) for line in (chip.ops, chip.modules)
+                                             if line is not None and len(line.end)])
         marks = step_markers(chip) if chip is not None else None
         if marks is None or not len(marks[0]):
             continue
+        executions = max(executions, len(marks[0]))
         starts, ends, source, whole = marks
         a, b = periods(starts, ends, whole)
         budget -= _events(chip)
@@ -368,6 +375,7 @@ def analyze(planes, host_wait: Spans, host_compile: Spans) -> ChipsResult | None
             total, f32 = top_ops.matmul_precision_of(chip.infos, chip.ops.mid, chip.own)
             matmul, wide = matmul + total, wide + f32
     source = kept[0][3]
-    return ChipsResult(devices=devices, steps=mean_steps(per_chip) if all(per_chip) else [],
+    return ChipsResult(executions=executions, last_event_ps=last_event,
+                       devices=devices, steps=mean_steps(per_chip) if all(per_chip) else [],
                        ops=list(merged.values()), chip_steps=sum(len(s) for s in per_chip), source=source,
                        matmul_ps=matmul, matmul_f32_ps=wide)

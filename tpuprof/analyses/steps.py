@@ -348,7 +348,39 @@ def analyze_xspace(space, host: str, path: str = "") -> HostProfile:
         (top_ops.host_ops(view.plane, view.lines) if view else [])
     if found is not None:
         profile.matmul_ps, profile.matmul_f32_ps = found.matmul_ps, found.matmul_f32_ps
+    if view is not None and tpu_planes:
+        _lost_device_data(profile, view, found)
     return profile
+
+
+def _lost_device_data(profile: HostProfile, view: HostView, found) -> None:
+    """Host step calls the chips have no execution for, and whether the chips' events stop before the host's.
+
+    The profiler keeps a bounded number of device events, and a device buffer that a long capture can outrun
+    (jax-ml/jax#23446): the host's events then go on after the chips' stop. A call or two at the end with no
+    execution can also be the host running ahead of the chips when the capture stopped.
+    """
+    markers = view.markers()
+    if markers is None:
+        return
+    line, idx, _ = markers
+    host_end = int(line.end[idx].max())
+    if found is None or not found.steps:
+        profile.steps_without_device = len(profile.steps)
+        profile.notes.append("the TPU planes hold no step: every step was measured on the host only (the device's "
+                             "events were lost: the profiler's device buffer or event cap, jax-ml/jax#23446)")
+        return
+    profile.steps_without_device = max(0, len(idx) - found.executions)
+    if not profile.steps_without_device:
+        return
+    early = host_end - found.last_event_ps
+    if early > 0:
+        profile.device_stops_early_ps = early
+    when = f"the chips' events stop {early / 1e12:.2f} s before the host's last step call: " if early > 0 else ""
+    profile.notes.append(
+        f"{when}the host called its step {profile.steps_without_device} more time(s) than the chips ran it: "
+        f"{profile.steps_without_device} step(s) have no device data (the profiler's device buffer or event cap, "
+        f"jax-ml/jax#23446); the device figures cover the steps it has")
 
 
 def analyze_file(path: str) -> HostProfile:

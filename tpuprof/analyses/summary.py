@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tpuprof.analyses import input_pipeline
+from tpuprof.analyses import input_pipeline, pod
 from tpuprof.analyses.roofline import OpRoofline, ProgramRoofline, Roof, op_roofline, program_roofline, roof_for
 from tpuprof.models.profile import CATEGORIES, Device, HostProfile, Op, Stage, median, percentile
 from tpuprof.sources.xplane import RunChoice
@@ -67,6 +67,7 @@ class Report:
     suggestions: list[dict] = field(default_factory=list)
     run: RunChoice | None = None  # the run read from a logdir, and how many others it holds
     warnings: list[str] = field(default_factory=list)  # what limits trust in the figures (too few steps)
+    pod: pod.Pod | None = None  # several hosts: per-host figures, clock alignment, stragglers by delay
 
     @property
     def input_bound_percent(self) -> float:
@@ -269,4 +270,5 @@ def summarize(hosts: list[HostProfile], top: int = 10) -> Report:
         report.stragglers = [(host, value, middle) for host, value in medians.items()
                              if middle and value >= STRAGGLER_RATIO * middle]
     report.slow_chips = _slow_chips(hosts)
+    report.pod = pod.build(hosts)
     return report

@@ -136,6 +136,10 @@ class HostProfile:
     matmul_ps: int = 0  # device time in matmuls/convolutions
     matmul_f32_ps: int = 0  # ... of which with a 32-bit result
     notes: list[str] = field(default_factory=list)
+    # Lost device data: the host called its step this many more times than the chips ran it, and the chips'
+    # events end this long before the host's last step call (0: they do not).
+    steps_without_device: int = 0
+    device_stops_early_ps: int = 0
 
     def total(self, category: str) -> int:
         return sum(getattr(step, f"{category}_ps") for step in self.steps)

@@ -133,6 +133,8 @@ def to_json(report: Report, top: int) -> dict:
                 "breakdown_percent": {c: round(100.0 * h.total(c) / h.step_ps, 1) if h.step_ps else 0.0
                                       for c in CATEGORIES},
                 "notes": h.notes,
+                "steps_without_device": h.steps_without_device,
+                "device_stops_early_ms": _ms(h.device_stops_early_ps) if h.device_stops_early_ps else None,
                 "step_list": [
                     {"number": st.number, "duration_ms": _ms(st.duration_ps), "batches": st.batches,
                      **{f"{c}_ms": _ms(getattr(st, f"{c}_ps")) for c in CATEGORIES}}
@@ -171,6 +173,37 @@ def to_json(report: Report, top: int) -> dict:
         "run": None if report.run is None else {"name": report.run.name, "folder": report.run.folder,
                                                 "other_runs": report.run.others},
         "warnings": report.warnings,
+        "pod": pod_json(report.pod),
+    }
+
+
+def _pod_host(row) -> dict:
+    def rounded(value, digits=3):
+        return None if value is None else round(value, digits)
+
+    return {"host": row.host, "steps": row.steps, "median_ms": row.median_ms, "input_ms": rounded(row.input_ms),
+            "host_overhead_ms": rounded(row.host_overhead_ms), "collective_ms": rounded(row.collective_ms),
+            "clock_offset_ms": rounded(row.clock_offset_ms, 6), "residual_ms": rounded(row.residual_ms, 6),
+            "delay_ms": rounded(row.delay_ms), "last_steps": row.last_steps,
+            "steps_without_device": row.steps_without_device,
+            "device_stops_early_ms": rounded(row.device_stops_early_ms)}
+
+
+def pod_json(pod) -> dict | None:
+    """Several hosts: per-host figures, their clocks aligned, stragglers by how much they delay the collective."""
+    if pod is None:
+        return None
+    return {
+        "hosts": [_pod_host(r) for r in pod.hosts],
+        "reference_host": pod.reference,
+        "alignment": pod.alignment,
+        "matched_steps": pod.matched_steps,
+        "residual_ms": None if pod.residual_ms is None else round(pod.residual_ms, 6),
+        "stragglers": [_pod_host(r) for r in pod.stragglers],
+        "compact": None if pod.compact is None else {k: [_pod_host(r) for r in rows] for k, rows in pod.compact.items()},
+        "how": "steps matched by step number; clock offset = median difference of matching step starts against the "
+               "reference host, residual = median distance left; delay = a host's own time in a step (step time "
+               "less collective wait) minus the next slowest host's, in the steps where it was last, summed",
     }
 
 
@@ -213,11 +246,17 @@ def print_tables(report: Report, top: int) -> None:
     out = console()
     if report.run is not None:
         out.print(run_sentence(report.run))
+    many = report.pod is not None and report.pod.compact is not None
+    if many:  # one line per host would bury the report: the pod table below has them
+        sources = sorted({h.step_source for h in report.hosts if h.step_source})
+        out.print(f"[bold]{len(report.hosts)} hosts[/bold]: {sum(len(h.steps) for h in report.hosts)} steps, "
+                  f"steps from {escape('; '.join(sources) or 'nowhere')}")
     for h in report.hosts:
-        source = f"steps from {escape(h.step_source)}" if h.step_source else "no steps found"
-        out.print(f"[bold]{escape(h.host)}[/bold] ({h.platform}): {len(h.steps)} steps, {source}")
+        if not many:
+            source = f"steps from {escape(h.step_source)}" if h.step_source else "no steps found"
+            out.print(f"[bold]{escape(h.host)}[/bold] ({h.platform}): {len(h.steps)} steps, {source}")
         for note in h.notes:
-            out.print(f"  [dim]{escape(note)}[/dim]")
+            out.print(f"  [dim]{escape(h.host + ': ' if many else '')}{escape(note)}[/dim]")
     if report.step_count:
         out.print(f"Steps: {report.step_count}, mean {report.mean_ms:.2f} ms, median {report.median_ms:.2f} ms, "
                   f"p90 {report.p90_ms:.2f} ms" + (f", {report.batches_per_step:g} batches per step call"
@@ -289,6 +328,8 @@ def print_tables(report: Report, top: int) -> None:
         out.print(tables.table(columns, rows, out.width, title="Host ops by self time"))
     for h, value, middle in report.stragglers:
         out.print(f"[yellow]Straggler:[/yellow] {escape(h)} median step {value:.2f} ms vs {middle:.2f} ms")
+    if report.pod is not None:
+        _print_pod(out, report.pod)
     if not report.suggestions and report.verdict == "compute-bound":
         out.print("No change to the input pipeline or the training loop is called for: the step is the program's "
                   "own work; the top ops above are where it goes.")
@@ -297,3 +338,43 @@ def print_tables(report: Report, top: int) -> None:
         for i, s in enumerate(report.suggestions, 1):
             out.print(f"{i}. {escape('[' + s['kind'] + ']')} {escape(s['message'])}")
             out.print(f"   [dim]evidence: {escape(s['evidence'])}[/dim]")
+
+
+def _print_pod(out, pod) -> None:
+    from rich.markup import escape
+
+    from tpuprof.renderers import tables
+
+    def cells(row, label=""):
+        return (escape(label + row.host), str(row.steps), f"{row.median_ms:.2f}", f"{row.input_ms:.2f}",
+                f"{row.host_overhead_ms:.2f}", f"{row.collective_ms:.2f}",
+                "" if row.clock_offset_ms is None else f"{row.clock_offset_ms:+.3f}", f"{row.delay_ms:.2f}")
+
+    if pod.compact is None:
+        rows = [cells(r) for r in pod.hosts]
+    else:
+        rows = [cells(r, f"{kind.rstrip('s')}: ") for kind in ("slowest", "median", "fastest", "outliers")
+                for r in pod.compact[kind]]
+    columns = [tables.name("host"), tables.number("steps", drop=3), tables.number("median step ms"),
+               tables.number("input ms", drop=2), tables.number("host overhead ms", drop=2),
+               tables.number("collective ms", drop=2), tables.number("clock offset ms", drop=1),
+               tables.number("delay ms")]
+    compact = f"; {len(pod.hosts)} hosts: slowest, median, fastest, outliers" if pod.compact is not None else ""
+    if pod.matched_steps:
+        residual = "" if pod.residual_ms is None else f", residual up to {pod.residual_ms:.3f} ms"
+        how = (f"clocks against {pod.reference}, from matching step starts{residual}; delay: how much it held up "
+               f"the collective, summed over {pod.matched_steps} matched steps")
+    else:
+        how = "clocks not aligned: the hosts ran no step number in common"
+    out.print(tables.table(columns, rows, out.width, title=f"Pod: per host, per step ({how}{compact})"))
+    unaligned = [r.host for r in pod.hosts if r.steps and r.clock_offset_ms is None]
+    if pod.matched_steps and unaligned:
+        out.print(f"[yellow]Not aligned:[/yellow] {escape(', '.join(unaligned[:8]))}"
+                  f"{' ...' if len(unaligned) > 8 else ''}: no step number in common with {escape(pod.reference)}")
+    for r in pod.stragglers:
+        out.print(f"[yellow]Holds up the pod:[/yellow] {escape(r.host)} {r.delay_ms:.2f} ms over {pod.matched_steps} "
+                  f"steps (the last to arrive in {r.last_steps})")
+    lost = [r for r in pod.hosts if r.steps_without_device]
+    if lost:
+        out.print(f"[yellow]Steps with no device data:[/yellow] {sum(r.steps_without_device for r in lost)} on "
+                  f"{len(lost)} host(s) ({escape(', '.join(r.host for r in lost[:8]))})")

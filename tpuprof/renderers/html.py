@@ -523,8 +523,11 @@ def _steps(page: _Page, item: Input, top: int) -> None:
     if s.get("count"):
         page.add(f'<p>{esc(s["count"])} step{"s" if s["count"] != 1 else ""}: mean {s["mean_ms"]:.2f} ms, median {s["median_ms"]:.2f} ms, '
                  f'p90 {s["p90_ms"]:.2f} ms.</p>')
+    pod = d.get("pod") or {}
     for h in d.get("hosts", []):
         notes = "; ".join(h.get("notes") or [])
+        if pod.get("compact") is not None and not notes:
+            continue  # 64+ hosts: the pod section has them; only the hosts with something to say here
         page.add(f'<p class="meta">{esc(h["host"])} ({esc(h.get("platform"))}): {esc(h.get("steps", 0))} steps, '
                  f'{prose(h.get("step_source") or "no steps found")}{prose(". " + notes if notes else "")}</p>')
     if d.get("run"):
@@ -551,6 +554,7 @@ def _steps(page: _Page, item: Input, top: int) -> None:
         page.figure(fig, height=360)
     _breakdown(page, d)
     _chips(page, d)
+    _pod(page, d)
     _roofline(page, d)
 
     stages = _merged_stages(d.get("input_pipeline", {}).get("stages", []))[: max(top, 1)]
@@ -686,6 +690,68 @@ def _chips(page: _Page, d: dict) -> None:
     page.add("<h3>Chips (aligned steps)</h3><table><tr><th>chip</th><th>kind</th><th>steps</th><th>median step ms</th>"
              "<th>own work ms</th><th>compute %</th><th>host transfers %</th><th>collectives %</th>"
              f"<th>host overhead %</th></tr>{rows}</table>{slow}")
+
+
+def _pod(page: _Page, d: dict) -> None:
+    """Several hosts: each host's figures (or the compact rows from 64 hosts), who holds the pod up, and a
+    host x step heat map of step times."""
+    pod = d.get("pod")
+    if not pod:
+        return
+    columns = [("host", lambda r: f'<span class="mono">{esc(r["label"] + r["host"])}</span>'),
+               ("steps", lambda r: esc(r["steps"])), ("median step ms", lambda r: f'{r["median_ms"]:.2f}'),
+               ("input ms", lambda r: _num(r.get("input_ms"), 2)),
+               ("host overhead ms", lambda r: _num(r.get("host_overhead_ms"), 2)),
+               ("collective ms", lambda r: _num(r.get("collective_ms"), 2)),
+               ("clock offset ms", lambda r: "" if r.get("clock_offset_ms") is None else f'{r["clock_offset_ms"]:+.3f}'),
+               ("delay ms", lambda r: f'{r["delay_ms"]:.2f}'),
+               ("steps with no device data", lambda r: esc(r.get("steps_without_device") or ""))]
+    compact = pod.get("compact")
+    shown = [dict(r, label=f"{kind.rstrip('s')}: ") for kind in ("slowest", "median", "fastest", "outliers")
+             for r in compact[kind]] if compact is not None else [dict(r, label="") for r in pod["hosts"]]
+    residual = "" if pod.get("residual_ms") is None else f', residual up to {pod["residual_ms"]:.3f} ms'
+    how = (f'Clocks against <span class="mono">{esc(pod["reference_host"])}</span> from matching step starts'
+           f'{esc(residual)}; delay: how much a host held up the collective everyone waits on, summed over '
+           f'{esc(pod["matched_steps"])} matched steps.') if pod.get("matched_steps") else \
+        "Clocks not aligned: the hosts ran no step number in common."
+    page.add(f'<h3>Pod: {len(pod["hosts"])} hosts{" (slowest, median, fastest, outliers)" if compact else ""}</h3>'
+             f'<p class="meta">{how}</p>'
+             + _table([name for name, _ in columns], [[cell(r) for _, cell in columns] for r in shown],
+                      set(range(1, len(columns)))))
+    for r in pod.get("stragglers") or []:
+        page.add(f'<p class="warn">Holds up the pod: <span class="mono">{esc(r["host"])}</span>, {r["delay_ms"]:.2f} ms '
+                 f'over {esc(pod["matched_steps"])} steps (the last to arrive in {esc(r["last_steps"])}).</p>')
+    _pod_heat_map(page, d.get("hosts") or [])
+
+
+MAX_HEAT_MAP_STEPS = 400  # beyond, columns are the mean of consecutive steps
+
+
+def _pod_heat_map(page: _Page, hosts: list[dict]) -> None:
+    import plotly.graph_objects as go
+
+    hosts = [h for h in hosts if h.get("step_list")]
+    numbers = sorted({st["number"] for h in hosts for st in h["step_list"]})
+    if len(hosts) < 2 or not numbers:
+        return
+    width = -(-len(numbers) // MAX_HEAT_MAP_STEPS)
+    column = {n: i // width for i, n in enumerate(numbers)}
+    columns = -(-len(numbers) // width)
+    z = []
+    for h in hosts:
+        sums, counts = [0.0] * columns, [0] * columns
+        for st in h["step_list"]:
+            sums[column[st["number"]]] += st["duration_ms"]
+            counts[column[st["number"]]] += 1
+        z.append([total / count if count else None for total, count in zip(sums, counts)])
+    x = [numbers[i * width] for i in range(columns)]
+    fig = go.Figure(go.Heatmap(z=z, x=x, y=[h["host"] for h in hosts], colorscale="YlOrRd",
+                               colorbar=dict(title="step time (ms)"), hoverongaps=False,
+                               hovertemplate="%{y}, step %{x}: %{z:.2f} ms<extra></extra>"))
+    binned = f"; each column the mean of {width} steps" if width > 1 else ""
+    fig.update_layout(title=esc(f"Step time per host and step (same step number = same step{binned})"),
+                      xaxis_title="step number", yaxis=dict(title="host", autorange="reversed", automargin=True))
+    page.figure(fig, height=min(1200, 160 + 14 * len(hosts)))
 
 
 def _roofline(page: _Page, d: dict) -> None:
