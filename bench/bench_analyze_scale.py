@@ -60,11 +60,12 @@ def build(capture: Path, size_bytes: float, into: Path) -> int:
 def measure(args: list[str], cwd: Path) -> tuple[float, float, bool]:
     """(seconds, peak RSS in GB, succeeded) of a child process."""
     started = time.perf_counter()
-    process = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(process.pid, 0)
-    elapsed = time.perf_counter() - started
-    error = process.stderr.read().decode()
-    process.stderr.close()
+    with tempfile.TemporaryFile() as log:  # not a pipe: XProf logs more than a pipe holds, and would block on it
+        process = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=log)
+        _, status, usage = os.wait4(process.pid, 0)
+        elapsed = time.perf_counter() - started
+        log.seek(0)
+        error = log.read().decode(errors="replace")
     if status:
         print(f"  failed: {' '.join(args[-2:])}: {error.strip()[-300:]}", file=sys.stderr)
     return elapsed, usage.ru_maxrss * 1024 / 1e9, status == 0

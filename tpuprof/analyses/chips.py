@@ -39,7 +39,8 @@ TPU_PLANE = re.compile(r"^/device:TPU:(\d+)$")
 PROGRAM = re.compile(r"^(.*)\((\d+)\)$")
 # Steps of two chips are the same step when they start within this share of the median step of each other.
 ALIGN_TOLERANCE = 0.5
-# Op events of the chips kept in memory between the two passes of `analyze` (about 40 bytes each); past it a chip
+# Op events of the chips kept in memory between the two passes of `analyze` (with their op metadata and device clock,
+# about 150 bytes each: 4M is ~0.6 GB); past it a chip
 # is read again from the file.
 KEPT_EVENTS = int(os.environ.get("TPUPROF_KEPT_EVENTS", 4_000_000))
 

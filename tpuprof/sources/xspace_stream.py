@@ -45,6 +45,7 @@ SMALL_RUN_BYTES = 64 << 10  # below it, a run's events are read as messages rath
 REMOTE_BLOCK_BYTES = 16 << 20
 _PLANES, _LINES, _EVENTS = 1, 3, 4
 _FAULT_AROUND_BYTES = 64 << 10  # Linux's default fault_around_bytes
+_RELEASE_ALL_BYTES = 64 << 20
 
 
 class CorruptCapture(Exception):
@@ -64,6 +65,7 @@ class _LocalBytes:
         except OSError as error:
             raise UserError(f"cannot read {path}: {error.strerror or error}.") from None
         self.view = memoryview(self._map) if self._map is not None else memoryview(b"")
+        self._released = 0
 
     def slice(self, start: int, end: int):
         return self.view[start:end]
@@ -76,11 +78,20 @@ class _LocalBytes:
         that was read counts in the process's RSS until then, and a walk through a 4 GB file reads them all."""
         import mmap
 
-        # Rounded outwards to the kernel's fault-around window (a read of one page maps the aligned 64 KiB around
-        # it, beyond START and END): a page dropped while still in use is read again, from the page cache.
-        window = max(mmap.PAGESIZE, _FAULT_AROUND_BYTES)
-        first, last = start // window * window, min(-(-end // window) * window, self.size)
-        if self._map is not None and last > first and hasattr(self._map, "madvise"):
+        if self._map is None or not hasattr(self._map, "madvise"):
+            return
+        # A read of one page maps more around it (the kernel's 64 KiB fault-around window, or a whole large folio of
+        # the page cache), beyond START and END: the range is rounded outwards, and every RELEASE_ALL_BYTES of
+        # released ranges the whole file is let go. A page dropped while still in use is read again, from the
+        # page cache.
+        self._released += end - start
+        if self._released >= _RELEASE_ALL_BYTES:
+            self._released = 0
+            first, last = 0, self.size
+        else:
+            window = max(mmap.PAGESIZE, _FAULT_AROUND_BYTES)
+            first, last = start // window * window, min(-(-end // window) * window, self.size)
+        if last > first:
             self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
 
     def close(self) -> None:
