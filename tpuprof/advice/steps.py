@@ -7,10 +7,10 @@ category takes, and usually less.
 from __future__ import annotations
 
 import math
-import statistics
 
 from tpuprof.analyses import input_pipeline
 from tpuprof.analyses.summary import COMPILE_BOUND, MODERATELY_INPUT_BOUND, Report
+from tpuprof.models.profile import median
 from tpuprof.models.suggestion import Suggestion, rank
 from tpuprof.units import fmt_bytes
 
@@ -206,7 +206,7 @@ def _stragglers(report: Report) -> list[Suggestion]:
     if pod is not None and pod.matched_steps:
         # The hosts' steps are matched: name the hosts the collective waited for, by how long.
         found = []
-        middle = statistics.median(r.median_ms for r in pod.hosts if r.steps)
+        middle = median(r.median_ms for r in pod.hosts if r.steps)
         for row in pod.stragglers:
             per_step = row.delay_ms / pod.matched_steps
             if per_step >= POD_DELAY_SHARE * report.median_ms:

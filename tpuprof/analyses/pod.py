@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tpuprof.models.profile import HostProfile
+from tpuprof.models.profile import HostProfile, median
 
 COMPACT_HOSTS = 64  # from this many hosts on, a compact table (slowest, median, fastest, outliers)
 # An outlier's median step is this many median absolute deviations from the pod's median, and at least this share
@@ -83,10 +83,10 @@ def _align(rows: dict[str, PodHost], profiles: list[HostProfile]) -> tuple[str, 
         if not shared:
             continue  # no step in common: not aligned, left out of the straggler ranking
         differences = np.array([starts[n] - ref_start[n] for n in shared], dtype=np.float64)
-        offset = float(np.median(differences))
+        offset = float(median(differences.tolist()))
         row = rows[profile.host]
         row.clock_offset_ms = offset / 1e9
-        row.residual_ms = float(np.median(np.abs(differences - offset))) / 1e9
+        row.residual_ms = float(median(np.abs(differences - offset).tolist())) / 1e9
         common &= set(shared)
     if sum(rows[p.host].clock_offset_ms is not None for p in with_steps) < 2:  # only the reference with itself
         rows[reference.host].clock_offset_ms = rows[reference.host].residual_ms = None
@@ -119,8 +119,8 @@ def _compact(rows: list[PodHost]) -> dict[str, list[PodHost]]:
     if not by_median:
         return {"slowest": [], "median": [], "fastest": [], "outliers": []}
     medians = np.array([r.median_ms for r in by_median])
-    middle = float(np.median(medians))
-    spread = float(np.median(np.abs(medians - middle)))
+    middle = float(median(medians.tolist()))
+    spread = float(median(np.abs(medians - middle).tolist()))
     limit = max(OUTLIER_MADS * spread, OUTLIER_SHARE * middle)
     outliers = [r for r in by_median if abs(r.median_ms - middle) > limit]
     return {"slowest": [by_median[-1]], "median": [by_median[len(by_median) // 2]], "fastest": [by_median[0]],
