@@ -23,7 +23,12 @@ Two estimates of the step time follow:
   in its backend_config, divided by the TensorCore clock; ops without one take their roofline time.
   The compiler's model is conservative on large programs.
 The band is [the smaller, the larger] and the point their geometric mean; no constant is fitted.
-Not modelled: collectives across chips (a one-device compile has none), host offload, the input pipeline.
+
+A sharded compile's collectives are timed on the slice's ICI torus and overlapped with the compute scheduled
+between their start and done (tpuprof.analyses.collectives): the step adds the exposed part (the band's high
+end adds all of it, as if nothing overlapped); a multi-slice job adds the gradient all-reduce across slices
+over the data-centre network, counted exposed.
+Not modelled: see NOT_MODELLED.
 """
 
 from __future__ import annotations
@@ -38,8 +43,10 @@ from tpuprof import targets
 from tpuprof.errors import UserError
 from tpuprof.models import shape as shapes
 
-NOT_MODELLED = ["collectives across chips (ICI/DCN)", "host offload and host-device transfers",
-                "the input pipeline", "step-to-step dispatch overhead"]
+NOT_MODELLED = ["ICI latency per hop and per collective step (bandwidth terms only)",
+                "contention between concurrent collectives beyond first-in-first-out on the links",
+                "overlap of the cross-slice (DCN) gradient all-reduce with compute (counted exposed)",
+                "host offload and host-device transfers", "the input pipeline", "step-to-step dispatch overhead"]
 
 # Opcodes XLA's HloCostAnalysis sends to HandleElementwiseOp: one FLOP per output element ...
 ELEMENTWISE = {
@@ -106,6 +113,8 @@ class ProgramCost:
     target: str | None  # the generation the dump was compiled for, when it says so
     ops: list[OpCost] = field(default_factory=list)
     loops: list[Loop] = field(default_factory=list)
+    walker: object = field(default=None, repr=False, compare=False)  # the module and its index, for collectives
+    torus: object = field(default=None, repr=False)  # collectives.Torus of a dump, None without one
 
     @property
     def flops(self) -> float:
@@ -151,7 +160,12 @@ def load(path: str | Path) -> ProgramCost:
     arguments = proto_path.with_name(proto_path.name.split(f".{stage}")[0] + ".target_arguments.txt")
     if arguments.is_file():
         target = targets.from_target_arguments(arguments.read_text(errors="replace"))
-    return analyse(module, str(proto_path), stage, target)
+    cost = analyse(module, str(proto_path), stage, target)
+    if target is not None:
+        from tpuprof.analyses import collectives
+
+        cost.torus = collectives.torus_from_dump(proto_path.parent, proto_path.name, targets.get(target))
+    return cost
 
 
 def analyse(module, source: str = "", stage: str = "after_optimizations", target: str | None = None) -> ProgramCost:
@@ -193,7 +207,7 @@ class _Walker:
 
     # the walk over the schedule
     def run(self, source, stage, target) -> ProgramCost:
-        result = ProgramCost(self.module.name, source, stage, target)
+        result = ProgramCost(self.module.name, source, stage, target, walker=self)
         entry = self.computations.get(self.module.entry_computation_id) or self.module.computations[-1]
         self._walk(entry, 1, result, depth=0)
         return result
@@ -642,6 +656,9 @@ class TimedOp:
 
 @dataclass
 class StepEstimate:
+    """The band and point of the compute (compute_*), plus communication: low/point add the exposed
+    collectives, high adds all of them (no overlap); all three add the cross-slice all-reduce."""
+
     target: str
     roofline_s: float
     compiler_s: float | None  # None: no op carries the compiler's cycles (no after_codegen, or no clock)
@@ -654,18 +671,42 @@ class StepEstimate:
     loops: list[Loop]
     kernels_without_estimate: list[str]
     peaks: Peaks
+    communication: object = None  # collectives.Communication of a sharded compile with a known torus
+    dcn_s: float | None = 0.0  # the cross-slice all-reduce; None: a multi-slice job whose DCN is not published
+    num_slices: int = 1
+    untimed_collectives: int = 0  # collectives in the program that could not be timed (no torus / ICI figure)
 
     @property
-    def low_s(self) -> float:
+    def compute_low_s(self) -> float:
         return min(self.roofline_s, self.compiler_s) if self.compiler_s else self.roofline_s
 
     @property
-    def high_s(self) -> float:
+    def compute_high_s(self) -> float:
         return max(self.roofline_s, self.compiler_s) if self.compiler_s else self.roofline_s
 
     @property
+    def compute_point_s(self) -> float:
+        return math.sqrt(self.compute_low_s * self.compute_high_s)
+
+    @property
+    def collective_s(self) -> float:
+        return self.communication.collective_s if self.communication else 0.0
+
+    @property
+    def exposed_collective_s(self) -> float:
+        return self.communication.exposed_s if self.communication else 0.0
+
+    @property
+    def low_s(self) -> float:
+        return self.compute_low_s + self.exposed_collective_s + (self.dcn_s or 0.0)
+
+    @property
+    def high_s(self) -> float:
+        return self.compute_high_s + self.collective_s + (self.dcn_s or 0.0)
+
+    @property
     def point_s(self) -> float:
-        return math.sqrt(self.low_s * self.high_s)
+        return self.compute_point_s + self.exposed_collective_s + (self.dcn_s or 0.0)
 
     @property
     def flop_utilization(self) -> float:
@@ -675,17 +716,27 @@ class StepEstimate:
         return sorted(self.ops, key=lambda t: -t.point_s)[:n] if n else sorted(self.ops, key=lambda t: -t.point_s)
 
 
-def estimate(cost: ProgramCost, target_name: str) -> StepEstimate:
-    """The step time of `cost` on one device of `target_name`.
+def estimate(cost: ProgramCost, target_name: str, num_slices: int = 1,
+             gradient_bytes_per_device: float | None = None) -> StepEstimate:
+    """The step time of `cost` on one device of `target_name`, with its collectives when the dump says
+    which torus it was compiled for, and for `num_slices` > 1 the all-reduce of `gradient_bytes_per_device`
+    across slices over DCN.
 
     The compiler's cycles are for the generation the module was compiled for: estimate each generation
     from its own compile (preflight does)."""
+    from tpuprof.analyses import collectives
+
     target = targets.get(target_name)
     rates = peaks(target)
     timed = []
     roofline = compiler = compute = memory = 0.0
     with_cycles = 0
+    communication_ops = collectives.SYNC | set(collectives.STARTS)
+    untimed = 0
     for op in cost.ops:
+        if op.opcode in communication_ops:  # timed by the collective model, not as HBM traffic
+            untimed += 1
+            continue
         compute_one = op.flops / rates.for_dtype(op.matmul_dtype)
         memory_one = op.hbm_bytes / rates.hbm_bytes_per_s
         roof = max(compute_one, memory_one) * op.count
@@ -703,8 +754,17 @@ def estimate(cost: ProgramCost, target_name: str) -> StepEstimate:
         timed.append(TimedOp(op, compute_one * op.count, memory_one * op.count, roof, by_compiler,
                              math.sqrt(roof * by_compiler)))
     flagged = sorted({op.name for op in cost.ops if op.kernel_without_estimate})
-    return StepEstimate(target.name, roofline, compiler if with_cycles else None, cost.flops, cost.hbm_bytes,
-                        compute, memory, with_cycles, timed, cost.loops, flagged, rates)
+    result = StepEstimate(target.name, roofline, compiler if with_cycles else None, cost.flops, cost.hbm_bytes,
+                          compute, memory, with_cycles, timed, cost.loops, flagged, rates, num_slices=num_slices)
+    if untimed and cost.torus is not None and cost.walker is not None:
+        per_execution = {(t.op.computation, t.op.name): t.point_s / max(t.op.count, 1) for t in timed}
+        result.communication = collectives.analyse(cost.walker, cost.torus, per_execution)
+    else:
+        result.untimed_collectives = untimed
+    if num_slices > 1:
+        result.dcn_s = (collectives.dcn_all_reduce_seconds(gradient_bytes_per_device, num_slices, target)
+                        if gradient_bytes_per_device else None)
+    return result
 
 
 def short_source(line: str) -> str:
