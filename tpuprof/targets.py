@@ -208,6 +208,7 @@ ALIASES = {alias.replace(" ", ""): t.name for t in TARGETS.values() for alias in
 def _key(name: str) -> str:
     """`TPU v5 lite`, `v6e-8`, `v5litepod-16`, `tpu7x:2x2x1` -> the lookup key (`v5lite`, `v6e`, `v5litepod`, `tpu7x`)."""
     key = name.strip().lower().split(":")[0]
+    key = re.sub(r"^\d+\s*x\s*(?=[a-z])", "", key)  # multi-slice names: 2xv5p-128
     key = re.sub(r"-\d+$", "", key)  # slice names: v6e-8, v5litepod-16, tpu7x-8
     key = key.replace(" ", "").replace("_", "")
     if key not in TARGETS and key not in ALIASES and key.startswith("tpu") and not key.startswith("tpu7"):
@@ -227,11 +228,12 @@ def get(name: str) -> Target:
 
 
 def topology_of(name: str) -> str:
-    """The libtpu topology to compile for: the generation's smallest (`v4` -> `v4:2x2x1`), or the one given,
-    with the generation spelled as libtpu does (`v7x:2x2x1` -> `tpu7x:2x2x1`, `trillium:2x4` -> `v6e:2x4`)."""
-    target = get(name)
-    _, sep, shape = name.strip().partition(":")
-    return f"{target.topology_prefix}:{shape.strip()}" if sep and shape.strip() else target.topology
+    """The libtpu topology to compile for: the generation's smallest (`v4` -> `v4:2x2x1`), a slice's
+    (`v5p-128` -> `v5p:4x4x4`, see tpuprof.slices), or the one given, with the generation spelled as libtpu
+    does (`v7x:2x2x1` -> `tpu7x:2x2x1`, `trillium:2x4` -> `v6e:2x4`)."""
+    from tpuprof import slices
+
+    return slices.parse(name).topology
 
 
 def compile_label(name: str) -> str:

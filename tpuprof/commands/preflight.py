@@ -13,8 +13,10 @@ def parse_targets(text: str) -> list[str]:
     names = [part.strip() for part in text.split(",") if part.strip()]
     if not names:
         raise UserError(f"--tpu needs a TPU generation ({' '.join(targets.TARGETS)}) or a topology like v5e:2x2.")
+    from tpuprof import slices
+
     for name in names:
-        targets.get(name)  # unknown names are a UserError
+        slices.parse(name)  # unknown generations and slice sizes are a UserError
     return list(dict.fromkeys(names))
 
 
@@ -89,11 +91,15 @@ def _estimate(target: dict, tokens_per_example, price_overrides, top) -> dict | 
 def _target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_progress) -> dict:
     from tpuprof.analyses import preflight
 
+    from tpuprof import slices
+
     target = targets.get(name)
-    result = {"target": target.name, "topology": targets.topology_of(name),
+    chosen = slices.parse(name)
+    result = {"target": target.name, "topology": chosen.topology, "slice": chosen.to_json(),
               "device": target.device_info(), "hbm_capacity_bytes": target.compiler_hbm_bytes}
     main = _run_dtype(spec, name, None, batch, max_batch, top, use_cache, report_progress)
     result.update(main)
+    result.update(_batches(chosen, result["batch_size"]))
     if compare_bf16:
         bf16 = _run_dtype(spec, name, "bfloat16", batch, max_batch, top, use_cache, report_progress)
         result["bf16"] = {k: bf16.get(k) for k in (
@@ -103,6 +109,17 @@ def _target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_p
         result["compiles"] += bf16["compiles"]
     result["cache"] = str(preflight.cache_root())
     return result
+
+
+def _batches(chosen, batch_per_device: int | None) -> dict:
+    """A one-device compile is one data-parallel replica: every device of the slice (of every slice) runs it
+    with its own batch. A bare generation (`--tpu v6e`) names no slice: no global batch."""
+    if batch_per_device is None:
+        return {}
+    out = {"batch_per_chip": batch_per_device * chosen.target.devices_per_chip}
+    if chosen.explicit:
+        out["global_batch"] = batch_per_device * chosen.total_devices
+    return out
 
 
 def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progress) -> dict:

@@ -128,9 +128,14 @@ def topology_devices(name: str) -> tuple:
     _quiet_libtpu()
     from jax.experimental import topologies
 
+    from tpuprof import slices
+
     target = targets.get(name)
-    topology = targets.topology_of(name)
+    chosen = slices.parse(name)
+    topology = chosen.topology
     chip_config = {"chip_config_name": target.chip_config_name} if target.chip_config_name else {}
+    if chosen.chips_per_host_bounds:  # a 1-chip slice (v6e-1): libtpu's default 2x2x1 host refuses it
+        chip_config["chips_per_host_bounds"] = chosen.chips_per_host_bounds
     try:
         description = topologies.get_topology_desc(platform="tpu", topology_name=topology, **chip_config)
     except Exception as error:  # noqa: BLE001 - libtpu raises plain RuntimeErrors
