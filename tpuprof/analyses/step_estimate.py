@@ -774,26 +774,51 @@ def short_source(line: str) -> str:
 
 # --- what preflight reports ---------------------------------------------------------------------------
 
+def model_flops(parameters: float, tokens: float, layers: int = 0, seq_len: int = 0, attention_width: int = 0,
+                causal: bool = True) -> float:
+    """Model FLOPs of a training step as MaxText counts them (calculate_tflops_training_per_device):
+    6 x parameters x tokens for the matmuls (forward 2, backward 4), plus attention's two batched
+    matmuls, 12 x layers x tokens x seq_len x (heads x head_dim), halved when causal. MaxText counts
+    the matmul parameters only (no embedding lookup); passing all parameters overcounts by the embedding."""
+    attention = 12 * layers * tokens * seq_len * attention_width * (0.5 if causal else 1.0)
+    return 6 * parameters * tokens + attention
+
+
 def report(estimate_: StepEstimate, batch_size: int, tokens_per_example: int | None = None,
-           price=None, top: int = 5) -> dict:
+           price=None, top: int = 5, model_flops_per_device: float | None = None,
+           dcn_bytes_source: str = "") -> dict:
     """The JSON `estimate` of one preflight target: step time, throughput per chip, utilisation, cost.
 
     `price`: a tpuprof.prices.Price (per chip-hour) or None. Throughput is per chip: a device's batch
-    over the step time, times the devices a chip holds."""
+    over the step time, times the devices a chip holds. `model_flops_per_device` (model_flops() / devices)
+    gives the MFU; without it the MFU is the compiled program's FLOPs over the peak (hardware utilisation)."""
     chips = devices_per_chip(targets.get(estimate_.target))
     step = estimate_.point_s
     examples_per_s = batch_size * chips / step if step > 0 else None
     tokens_per_s = examples_per_s * tokens_per_example if examples_per_s and tokens_per_example else None
     total = estimate_.compute_s + estimate_.memory_s
+    flops_for_mfu = model_flops_per_device if model_flops_per_device else estimate_.flops
+    mfu = 100 * flops_for_mfu / (step * estimate_.peaks.bf16_flops) if step > 0 else None
     out = {
         "step_ms": _ms(step),
         "step_ms_low": _ms(estimate_.low_s),
         "step_ms_high": _ms(estimate_.high_s),
         "roofline_ms": _ms(estimate_.roofline_s),
         "compiler_ms": _ms(estimate_.compiler_s) if estimate_.compiler_s else None,
+        "compute_ms": _ms(estimate_.compute_point_s),
+        "collective_ms": _ms(estimate_.collective_s),
+        "exposed_collective_ms": _ms(estimate_.exposed_collective_s),
+        "dcn_ms": _ms(estimate_.dcn_s) if estimate_.dcn_s is not None else None,
+        "num_slices": estimate_.num_slices,
         "examples_per_s": _round(examples_per_s),
         "tokens_per_s": _round(tokens_per_s),
+        "tokens_per_s_per_chip": _round(tokens_per_s),
         "flop_utilization_percent": round(100 * estimate_.flop_utilization, 1),
+        "mfu_percent": round(mfu, 1) if mfu is not None else None,
+        "mfu_source": ("model FLOPs (6 x parameters x tokens + attention, as MaxText counts them) / (step x peak "
+                       "bf16 FLOP/s)" if model_flops_per_device else
+                       "the compiled program's FLOPs / (step x peak bf16 FLOP/s): hardware FLOP utilisation, "
+                       "no model FLOPs known"),
         "compute_bound_percent": round(100 * estimate_.compute_s / total, 1) if total else None,
         "memory_bound_percent": round(100 * estimate_.memory_s / total, 1) if total else None,
         "flops_per_step": int(estimate_.flops),
@@ -808,12 +833,18 @@ def report(estimate_: StepEstimate, batch_size: int, tokens_per_example: int | N
         "loops": [{"name": loop.name, "op_name": loop.op_name, "trip_count": loop.trip_count,
                    "trip_count_source": loop.trip_count_source} for loop in estimate_.loops],
         "top_ops": [_op_json(t) for t in estimate_.top(top)],
+        "top_collectives": [op.to_json() for op in sorted(
+            estimate_.communication.ops if estimate_.communication else [],
+            key=lambda op: -op.seconds * op.count)[:top]],
+        "collectives_method": _collectives_method(estimate_, dcn_bytes_source),
         "kernels_without_estimate": estimate_.kernels_without_estimate,
-        "not_modelled": list(NOT_MODELLED),
+        "not_modelled": not_modelled(estimate_),
         "peaks_source": estimate_.peaks.source,
         "method": ("band = [roofline over the compiled ops, the compiler's estimated_cycles at the TensorCore "
                    "clock]; point = their geometric mean" if estimate_.compiler_s else
-                   "roofline over the compiled ops only (no compiler cycles in this dump)"),
+                   "roofline over the compiled ops only (no compiler cycles in this dump)")
+                  + "; plus exposed collectives (the band's high end: all collectives, no overlap)"
+                  + ("; plus the cross-slice DCN all-reduce" if estimate_.num_slices > 1 else ""),
     }
     if price and examples_per_s:
         per_example = price.usd_per_chip_hour / 3600 / examples_per_s
@@ -821,6 +852,37 @@ def report(estimate_: StepEstimate, batch_size: int, tokens_per_example: int | N
         if tokens_per_s:
             out["cost_per_million_tokens"] = _significant(price.usd_per_chip_hour / 3600 / tokens_per_s * 1e6)
     return out
+
+
+def not_modelled(estimate_: StepEstimate) -> list[str]:
+    """NOT_MODELLED plus what this estimate could not time."""
+    out = list(NOT_MODELLED)
+    target = targets.get(estimate_.target)
+    if estimate_.untimed_collectives:
+        why = ("no published ICI bandwidth for " + target.name if not target.ici_link_gbps
+               else "the dump does not say which torus it was compiled for")
+        out.insert(0, f"{estimate_.untimed_collectives} collective(s) of the compiled program ({why})")
+    if estimate_.num_slices > 1 and estimate_.dcn_s is None:
+        out.insert(0, f"the all-reduce across {estimate_.num_slices} slices (no DCN bandwidth published for "
+                      f"{target.name}, or no gradient size known)")
+    return out
+
+
+def _collectives_method(estimate_: StepEstimate, dcn_bytes_source: str) -> str:
+    target = targets.get(estimate_.target)
+    parts = []
+    torus = estimate_.communication.torus if estimate_.communication else None
+    if torus is not None:
+        shape = "x".join(str(b) for b in torus.bounds)
+        rings = ",".join("xyz"[a] for a in range(3) if torus.wrap[a]) or "none"
+        parts.append(f"ICI: {shape} chips, wraparound on {rings}, {target.ici_link_gbps:g} GB/s per link and "
+                     f"direction ({target.ici_source}); ring/torus bandwidth terms per collective "
+                     "(tpuprof.analyses.collectives), overlap from the schedule's async start/done pairs")
+    if estimate_.num_slices > 1:
+        parts.append(f"DCN: {estimate_.num_slices} slices, {target.dcn_gbps_per_chip or 'unknown'} Gbit/s per chip "
+                     f"({target.ici_source.split(' ')[0] if target.ici_source else 'not published'}); gradient "
+                     f"bytes per device: {dcn_bytes_source or 'unknown'}; counted exposed")
+    return "; ".join(parts) or "no collectives timed"
 
 
 def _op_json(timed: TimedOp) -> dict:
@@ -846,20 +908,47 @@ def _round(value: float | None) -> float | None:
     return round(value, 2) if value < 1000 else round(value)
 
 
-def choice(results: list[dict]) -> str | None:
-    """One line: the cheapest generation that fits and the fastest, from preflight's targets."""
+def _label(result: dict) -> str:
+    slice_ = result.get("slice") or {}
+    name = slice_.get("name") or result["target"]
+    return f"{slice_['num_slices']}x{name}" if slice_.get("num_slices", 1) > 1 and "x" not in name[:3] else name
+
+
+def _chips(result: dict) -> int:
+    slice_ = result.get("slice") or {}
+    return (slice_.get("chips") or 1) * (slice_.get("num_slices") or 1)
+
+
+def ranking(results: list[dict]) -> dict:
+    """The targets that fit, by cost (per 1M tokens, else per 1M examples) and by time (the whole slice's
+    throughput: per-chip examples/s x its chips; a bare generation counts one chip)."""
     fitting = [r for r in results if r.get("fits") and r.get("estimate") and r["estimate"].get("examples_per_s")]
-    if not fitting:
+    tokens = any(r["estimate"].get("cost_per_million_tokens") is not None for r in fitting)
+    key = "cost_per_million_tokens" if tokens else "cost_per_million_examples"
+    priced = [r for r in fitting if r["estimate"].get(key) is not None]
+    return {"by_cost": sorted(priced, key=lambda r: r["estimate"][key]), "cost_key": key,
+            "by_time": sorted(fitting, key=lambda r: -r["estimate"]["examples_per_s"] * _chips(r))}
+
+
+def choice(results: list[dict]) -> str | None:
+    """Two lines: the cheapest generation/slice that fits (ranked by cost) and the fastest (ranked by time)."""
+    ranked = ranking(results)
+    if not ranked["by_time"]:
         return None
-    fastest = max(fitting, key=lambda r: r["estimate"]["examples_per_s"])
-    priced = [r for r in fitting if r["estimate"].get("cost_per_million_examples") is not None]
-    parts = []
-    if priced:
-        cheapest = min(priced, key=lambda r: r["estimate"]["cost_per_million_examples"])
+    lines = []
+    key = ranked["cost_key"]
+    unit = "1M tokens" if key == "cost_per_million_tokens" else "1M examples"
+    if ranked["by_cost"]:
+        cheapest = ranked["by_cost"][0]
         e = cheapest["estimate"]
-        parts.append(f"cheapest that fits: {cheapest['target']} (${e['cost_per_million_examples']:.3g} per 1M "
-                     f"examples at batch {cheapest['batch_size']}{'' if e['price_verified'] else ', unverified price'})")
+        order = " < ".join(f"{_label(r)} ${r['estimate'][key]:.3g}" for r in ranked["by_cost"])
+        lines.append(f"cheapest that fits: {_label(cheapest)} (${e[key]:.3g} per {unit} at batch "
+                     f"{cheapest['batch_size']}{'' if e['price_verified'] else ', unverified price'})"
+                     + (f"; by cost: {order}" if len(ranked["by_cost"]) > 1 else ""))
+    fastest = ranked["by_time"][0]
     e = fastest["estimate"]
-    parts.append(f"fastest: {fastest['target']} ({e['examples_per_s']:,} examples/s per chip, "
-                 f"step {e['step_ms']:.3g} ms at batch {fastest['batch_size']})")
-    return "; ".join(parts)
+    order = " > ".join(f"{_label(r)} {r['estimate']['examples_per_s'] * _chips(r):,.4g}/s" for r in ranked["by_time"])
+    lines.append(f"fastest: {_label(fastest)} ({e['examples_per_s']:,} examples/s per chip, step {e['step_ms']:.3g} ms "
+                 f"at batch {fastest['batch_size']})"
+                 + (f"; by time (examples/s for the whole slice): {order}" if len(ranked["by_time"]) > 1 else ""))
+    return "\n".join(lines)

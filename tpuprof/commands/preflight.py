@@ -81,11 +81,48 @@ def _estimate(target: dict, tokens_per_example, price_overrides, top) -> dict | 
         cost = step_estimate.load(target["dump_dir"])
     except UserError:
         return None
-    estimate = step_estimate.estimate(cost, target["target"])
+    slice_ = target.get("slice") or {}
+    num_slices = slice_.get("num_slices") or 1
+    gradient, gradient_source = _gradient_bytes_per_device(target, cost)
+    estimate = step_estimate.estimate(cost, target["target"], num_slices, gradient)
     if estimate.point_s <= 0:
         return None
-    return step_estimate.report(estimate, target["batch_size"], tokens_per_example,
-                                prices.price_for(target["target"], price_overrides), top=min(top, 5))
+    tokens = target.get("seq_len") or tokens_per_example
+    return step_estimate.report(estimate, target["batch_size"], tokens,
+                                prices.price_for(target["target"], price_overrides), top=min(top, 5),
+                                model_flops_per_device=_model_flops_per_device(target),
+                                dcn_bytes_source=gradient_source)
+
+
+def _gradient_bytes_per_device(target: dict, cost) -> tuple[float | None, str]:
+    """What each device all-reduces across slices: its share of the f32 gradients once reduced within the
+    slice (reduce-scatter over ICI, all-reduce of the shard over DCN, all-gather over ICI)."""
+    devices = (target.get("slice") or {}).get("devices") or 1
+    parameters = (target.get("model") or {}).get("parameters")
+    if parameters:
+        return 4.0 * parameters / devices, f"{parameters:,} parameters x 4 bytes (f32) / {devices} devices per slice"
+    arguments = target.get("argument_bytes")
+    if arguments:
+        compiled = len(cost.torus.assignment) if cost.torus is not None and cost.torus.assignment else 1
+        return (arguments * compiled / devices,
+                "the compiled step's argument bytes per device (parameters, optimizer state and batch: an "
+                "upper bound on the gradients) / the slice's devices")
+    return None, ""
+
+
+def _model_flops_per_device(target: dict) -> float | None:
+    """MaxText's model FLOPs per device for an LLM of known size (--model); None for other programs."""
+    from tpuprof.analyses import step_estimate
+
+    model = target.get("model") or {}
+    parameters, seq = model.get("parameters"), target.get("seq_len")
+    batch = target.get("batch_per_chip")
+    if not (parameters and seq and batch):
+        return None
+    devices_per_chip = (target.get("device") or {}).get("devices_per_chip") or 1
+    tokens = batch / devices_per_chip * seq
+    width = (model.get("num_heads") or 0) * (model.get("head_dim") or 0)
+    return step_estimate.model_flops(parameters, tokens, model.get("num_layers") or 0, seq, width)
 
 
 def _target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_progress) -> dict:

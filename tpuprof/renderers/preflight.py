@@ -151,9 +151,14 @@ def _estimate_rows(row) -> None:
     row("step time, estimated (band)", lambda r: (
         f"{r['estimate']['step_ms']:.3g} ms ({r['estimate']['step_ms_low']:.3g}-{r['estimate']['step_ms_high']:.3g})"
         if r.get("estimate") else "-"))
+    row("  collectives (exposed)", lambda r: (
+        f"{r['estimate']['collective_ms']:.3g} ms ({r['estimate']['exposed_collective_ms']:.3g} ms)"
+        if r.get("estimate") and r["estimate"].get("collective_ms") else "-"))
+    row("  DCN all-reduce across slices", get("dcn_ms", lambda v: f"{v:.3g} ms" if v else "-"))
     row("examples/s per chip", get("examples_per_s", lambda v: f"{v:,}"))
-    row("tokens/s per chip", get("tokens_per_s", lambda v: f"{v:,}"))
+    row("tokens/s per chip", get("tokens_per_s_per_chip", lambda v: f"{v:,}"))
     row("FLOP utilisation", get("flop_utilization_percent", lambda v: f"{v:.0f}%"))
+    row("MFU", get("mfu_percent", lambda v: f"{v:.0f}%"))
     row("compute / memory bound", lambda r: (
         f"{r['estimate']['compute_bound_percent']:.0f}% / {r['estimate']['memory_bound_percent']:.0f}%"
         if r.get("estimate") and r["estimate"].get("compute_bound_percent") is not None else "-"))
@@ -193,9 +198,17 @@ def _print_estimates(out, results: list[dict]) -> None:
             out.print(f"  [yellow]loop(s) {escape(', '.join(unknown[:5]))}: trip count unknown, counted once[/yellow]")
         if not e.get("compiler_ms"):
             out.print("  [yellow]no compiler cycle estimates in this dump: the band is the roofline alone[/yellow]")
-    line = choice(results)
-    if line:
+        if e.get("top_collectives"):
+            out.print("  slowest collectives: " + ", ".join(
+                f"{c['kind']} of {c['group_size']} over {escape(c['axes'])} {c['ms']:.3g} ms "
+                f"({c['exposed_ms']:.3g} exposed)" + (f" x{c['count']}" if c["count"] > 1 else "")
+                for c in e["top_collectives"][:3]))
+        for missing in e.get("not_modelled", [])[:len(e.get("not_modelled", [])) - len(NOT_MODELLED)]:
+            out.print(f"  [yellow]not timed: {escape(missing)}[/yellow]")
+    lines = choice(results)
+    for line in (lines or "").splitlines():
         out.print(f"[bold]which TPU:[/bold] {escape(line)}")
-    out.print("[dim]step time: estimated from the compiled program for one chip, band = \\[roofline, compiler's "
-              "cycle estimates], point = geometric mean (published MaxText steps fell inside the band; see "
-              f"bench/bench_step_estimate.py). Not modelled: {', '.join(NOT_MODELLED)}.[/dim]")
+    out.print("[dim]step time: estimated from the compiled program, band = \\[roofline, compiler's cycle "
+              "estimates] + collectives on the slice's ICI torus (exposed part; all of it at the high end), "
+              "point = geometric mean + exposed collectives (see bench/bench_step_estimate.py). Not modelled: "
+              f"{', '.join(NOT_MODELLED)}.[/dim]")

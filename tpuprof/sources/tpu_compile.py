@@ -35,6 +35,7 @@ KEPT_SUFFIXES = (
     ".after_optimizations.txt",
     ".after_optimizations-memory-usage-report.txt",
     ".target_arguments.txt",  # which TPU the module was compiled for (read by the memory command)
+    ".execution_options.txt",  # the device assignment: which chip each partition runs on (collectives)
     ".after_codegen.hlo.pb",  # the compiler's per-op estimated_cycles (preflight's step-time estimate)
 )
 
