@@ -89,6 +89,26 @@ def torus_from_dump(folder: Path, module_file: str, target: targets.Target) -> T
     return Torus(bounds, wrap, max(target.devices_per_chip, 1), assignment, target.ici_link_gbps * 1e9)
 
 
+def slice_torus(topology: str, target: targets.Target) -> Torus | None:
+    """The torus of a whole slice (`v5p:4x4x4`), devices numbered as libtpu numbers them: for collectives a
+    one-device compile does not hold (data parallelism across the slice)."""
+    if not target.ici_link_gbps:
+        return None
+    dims = [int(d) for d in re.findall(r"\d+", topology.partition(":")[2])]
+    bounds = tuple((dims + [1, 1, 1])[:3])
+    return Torus(bounds, published_wrap(target, bounds), max(target.devices_per_chip, 1), [],
+                 target.ici_link_gbps * 1e9)
+
+
+def data_parallel_all_reduce(gradient_bytes: float, torus: Torus) -> Collective:
+    """The gradient all-reduce over every device of the slice that a one-device (replica) compile leaves out;
+    counted exposed (XLA overlaps part of it with the backward pass; not modelled)."""
+    devices = torus.chips * torus.devices_per_chip
+    seconds, n, axes = time_collective("all-reduce", gradient_bytes, [list(range(devices))], [], torus)
+    return Collective("data-parallel gradient all-reduce", "all-reduce", "", "not in the one-device compile: "
+                      "data parallelism over the slice", False, gradient_bytes, n, axes, seconds, 1, seconds)
+
+
 def published_wrap(target: targets.Target, bounds) -> tuple[bool, bool, bool]:
     """Which axes are rings (tpuprof.targets.ICI): whole 4x4x4 cubes on v4/v5p/TPU7x, a full 16 on v5e/v6e."""
     if target.ici_wraparound == "cube":

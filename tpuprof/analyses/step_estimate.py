@@ -675,6 +675,7 @@ class StepEstimate:
     dcn_s: float | None = 0.0  # the cross-slice all-reduce; None: a multi-slice job whose DCN is not published
     num_slices: int = 1
     untimed_collectives: int = 0  # collectives in the program that could not be timed (no torus / ICI figure)
+    replica_all_reduce_untimed: bool = False  # a replica compile on a slice whose gradient size is unknown
 
     @property
     def compute_low_s(self) -> float:
@@ -717,10 +718,12 @@ class StepEstimate:
 
 
 def estimate(cost: ProgramCost, target_name: str, num_slices: int = 1,
-             gradient_bytes_per_device: float | None = None) -> StepEstimate:
+             gradient_bytes_per_device: float | None = None, replica_of: str | None = None,
+             replica_gradient_bytes: float | None = None) -> StepEstimate:
     """The step time of `cost` on one device of `target_name`, with its collectives when the dump says
     which torus it was compiled for, and for `num_slices` > 1 the all-reduce of `gradient_bytes_per_device`
-    across slices over DCN.
+    across slices over DCN. `replica_of` (a slice topology, `v5p:4x4x4`): the compile is one data-parallel
+    replica of that slice; its gradient all-reduce of `replica_gradient_bytes` over the slice is added.
 
     The compiler's cycles are for the generation the module was compiled for: estimate each generation
     from its own compile (preflight does)."""
@@ -761,6 +764,18 @@ def estimate(cost: ProgramCost, target_name: str, num_slices: int = 1,
         result.communication = collectives.analyse(cost.walker, cost.torus, per_execution)
     else:
         result.untimed_collectives = untimed
+    if replica_of:
+        torus = collectives.slice_torus(replica_of, target)
+        if torus is not None and torus.chips * torus.devices_per_chip > 1:
+            if replica_gradient_bytes:
+                op = collectives.data_parallel_all_reduce(replica_gradient_bytes, torus)
+                communication = result.communication or collectives.Communication(torus=torus)
+                communication.ops.append(op)
+                communication.collective_s += op.seconds
+                communication.exposed_s += op.seconds
+                result.communication = communication
+            else:
+                result.replica_all_reduce_untimed = True
     if num_slices > 1:
         result.dcn_s = (collectives.dcn_all_reduce_seconds(gradient_bytes_per_device, num_slices, target)
                         if gradient_bytes_per_device else None)
@@ -862,6 +877,9 @@ def not_modelled(estimate_: StepEstimate) -> list[str]:
         why = ("no published ICI bandwidth for " + target.name if not target.ici_link_gbps
                else "the dump does not say which torus it was compiled for")
         out.insert(0, f"{estimate_.untimed_collectives} collective(s) of the compiled program ({why})")
+    if estimate_.replica_all_reduce_untimed:
+        out.insert(0, "the data-parallel gradient all-reduce across the slice (a one-device compile holds no "
+                      "collectives and the gradient size is not known: use --model, or compile the sharded step)")
     if estimate_.num_slices > 1 and estimate_.dcn_s is None:
         out.insert(0, f"the all-reduce across {estimate_.num_slices} slices (no DCN bandwidth published for "
                       f"{target.name}, or no gradient size known)")

@@ -64,13 +64,13 @@ def result(spec, names: list[str], batch: int | None, max_batch: bool, compare_b
     checked = [_target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_progress)
                for name in names]
     for target in checked:
-        estimate = _estimate(target, tokens_per_example, price_overrides, top)
+        estimate = _estimate(target, tokens_per_example, price_overrides, top, spec)
         if estimate is not None:
             target["estimate"] = estimate
     return PreflightResult(spec.text, checked, top)
 
 
-def _estimate(target: dict, tokens_per_example, price_overrides, top) -> dict | None:
+def _estimate(target: dict, tokens_per_example, price_overrides, top, spec=None) -> dict | None:
     """Step time, throughput and cost from the reported compile's dump (None without a dump)."""
     from tpuprof import prices
     from tpuprof.analyses import step_estimate
@@ -84,14 +84,37 @@ def _estimate(target: dict, tokens_per_example, price_overrides, top) -> dict | 
     slice_ = target.get("slice") or {}
     num_slices = slice_.get("num_slices") or 1
     gradient, gradient_source = _gradient_bytes_per_device(target, cost)
-    estimate = step_estimate.estimate(cost, target["target"], num_slices, gradient)
+    replica = cost.torus is None or len(cost.torus.assignment) <= 1  # one device: a data-parallel replica
+    replica_of = slice_.get("topology") if replica and "global_batch" in target else None  # a named slice
+    replica_gradient, replica_source = (_replica_gradient_bytes(target, spec, replica_of)
+                                        if replica_of and slice_.get("devices", 1) > 1 else (None, ""))
+    estimate = step_estimate.estimate(cost, target["target"], num_slices, gradient, replica_of=replica_of,
+                                      replica_gradient_bytes=replica_gradient)
     if estimate.point_s <= 0:
         return None
     tokens = target.get("seq_len") or tokens_per_example
     return step_estimate.report(estimate, target["batch_size"], tokens,
                                 prices.price_for(target["target"], price_overrides), top=min(top, 5),
                                 model_flops_per_device=_model_flops_per_device(target),
-                                dcn_bytes_source=gradient_source)
+                                dcn_bytes_source="; ".join(p for p in (replica_source, gradient_source) if p))
+
+
+def _replica_gradient_bytes(target: dict, spec, topology: str) -> tuple[float | None, str]:
+    """The gradients a data-parallel replica all-reduces across the slice: f32 per parameter of a known model,
+    else the step's batch-independent argument bytes (parameters and optimizer state: exact for a step without
+    optimizer state, an upper bound otherwise)."""
+    parameters = (target.get("model") or {}).get("parameters")
+    if parameters:
+        return 4.0 * parameters, f"data-parallel all-reduce of {parameters:,} f32 gradients"
+    if spec is None:
+        return None, ""
+    from tpuprof.analyses import preflight
+
+    state = target.get("parameter_bytes") or preflight.parameter_bytes(spec, None, topology)
+    if not state:
+        return None, ""
+    return float(state), ("data-parallel all-reduce of the step's batch-independent arguments (parameters and "
+                          "optimizer state: an upper bound on the gradients)")
 
 
 def _gradient_bytes_per_device(target: dict, cost) -> tuple[float | None, str]:
