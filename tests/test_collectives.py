@@ -24,10 +24,11 @@ def sharded(tmp_path_factory):
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
     import numpy as np
-    from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    devices = np.array(topologies.get_topology_desc(platform="tpu", topology_name="v5p:4x4x4").devices)
+    from tpuprof.sources import tpu_compile
+
+    devices = np.array(tpu_compile.topology_devices("v5p:4x4x4"))
     mesh = Mesh(devices.reshape(FSDP, TENSOR), ("fsdp", "tensor"))
 
     def body(x, w, v, big):
@@ -116,10 +117,10 @@ def test_multi_slice_adds_the_dcn_all_reduce(sharded):
 
 def test_device_ids_number_chips_row_major_as_libtpu_does():
     pytest.importorskip("jax")
-    from jax.experimental import topologies
+    from tpuprof.sources import tpu_compile
 
     for name, generation in (("v5p:4x4x4", "v5p"), ("tpu7x:2x2x2", "tpu7x"), ("v6e:4x4", "v6e")):
-        devices = topologies.get_topology_desc(platform="tpu", topology_name=name).devices
+        devices = tpu_compile.topology_devices(name)
         bounds = tuple(int(b) for b in (name.split(":")[1].split("x") + ["1"])[:3])
         torus = collectives.Torus(bounds, (False,) * 3, targets.get(generation).devices_per_chip, [], 1.0)
         for device in devices:
