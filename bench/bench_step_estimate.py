@@ -31,9 +31,10 @@ Pass: the point is within 25% of the published step time (whether the band holds
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,14 +192,24 @@ def compile_sharded(config: Config, folder: Path) -> None:
         lowered.compile({**dump, **MAXTEXT_FLAGS})
         config.flags = "MaxText's collective flags"
     except Exception:  # noqa: BLE001 - an unknown option: compile with the defaults
-        import shutil
-
         shutil.rmtree(folder, ignore_errors=True)
         lowered.compile(dump)
         config.flags = "default flags"
 
 
-_COMPILED: dict[tuple, Path] = {}
+LAYER_VERSION = 2  # bump when layer_step changes: cached compiles are then redone
+
+
+def cache_folder(config: Config, one_device: bool) -> Path:
+    """Where a configuration's compile is kept: compiles of 256 devices take minutes on a small machine."""
+    import hashlib
+    import os
+    from importlib.metadata import version
+
+    key = json.dumps([config.target, config.scale, config.batch, config.remat_full, config.slice, config.tensor,
+                      one_device, version("libtpu"), LAYER_VERSION])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tpuprof" / "bench"
+    return base / f"{config.name.removeprefix('2x')}-{hashlib.sha256(key.encode()).hexdigest()[:12]}" / "dump"
 
 
 def run(config: Config, one_device: bool = False) -> dict:
@@ -206,21 +217,23 @@ def run(config: Config, one_device: bool = False) -> dict:
     from tpuprof.analyses import collectives, step_estimate
     from tpuprof.sources import tpu_compile
 
-    key = (config.target, config.scale, config.batch, config.remat_full, config.slice, config.tensor, one_device)
-    folder = _COMPILED.get(key)
+    folder = cache_folder(config, one_device)
     started = time.perf_counter()
-    if folder is not None:  # a multi-slice row compiles the same slice program as its 1x row
+    if any(folder.glob("*.after_codegen.hlo.pb")):  # compiled before (a 2x row shares its 1x row's program)
         pass
     elif one_device:
-        folder = _COMPILED[key] = Path(tempfile.mkdtemp(prefix=f"bench-{config.name}-")) / "dump"
+        shutil.rmtree(folder, ignore_errors=True)
         fn, args = layer_step(config)
         tpu_compile.compile_jax(fn, args, config.target, folder, donate_argnums=(0, 1, 2))
         config.flags = "one device"
     else:
-        folder = _COMPILED[key] = Path(tempfile.mkdtemp(prefix=f"bench-{config.name}-")) / "dump"
+        shutil.rmtree(folder, ignore_errors=True)
         compile_sharded(config, folder)
-    config.flags = config.flags or next((c.flags for c in CONFIGS if c.flags and c.slice == config.slice
-                                         and c.scale == config.scale), "")
+    flags = folder.parent / "flags.txt"
+    if config.flags:
+        flags.write_text(config.flags)
+    elif flags.is_file():
+        config.flags = flags.read_text() + ", cached"
     compile_s = time.perf_counter() - started
     estimate = step_estimate.estimate(step_estimate.load(folder), config.target)
     layers = config.dims()["layers"]

@@ -22,7 +22,9 @@ schedule then shows as permutes) are not modelled beyond what the schedule shows
 
 Overlap: the schedule is walked in order; an async collective starts a transfer at its `-start`; every op
 scheduled before its `-done` drains in-flight transfers (first in, first out) by its own estimated time; what is
-left at the `-done` is exposed. Sync collectives are fully exposed. A while loop counts as compute of its trip
+left at the `-done` is exposed. Sync collectives are fully exposed. A fusion that holds a collective next to
+compute (XLA:TPU's async collective fusion, which MaxText's flags turn on) runs the transfer behind its own
+compute: the part that outlasts the fusion's estimated compute time is exposed. A while loop counts as compute of its trip
 count x its body's time for transfers in flight around it.
 """
 
@@ -297,7 +299,7 @@ def analyse(walker, torus: Torus, op_seconds: dict[tuple[str, str], float]) -> C
         seconds, n, axes = time_collective(kind, volume(kind, holder, instruction),
                                            replica_groups(holder, devices), pairs, torus)
         op = Collective(instruction.name, kind, computation.name, instruction.metadata.op_name,
-                        instruction.opcode not in SYNC and instruction.opcode != "fusion",
+                        instruction.opcode not in SYNC,
                         volume(kind, holder, instruction), n, axes, seconds, count)
         result.ops.append(op)
         result.collective_s += seconds * count
@@ -351,13 +353,17 @@ def analyse(walker, torus: Torus, op_seconds: dict[tuple[str, str], float]) -> C
                     del in_flight[:position + 1]
                     result.exposed_s += waited * count
                     duration += waited
-            elif found:  # sync: the whole transfer is on the critical path
+            elif found:
+                # A sync collective is on the critical path whole. A fusion holding one with compute (XLA:TPU's
+                # async collective fusion) runs it behind that compute: only what outlasts the compute shows.
                 op = time_of(instruction, found[0], found[1], computation, count)
-                op.exposed_seconds += op.seconds * count
-                result.exposed_s += op.seconds * count
-                spent = op.seconds + op_seconds.get((computation.name, instruction.name), 0.0)
-                duration += spent
-                drain(spent - op.seconds)
+                op.asynchronous = opcode == "fusion"
+                compute = op_seconds.get((computation.name, instruction.name), 0.0) if opcode == "fusion" else 0.0
+                exposed = max(op.seconds - compute, 0.0)
+                op.exposed_seconds += exposed * count
+                result.exposed_s += exposed * count
+                duration += compute + exposed
+                drain(max(compute - op.seconds, 0.0))
             else:
                 spent = op_seconds.get((computation.name, instruction.name), 0.0)
                 duration += spent
