@@ -201,3 +201,14 @@ def test_llm_model_flops_follow_maxtext():
     assert step_estimate.model_flops(8e9, 4096, layers=32, seq_len=4096, attention_width=4096) == pytest.approx(
         6 * 8e9 * 4096 + 6 * 32 * 4096 * 4096 * 4096)
     assert math.isclose(step_estimate.model_flops(1e9, 10), 6e10)
+
+
+def test_mfu_of_a_known_model_uses_maxtext_flops_per_device():
+    from tpuprof.commands import preflight as command
+
+    target = {"model": {"parameters": 8e9, "layers": 32, "heads": 32, "head_dim": 128}, "seq_len": 4096,
+              "batch_per_chip": 4, "device": {"devices_per_chip": 2}}
+    tokens = 4 / 2 * 4096  # per device: the chip's batch shared by its 2 devices
+    assert command._model_flops_per_device(target) == pytest.approx(
+        6 * 8e9 * tokens + 12 * 32 * tokens * 4096 * 4096 / 2)
+    assert command._model_flops_per_device({"seq_len": 4096, "batch_per_chip": 4}) is None  # no model

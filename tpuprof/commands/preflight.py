@@ -144,8 +144,10 @@ def _model_flops_per_device(target: dict) -> float | None:
         return None
     devices_per_chip = (target.get("device") or {}).get("devices_per_chip") or 1
     tokens = batch / devices_per_chip * seq
-    width = (model.get("num_heads") or 0) * (model.get("head_dim") or 0)
-    return step_estimate.model_flops(parameters, tokens, model.get("num_layers") or 0, seq, width)
+    # An MoE model computes with its active parameters; attention needs heads x head_dim (0: left out).
+    active = model.get("active_parameters") or parameters
+    width = model.get("attention_width") or (model.get("heads") or 0) * (model.get("head_dim") or 0)
+    return step_estimate.model_flops(active, tokens, model.get("layers") or 0, seq, width)
 
 
 def _target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_progress) -> dict:
