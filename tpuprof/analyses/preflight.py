@@ -4,8 +4,9 @@ Every figure comes from the real XLA:TPU compiler (libtpu, compile-only). The co
 refuses programs whose *temporaries* exceed HBM; it does not check arguments + outputs - aliased +
 temporaries + generated code against HBM, so that sum (`required_bytes`) is checked here.
 
-Compiles are cached on disk by (SPEC file hash, factory, topology, batch, dtype, libtpu version), so a
-repeated run, or a max-batch search that revisits a batch, costs nothing.
+Compiles are cached on disk by (SPEC file hash, factory, topology, batch, dtype, libtpu version, and --mesh),
+so a repeated run, or a max-batch search that revisits a batch, costs nothing. The topology is the slice's
+(v6e-256: v6e:16x16); an LLM step's digest holds its config, sequence length, remat, dtype and mesh.
 """
 
 from __future__ import annotations
@@ -188,6 +189,8 @@ class Compiler:
     def _key(self, batch: int) -> str:
         parts = [CACHE_FORMAT, self.spec.digest, self.spec.factory_name, self.topology, batch,
                  self.dtype or "default", self._libtpu]
+        if getattr(self.spec, "mesh_text", None):  # --mesh: the factory's Mesh (the LLM step's digest has it)
+            parts.append(self.spec.mesh_text)
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
     def measure(self, batch: int, dump: bool = False, need_dump: bool | None = None) -> Measurement:

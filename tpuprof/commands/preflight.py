@@ -51,6 +51,16 @@ def run(spec_text: str | None, tpu: str, batch: int | None, max_batch: bool, com
     if not tpu_compile.jax_available():
         raise UserError(tpu_compile.INSTALL_HINT)
     spec = tpu_compile.load_spec(spec_text)
+    if mesh is not None:
+        if not spec.accepts_mesh:
+            raise UserError(f"--mesh shards a step that takes a `mesh` parameter; {spec.factory_name} in {spec.path} "
+                            "has none (or use --model).")
+        spec.mesh_text = mesh
+        for name in names:  # a bad mesh is one sentence before any compile
+            from tpuprof import slices
+            from tpuprof.sources import llm
+
+            llm.parse_mesh(mesh, slices.parse(name).devices)
 
     from tpuprof.renderers import preflight as render
 
