@@ -1,9 +1,9 @@
 """`tpuprof preflight --model`: an LLM's full train step compiled with libtpu over every device of a slice.
 
-Three real compiles in all, shared through one session cache: a tiny Llama-shaped config on v6e-16 and v6e-64
-(16 and 64 devices, FSDP over all of them; a multi-slice 2xv6e-16 is the same program, served from the cache),
-and Qwen2.5-0.5B on v6e-4 by name (its config.json copy is served from the cache because it is the same
-program). The model that cannot fit is judged from the arithmetic, without a compile.
+Two real compiles in all, in one CLI run: a tiny Llama-shaped config on v6e-16 and v6e-64 (16 and 64 devices,
+FSDP over all of them; a multi-slice 2xv6e-16 is the same program, served from the cache). The model that
+cannot fit is judged from the arithmetic, without a compile; so is the config.json-equals-name check, which
+also compares the two steps' compile cache keys.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def test_memory_per_chip_falls_as_the_slice_grows(tiny):
     assert small["mesh"]["fsdp"] == 16 and small["global_batch"] == 32
     # Same batch per chip: the sharded state is 4x smaller per chip on 4x the chips, the activations the same.
     assert small["argument_bytes"] / big["argument_bytes"] == pytest.approx(4, rel=0.05)
-    assert big["state_bytes_per_chip"] * 4 == pytest.approx(small["state_bytes_per_chip"], rel=0.01)
+    assert big["state_bytes_per_chip"] * 4 == pytest.approx(small["state_bytes_per_chip"], rel=0.05)  # norms are whole
     assert big["required_bytes"] < small["required_bytes"]
 
 
@@ -95,23 +95,28 @@ def test_the_report_compares_the_slices_per_chip(tiny_document, tiny, tmp_path):
     assert fmt_bytes(tiny["v6e-64"]["required_bytes"]) in comparison  # memory per chip (a v6e device is a chip)
 
 
-def test_config_json_is_the_same_as_the_name(tmp_path, llm_cache):
-    """The built-in config copied to a user's config.json: the same program (one compile serves both)."""
+def test_config_json_is_the_same_as_the_name(tmp_path):
+    """The built-in config copied to a user's config.json: the same step (the same compile cache key, so one
+    compile serves both) and the same answer. Llama 3.1 70B on v5e-8 is answered from the sharding arithmetic,
+    so this costs no compile."""
     from importlib import resources
 
-    folder = tmp_path / "Qwen2.5-0.5B"
+    from tpuprof.sources import llm
+
+    folder = tmp_path / "Meta-Llama-3.1-70B"
     folder.mkdir()
-    with resources.as_file(resources.files("tpuprof") / "llm_configs" / "qwen2.5-0.5b.json") as builtin:
+    with resources.as_file(resources.files("tpuprof") / "llm_configs" / "llama3.1-70b.json") as builtin:
         shutil.copy(builtin, folder / "config.json")
-    args = ("--tpu", "v6e-4", "--seq", "128", "--batch-per-chip", "1")
-    by_name = preflight(llm_cache, "--model", "qwen2.5-0.5b", *args)["targets"][0]
-    by_file = preflight(llm_cache, "--model", str(folder / "config.json"), *args)["targets"][0]
-    assert by_name["model"]["source"] == "built-in:qwen2.5-0.5b"
-    assert by_file["model"]["source"] == str(folder / "config.json") and by_file["model"]["name"] == "Qwen2.5-0.5B"
-    assert by_file["compiles"] == 0  # its cache key is the name's: the same config, seq, remat, dtype, mesh
-    for key in ("required_bytes", "argument_bytes", "temp_bytes", "global_batch", "mesh", "slice"):
-        assert by_file[key] == by_name[key], key
-    assert by_name["model"]["parameters"] == pytest.approx(0.494e9, rel=0.01)  # Qwen2.5-0.5B: 0.49B
+    args = ("--tpu", "v5e-8", "--seq", "8192", "--batch-per-chip", "1", "--mesh", "fsdp=-1")
+    by_name = preflight(tmp_path, "--model", "llama3.1-70b", *args)["targets"]
+    by_file = preflight(tmp_path, "--model", str(folder / "config.json"), *args)["targets"]
+    assert by_name[0]["model"]["source"] == "built-in:llama3.1-70b" and by_name[0]["model"]["name"] == "llama3.1-70b"
+    assert by_file[0]["model"]["source"] == str(folder / "config.json")
+    assert by_file[0]["model"]["name"] == "Meta-Llama-3.1-70B"
+    assert {**by_name[0], "model": None} == {**by_file[0], "model": None}  # verdict, figures, slice, mesh
+    steps = [llm.Step(llm.load_config(model)[0], "", 8192, "full", "bf16", llm.parse_mesh(None, 256))
+             for model in ("llama3.1-70b", str(folder / "config.json"))]
+    assert steps[0].key() == steps[1].key()  # the compile cache key: a compile of one serves the other
 
 
 def test_a_model_that_cannot_fit_says_why_without_compiling(tmp_path):
