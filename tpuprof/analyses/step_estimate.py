@@ -801,7 +801,7 @@ def model_flops(parameters: float, tokens: float, layers: int = 0, seq_len: int 
 
 def report(estimate_: StepEstimate, batch_size: int, tokens_per_example: int | None = None,
            price=None, top: int = 5, model_flops_per_device: float | None = None,
-           dcn_bytes_source: str = "") -> dict:
+           gradient_source: str = "") -> dict:
     """The JSON `estimate` of one preflight target: step time, throughput per chip, utilisation, cost.
 
     `price`: a tpuprof.prices.Price (per chip-hour) or None. Throughput is per chip: a device's batch
@@ -851,7 +851,7 @@ def report(estimate_: StepEstimate, batch_size: int, tokens_per_example: int | N
         "top_collectives": [op.to_json() for op in sorted(
             estimate_.communication.ops if estimate_.communication else [],
             key=lambda op: -op.seconds * op.count)[:top]],
-        "collectives_method": _collectives_method(estimate_, dcn_bytes_source),
+        "collectives_method": _collectives_method(estimate_, gradient_source),
         "kernels_without_estimate": estimate_.kernels_without_estimate,
         "not_modelled": not_modelled(estimate_),
         "peaks_source": estimate_.peaks.source,
@@ -886,7 +886,7 @@ def not_modelled(estimate_: StepEstimate) -> list[str]:
     return out
 
 
-def _collectives_method(estimate_: StepEstimate, dcn_bytes_source: str) -> str:
+def _collectives_method(estimate_: StepEstimate, gradient_source: str) -> str:
     target = targets.get(estimate_.target)
     parts = []
     torus = estimate_.communication.torus if estimate_.communication else None
@@ -898,8 +898,9 @@ def _collectives_method(estimate_: StepEstimate, dcn_bytes_source: str) -> str:
                      "(tpuprof.analyses.collectives), overlap from the schedule's async start/done pairs")
     if estimate_.num_slices > 1:
         parts.append(f"DCN: {estimate_.num_slices} slices, {target.dcn_gbps_per_chip or 'unknown'} Gbit/s per chip "
-                     f"({target.ici_source.split(' ')[0] if target.ici_source else 'not published'}); gradient "
-                     f"bytes per device: {dcn_bytes_source or 'unknown'}; counted exposed")
+                     f"({target.ici_source.split(' ')[0] if target.ici_source else 'not published'}), counted exposed")
+    if gradient_source:
+        parts.append(f"gradient bytes: {gradient_source}")
     return "; ".join(parts) or "no collectives timed"
 
 

@@ -118,7 +118,7 @@ def _estimate(target: dict, tokens_per_example, price_overrides, top, spec=None)
     return step_estimate.report(estimate, target["batch_size"], tokens,
                                 prices.price_for(target["target"], price_overrides), top=min(top, 5),
                                 model_flops_per_device=_model_flops_per_device(target),
-                                dcn_bytes_source="; ".join(p for p in (replica_source, gradient_source) if p))
+                                gradient_source="; ".join(p for p in (replica_source, gradient_source if num_slices > 1 else "") if p))
 
 
 def _replica_gradient_bytes(target: dict, spec, topology: str) -> tuple[float | None, str]:
