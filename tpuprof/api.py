@@ -115,10 +115,13 @@ def _looks_like_a_missing_path(text: str) -> bool:
     return bool(word) and " " not in word and "\n" not in word and len(word) < 4096 and not os.path.exists(word)
 
 
-def preflight(fn_or_model: Any, *example_args: Any, tpu: Union[str, Iterable[str]] = "v5e",
+def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Iterable[str]] = "v5e",
               batch: Optional[int] = None, max_batch: bool = False, compare_bf16: bool = False, top: int = 10,
               cache: bool = True, on_compile: Optional[Callable[[str, int], None]] = None,
-              tokens_per_example: Optional[int] = None, price: Union[str, dict, None] = None) -> PreflightResult:
+              tokens_per_example: Optional[int] = None, price: Union[str, dict, None] = None,
+              model: Optional[str] = None, seq: int = 2048, batch_per_chip: Optional[int] = None,
+              global_batch: Optional[int] = None, remat: str = "full", dtype: str = "bf16",
+              mesh: Optional[str] = None) -> PreflightResult:
     """Will a training step fit in one TPU device's HBM, and the largest batch that does: compiled by libtpu
     for the target on this machine, no TPU needed (`pip install 'jax[tpu]'`).
 
@@ -139,6 +142,11 @@ def preflight(fn_or_model: Any, *example_args: Any, tpu: Union[str, Iterable[str
     compare_bf16: also compile in bfloat16 (a factory with a `dtype` parameter, or a file.py:factory).
     cache: reuse earlier compiles of the same program ($XDG_CACHE_HOME/tpuprof/preflight).
     on_compile: called with (label, batch) before each compile, e.g. to show progress.
+    model: instead of fn_or_model, an LLM's full train step: a built-in name ("llama3.1-8b") or a Hugging Face
+        config.json path, compiled sharded over every device of the slice (`tpu="v6e-256"`), with `seq`,
+        `batch_per_chip` or `global_batch` (or max_batch), `remat` ("none", "full", "dots", "offload", or "all"
+        with max_batch: a batch x remat table), `dtype` ("bf16", "fp8") and `mesh` ("fsdp=-1,tensor=4").
+    mesh: also for a factory with a `mesh` parameter: the Mesh it receives has these axes over the slice.
     tokens_per_example: tokens in one example (sequence length), for tokens/s and the cost per 1M tokens.
     price: on-demand price per chip-hour overriding tpuprof's table: {"v6e": 2.70} or "v6e=2.70,v5e=1.2".
 
@@ -149,6 +157,16 @@ def preflight(fn_or_model: Any, *example_args: Any, tpu: Union[str, Iterable[str
     from tpuprof.sources import tpu_compile
 
     names = command.parse_targets(tpu if isinstance(tpu, str) else ",".join(tpu))
+    if model is not None:
+        if fn_or_model is not None or example_args or batch is not None:
+            raise UserError("preflight(model=...) compiles a built-in LLM step: give no function, model or batch "
+                            "(use batch_per_chip or global_batch, seq).")
+        if not tpu_compile.jax_available():
+            raise UserError(tpu_compile.INSTALL_HINT)
+        return command.model_result(model, names, seq, batch_per_chip, global_batch, max_batch, remat, dtype, mesh,
+                                    top, cache, on_compile, price_overrides=_price_overrides(price))
+    if fn_or_model is None:
+        raise UserError("preflight needs a step (a function, Keras model, factory or file.py:factory) or model=NAME.")
     if batch is not None and max_batch:
         raise UserError("give either --batch N or --max-batch, not both.")
     if batch is not None and batch < 1:
@@ -174,6 +192,7 @@ def preflight(fn_or_model: Any, *example_args: Any, tpu: Union[str, Iterable[str
                                 "as a factory, or arguments whose last one has a batch dimension.")
     else:
         spec = tpu_compile.load_spec(str(fn_or_model))
+    spec.mesh_text = mesh
     return command.result(spec, names, batch, max_batch, compare_bf16, top, cache, on_compile,
                           tokens_per_example=tokens_per_example, price_overrides=_price_overrides(price))
 

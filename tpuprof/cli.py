@@ -255,10 +255,12 @@ def diff(
     "tpuprof preflight train.py:step --tpu v5e,v6e --max-batch      # compare generations",
     "tpuprof preflight train.py:step --tpu v5e,v6e,v5p --max-batch --tokens-per-example 2048 --price v6e=2.70",
     "tpuprof preflight sample_profiles/models/keras_mlp.py:factory --tpu v5e:2x2 --batch 32",
+    "tpuprof preflight --model llama3.1-8b --tpu v6e-64 --seq 8192 --max-batch --remat all",
+    "tpuprof preflight --model config.json --tpu v5p-128,v6e-256 --mesh fsdp=-1,tensor=4 --global-batch 512",
 ))
 def preflight(
-    spec: str = typer.Argument(..., metavar="FILE.py:FACTORY", help="path/to/file.py:factory; factory(batch_size) returns (jax fn, example args), "
-                               "(tf.function, TensorSpecs) or (compiled Keras model, x spec, y spec)."),
+    spec: Optional[str] = typer.Argument(None, metavar="[FILE.py:FACTORY]", help="path/to/file.py:factory; factory(batch_size) returns (jax fn, example args), "
+                               "(tf.function, TensorSpecs) or (compiled Keras model, x spec, y spec). Not with --model."),
     tpu: str = typer.Option(..., "--tpu", metavar="GENERATION[,...]", help=f"TPU generation ({GENERATIONS}; {GENERATION_NAMES}) or topology (v5e:2x2); "
                             "a comma list compares them.",
                             callback=_check_generations, autocompletion=_complete_generation),
@@ -270,6 +272,14 @@ def preflight(
                                                      help="Tokens in one example (sequence length): adds tokens/s and cost per 1M tokens."),
     price: Optional[str] = typer.Option(None, "--price", metavar="GEN=USD[,...]",
                                         help="On-demand price per chip-hour, overriding tpuprof's table (e.g. v6e=2.70)."),
+    model: Optional[str] = typer.Option(None, "--model", metavar="NAME|config.json",
+                                        help="An LLM's full train step instead of a SPEC: a built-in name (llama3.1-8b, qwen2.5-7b, mixtral-8x7b, ...) or a Hugging Face config.json."),
+    seq: int = typer.Option(2048, "--seq", help="--model: sequence length in tokens."),
+    batch_per_chip: Optional[int] = typer.Option(None, "--batch-per-chip", metavar="N", help="--model: sequences per chip."),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", metavar="N", help="--model: sequences per step over the whole slice (all slices)."),
+    remat: str = typer.Option("full", "--remat", metavar="POLICY", help="--model: none, full, dots (save matmul outputs), offload (to host memory), or all (with --max-batch: a batch x remat table)."),
+    dtype: str = typer.Option("bf16", "--dtype", metavar="bf16|fp8", help="--model: matmul operands in bf16 or fp8 (weights and optimizer state stay fp32)."),
+    mesh: Optional[str] = typer.Option(None, "--mesh", metavar="AXIS=N,...", help="--model or a factory with a `mesh` parameter: mesh axes data, fsdp, tensor, expert (-1: the rest of the devices). Default fsdp=-1."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Recompile even if a cached result exists."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     format_: Optional[OutputFormat] = _format_option(),
@@ -281,7 +291,8 @@ def preflight(
 
     command.run(spec, tpu, batch=batch, max_batch=max_batch, compare_bf16=compare_bf16, top=top,
                 use_cache=not no_cache, as_json=as_json, tokens_per_example=tokens_per_example, price=price,
-                format_=format_.value if format_ else None)
+                format_=format_.value if format_ else None, model=model, seq=seq, batch_per_chip=batch_per_chip,
+                global_batch=global_batch, remat=remat, dtype=dtype, mesh=mesh)
 
 
 @app.command(epilog=_examples(

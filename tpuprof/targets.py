@@ -71,6 +71,12 @@ class Target:
     clock_ghz: float | None = None
     peak_int8_tops: float | None = None  # per chip
     peak_fp8_tflops: float | None = None  # per chip
+    # Interconnect, for the collectives of the step-time estimate: see ICI below (None: not published).
+    ici_link_gbps: float | None = None  # GB/s per ICI link, per direction
+    ici_ports: int | None = None  # ICI links per chip
+    ici_wraparound: str = ""  # which slice axes close into rings: "cube" (v4/v5p/TPU7x) or "16" (v5e/v6e)
+    dcn_gbps_per_chip: float | None = None  # data-centre network between slices, Gbit/s per chip
+    ici_source: str = ""
 
     @property
     def device(self) -> str:
@@ -164,7 +170,37 @@ RATES = {
 # 3 to 40 elements on libtpu 0.0.42.1 gave 1024-byte steps on v2/v3, 512 on v4/v5e and 32 on v5p, v6e and TPU7x
 # (tpu7x: 32, 64 and 160 B for 3, 9 and 40 elements).
 TUPLE_TABLE_GRANULES = {"v2": 1024, "v3": 1024, "v4": 512, "v5e": 512, "v5p": 32, "v6e": 32, "tpu7x": 32}
-TARGETS = {name: replace(target, **RATES.get(name, {}), tuple_table_granule_bytes=TUPLE_TABLE_GRANULES[name])
+# --- ICI and DCN (issue 21b: collectives in the step time) ------------------------------------------------
+# Per-link bandwidth = the published bidirectional ICI bandwidth per chip / ICI ports / 2 directions:
+# - v5e: 400 GB/s bidirectional, 4 ports, 2D torus -> 50 GB/s per link and direction; its Pod bisection
+#   (1.6 TB/s over the 2 x 16 links a 16x16 torus cut crosses) gives the same 50 GB/s. DCN: 2 x 100 Gbps NICs
+#   per 8-chip host = 25 Gbit/s per chip. https://cloud.google.com/tpu/docs/v5e
+# - v6e: 800 GB/s, 4 ports, 2D torus -> 100 GB/s (Pod bisection 3.2 TB/s = 32 links x 100 GB/s); DCN 100 Gbit/s
+#   per chip. https://cloud.google.com/tpu/docs/v6e, https://docs.cloud.google.com/tpu/docs/tpu7x (table)
+# - v5p: 1200 GB/s, 3D torus (6 ports) -> 100 GB/s; DCN 50 Gbit/s per chip. "All 4x4x4 and larger slices (one
+#   cube) have full 3D torus" connectivity. https://cloud.google.com/tpu/docs/v5p
+# - TPU7x: 1200 GB/s, DCN 100 Gbit/s per chip (tpu7x page); 3D torus of 4x4x4 cubes like v5p: 6 ports assumed.
+# - v4: Pod bisection 24 TB/s over the 2 x 256 links a 16x16x16 torus cut crosses -> 47 GB/s; 3D torus when
+#   every dimension is a multiple of 4 (https://cloud.google.com/tpu/docs/v4). DCN per chip not published.
+# - v2, v3: not modelled (no per-link figure published in the pages read).
+# Wraparound: v4/v5p/TPU7x slices whose dimensions are all multiples of 4 (whole cubes) are tori on every
+# axis, smaller ones meshes; v5e/v6e close an axis into a ring only at the Pod's full 16 (the published Pod
+# bisection needs the wrap links; for smaller slices the docs say nothing: assumed open, a mesh).
+ICI = {
+    "v4": {"ici_link_gbps": 47.0, "ici_ports": 6, "ici_wraparound": "cube",
+           "ici_source": "https://cloud.google.com/tpu/docs/v4 (bisection 24 TB/s per 4096-chip Pod)"},
+    "v5e": {"ici_link_gbps": 50.0, "ici_ports": 4, "ici_wraparound": "16", "dcn_gbps_per_chip": 25.0,
+            "ici_source": "https://cloud.google.com/tpu/docs/v5e (400 GB/s bidirectional per chip, 4 ports)"},
+    "v5p": {"ici_link_gbps": 100.0, "ici_ports": 6, "ici_wraparound": "cube", "dcn_gbps_per_chip": 50.0,
+            "ici_source": "https://cloud.google.com/tpu/docs/v5p (1200 GB/s bidirectional per chip, 3D torus)"},
+    "v6e": {"ici_link_gbps": 100.0, "ici_ports": 4, "ici_wraparound": "16", "dcn_gbps_per_chip": 100.0,
+            "ici_source": "https://cloud.google.com/tpu/docs/v6e (800 GB/s bidirectional per chip, 4 ports)"},
+    "tpu7x": {"ici_link_gbps": 100.0, "ici_ports": 6, "ici_wraparound": "cube", "dcn_gbps_per_chip": 100.0,
+              "ici_source": "https://docs.cloud.google.com/tpu/docs/tpu7x (1200 GB/s bidirectional per chip; "
+                            "6 ports assumed, as v5p)"},
+}
+TARGETS = {name: replace(target, **RATES.get(name, {}), **ICI.get(name, {}),
+                         tuple_table_granule_bytes=TUPLE_TABLE_GRANULES[name])
            for name, target in TARGETS.items()}
 ALIASES = {alias.replace(" ", ""): t.name for t in TARGETS.values() for alias in t.aliases}
 
@@ -172,6 +208,7 @@ ALIASES = {alias.replace(" ", ""): t.name for t in TARGETS.values() for alias in
 def _key(name: str) -> str:
     """`TPU v5 lite`, `v6e-8`, `v5litepod-16`, `tpu7x:2x2x1` -> the lookup key (`v5lite`, `v6e`, `v5litepod`, `tpu7x`)."""
     key = name.strip().lower().split(":")[0]
+    key = re.sub(r"^\d+\s*x\s*(?=[a-z])", "", key)  # multi-slice names: 2xv5p-128
     key = re.sub(r"-\d+$", "", key)  # slice names: v6e-8, v5litepod-16, tpu7x-8
     key = key.replace(" ", "").replace("_", "")
     if key not in TARGETS and key not in ALIASES and key.startswith("tpu") and not key.startswith("tpu7"):
@@ -191,11 +228,12 @@ def get(name: str) -> Target:
 
 
 def topology_of(name: str) -> str:
-    """The libtpu topology to compile for: the generation's smallest (`v4` -> `v4:2x2x1`), or the one given,
-    with the generation spelled as libtpu does (`v7x:2x2x1` -> `tpu7x:2x2x1`, `trillium:2x4` -> `v6e:2x4`)."""
-    target = get(name)
-    _, sep, shape = name.strip().partition(":")
-    return f"{target.topology_prefix}:{shape.strip()}" if sep and shape.strip() else target.topology
+    """The libtpu topology to compile for: the generation's smallest (`v4` -> `v4:2x2x1`), a slice's
+    (`v5p-128` -> `v5p:4x4x4`, see tpuprof.slices), or the one given, with the generation spelled as libtpu
+    does (`v7x:2x2x1` -> `tpu7x:2x2x1`, `trillium:2x4` -> `v6e:2x4`)."""
+    from tpuprof import slices
+
+    return slices.parse(name).topology
 
 
 def compile_label(name: str) -> str:

@@ -267,11 +267,11 @@ def add_donation(module: ModuleMemory, stats: dict) -> None:
                                  (b.source_line for b in module.buffers))
     hint = donation(int(stats.get("argument_size_in_bytes") or 0), int(stats.get("output_size_in_bytes") or 0),
                     int(stats.get("alias_size_in_bytes") or 0), job)
-    if hint is not None:
-        peak = module.peak_heap_bytes or 0
-        capacity = module.hbm_capacity_bytes
-        module.suggestions = rank([*(s for s in module.suggestions if s.kind != "donation"), hint],
-                                  shortfall_bytes=peak - capacity if capacity and peak > capacity else None)
+    # The compile's own aliasing replaces the buffer assignment's guess, also when it finds nothing to donate.
+    peak = module.peak_heap_bytes or 0
+    capacity = module.hbm_capacity_bytes
+    module.suggestions = rank([*(s for s in module.suggestions if s.kind != "donation"), *([hint] if hint else [])],
+                              shortfall_bytes=peak - capacity if capacity and peak > capacity else None)
 
 
 def _donation(result: ModuleMemory, job) -> Suggestion | None:

@@ -4,8 +4,9 @@ Every figure comes from the real XLA:TPU compiler (libtpu, compile-only). The co
 refuses programs whose *temporaries* exceed HBM; it does not check arguments + outputs - aliased +
 temporaries + generated code against HBM, so that sum (`required_bytes`) is checked here.
 
-Compiles are cached on disk by (SPEC file hash, factory, topology, batch, dtype, libtpu version), so a
-repeated run, or a max-batch search that revisits a batch, costs nothing.
+Compiles are cached on disk by (SPEC file hash, factory, topology, batch, dtype, libtpu version, and --mesh),
+so a repeated run, or a max-batch search that revisits a batch, costs nothing. The topology is the slice's
+(v6e-256: v6e:16x16); an LLM step's digest holds its config, sequence length, remat, dtype and mesh.
 """
 
 from __future__ import annotations
@@ -73,8 +74,10 @@ def fit_curve(points: list[Measurement]) -> Curve | None:
     return Curve(int(round(mean_r - slope * mean_b)), slope)
 
 
-def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit: int = BATCH_LIMIT) -> Search:
-    """Largest multiple of STEP whose program fits, assuming fitting is monotone in the batch.
+def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit: int = BATCH_LIMIT,
+                     step: int = STEP, preferred: int = PREFERRED) -> Search:
+    """Largest multiple of STEP whose program fits, assuming fitting is monotone in the batch. (An LLM step
+    searches sequences per device: STEP and PREFERRED are 1 there.)
 
     Memory is close to linear in the batch (fixed + per-example bytes) until the compiler starts to
     rematerialise near the HBM limit. Compiles at 8 and 256 give a linear model; one jump goes to its
@@ -89,11 +92,11 @@ def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit
         points[batch] = measure(batch)
         return points[batch].fits
 
-    if not probe(STEP):
+    if not probe(step):
         return Search(None, None, list(points.values()))
-    low, high = STEP, None  # low fits, high (if known) does not
-    mode, delta, turn = "start", STEP, 0
-    while (high is None and low < limit) or (high is not None and high - low > STEP):
+    low, high = step, None  # low fits, high (if known) does not
+    mode, delta, turn = "start", step, 0
+    while (high is None and low < limit) or (high is not None and high - low > step):
         predicted = _secant(points, capacity)
         capped = False
         if predicted is None and len(points) == 1:
@@ -119,7 +122,7 @@ def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit
             inside = predicted is not None and low < predicted < high
             candidate = (min(max(predicted, low + width // 16), high - width // 16)
                          if inside and turn % 2 else (low + high) // 2)
-        candidate = _align(candidate, low, high, limit)
+        candidate = _align(candidate, low, high, limit, step, preferred)
         fits = probe(candidate)
         if fits:
             low = candidate
@@ -129,10 +132,10 @@ def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit
             mode = ("start" if fits else "bisect") if capped else ("up" if fits else "down")
         elif (mode == "up" and not fits) or (mode == "down" and fits):
             mode = "bisect"
-    recommended = max((p.batch_size for p in points.values() if p.fits and p.batch_size % PREFERRED == 0),
+    recommended = max((p.batch_size for p in points.values() if p.fits and p.batch_size % preferred == 0),
                       default=None)
-    if recommended is None or low // PREFERRED * PREFERRED > recommended:
-        recommended = low // PREFERRED * PREFERRED if low >= PREFERRED else low
+    if recommended is None or low // preferred * preferred > recommended:
+        recommended = low // preferred * preferred if low >= preferred else low
     ordered = sorted(points.values(), key=lambda p: p.batch_size)
     return Search(low, recommended, ordered, limited=high is None)
 
@@ -152,13 +155,14 @@ def _secant(points: dict[int, Measurement], capacity: int) -> int | None:
     return int(b2 + (capacity - r2) / slope)
 
 
-def _align(candidate: int, low: int, high: int | None, limit: int) -> int:
+def _align(candidate: int, low: int, high: int | None, limit: int, step: int = STEP,
+           preferred_step: int = PREFERRED) -> int:
     """A multiple of STEP strictly between low and high; a nearby multiple of PREFERRED if there is one."""
-    top = (high - STEP) if high is not None else limit
-    aligned = min(max(candidate // STEP * STEP, low + STEP), top)
+    top = (high - step) if high is not None else limit
+    aligned = min(max(candidate // step * step, low + step), top)
     width = (high if high is not None else aligned) - low
-    preferred = round(aligned / PREFERRED) * PREFERRED
-    if low < preferred <= top and abs(preferred - aligned) <= max(STEP, width // 4):
+    preferred = round(aligned / preferred_step) * preferred_step
+    if low < preferred <= top and abs(preferred - aligned) <= max(step, width // 4):
         return preferred
     return aligned
 
@@ -185,6 +189,8 @@ class Compiler:
     def _key(self, batch: int) -> str:
         parts = [CACHE_FORMAT, self.spec.digest, self.spec.factory_name, self.topology, batch,
                  self.dtype or "default", self._libtpu]
+        if getattr(self.spec, "mesh_text", None):  # --mesh: the factory's Mesh (the LLM step's digest has it)
+            parts.append(self.spec.mesh_text)
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
     def measure(self, batch: int, dump: bool = False, need_dump: bool | None = None) -> Measurement:
@@ -279,6 +285,8 @@ def _write_json_atomically(path: Path, data: dict) -> None:
 
 def parameter_bytes(spec, dtype, target) -> int | None:
     """Bytes of the weights (and optimizer state) alone, for the message of a step that never fits."""
+    if hasattr(spec, "state_bytes_per_device"):  # an LLM step: from the sharding, per device
+        return spec.state_bytes_per_device
     program = spec.program(STEP, dtype, target)
     other = spec.program(2 * STEP, dtype, target) if program.kind == "jax" else None
     try:
@@ -287,11 +295,11 @@ def parameter_bytes(spec, dtype, target) -> int | None:
         return None
 
 
-def too_large(parameters: int | None, chosen: Measurement, capacity: int) -> str:
+def too_large(parameters: int | None, chosen: Measurement, capacity: int, step: int = STEP) -> str:
     """The verdict when not even the smallest batch fits."""
     from tpuprof.units import fmt_bytes
 
-    text = f"does not fit even at batch {STEP}"
+    text = f"does not fit even at batch {step}"
     if parameters:
         text += f": parameters alone are {fmt_bytes(parameters)}"
         if parameters > capacity:

@@ -13,18 +13,33 @@ def parse_targets(text: str) -> list[str]:
     names = [part.strip() for part in text.split(",") if part.strip()]
     if not names:
         raise UserError(f"--tpu needs a TPU generation ({' '.join(targets.TARGETS)}) or a topology like v5e:2x2.")
+    from tpuprof import slices
+
     for name in names:
-        targets.get(name)  # unknown names are a UserError
+        slices.parse(name)  # unknown generations and slice sizes are a UserError
     return list(dict.fromkeys(names))
 
 
-def run(spec_text: str, tpu: str, batch: int | None, max_batch: bool, compare_bf16: bool, top: int,
+def run(spec_text: str | None, tpu: str, batch: int | None, max_batch: bool, compare_bf16: bool, top: int,
         use_cache: bool, as_json: bool, tokens_per_example: int | None = None, price: str | None = None,
+        model: str | None = None, seq: int = 2048, batch_per_chip: int | None = None,
+        global_batch: int | None = None, remat: str = "full", dtype: str = "bf16", mesh: str | None = None,
         format_: str | None = None) -> None:
     from tpuprof.renderers.formats import output_format, print_document
     from tpuprof.sources import tpu_compile
 
     format_ = output_format(as_json, format_)
+
+    if model is not None:
+        if spec_text is not None or batch is not None or compare_bf16 or tokens_per_example is not None:
+            raise UserError("--model compiles a built-in LLM step: give it without FILE.py:FACTORY, --batch, "
+                            "--compare-bf16 or --tokens-per-example (use --batch-per-chip or --global-batch, --seq).")
+        return run_model(model, tpu, seq, batch_per_chip, global_batch, max_batch, remat, dtype, mesh, top,
+                         use_cache, format_, price)
+    if spec_text is None:
+        raise UserError("give FILE.py:FACTORY (your step) or --model NAME|config.json (an LLM train step).")
+    if batch_per_chip is not None or global_batch is not None:
+        raise UserError("--batch-per-chip and --global-batch go with --model; a FILE.py:FACTORY takes --batch.")
     names = parse_targets(tpu)
     if batch is not None and max_batch:
         raise UserError("give either --batch N or --max-batch, not both.")
@@ -40,6 +55,16 @@ def run(spec_text: str, tpu: str, batch: int | None, max_batch: bool, compare_bf
     if not tpu_compile.jax_available():
         raise UserError(tpu_compile.INSTALL_HINT)
     spec = tpu_compile.load_spec(spec_text)
+    if mesh is not None:
+        if not spec.accepts_mesh:
+            raise UserError(f"--mesh shards a step that takes a `mesh` parameter; {spec.factory_name} in {spec.path} "
+                            "has none (or use --model).")
+        spec.mesh_text = mesh
+        for name in names:  # a bad mesh is one sentence before any compile
+            from tpuprof import slices
+            from tpuprof.sources import llm
+
+            llm.parse_mesh(mesh, slices.parse(name).devices)
 
     from tpuprof.renderers import preflight as render
 
@@ -61,13 +86,13 @@ def result(spec, names: list[str], batch: int | None, max_batch: bool, compare_b
     checked = [_target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_progress)
                for name in names]
     for target in checked:
-        estimate = _estimate(target, tokens_per_example, price_overrides, top)
+        estimate = _estimate(target, tokens_per_example, price_overrides, top, spec)
         if estimate is not None:
             target["estimate"] = estimate
     return PreflightResult(spec.text, checked, top)
 
 
-def _estimate(target: dict, tokens_per_example, price_overrides, top) -> dict | None:
+def _estimate(target: dict, tokens_per_example, price_overrides, top, spec=None) -> dict | None:
     """Step time, throughput and cost from the reported compile's dump (None without a dump)."""
     from tpuprof import prices
     from tpuprof.analyses import step_estimate
@@ -78,21 +103,87 @@ def _estimate(target: dict, tokens_per_example, price_overrides, top) -> dict | 
         cost = step_estimate.load(target["dump_dir"])
     except UserError:
         return None
-    estimate = step_estimate.estimate(cost, target["target"])
+    slice_ = target.get("slice") or {}
+    num_slices = slice_.get("num_slices") or 1
+    gradient, gradient_source = _gradient_bytes_per_device(target, cost)
+    replica = cost.torus is None or len(cost.torus.assignment) <= 1  # one device: a data-parallel replica
+    replica_of = slice_.get("topology") if replica and "global_batch" in target else None  # a named slice
+    replica_gradient, replica_source = (_replica_gradient_bytes(target, spec, replica_of)
+                                        if replica_of and slice_.get("devices", 1) > 1 else (None, ""))
+    estimate = step_estimate.estimate(cost, target["target"], num_slices, gradient, replica_of=replica_of,
+                                      replica_gradient_bytes=replica_gradient)
     if estimate.point_s <= 0:
         return None
-    return step_estimate.report(estimate, target["batch_size"], tokens_per_example,
-                                prices.price_for(target["target"], price_overrides), top=min(top, 5))
+    tokens = target.get("seq_len") or tokens_per_example
+    return step_estimate.report(estimate, target["batch_size"], tokens,
+                                prices.price_for(target["target"], price_overrides), top=min(top, 5),
+                                model_flops_per_device=_model_flops_per_device(target),
+                                gradient_source="; ".join(p for p in (replica_source, gradient_source if num_slices > 1 else "") if p))
+
+
+def _replica_gradient_bytes(target: dict, spec, topology: str) -> tuple[float | None, str]:
+    """The gradients a data-parallel replica all-reduces across the slice: f32 per parameter of a known model,
+    else the step's batch-independent argument bytes (parameters and optimizer state: exact for a step without
+    optimizer state, an upper bound otherwise)."""
+    parameters = (target.get("model") or {}).get("parameters")
+    if parameters:
+        return 4.0 * parameters, f"data-parallel all-reduce of {parameters:,} f32 gradients"
+    if spec is None:
+        return None, ""
+    from tpuprof.analyses import preflight
+
+    state = target.get("parameter_bytes") or preflight.parameter_bytes(spec, None, topology)
+    if not state:
+        return None, ""
+    return float(state), ("data-parallel all-reduce of the step's batch-independent arguments (parameters and "
+                          "optimizer state: an upper bound on the gradients)")
+
+
+def _gradient_bytes_per_device(target: dict, cost) -> tuple[float | None, str]:
+    """What each device all-reduces across slices: its share of the f32 gradients once reduced within the
+    slice (reduce-scatter over ICI, all-reduce of the shard over DCN, all-gather over ICI)."""
+    devices = (target.get("slice") or {}).get("devices") or 1
+    parameters = (target.get("model") or {}).get("parameters")
+    if parameters:
+        return 4.0 * parameters / devices, f"{parameters:,} parameters x 4 bytes (f32) / {devices} devices per slice"
+    arguments = target.get("argument_bytes")
+    if arguments:
+        compiled = len(cost.torus.assignment) if cost.torus is not None and cost.torus.assignment else 1
+        return (arguments * compiled / devices,
+                "the compiled step's argument bytes per device (parameters, optimizer state and batch: an "
+                "upper bound on the gradients) / the slice's devices")
+    return None, ""
+
+
+def _model_flops_per_device(target: dict) -> float | None:
+    """MaxText's model FLOPs per device for an LLM of known size (--model); None for other programs."""
+    from tpuprof.analyses import step_estimate
+
+    model = target.get("model") or {}
+    parameters, seq = model.get("parameters"), target.get("seq_len")
+    batch = target.get("batch_per_chip")
+    if not (parameters and seq and batch):
+        return None
+    devices_per_chip = (target.get("device") or {}).get("devices_per_chip") or 1
+    tokens = batch / devices_per_chip * seq
+    # An MoE model computes with its active parameters; attention needs heads x head_dim (0: left out).
+    active = model.get("active_parameters") or parameters
+    width = model.get("attention_width") or (model.get("heads") or 0) * (model.get("head_dim") or 0)
+    return step_estimate.model_flops(active, tokens, model.get("layers") or 0, seq, width)
 
 
 def _target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_progress) -> dict:
     from tpuprof.analyses import preflight
 
+    from tpuprof import slices
+
     target = targets.get(name)
-    result = {"target": target.name, "topology": targets.topology_of(name),
+    chosen = slices.parse(name)
+    result = {"target": target.name, "topology": chosen.topology, "slice": chosen.to_json(),
               "device": target.device_info(), "hbm_capacity_bytes": target.compiler_hbm_bytes}
     main = _run_dtype(spec, name, None, batch, max_batch, top, use_cache, report_progress)
     result.update(main)
+    result.update(_batches(chosen, result["batch_size"]))
     if compare_bf16:
         bf16 = _run_dtype(spec, name, "bfloat16", batch, max_batch, top, use_cache, report_progress)
         result["bf16"] = {k: bf16.get(k) for k in (
@@ -104,6 +195,18 @@ def _target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_p
     return result
 
 
+def _batches(chosen, batch_per_device: int | None, whole_slice: bool | None = None) -> dict:
+    """A one-device compile is one data-parallel replica: every device of the slice (of every slice) runs it
+    with its own batch. A bare generation (`--tpu v6e`) names no slice: no global batch, unless the step was
+    compiled over the whole topology (`whole_slice`, the LLM step)."""
+    if batch_per_device is None:
+        return {}
+    out = {"batch_per_chip": batch_per_device * chosen.target.devices_per_chip}
+    if chosen.explicit if whole_slice is None else whole_slice:
+        out["global_batch"] = batch_per_device * chosen.total_devices
+    return out
+
+
 def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progress) -> dict:
     from tpuprof.analyses import preflight
 
@@ -111,10 +214,13 @@ def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progr
     compiler = preflight.Compiler(spec, name, dtype, use_cache,
                                   on_compile=lambda b: report_progress(label, b))
     out: dict = {}
+    step = getattr(spec, "batch_step", preflight.STEP)
     if max_batch:
         search = preflight.search_max_batch(lambda b: compiler.measure(b, dump=True, need_dump=False),
-                                            compiler.capacity)
-        batch = search.max_batch_size or preflight.STEP
+                                            compiler.capacity, getattr(spec, "batch_limit", preflight.BATCH_LIMIT),
+                                            step=step,
+                                            preferred=getattr(spec, "preferred_batch", preflight.PREFERRED))
+        batch = search.max_batch_size or step
         out["max_batch_size"] = search.max_batch_size
         out["recommended_batch_size"] = search.recommended_batch_size
         out["search_limited"] = search.limited
@@ -160,7 +266,7 @@ def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progr
     if chosen.oom_message:
         out["oom"] = _oom(chosen.oom_message, batch, compiler.capacity, parameters)
     if max_batch and out["max_batch_size"] is None:
-        out["verdict"] = preflight.too_large(parameters, chosen, compiler.capacity)
+        out["verdict"] = preflight.too_large(parameters, chosen, compiler.capacity, step)
     return out
 
 
@@ -191,3 +297,137 @@ def _oom(message: str, batch: int, capacity: int, parameters: int | None) -> dic
                    if "--xla_dump_to" not in s["message"] and "tpuprof preflight" not in s["message"]]
     return {"message": message, "report": report.to_json(), "batch_estimate": estimate.to_json(),
             "suggestions": suggestions}
+
+
+# --- LLMs from a name or a config (--model) ------------------------------------------------------------
+
+def run_model(model: str, tpu: str, seq: int, batch_per_chip: int | None, global_batch: int | None,
+              max_batch: bool, remat: str, dtype: str, mesh: str | None, top: int, use_cache: bool,
+              format_: str = "table", price: str | None = None) -> None:
+    """`tpuprof preflight --model llama3.1-8b --tpu v6e-256 --seq 8192 --batch-per-chip 2`."""
+    from tpuprof import prices
+    from tpuprof.sources import tpu_compile
+
+    names = parse_targets(tpu)
+    price_overrides = prices.parse_overrides(price)
+    if not tpu_compile.jax_available():
+        raise UserError(tpu_compile.INSTALL_HINT)
+    from tpuprof.renderers import preflight as render
+
+    from tpuprof.renderers.formats import print_document
+
+    with render.progress(enabled=format_ == "table") as report_progress:
+        checked = model_result(model, names, seq, batch_per_chip, global_batch, max_batch, remat, dtype, mesh, top,
+                               use_cache, report_progress, price_overrides=price_overrides)
+    if not print_document(checked, format_):
+        render.print_report(checked.spec, checked.targets, top)
+
+
+def check_model_options(seq: int | None, batch_per_chip: int | None, global_batch: int | None, max_batch: bool,
+                        remat: str, dtype: str) -> None:
+    from tpuprof.sources import llm
+
+    given = [batch_per_chip is not None, global_batch is not None, max_batch]
+    if sum(given) != 1:
+        raise UserError("give one of --batch-per-chip N, --global-batch N or --max-batch.")
+    for value, option in ((batch_per_chip, "--batch-per-chip"), (global_batch, "--global-batch"), (seq, "--seq")):
+        if value is not None and value < 1:
+            raise UserError(f"{option} must be a positive number.")
+    if remat not in (*llm.REMAT_POLICIES, "all"):
+        raise UserError(f"--remat must be one of {', '.join(llm.REMAT_POLICIES)} or all, not {remat!r}.")
+    if remat == "all" and not max_batch:
+        raise UserError("--remat all searches the largest batch of each policy: give it with --max-batch.")
+    if dtype not in llm.DTYPES:
+        raise UserError(f"--dtype must be one of {', '.join(llm.DTYPES)}, not {dtype!r}.")
+
+
+def model_result(model: str, names: list[str], seq: int = 2048, batch_per_chip: int | None = None,
+                 global_batch: int | None = None, max_batch: bool = False, remat: str = "full", dtype: str = "bf16",
+                 mesh: str | None = None, top: int = 10, use_cache: bool = True, on_compile=None,
+                 price_overrides: dict | None = None):
+    """Every target's figures for the LLM train step (the typed result `tpuprof.preflight(model=...)` returns)."""
+    from tpuprof.results import PreflightResult
+    from tpuprof.sources import llm
+
+    check_model_options(seq, batch_per_chip, global_batch, max_batch, remat, dtype)
+    config, source = llm.load_config(model)
+    report_progress = on_compile or (lambda label, batch_size: None)
+    checked = []
+    for name in names:
+        policies = llm.REMAT_POLICIES if remat == "all" else (remat,)
+        rows = [_model_target(config, source, name, seq, batch_per_chip, global_batch, max_batch, policy, dtype,
+                              mesh, top, use_cache, report_progress, price_overrides) for policy in policies]
+        best = max(rows, key=_throughput)
+        if len(rows) > 1:
+            best["remat_table"] = [{"remat": row["model"]["remat"], "max_batch_per_chip": row.get("max_batch_per_chip"),
+                                    "required_bytes": row.get("required_bytes"),
+                                    "step_ms": (row.get("estimate") or {}).get("step_ms"),
+                                    "compiles": row.get("compiles", 0)} for row in rows]
+        checked.append(best)
+    return PreflightResult(f"--model {config.name}", checked, top)
+
+
+def _throughput(row: dict) -> float:
+    """Tokens per second per chip at the reported batch (0 when it does not fit)."""
+    if not row.get("fits"):
+        return 0.0
+    estimate = row.get("estimate") or {}
+    return float(estimate.get("tokens_per_s") or 0) or float(row.get("batch_per_chip") or 0) * 1e-9
+
+
+def _model_target(config, source, name, seq, batch_per_chip, global_batch, max_batch, remat, dtype, mesh, top,
+                  use_cache, report_progress, price_overrides) -> dict:
+    from tpuprof import slices
+    from tpuprof.analyses import preflight
+    from tpuprof.sources import llm
+    from tpuprof.units import fmt_bytes
+
+    chosen = slices.parse(name)
+    target = chosen.target
+    sizes = llm.parse_mesh(mesh, chosen.devices)
+    spec = llm.Spec(llm.Step(config, source, seq, remat, dtype, sizes), name)
+    per_chip = target.devices_per_chip
+    if batch_per_chip is not None:
+        if batch_per_chip % per_chip:
+            raise UserError(f"--batch-per-chip {batch_per_chip}: a {target.name} chip is {per_chip} devices, so the "
+                            f"batch per chip must be a multiple of {per_chip}.")
+        batch = batch_per_chip // per_chip
+    elif global_batch is not None:
+        if global_batch % chosen.total_devices:
+            raise UserError(f"--global-batch {global_batch} is not a multiple of the {chosen.total_devices} devices of "
+                            f"{chosen.name}{f' x {chosen.num_slices}' if chosen.num_slices > 1 else ''}.")
+        batch = global_batch // chosen.total_devices
+    else:
+        batch = None
+    result = {"target": target.name, "topology": chosen.topology, "slice": chosen.to_json(),
+              "device": target.device_info(), "hbm_capacity_bytes": target.compiler_hbm_bytes,
+              "mesh": sizes, "model": spec.model_info(), "seq_len": seq,
+              "state_bytes_per_chip": spec.state_bytes_per_device * per_chip}
+    capacity = target.compiler_hbm_bytes
+    if spec.state_bytes_per_device > capacity:  # no batch can fit: say why without compiling
+        shards = sizes["fsdp"] * sizes["tensor"] * sizes["expert"]
+        verdict = (f"does not fit: the parameters and AdamW state alone need {fmt_bytes(spec.state_bytes_per_device)} "
+                   f"per device ({config.parameter_count() / 1e9:.1f}B parameters x {llm.ADAM_STATE_BYTES} bytes: "
+                   f"fp32 weights and two fp32 moments, sharded {shards} ways over fsdp x tensor x expert), more "
+                   f"than the {fmt_bytes(capacity)} of HBM a {target.name} device has; use a larger slice or more "
+                   "fsdp.")
+        result.update({"batch_size": batch, "fits": False, "required_bytes": None, "compiles": 0, "curve": [],
+                       "verdict": verdict, "parameter_bytes": spec.state_bytes_per_device})
+        if max_batch:
+            result.update({"max_batch_size": None, "max_batch_per_chip": None})
+        result.update(_batches(chosen, batch, whole_slice=True))
+        result["cache"] = str(preflight.cache_root())
+        return result
+    label = f"{name} {config.name} remat={remat}"
+    main = _run_dtype(spec, name, None, batch, max_batch, top, use_cache,
+                      lambda _label, b: report_progress(label, b))
+    result.update(main)
+    if max_batch:
+        result["max_batch_per_chip"] = (main["max_batch_size"] * per_chip if main.get("max_batch_size") else None)
+    result.update(_batches(chosen, result["batch_size"], whole_slice=True))
+    result["cache"] = str(preflight.cache_root())
+    estimate = _estimate(result, seq, price_overrides, top)
+    if estimate is not None:
+        result["estimate"] = estimate
+    return result
+

@@ -864,6 +864,37 @@ def _oom(page: _Page, item: Input, top: int) -> None:
         page.add(f'<p class="note">{prose(note)}</p>')
 
 
+def _slice_comparison(page: _Page, targets: list[dict]) -> None:
+    """One row per slice: its size, the mesh, the batch per chip and global, the memory per chip, and the
+    step-time band and cost of each (from the estimate, where there is one)."""
+
+    def per_chip(t, key):
+        value = t.get(key)
+        devices = (t.get("device") or {}).get("devices_per_chip", 1) if isinstance(t.get("device"), dict) else 1
+        return esc(fmt_bytes(value * devices)) if value is not None else ""
+
+    rows = []
+    for t in targets:
+        s = t.get("slice") or {}
+        e = t.get("estimate") or {}
+        band = (f'{e["step_ms"]:.4g} ms <span class="meta">({e["step_ms_low"]:.4g}-{e["step_ms_high"]:.4g})</span>'
+                if e.get("step_ms") is not None else "")
+        cost = e.get("cost_per_million_tokens") or e.get("cost_per_million_examples")
+        unit = "tokens" if e.get("cost_per_million_tokens") else "examples"
+        mesh = " ".join(f"{axis}={size}" for axis, size in (t.get("mesh") or {}).items() if size > 1)
+        batch = (esc(f"{t.get('batch_per_chip')} / {t.get('global_batch')}") if t.get("global_batch") is not None
+                 else esc(t.get("batch_per_chip", t.get("batch_size", ""))))
+        rows.append([f'{esc(s.get("name") or t.get("target"))} <span class="meta">{esc(s.get("topology", t.get("topology")))}'
+                     f'{" x " + esc(s["num_slices"]) + " slices" if s.get("num_slices") else ""}</span>',
+                     esc(s.get("chips", "")), esc(mesh), batch, per_chip(t, "required_bytes"),
+                     esc(fmt_bytes(t["state_bytes_per_chip"])) if t.get("state_bytes_per_chip") else "",
+                     band, esc(f'{e["tokens_per_s"]:,}') if e.get("tokens_per_s") else "",
+                     esc(f"${cost:.3g} / 1M {unit}") if cost else ""])
+    page.add("<h3>Slice comparison</h3>")
+    page.add(_table(["slice", "chips", "mesh", "batch per chip / global", "memory per chip", "weights + AdamW per chip",
+                     "step (band)", "tokens/s per chip", "cost"], rows, {1, 3, 4, 5, 6, 7, 8}))
+
+
 def _preflight(page: _Page, item: Input, top: int) -> None:
     import plotly.graph_objects as go
 
@@ -883,6 +914,8 @@ def _preflight(page: _Page, item: Input, top: int) -> None:
                      esc(t.get("max_batch_size") or ""), esc(bf16.get("max_batch_size") or "")])
     page.add(_table(["target", "batch", "verdict", "required", "HBM", "max batch", "max batch bf16"], rows,
                     {1, 3, 4, 5, 6}))
+    if len(targets) > 1 or any(t.get("mesh") for t in targets):
+        _slice_comparison(page, targets)
     curves = [t for t in targets if len(t.get("curve") or []) > 1]  # one point is no curve
     if curves:
         unit, size = byte_unit(max([p["required_bytes"] or 0 for t in curves for p in t["curve"]]

@@ -6,7 +6,8 @@ from contextlib import contextmanager
 
 from tpuprof.units import fmt_bytes
 
-JSON_KEYS = ("target", "topology", "device", "hbm_capacity_bytes", "batch_size", "fits", "required_bytes",
+JSON_KEYS = ("target", "topology", "slice", "mesh", "model", "device", "hbm_capacity_bytes", "seq_len",
+             "batch_per_chip", "global_batch", "max_batch_per_chip", "state_bytes_per_chip", "remat_table", "batch_size", "fits", "required_bytes",
              "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
              "peak_heap_bytes", "peak_unpadded_heap_bytes", "padding_at_peak_bytes", "max_batch_size",
              "recommended_batch_size", "search_limited", "parameter_bytes", "verdict", "compiles", "curve",
@@ -68,7 +69,10 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     from tpuprof.renderers.output import console
 
     out = console()
-    out.print(f"[bold]preflight[/bold] {escape(spec)}  (compiled with libtpu for one device, per-device batch)")
+    sharded = any(r.get("mesh") for r in results)
+    how = ("compiled with libtpu over every device of the slice, sharded; memory per device" if sharded
+           else "compiled with libtpu for one device, per-device batch")
+    out.print(f"[bold]preflight[/bold] {escape(spec)}  ({how})")
     rows = []
 
     def row(label, fn):
@@ -79,7 +83,17 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     def size(key):
         return lambda r: fmt_bytes(r[key]) if r.get(key) is not None else "-"
 
-    row("batch size", lambda r: str(r["batch_size"]))
+    row("slice", lambda r: _slice(r["slice"]) if r.get("slice") and r["slice"]["name"] != r["target"] else "-")
+    row("mesh", lambda r: " ".join(f"{axis}={size}" for axis, size in r["mesh"].items() if size > 1) or "1 device"
+        if r.get("mesh") else "-")
+    if sharded:
+        row("model", lambda r: (f"{r['model']['name']}: {r['model']['parameters'] / 1e9:.2f}B parameters, "
+                                f"seq {r['seq_len']}, remat {r['model']['remat']}, {r['model']['dtype']}")
+            if r.get("model") else "-")
+        row("weights + AdamW state per chip", size("state_bytes_per_chip"))
+    row("batch size" if not sharded else "batch per device", lambda r: str(r["batch_size"]))
+    row("batch per chip / global", lambda r: f"{r['batch_per_chip']} / {r['global_batch']}"
+        if r.get("global_batch") is not None else "-")
     row("verdict", _verdict)
     row("required (args+out-alias+temp+code)", size("required_bytes"))
     row("HBM the compiler offers", size("hbm_capacity_bytes"))
@@ -92,7 +106,10 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
                                                    f"{fmt_bytes(r['peak_unpadded_heap_bytes'])}")
         if r.get("peak_heap_bytes") is not None else "-")
     row("padding live at peak", size("padding_at_peak_bytes"))
-    if any("max_batch_size" in r for r in results):
+    if any("max_batch_per_chip" in r for r in results):
+        row("max batch per chip", lambda r: str(r.get("max_batch_per_chip") or "none fits"))
+        row("memory vs batch", _curve)
+    elif any("max_batch_size" in r for r in results):
         row("max batch (multiple of 8)", lambda r: _max(r))
         row("recommended (multiple of 128)", lambda r: str(r.get("recommended_batch_size") or "-"))
         row("memory vs batch", _curve)
@@ -113,6 +130,11 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     out.print(tables.table(columns, rows, out.width))
 
     for r in results:
+        if r.get("remat_table"):
+            cells = "; ".join(f"{t['remat']}: {t['max_batch_per_chip'] or 'none fits'}"
+                              + (f" ({t['step_ms']:.4g} ms)" if t.get("step_ms") else "") for t in r["remat_table"])
+            out.print(f"[bold]{r['target']}[/bold] largest batch per chip by remat policy (step time estimated): "
+                      f"{cells}; reported: remat {r['model']['remat']}")
         if len(r.get("curve", [])) > 1:
             points = ", ".join(f"{p['batch_size']}: {fmt_bytes(p['required_bytes'])}" if p["required_bytes"] is not None
                                else f"{p['batch_size']}: refused by the compiler" for p in r["curve"])
@@ -127,6 +149,11 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
             memory_render.print_tables([r["memory"]], min(top, 8))
     _print_estimates(out, results)
     out.print(f"[dim]compiles are cached in {escape(results[0]['cache'])} (--no-cache to recompile)[/dim]")
+
+
+def _slice(s: dict) -> str:
+    slices = f" x {s['num_slices']} slices" if s.get("num_slices", 1) > 1 else ""
+    return f"{s['name']}{slices}: {s['topology']}, {s['chips']} chips, {s['devices']} devices"
 
 
 def _max(r: dict) -> str:
@@ -151,9 +178,14 @@ def _estimate_rows(row) -> None:
     row("step time, estimated (band)", lambda r: (
         f"{r['estimate']['step_ms']:.3g} ms ({r['estimate']['step_ms_low']:.3g}-{r['estimate']['step_ms_high']:.3g})"
         if r.get("estimate") else "-"))
+    row("  collectives (exposed)", lambda r: (
+        f"{r['estimate']['collective_ms']:.3g} ms ({r['estimate']['exposed_collective_ms']:.3g} ms)"
+        if r.get("estimate") and r["estimate"].get("collective_ms") else "-"))
+    row("  DCN all-reduce across slices", get("dcn_ms", lambda v: f"{v:.3g} ms" if v else "-"))
     row("examples/s per chip", get("examples_per_s", lambda v: f"{v:,}"))
-    row("tokens/s per chip", get("tokens_per_s", lambda v: f"{v:,}"))
+    row("tokens/s per chip", get("tokens_per_s_per_chip", lambda v: f"{v:,}"))
     row("FLOP utilisation", get("flop_utilization_percent", lambda v: f"{v:.0f}%"))
+    row("MFU", get("mfu_percent", lambda v: f"{v:.0f}%"))
     row("compute / memory bound", lambda r: (
         f"{r['estimate']['compute_bound_percent']:.0f}% / {r['estimate']['memory_bound_percent']:.0f}%"
         if r.get("estimate") and r["estimate"].get("compute_bound_percent") is not None else "-"))
@@ -193,9 +225,17 @@ def _print_estimates(out, results: list[dict]) -> None:
             out.print(f"  [yellow]loop(s) {escape(', '.join(unknown[:5]))}: trip count unknown, counted once[/yellow]")
         if not e.get("compiler_ms"):
             out.print("  [yellow]no compiler cycle estimates in this dump: the band is the roofline alone[/yellow]")
-    line = choice(results)
-    if line:
+        if e.get("top_collectives"):
+            out.print("  slowest collectives: " + ", ".join(
+                f"{c['kind']} of {c['group_size']} over {escape(c['axes'])} {c['ms']:.3g} ms "
+                f"({c['exposed_ms']:.3g} exposed)" + (f" x{c['count']}" if c["count"] > 1 else "")
+                for c in e["top_collectives"][:3]))
+        for missing in e.get("not_modelled", [])[:len(e.get("not_modelled", [])) - len(NOT_MODELLED)]:
+            out.print(f"  [yellow]not timed: {escape(missing)}[/yellow]")
+    lines = choice(results)
+    for line in (lines or "").splitlines():
         out.print(f"[bold]which TPU:[/bold] {escape(line)}")
-    out.print("[dim]step time: estimated from the compiled program for one chip, band = \\[roofline, compiler's "
-              "cycle estimates], point = geometric mean (published MaxText steps fell inside the band; see "
-              f"bench/bench_step_estimate.py). Not modelled: {', '.join(NOT_MODELLED)}.[/dim]")
+    out.print("[dim]step time: estimated from the compiled program, band = \\[roofline, compiler's cycle "
+              "estimates] + collectives on the slice's ICI torus (exposed part; all of it at the high end), "
+              "point = geometric mean + exposed collectives (see bench/bench_step_estimate.py). Not modelled: "
+              f"{', '.join(NOT_MODELLED)}.[/dim]")

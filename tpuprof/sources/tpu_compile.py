@@ -35,6 +35,7 @@ KEPT_SUFFIXES = (
     ".after_optimizations.txt",
     ".after_optimizations-memory-usage-report.txt",
     ".target_arguments.txt",  # which TPU the module was compiled for (read by the memory command)
+    ".execution_options.txt",  # the device assignment: which chip each partition runs on (collectives)
     ".after_codegen.hlo.pb",  # the compiler's per-op estimated_cycles (preflight's step-time estimate)
 )
 
@@ -143,9 +144,14 @@ def topology_devices(name: str) -> tuple:
     _quiet_libtpu()
     from jax.experimental import topologies
 
+    from tpuprof import slices
+
     target = targets.get(name)
-    topology = targets.topology_of(name)
+    chosen = slices.parse(name)
+    topology = chosen.topology
     chip_config = {"chip_config_name": target.chip_config_name} if target.chip_config_name else {}
+    if chosen.chips_per_host_bounds:  # a 1-chip slice (v6e-1): libtpu's default 2x2x1 host refuses it
+        chip_config["chips_per_host_bounds"] = chosen.chips_per_host_bounds
     try:
         description = topologies.get_topology_desc(platform="tpu", topology_name=topology, **chip_config)
     except Exception as error:  # noqa: BLE001 - libtpu raises plain RuntimeErrors
@@ -159,12 +165,18 @@ def device(name: str):
     return topology_devices(name)[0]
 
 
-def topology_mesh(name: str, axis_name: str = "data"):
-    """A 1-D mesh over all devices of the topology, for factories that shard themselves."""
+def topology_mesh(name: str, axis_name: str = "data", axes: str | None = None):
+    """A mesh over all devices of the slice's topology, for factories that shard themselves: 1-D (`data`), or
+    with MaxText's axes when `axes` (`fsdp=-1,tensor=4`, the --mesh option) is given."""
     from jax.sharding import Mesh
     import numpy as np
 
-    return Mesh(np.array(topology_devices(name)), (axis_name,))
+    devices = topology_devices(name)
+    if axes:
+        from tpuprof.sources import llm
+
+        return llm.make_mesh(devices, llm.parse_mesh(axes, len(devices)))
+    return Mesh(np.array(devices), (axis_name,))
 
 
 def _topology_name(name: str) -> str:
@@ -443,6 +455,7 @@ class Spec:
     accepts_dtype: bool
     accepts_mesh: bool
     kind: str | None = None  # what the factory returned last: jax | tf | keras
+    mesh_text: str | None = None  # --mesh: the axes of the Mesh a factory with a `mesh` parameter receives
 
     def program(self, batch_size: int, dtype: str | None = None, target: str | None = None) -> Program:
         kwargs: dict[str, Any] = {}
@@ -456,7 +469,7 @@ class Spec:
                 raise self._no_dtype()
             keras_policy = "mixed_bfloat16"  # Keras factories: the policy applies to models built next
         if self.accepts_mesh and target is not None:
-            kwargs["mesh"] = topology_mesh(target)
+            kwargs["mesh"] = topology_mesh(target, axes=self.mesh_text)
         previous = _set_keras_policy(keras_policy) if keras_policy else None
         try:
             value = self.factory(batch_size, **kwargs)

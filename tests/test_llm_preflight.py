@@ -1,0 +1,171 @@
+"""`tpuprof preflight --model`: an LLM's full train step compiled with libtpu over every device of a slice.
+
+Two real compiles in all, in one CLI run: a tiny Llama-shaped config on v6e-16 and v6e-64 (16 and 64 devices,
+FSDP over all of them; a multi-slice 2xv6e-16 is the same program, served from the cache). The model that
+cannot fit is judged from the arithmetic, without a compile; so is the config.json-equals-name check, which
+also compares the two steps' compile cache keys.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import run_cli
+
+from tpuprof.sources import llm
+
+# Two scanned layers, GQA (4 query heads, 2 key/value heads), a gated MLP: shapes that tile on the TPU.
+TINY = {"model_type": "llama", "vocab_size": 1024, "hidden_size": 256, "intermediate_size": 512,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+@pytest.fixture(scope="session")
+def llm_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("llm-cache")
+
+
+def preflight(cache, *args):
+    result = run_cli("preflight", *args, "--json", timeout=900, env={"XDG_CACHE_HOME": str(cache)})
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    from test_schemas import validate
+
+    validate(document)
+    return document
+
+
+@pytest.fixture(scope="session")
+def tiny_document(tmp_path_factory, llm_cache):
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    (folder / "config.json").write_text(json.dumps(TINY))
+    return preflight(llm_cache, "--model", str(folder / "config.json"), "--tpu", "v6e-16,v6e-64,2xv6e-16",
+                     "--seq", "256", "--batch-per-chip", "2")
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_document):
+    return {t["slice"]["name"] + ("x2" if t["slice"].get("num_slices") else ""): t for t in tiny_document["targets"]}
+
+
+def test_a_sharded_compile_over_64_devices(tiny):
+    big = tiny["v6e-64"]
+    assert big["slice"] == {"name": "v6e-64", "topology": "v6e:8x8", "chips": 64, "devices": 64}
+    assert big["mesh"] == {"data": 1, "fsdp": 64, "tensor": 1, "expert": 1}
+    assert (big["batch_per_chip"], big["global_batch"], big["seq_len"]) == (2, 128, 256)
+    assert big["fits"] and big["required_bytes"] > 0
+    assert big["model"]["parameters"] == llm.parse_config(TINY, "t", "t").parameter_count()
+    # The compiler's own argument bytes per chip: the 64-way FSDP shard of the fp32 weights and two moments
+    # (plus this chip's tokens), not the whole model's: the program really is sharded.
+    whole = big["model"]["parameters"] * llm.ADAM_STATE_BYTES
+    assert whole / 64 <= big["argument_bytes"] < whole / 64 + 64 * 1024
+
+
+def test_memory_per_chip_falls_as_the_slice_grows(tiny):
+    small, big = tiny["v6e-16"], tiny["v6e-64"]
+    assert small["mesh"]["fsdp"] == 16 and small["global_batch"] == 32
+    # Same batch per chip: the sharded state is 4x smaller per chip on 4x the chips, the activations the same.
+    assert small["argument_bytes"] / big["argument_bytes"] == pytest.approx(4, rel=0.05)
+    assert big["state_bytes_per_chip"] * 4 == pytest.approx(small["state_bytes_per_chip"], rel=0.05)  # norms are whole
+    assert big["required_bytes"] < small["required_bytes"]
+
+
+def test_multi_slice_is_one_slice_compiled_and_the_global_batch_over_all_slices(tiny):
+    two = tiny["v6e-16x2"]
+    assert two["slice"] == {"name": "v6e-16", "topology": "v6e:4x4", "chips": 16, "devices": 16, "num_slices": 2}
+    assert two["global_batch"] == 2 * tiny["v6e-16"]["global_batch"]
+    assert two["required_bytes"] == tiny["v6e-16"]["required_bytes"] and two["compiles"] == 0  # the same program
+
+
+def test_the_report_compares_the_slices_per_chip(tiny_document, tiny, tmp_path):
+    saved = tmp_path / "preflight.json"
+    saved.write_text(json.dumps(tiny_document))
+    page_file = tmp_path / "report.html"
+    result = run_cli("report", saved, "-o", page_file)
+    assert result.returncode == 0, result.stderr
+    page = page_file.read_text()
+    comparison = page[page.index("<h3>Slice comparison</h3>"):]
+    comparison = comparison[:comparison.index("</table>")]
+    assert "v6e-64" in comparison and "v6e:8x8" in comparison and "fsdp=64" in comparison and "x 2 slices" in comparison
+    assert "2 / 128" in comparison  # batch per chip / global
+    from tpuprof.units import fmt_bytes
+
+    assert fmt_bytes(tiny["v6e-64"]["required_bytes"]) in comparison  # memory per chip (a v6e device is a chip)
+
+
+def test_config_json_is_the_same_as_the_name(tmp_path):
+    """The built-in config copied to a user's config.json: the same step (the same compile cache key, so one
+    compile serves both) and the same answer. Llama 3.1 70B on v5e-8 is answered from the sharding arithmetic,
+    so this costs no compile."""
+    from importlib import resources
+
+    from tpuprof.sources import llm
+
+    folder = tmp_path / "Meta-Llama-3.1-70B"
+    folder.mkdir()
+    with resources.as_file(resources.files("tpuprof") / "llm_configs" / "llama3.1-70b.json") as builtin:
+        shutil.copy(builtin, folder / "config.json")
+    args = ("--tpu", "v5e-8", "--seq", "8192", "--batch-per-chip", "1", "--mesh", "fsdp=-1")
+    by_name = preflight(tmp_path, "--model", "llama3.1-70b", *args)["targets"]
+    by_file = preflight(tmp_path, "--model", str(folder / "config.json"), *args)["targets"]
+    assert by_name[0]["model"]["source"] == "built-in:llama3.1-70b" and by_name[0]["model"]["name"] == "llama3.1-70b"
+    assert by_file[0]["model"]["source"] == str(folder / "config.json")
+    assert by_file[0]["model"]["name"] == "Meta-Llama-3.1-70B"
+    assert {**by_name[0], "model": None} == {**by_file[0], "model": None}  # verdict, figures, slice, mesh
+    steps = [llm.Step(llm.load_config(model)[0], "", 8192, "full", "bf16", llm.parse_mesh(None, 256))
+             for model in ("llama3.1-70b", str(folder / "config.json"))]
+    assert steps[0].key() == steps[1].key()  # the compile cache key: a compile of one serves the other
+
+
+def test_a_model_that_cannot_fit_says_why_without_compiling(tmp_path):
+    """Llama 3.1 70B on v5e-8: 70.6B parameters x 12 bytes (fp32 weights, AdamW's two moments) / 8 chips is
+    about 99 GiB per chip, six times a v5e chip's 15.75 GiB."""
+    document = preflight(tmp_path, "--model", "llama3.1-70b", "--tpu", "v5e-8", "--seq", "8192",
+                         "--batch-per-chip", "1")
+    target = document["targets"][0]
+    assert target["fits"] is False and target["compiles"] == 0
+    parameters = target["model"]["parameters"]
+    assert parameters == pytest.approx(70.6e9, rel=0.005)  # Meta's published 70.6B
+    assert target["state_bytes_per_chip"] == pytest.approx(parameters * 12 / 8, rel=0.001)
+    assert target["state_bytes_per_chip"] > 6 * target["hbm_capacity_bytes"]
+    assert "parameters and AdamW state alone need" in target["verdict"]
+    assert "70.6B parameters x 12 bytes" in target["verdict"] and "more than the 15.75 GiB" in target["verdict"]
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--model", "llama3.1-8b", "--tpu", "v6e-16", "--mesh", "fsdp=3", "--batch-per-chip", "1"],
+     "--mesh 'fsdp=3' has 3 devices, the slice has 16"),
+    (["--model", "llama3.1-8b", "--tpu", "v6e-16", "--mesh", "fsdp=-1,tensor=3", "--batch-per-chip", "1"],
+     "the other axes (3) do not divide the slice's 16 devices"),
+    (["--model", "llama3.1-8b", "--tpu", "v6e-16", "--mesh", "model=4", "--batch-per-chip", "1"],
+     "axes data, fsdp, tensor, expert"),
+    (["--model", "llama9-1b", "--tpu", "v6e-16", "--batch-per-chip", "1"], "unknown model 'llama9-1b'"),
+    (["--model", "llama3.1-8b", "--tpu", "v6e-16"], "give one of --batch-per-chip N, --global-batch N or --max-batch"),
+    (["--model", "llama3.1-8b", "--tpu", "v6e-16", "--global-batch", "24"], "not a multiple of the 16 devices"),
+    (["--model", "llama3.1-8b", "--tpu", "v6e-16", "--batch-per-chip", "1", "--remat", "all"],
+     "--remat all searches the largest batch of each policy"),
+    (["--model", "llama3.1-8b", "--tpu", "tpu7x-8", "--batch-per-chip", "1"], "must be a multiple of 2"),
+])
+def test_bad_model_options_are_one_sentence_and_exit_2(tmp_path, args, says):
+    result = run_cli("preflight", *args, env={"XDG_CACHE_HOME": str(tmp_path)})
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert says in result.stderr and "Traceback" not in result.stderr
+    assert not any(tmp_path.iterdir()) or not any((tmp_path / "tpuprof" / "preflight").glob("*.json"))
+
+
+def test_the_built_in_configs_have_their_published_sizes():
+    """Parameter counts of this definition against the model cards (billions)."""
+    published = {"llama2-7b": 6.74, "llama2-70b": 68.98, "llama3.1-8b": 8.03, "llama3.1-405b": 405.85,
+                 "mistral-7b": 7.25, "qwen2.5-7b": 7.62, "qwen3-8b": 8.19, "gemma2-9b": 9.24, "gemma2-27b": 27.23,
+                 "mixtral-8x7b": 46.70, "mixtral-8x22b": 140.6, "qwen3-30b-a3b": 30.53}
+    for name, billions in published.items():
+        config, _ = llm.load_config(name)
+        assert config.parameter_count() / 1e9 == pytest.approx(billions, rel=0.005), name
+
+
+def test_mesh_parsing():
+    assert llm.parse_mesh("fsdp=-1,tensor=4", 256) == {"data": 1, "fsdp": 64, "tensor": 4, "expert": 1}
+    assert llm.parse_mesh(None, 8) == {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
+    assert llm.parse_mesh("data=2,fsdp=2,expert=2", 8) == {"data": 2, "fsdp": 2, "tensor": 1, "expert": 2}

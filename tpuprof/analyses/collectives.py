@@ -1,0 +1,405 @@
+"""The communication of a compiled SPMD step: every collective of the schedule, timed on the slice's ICI torus,
+and how much of it the compute scheduled next to it hides.
+
+Read from the module libtpu compiled and the dump's `*.target_arguments.txt` (the slice's chip bounds: chips
+per host x hosts, and its wrap flags) and `*.execution_options.txt` (the device assignment: which device each
+partition runs on). Device ids number chips row-major, x fastest, with the TensorCores of a chip adjacent
+(TPU7x: ids 2c and 2c+1 are chip c); tests/test_collectives.py checks this against jax's topology devices.
+
+Each collective (all-gather, reduce-scatter, all-reduce, all-to-all, collective-permute; sync, `-start`/`-done`,
+`async-start` wrapping one, or a fusion holding one) takes, with V its bytes per device, n the devices of its
+replica group, W a link's bandwidth per direction (tpuprof.targets.ICI) and d the devices sharing a chip's links:
+- all-gather (V = the gathered result), reduce-scatter (V = the input): (n-1)/n x V / B, where B = the sum over
+  the torus axes the group spans of W x 2 when the group covers a wrapped axis (a bidirectional ring) else
+  W x 1 (a line: its end chips have one link), divided by d;
+- all-reduce: reduce-scatter + all-gather, 2 (n-1)/n x V / B;
+- all-to-all: bisection-limited: n V / 4 bytes cross the cut through the group's longest axis in each
+  direction, over (chips in the group / that axis' length) x (2 if wrapped else 1) links of W / d;
+- collective-permute: V x the longest hop of its source->target pairs / (W / d) (one hop for neighbours).
+Loops multiply by their trip counts. Latency per hop and per step, congestion between concurrent collectives,
+and the compiler's own collective algorithms (e.g. its decomposition of all-gathers into permutes, which the
+schedule then shows as permutes) are not modelled beyond what the schedule shows.
+
+Overlap: the schedule is walked in order; an async collective starts a transfer at its `-start`; every op
+scheduled before its `-done` drains in-flight transfers (first in, first out) by its own estimated time; what is
+left at the `-done` is exposed. Sync collectives are fully exposed. A fusion that holds a collective next to
+compute (XLA:TPU's async collective fusion, which MaxText's flags turn on) runs the transfer behind its own
+compute: the part that outlasts the fusion's estimated compute time is exposed. A while loop counts as compute of its trip
+count x its body's time for transfers in flight around it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpuprof import targets
+from tpuprof.models import shape as shapes
+
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute", "ragged-all-to-all")
+SYNC = set(KINDS)
+STARTS = {"all-gather-start": "all-gather", "all-reduce-start": "all-reduce",
+          "collective-permute-start": "collective-permute"}
+DONES = {"all-gather-done", "all-reduce-done", "collective-permute-done", "async-done"}
+
+
+@dataclass
+class Torus:
+    """The slice's chips and links as the compile saw them."""
+
+    bounds: tuple[int, int, int]  # chips per axis (x, y, z)
+    wrap: tuple[bool, bool, bool]
+    devices_per_chip: int
+    assignment: list[int]  # partition (logical id) -> device id
+    link_bytes_per_s: float
+
+    def chip_of(self, logical: int) -> tuple[int, int, int]:
+        device = self.assignment[logical] if logical < len(self.assignment) else logical
+        chip = device // self.devices_per_chip
+        x, y = self.bounds[0], self.bounds[1]
+        return chip % x, (chip // x) % y, chip // (x * y)
+
+    @property
+    def chips(self) -> int:
+        return math.prod(self.bounds)
+
+
+def torus_from_dump(folder: Path, module_file: str, target: targets.Target) -> Torus | None:
+    """The torus of a dump (None when its files do not say, or the generation has no published ICI figure)."""
+    if not target.ici_link_gbps:
+        return None
+    stem = module_file.split(".after_")[0]
+    arguments = folder / f"{stem}.target_arguments.txt"
+    options = folder / f"{stem}.execution_options.txt"
+    if not arguments.is_file():
+        return None
+    text = arguments.read_text(errors="replace")
+    per_host = _bounds(text, "chips_per_host_bounds")
+    hosts = _bounds(text, "host_bounds")
+    if per_host is None or hosts is None:
+        return None
+    bounds = tuple(a * b for a, b in zip(per_host, hosts))
+    declared = re.search(r"wrap\s*\{([^}]*)\}", text)
+    declared_wrap = tuple(bool(declared and re.search(rf"\b{axis}:\s*true", declared.group(1)))
+                          for axis in "xyz")
+    wrap = tuple(a or b for a, b in zip(declared_wrap, published_wrap(target, bounds)))
+    assignment = []
+    if options.is_file():
+        assignment = [int(v) for v in re.findall(r"replica_device_ids:\s*(\d+)", options.read_text(errors="replace"))]
+    return Torus(bounds, wrap, max(target.devices_per_chip, 1), assignment, target.ici_link_gbps * 1e9)
+
+
+def slice_torus(topology: str, target: targets.Target) -> Torus | None:
+    """The torus of a whole slice (`v5p:4x4x4`), devices numbered as libtpu numbers them: for collectives a
+    one-device compile does not hold (data parallelism across the slice)."""
+    if not target.ici_link_gbps:
+        return None
+    dims = [int(d) for d in re.findall(r"\d+", topology.partition(":")[2])]
+    bounds = tuple((dims + [1, 1, 1])[:3])
+    return Torus(bounds, published_wrap(target, bounds), max(target.devices_per_chip, 1), [],
+                 target.ici_link_gbps * 1e9)
+
+
+def data_parallel_all_reduce(gradient_bytes: float, torus: Torus) -> Collective:
+    """The gradient all-reduce over every device of the slice that a one-device (replica) compile leaves out;
+    counted exposed (XLA overlaps part of it with the backward pass; not modelled)."""
+    devices = torus.chips * torus.devices_per_chip
+    seconds, n, axes = time_collective("all-reduce", gradient_bytes, [list(range(devices))], [], torus)
+    return Collective("data-parallel gradient all-reduce", "all-reduce", "", "not in the one-device compile: "
+                      "data parallelism over the slice", False, gradient_bytes, n, axes, seconds, 1, seconds)
+
+
+def published_wrap(target: targets.Target, bounds) -> tuple[bool, bool, bool]:
+    """Which axes are rings (tpuprof.targets.ICI): whole 4x4x4 cubes on v4/v5p/TPU7x, a full 16 on v5e/v6e."""
+    if target.ici_wraparound == "cube":
+        cube = all(b % 4 == 0 for b in bounds)
+        return tuple(cube and b > 2 for b in bounds)
+    if target.ici_wraparound == "16":
+        return tuple(b == 16 for b in bounds)
+    return (False, False, False)
+
+
+def _bounds(text: str, name: str) -> tuple[int, int, int] | None:
+    match = re.search(r"(?<![a-z_])" + name + r"\s*\{([^}]*)\}", text)
+    if not match:
+        return None
+    values = {axis: int(v) for axis, v in re.findall(r"([xyz]):\s*(\d+)", match.group(1))}
+    return values.get("x", 1), values.get("y", 1), values.get("z", 1)
+
+
+# --- replica groups ------------------------------------------------------------------------------------
+
+def replica_groups(instruction, devices: int) -> list[list[int]]:
+    """The groups of partitions a collective runs over, in any of the proto's forms: explicit
+    `{{0,1},{2,3}}`, iota `[32,8]<=[256]` / `[8,32]<=[32,8]T(1,0)`, mesh axes `mesh[...] {'axis_0'}`; none
+    given = one group of every device."""
+    explicit = [list(g.replica_ids) for g in instruction.replica_groups]
+    if explicit:
+        return explicit
+    listed = instruction.collective_device_list
+    if listed.replica_groups:
+        return [list(g.replica_ids) for g in listed.replica_groups]
+    for iota in (instruction.iota_collective_device_list, listed.iota_replica_group_list):
+        if iota.num_replica_groups:
+            return iota_groups(iota.num_replica_groups, iota.num_devices_per_group,
+                               list(iota.iota_reshape_dims), list(iota.iota_transpose_perm))
+    mesh_groups = instruction.mesh_axes_replica_group_list
+    if mesh_groups.mesh.axes:
+        return mesh_axes_groups(mesh_groups)
+    return [list(range(devices))]
+
+
+def iota_groups(groups: int, per_group: int, reshape: list[int], perm: list[int]) -> list[list[int]]:
+    """XLA's IotaReplicaGroupList: iota(prod(reshape)) reshaped, transposed by perm, cut into groups."""
+    import numpy as np
+
+    reshape = reshape or [groups * per_group]
+    ids = np.arange(math.prod(reshape)).reshape(reshape)
+    if perm:
+        ids = ids.transpose(perm)
+    return ids.reshape(groups, per_group).tolist()
+
+
+def mesh_axes_groups(proto) -> list[list[int]]:
+    """Groups that vary along the listed mesh axes (sub-axes: pre_size x size of one axis) and are fixed on
+    the others; the mesh's device ids, or iota when it lists none."""
+    import numpy as np
+
+    sizes = [a.size for a in proto.mesh.axes]
+    total = math.prod(sizes)
+    ids = np.array(list(proto.mesh.device_ids) or range(total)).reshape(sizes)
+    # Split sub-axes into axes of their own: axis i of size s, sub-axis (pre, size) -> [s/(pre*size), size, pre].
+    split_sizes, chosen = [], []
+    for index, size in enumerate(sizes):
+        subs = [a for a in proto.axes if a.mesh_axis_index == index]
+        sub = next((a.sub_axis_info for a in subs if a.HasField("sub_axis_info")), None)
+        if sub is not None and sub.size:
+            pre, part = max(sub.pre_size, 1), sub.size
+            split_sizes += [size // (pre * part), part, pre]
+            chosen.append(len(split_sizes) - 2)
+        else:
+            split_sizes.append(size)
+            if subs:
+                chosen.append(len(split_sizes) - 1)
+    ids = ids.reshape(split_sizes)
+    rest = [a for a in range(len(split_sizes)) if a not in chosen]
+    per_group = math.prod(split_sizes[a] for a in chosen) if chosen else 1
+    return ids.transpose(rest + chosen).reshape(-1, per_group).tolist()
+
+
+# --- timing one collective ----------------------------------------------------------------------------
+
+@dataclass
+class Collective:
+    name: str
+    kind: str  # all-gather ... collective-permute
+    computation: str
+    op_name: str
+    asynchronous: bool
+    bytes: float  # V per device (see the module docstring)
+    group_size: int
+    axes: str  # the torus axes the group spans, e.g. "x,y (ring)"
+    seconds: float  # one execution
+    count: int = 1
+    exposed_seconds: float = 0.0  # per step (times count)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "op_name": self.op_name, "async": self.asynchronous,
+                "bytes": int(self.bytes), "group_size": self.group_size, "axes": self.axes, "count": self.count,
+                "ms": round(self.seconds * self.count * 1e3, 4),
+                "exposed_ms": round(self.exposed_seconds * 1e3, 4)}
+
+
+def time_collective(kind: str, volume: float, groups: list[list[int]], pairs: list[tuple[int, int]],
+                    torus: Torus) -> tuple[float, int, str]:
+    """(seconds, group size, axes) of one execution, by the ring/torus formulas of the module docstring."""
+    link = torus.link_bytes_per_s / torus.devices_per_chip
+    if kind == "collective-permute":
+        hops = max((_hops(torus.chip_of(a), torus.chip_of(b), torus) for a, b in pairs), default=0)
+        return (volume * hops / link if hops else 0.0), 2, f"{hops} hop(s)"
+    group = max(groups, key=len) if groups else []
+    n = len(group)
+    chips = {torus.chip_of(d) for d in group}
+    if n <= 1 or len(chips) <= 1:
+        return 0.0, n, "one chip"
+    spans = [len({c[axis] for c in chips}) for axis in range(3)]
+    spanned = [axis for axis in range(3) if spans[axis] > 1]
+    rings = [axis for axis in spanned if torus.wrap[axis] and spans[axis] == torus.bounds[axis]]
+    axes = ",".join("xyz"[a] + ("(ring)" if a in rings else "") for a in spanned)
+    if kind in ("all-to-all", "ragged-all-to-all"):
+        longest = max(spanned, key=lambda a: spans[a])
+        links = len(chips) / spans[longest] * (2 if longest in rings else 1)
+        return n * volume / 4 / (links * link), n, axes
+    bandwidth = sum(link * (2 if axis in rings else 1) for axis in spanned)
+    one_pass = (n - 1) / n * volume / bandwidth
+    return (2 * one_pass if kind == "all-reduce" else one_pass), n, axes
+
+
+def _hops(a, b, torus: Torus) -> int:
+    total = 0
+    for axis in range(3):
+        distance = abs(a[axis] - b[axis])
+        if torus.wrap[axis]:
+            distance = min(distance, torus.bounds[axis] - distance)
+        total += distance
+    return total
+
+
+# --- the schedule walk --------------------------------------------------------------------------------
+
+@dataclass
+class Communication:
+    """What a step spends in collectives, per step."""
+
+    collective_s: float = 0.0
+    exposed_s: float = 0.0
+    ops: list[Collective] = field(default_factory=list)
+    torus: Torus | None = None
+
+
+def analyse(walker, torus: Torus, op_seconds: dict[tuple[str, str], float]) -> Communication:
+    """Walk the compiled schedule from the entry computation. `walker` is step_estimate's _Walker (trip
+    counts, loop parts); `op_seconds[(computation, instruction)]` is the estimated time of one execution of
+    each compute op."""
+    module = walker.module
+    schedule = {seq_id: list(seq.instruction_ids) for seq_id, seq in module.schedule.sequences.items()} \
+        if module.HasField("schedule") else {}
+    result = Communication(torus=torus)
+    devices = len(torus.assignment) or torus.chips * torus.devices_per_chip
+    entry = walker.computations.get(module.entry_computation_id) or module.computations[-1]
+
+    def collective_of(instruction):
+        """(kind, the instruction holding its shapes and groups) of a collective, a start, an async-start
+        wrapping one or a fusion holding one; None otherwise."""
+        opcode = instruction.opcode
+        if opcode in SYNC:
+            return opcode, instruction
+        if opcode in STARTS:
+            return STARTS[opcode], instruction
+        if opcode in ("async-start", "fusion"):
+            for c in instruction.called_computation_ids:
+                for inner in walker.computations.get(c, _NONE).instructions:
+                    if inner.opcode in SYNC:
+                        return inner.opcode, inner
+        return None
+
+    def volume(kind, holder, instruction) -> float:
+        operands = [walker.by_id[o] for o in holder.operand_ids if o in walker.by_id]
+        if kind == "all-gather":
+            out = walker.shape(holder)
+            if holder.opcode == "all-gather-start" and out.is_tuple:
+                out = out.tuple_shapes[-1]
+            return _bytes(out)
+        return sum(_bytes(walker.shape(o)) for o in operands)
+
+    def time_of(instruction, kind, holder, computation, count):
+        pairs = [(p.source, p.target) for p in holder.source_target_pairs]
+        seconds, n, axes = time_collective(kind, volume(kind, holder, instruction),
+                                           replica_groups(holder, devices), pairs, torus)
+        op = Collective(instruction.name, kind, computation.name, instruction.metadata.op_name,
+                        instruction.opcode not in SYNC,
+                        volume(kind, holder, instruction), n, axes, seconds, count)
+        result.ops.append(op)
+        result.collective_s += seconds * count
+        return op
+
+    def walk(computation, count: int, depth: int) -> float:
+        """One execution's duration (compute + exposed communication); adds to result per step."""
+        if depth > 64:
+            return 0.0
+        order = schedule.get(computation.id) or [i.id for i in computation.instructions]
+        in_flight: list[list] = []  # [start id, Collective, seconds left]
+        duration = 0.0
+
+        def drain(seconds: float) -> None:
+            while in_flight and seconds > 0:
+                step = min(seconds, in_flight[0][2])
+                in_flight[0][2] -= step
+                seconds -= step
+                if in_flight[0][2] <= 0:
+                    in_flight.pop(0)
+
+        for instruction_id in order:
+            instruction = walker.by_id.get(instruction_id)
+            if instruction is None:
+                continue
+            opcode = instruction.opcode
+            found = collective_of(instruction)
+            if opcode == "while":
+                trips, _ = walker.trip_count(instruction)
+                body, condition = walker.loop_parts(instruction)
+                spent = sum(trips * walk(part, count * trips, depth + 1) for part in (body, condition) if part)
+                duration += spent
+                drain(spent)
+            elif opcode in ("call", "conditional"):
+                called = [walker.computations[c] for c in instruction.called_computation_ids
+                          if c in walker.computations]
+                spent = max((walk(c, count, depth + 1) for c in called[:1 if opcode == "call" else None]),
+                            default=0.0)
+                duration += spent
+                drain(spent)
+            elif found and (opcode in STARTS or opcode == "async-start"):
+                op = time_of(instruction, found[0], found[1], computation, count)
+                in_flight.append([instruction.id, op, op.seconds])
+            elif opcode in DONES:
+                start = instruction.operand_ids[0] if instruction.operand_ids else None
+                position = next((k for k, item in enumerate(in_flight) if item[0] == start), None)
+                if position is not None:  # FIFO: the transfers ahead of it finish first
+                    waited = sum(item[2] for item in in_flight[:position + 1])
+                    for item in in_flight[:position + 1]:
+                        item[1].exposed_seconds += item[2] * count
+                    del in_flight[:position + 1]
+                    result.exposed_s += waited * count
+                    duration += waited
+            elif found:
+                # A sync collective is on the critical path whole. A fusion holding one with compute (XLA:TPU's
+                # async collective fusion) runs it behind that compute: only what outlasts the compute shows.
+                op = time_of(instruction, found[0], found[1], computation, count)
+                op.asynchronous = opcode == "fusion"
+                compute = op_seconds.get((computation.name, instruction.name), 0.0) if opcode == "fusion" else 0.0
+                exposed = max(op.seconds - compute, 0.0)
+                op.exposed_seconds += exposed * count
+                result.exposed_s += exposed * count
+                duration += compute + exposed
+                drain(max(compute - op.seconds, 0.0))
+            else:
+                spent = op_seconds.get((computation.name, instruction.name), 0.0)
+                duration += spent
+                drain(spent)
+        for _, op, left in in_flight:  # started here, done elsewhere: counted exposed (conservative)
+            op.exposed_seconds += left * count
+            result.exposed_s += left * count
+            duration += left
+        return duration
+
+    walk(entry, 1, 0)
+    return result
+
+
+def dcn_all_reduce_seconds(gradient_bytes_per_device: float, num_slices: int, target: targets.Target) -> float | None:
+    """Data parallelism across slices: one all-reduce of each device's gradient shard with its peers in the
+    other slices over the data-centre network, ring over slices: 2 (s-1)/s x bytes / (DCN per chip / devices
+    per chip). None when the generation's DCN bandwidth is not published."""
+    if num_slices <= 1:
+        return 0.0
+    if not target.dcn_gbps_per_chip:
+        return None
+    per_device = target.dcn_gbps_per_chip * 1e9 / 8 / max(target.devices_per_chip, 1)
+    return 2 * (num_slices - 1) / num_slices * gradient_bytes_per_device / per_device
+
+
+def _bytes(shape: shapes.Shape) -> float:
+    if shape.is_tuple:
+        return float(sum(_bytes(s) for s in shape.tuple_shapes))
+    if shape.dtype in shapes.NON_ARRAY_TYPES:
+        return 0.0
+    return float(shape.unpadded_bytes())
+
+
+class _None:
+    instructions: list = []
+
+
+_NONE = _None()
