@@ -169,3 +169,39 @@ def test_mesh_parsing():
     assert llm.parse_mesh("fsdp=-1,tensor=4", 256) == {"data": 1, "fsdp": 64, "tensor": 4, "expert": 1}
     assert llm.parse_mesh(None, 8) == {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
     assert llm.parse_mesh("data=2,fsdp=2,expert=2", 8) == {"data": 2, "fsdp": 2, "tensor": 1, "expert": 2}
+
+
+def test_a_factory_taking_mesh_gets_the_named_axes_over_the_whole_slice(tmp_path):
+    """`--tpu v5e-16 --mesh fsdp=-1,tensor=4`: the factory's Mesh is 16 devices with MaxText's axis names; a
+    weight sharded over fsdp x tensor puts 1/16 on each device, the batch over fsdp a quarter."""
+    spec = tmp_path / "sharded.py"
+    spec.write_text(
+        "def factory(batch_size, mesh):\n"
+        "    import jax, jax.numpy as jnp\n"
+        "    from jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "    assert mesh.axis_names == ('data', 'fsdp', 'tensor', 'expert') and mesh.devices.size == 16\n"
+        "    def step(w, x):\n"
+        "        return jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)\n"
+        "    w = jax.ShapeDtypeStruct((1024, 1024), jnp.float32, sharding=NamedSharding(mesh, P('fsdp', 'tensor')))\n"
+        "    x = jax.ShapeDtypeStruct((4 * batch_size, 1024), jnp.float32, sharding=NamedSharding(mesh, P('fsdp')))\n"
+        "    return step, (w, x)\n")
+    document = preflight(tmp_path / "cache", f"{spec}:factory", "--tpu", "v5e-16", "--mesh", "fsdp=-1,tensor=4",
+                         "--batch", "256")
+    target = document["targets"][0]
+    assert target["slice"] == {"name": "v5litepod-16", "topology": "v5e:4x4", "chips": 16, "devices": 16}
+    assert target["argument_bytes"] == 1024 * 1024 * 4 // 16 + 256 * 1024 * 4
+    assert (target["batch_per_chip"], target["global_batch"]) == (256, 256 * 16)
+    bad = run_cli("preflight", f"{spec}:factory", "--tpu", "v5e-16", "--mesh", "fsdp=5", "--batch", "8",
+                  env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert bad.returncode == 2 and "has 5 devices, the slice has 16" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_python_api_takes_the_same_options(tmp_path, monkeypatch):
+    import tpuprof
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    result = tpuprof.preflight(model="llama3.1-70b", tpu="v5e-8", seq=8192, batch_per_chip=1)
+    cli = preflight(tmp_path, "--model", "llama3.1-70b", "--tpu", "v5e-8", "--seq", "8192", "--batch-per-chip", "1")
+    assert result.to_dict()["targets"] == cli["targets"] and not result.fits
+    with pytest.raises(tpuprof.UserError, match="model="):
+        tpuprof.preflight(lambda x: x, tpu="v5e", model="llama3.1-8b", batch_per_chip=1)

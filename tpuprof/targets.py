@@ -227,23 +227,6 @@ def get(name: str) -> Target:
     return TARGETS[key]
 
 
-def topology_of(name: str) -> str:
-    """The libtpu topology to compile for: the generation's smallest (`v4` -> `v4:2x2x1`), a slice's
-    (`v5p-128` -> `v5p:4x4x4`, see tpuprof.slices), or the one given, with the generation spelled as libtpu
-    does (`v7x:2x2x1` -> `tpu7x:2x2x1`, `trillium:2x4` -> `v6e:2x4`)."""
-    from tpuprof import slices
-
-    return slices.parse(name).topology
-
-
-def compile_label(name: str) -> str:
-    """The topology and chip config a compile for `name` uses, as one text (cache keys, messages):
-    `v4:2x2x1 megacore`, `v5e:2x2`."""
-    target = get(name)
-    topology = topology_of(name)
-    return f"{topology} {target.chip_config_name}" if target.chip_config_name else topology
-
-
 # `device_type_string` of a capture's /device:TPU:N plane -> generation.
 _DEVICE_TYPES = {" ".join(kind.lower().split()): t.name for t in TARGETS.values()
                  for kind in (*t.capture_device_types, t.jax_device_kind)}

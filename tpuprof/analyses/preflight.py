@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tpuprof import targets
+from tpuprof import slices, targets
 
 CACHE_FORMAT = 2  # 2: dumps keep *.after_codegen.hlo.pb (the step-time estimate reads it)
 STEP = 8  # batch sizes searched are multiples of 8 ...
@@ -180,7 +180,7 @@ class Compiler:
         self.use_cache = use_cache
         self.on_compile = on_compile
         self.capacity = targets.get(target).compiler_hbm_bytes
-        self.topology = targets.compile_label(target)  # with the chip config: v4 compiles are megacore
+        self.topology = slices.compile_label(target)  # with the chip config: v4 compiles are megacore
         self.compiles = 0
         self._libtpu = _libtpu_version()
         self._tpu_compile = tpu_compile

@@ -62,9 +62,9 @@ def run(spec_text: str | None, tpu: str, batch: int | None, max_batch: bool, com
         spec.mesh_text = mesh
         for name in names:  # a bad mesh is one sentence before any compile
             from tpuprof import slices
-            from tpuprof.sources import llm
+            from tpuprof.sources.mesh import parse_mesh
 
-            llm.parse_mesh(mesh, slices.parse(name).devices)
+            parse_mesh(mesh, slices.parse(name).devices)
 
     from tpuprof.renderers import preflight as render
 

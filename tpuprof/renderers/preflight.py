@@ -70,7 +70,7 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
 
     out = console()
     sharded = any(r.get("mesh") for r in results)
-    how = ("compiled with libtpu over every device of the slice, sharded; memory per device" if sharded
+    how = ("sharded over every device of the slice, compiled with libtpu; memory per device" if sharded
            else "compiled with libtpu for one device, per-device batch")
     out.print(f"[bold]preflight[/bold] {escape(spec)}  ({how})")
     rows = []
@@ -125,7 +125,7 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     if any(r.get("estimate") for r in results):
         _estimate_rows(row)
     row("compiles (this run)", lambda r: str(r["compiles"]))
-    columns = [tables.text("")] + [tables.text(f"{r['target']} ({r['topology']}, {r['device']['description']})", justify="right")
+    columns = [tables.text("")] + [tables.text(f"{_label(r)} ({r['topology']}, {r['device']['description']})", justify="right")
                                    for r in results]
     out.print(tables.table(columns, rows, out.width))
 
@@ -149,6 +149,12 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
             memory_render.print_tables([r["memory"]], min(top, 8))
     _print_estimates(out, results)
     out.print(f"[dim]compiles are cached in {escape(results[0]['cache'])} (--no-cache to recompile)[/dim]")
+
+
+def _label(r: dict) -> str:
+    """A target's column: the slice's name when one was given (v6e-256), else the generation."""
+    name = (r.get("slice") or {}).get("name") or r["target"]
+    return name if ":" not in name else r["target"]
 
 
 def _slice(s: dict) -> str:

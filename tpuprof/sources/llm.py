@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from tpuprof.errors import UserError
+from tpuprof.sources.mesh import MESH_AXES, make_mesh, parse_mesh  # noqa: F401 - the LLM step's mesh
 
 REMAT_POLICIES = ("none", "full", "dots", "offload")
 DTYPES = ("bf16", "fp8")
-MESH_AXES = ("data", "fsdp", "tensor", "expert")
 CAPACITY_FACTOR = 1.25
 MOE_GROUP = 512  # tokens routed together (the one-hot dispatch tensors grow with the group squared)
 ADAM_STATE_BYTES = 12  # per parameter: fp32 weights + fp32 first and second moments
@@ -162,60 +162,6 @@ def parse_config(data: Any, name: str, where: str) -> ModelConfig:
     if experts and config.num_experts_per_tok > experts:
         raise UserError(f"{where}: num_experts_per_tok exceeds the number of experts.")
     return config
-
-
-# --- mesh ------------------------------------------------------------------------------------------
-
-def parse_mesh(text: str | None, devices: int) -> dict[str, int]:
-    """`fsdp=-1,tensor=4` -> {"data": 1, "fsdp": devices/4, "tensor": 4, "expert": 1}; default: all FSDP."""
-    sizes: dict[str, int] = {}
-    for part in (text or "fsdp=-1").split(","):
-        if not part.strip():
-            continue
-        axis, sep, value = part.partition("=")
-        axis = axis.strip()
-        if not sep or axis not in MESH_AXES:
-            raise UserError(f"--mesh {text!r}: give axis=size pairs with axes {', '.join(MESH_AXES)}, "
-                            "e.g. fsdp=-1,tensor=4.")
-        try:
-            size = int(value)
-        except ValueError:
-            size = 0
-        if size != -1 and size < 1:
-            raise UserError(f"--mesh {text!r}: {axis} must be a positive size or -1 (the rest of the devices).")
-        sizes[axis] = size
-    rest = [axis for axis, size in sizes.items() if size == -1]
-    if len(rest) > 1:
-        raise UserError(f"--mesh {text!r}: only one axis can be -1.")
-    known = 1
-    for size in sizes.values():
-        known *= size if size > 0 else 1
-    if rest:
-        if devices % known:
-            raise UserError(f"--mesh {text!r}: the other axes ({known}) do not divide the slice's {devices} devices.")
-        sizes[rest[0]] = devices // known
-    product = 1
-    for size in sizes.values():
-        product *= size
-    if product != devices:
-        raise UserError(f"--mesh {text!r} has {product} devices, the slice has {devices}: the axes' product must "
-                        "equal the device count (use -1 for the rest).")
-    return {axis: sizes.get(axis, 1) for axis in MESH_AXES}
-
-
-def make_mesh(devices, sizes: dict[str, int]):
-    """A Mesh over the slice's devices with MaxText's axis names, laid out along the torus where possible."""
-    import numpy as np
-    from jax.sharding import Mesh
-
-    shape = tuple(sizes[axis] for axis in MESH_AXES)
-    try:
-        from jax.experimental import mesh_utils
-
-        grid = mesh_utils.create_device_mesh(shape, devices=list(devices))
-    except Exception:  # noqa: BLE001 - a shape the topology-aware layout does not support: plain order
-        grid = np.array(list(devices)).reshape(shape)
-    return Mesh(grid, MESH_AXES)
 
 
 # --- state arithmetic ------------------------------------------------------------------------------

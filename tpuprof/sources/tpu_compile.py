@@ -155,7 +155,7 @@ def topology_devices(name: str) -> tuple:
     try:
         description = topologies.get_topology_desc(platform="tpu", topology_name=topology, **chip_config)
     except Exception as error:  # noqa: BLE001 - libtpu raises plain RuntimeErrors
-        raise UserError(f"libtpu cannot compile for topology {targets.compile_label(name)!r}: "
+        raise UserError(f"libtpu cannot compile for topology {slices.compile_label(name)!r}: "
                         f"{_first_line(error)}.") from None
     return tuple(description.devices)
 
@@ -173,14 +173,16 @@ def topology_mesh(name: str, axis_name: str = "data", axes: str | None = None):
 
     devices = topology_devices(name)
     if axes:
-        from tpuprof.sources import llm
+        from tpuprof.sources import mesh
 
-        return llm.make_mesh(devices, llm.parse_mesh(axes, len(devices)))
+        return mesh.make_mesh(devices, mesh.parse_mesh(axes, len(devices)))
     return Mesh(np.array(devices), (axis_name,))
 
 
 def _topology_name(name: str) -> str:
-    return targets.topology_of(name)
+    from tpuprof import slices
+
+    return slices.topology_of(name)
 
 
 def _first_line(error: BaseException) -> str:
