@@ -47,9 +47,16 @@ TOP_OP = {"name!": "str", "kind!": "?str", "where!": "str", "count!": "?int", "s
           "bytes_accessed": "?num", "flops_source": "?str", "flops_per_s": "?num", "bytes_per_s": "?num",
           "intensity": "?num", "bound": "?str", "percent_of_roof": "?num"}
 CATEGORY_FIGURES = {"*": "num"}
+POD_HOST = {"host!": "str", "steps!": "int", "median_ms!": "num", "input_ms": "?num", "host_overhead_ms": "?num",
+            "collective_ms": "?num", "clock_offset_ms": "?snum", "delay_ms!": "num", "steps_without_device": "?int"}
+POD = {"hosts!": [POD_HOST], "reference_host": "?str", "matched_steps": "?int", "residual_ms": "?num",
+       "stragglers": [{"host!": "str", "delay_ms!": "num", "last_steps": "?int"}],
+       "compact": "?", "compact?": {"slowest!": [POD_HOST], "median!": [POD_HOST], "fastest!": [POD_HOST],
+                                    "outliers!": [POD_HOST]}}
 STEPS = {
     "hosts!": [{"host!": "str", "file": "?str", "platform": "?str", "step_source": "?str", "steps": "?int",
-                "median_ms": "?num", "breakdown_percent": CATEGORY_FIGURES, "notes": ["str"]}],
+                "median_ms": "?num", "breakdown_percent": CATEGORY_FIGURES, "notes": ["str"],
+                "step_list": [{"number!": "int", "duration_ms!": "num"}]}],
     "steps!": {"count": "?int", "mean_ms!": "num", "median_ms!": "num", "p90_ms!": "num", "batches_per_step": "?int"},
     "breakdown_percent": CATEGORY_FIGURES, "breakdown_ms_per_step": CATEGORY_FIGURES,
     "input_bound_percent": "num", "verdict": "?str", "verdict_reason": "?str",
@@ -64,6 +71,7 @@ STEPS = {
     "top_ops": [TOP_OP], "roofline_points": [TOP_OP], "suggestions": [SUGGESTION], "warnings": ["str"],
     "run": "?", "run?": {"name!": "str", "folder!": "str", "other_runs": "?int"},
     "per_step": [{"host!": "str", "steps!": [{"number!": "?int", "duration_ms": "num", "*": "?num"}]}],
+    "pod": "?", "pod?": POD,
 }
 ALLOCATION = {"index": "?int", "size_bytes": "?int", "unpadded_bytes": "?int", "recomputed_unpadded_bytes": "?int",
               "recomputed_padded_bytes": "?int", "padding_bytes": "?int", "expansion": "?num", "shape": "?str",
@@ -80,7 +88,11 @@ PREFLIGHT = {"targets!": [{
     "peak_unpadded_heap_bytes": "?int", "argument_bytes": "?int", "temp_bytes": "?int", "dump_dir": "?str",
     "bf16": "?", "bf16?": {"max_batch_size": "?int"}, "oom": {"headline": "?str"},
     "curve": [{"batch_size!": "int", "required_bytes!": "?int", "fits": "?bool"}],
-    "memory": "?", "memory?": MODULE}]}
+    "memory": "?", "memory?": MODULE,
+    "slice": {"name": "?str", "topology": "?str", "chips": "?int", "devices": "?int", "num_slices": "?int"},
+    "mesh": {"*": "int"}, "batch_per_chip": "?int", "global_batch": "?int", "state_bytes_per_chip": "?int",
+    "estimate": {"step_ms": "?num", "step_ms_low": "?num", "step_ms_high": "?num", "tokens_per_s": "?num",
+                 "cost_per_million_tokens": "?num", "cost_per_million_examples": "?num"}}]}
 # sample.json beside a committed sample dump: how it was made (advisory: a bad one is ignored).
 SAMPLE = {"target": "?str", "batch_size": "?int", "dtype": "?str", "note": "?str"}
 
