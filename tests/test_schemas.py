@@ -52,6 +52,14 @@ def test_every_sample_document_follows_its_schema(sample):
     assert validate(written) == sample[1][0]
 
 
+def test_trace_document_follows_its_schema_and_says_what_was_written(tmp_path):
+    output = tmp_path / "steps.pftrace"
+    document = cli_json(["trace", str(SAMPLES / "captures" / "jax_compute"), "-o", str(output)])
+    assert validate(document) == "trace"
+    assert document["output"] == str(output) and document["bytes"] == output.stat().st_size
+    assert len(document["steps"]) == 3  # the default window: the median step and one either side
+
+
 def test_report_document_follows_its_schema(tmp_path):
     document = cli_json(["report", str(DUMPS / "conv18_f32_v5e"), str(SAMPLES / "captures" / "tf_slow_map"),
                          "-o", str(tmp_path / "page.html")])

@@ -305,13 +305,14 @@ def trace(
     steps: Optional[str] = typer.Option(None, "--steps", metavar="FIRST:END", help="Steps FIRST to END-1 as analyze numbers them (10:13: three steps). Default: the median step and one either side."),
     hosts: Optional[str] = typer.Option(None, "--hosts", metavar="HOST[,...]", help="Only these hosts (file names without .xplane.pb). Default: every host."),
     force: bool = typer.Option(False, "--force", help="Replace the output file if it exists."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written (path, size, hosts, steps, events) as JSON."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Chosen steps of every host and TPU core as a Perfetto trace: ops, modules, steps, flows, memory counters."""
     library_output.hold(verbose)
     from tpuprof.commands import trace as command
 
-    command.run(path, output, steps=steps, hosts=hosts, force=force)
+    command.run(path, output, steps=steps, hosts=hosts, force=force, as_json=as_json)
 
 
 @app.command(epilog=_examples("tpuprof guide | less", "tpuprof guide > AGENTS-tpuprof.md      # beside the code an agent works on"))

@@ -30,6 +30,13 @@ class Exported:
     events: int
     window_ms: float
 
+    def to_dict(self) -> dict:
+        """The --json document: what was written (as `report --json` says of its page)."""
+        from tpuprof import schemas
+
+        return {"schema": schemas.name("trace"), "output": self.output, "bytes": self.bytes, "hosts": self.hosts,
+                "steps": self.steps, "events": self.events, "window_ms": round(self.window_ms, 3)}
+
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
     """'10:13' -> (10, 13), steps 10, 11 and 12 (as Python slices); '12' -> (12, 13); None: the default window."""
@@ -149,8 +156,13 @@ def export(path: str, output: Path, steps: str | None = None, hosts: str | None 
                     window_ms)
 
 
-def run(path: str, output: Path, steps: str | None, hosts: str | None, force: bool) -> None:
+def run(path: str, output: Path, steps: str | None, hosts: str | None, force: bool, as_json: bool = False) -> None:
     done = export(path, output, steps, hosts, force)
+    if as_json:
+        from tpuprof.renderers.output import print_json
+
+        print_json(done.to_dict())
+        return
     from tpuprof.units import fmt_bytes
 
     shown = f"{done.steps[0]}" if len(done.steps) == 1 else f"{done.steps[0]}-{done.steps[-1]}"

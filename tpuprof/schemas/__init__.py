@@ -1,7 +1,7 @@
 """The versioned shapes of tpuprof's --json documents.
 
 Every document says what it is in its first field: `"schema": "tpuprof.<command>/<version>"` (memory, analyze,
-oom, preflight, capture, diff, report). The version changes when a field is removed, renamed or changes type;
+oom, preflight, capture, diff, report, trace). The version changes when a field is removed, renamed or changes type;
 new fields keep it. The JSON Schema (draft 2020-12) of each is `<command>.schema.json` beside this file, shipped
 in the package: `tpuprof.schemas.schema("memory")`. Documents written before the field existed still load
 (`report` and `diff` then recognise them by their keys).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 PREFIX = "tpuprof."
-VERSIONS = {"memory": 1, "analyze": 1, "oom": 1, "preflight": 1, "capture": 1, "diff": 1, "report": 1}
+VERSIONS = {"memory": 1, "analyze": 1, "oom": 1, "preflight": 1, "capture": 1, "diff": 1, "report": 1, "trace": 1}
 
 
 def name(command: str) -> str:
