@@ -93,15 +93,13 @@ def window(profile, chosen: list) -> tuple[int, int]:
     start = min(s.start_ps for s in chosen)
     end = max(s.start_ps + s.duration_ps for s in chosen)
     for device in profile.devices:
-        for step in chosen:
-            same = [d for d in device.steps if d.number == step.number]
-            if same:
-                nearest = min(same, key=lambda d: abs(d.start_ps - step.start_ps))
-                start, end = min(start, nearest.start_ps), max(end, nearest.start_ps + nearest.duration_ps)
+        for nearest in _same_steps(device.steps, chosen):
+            start, end = min(start, nearest.start_ps), max(end, nearest.start_ps + nearest.duration_ps)
     return start, end
 
 
 def _same_steps(steps, chosen: list) -> list:
+    """For each chosen step, the step of STEPS with its number nearest to it in time (another host or a core)."""
     found = []
     for step in chosen:
         same = [s for s in steps if s.number == step.number]
