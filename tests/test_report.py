@@ -500,3 +500,30 @@ def test_no_empty_column_no_literal_backtick_and_numbers_on_every_card(every_pag
             assert re.search(r"\d(\.\d+)? (B|KiB|MiB|GiB|ms)", card), card
     _, *_ = every_page
     assert "62.15 GiB of temporaries, 15.75 GiB available (3.9x) at compile time" in every_page[0]
+
+
+def test_every_caveat_of_every_document_is_on_the_page(tmp_path):
+    """Estimates carry their caveats on the page as in --json: the preflight step estimate and the memory it
+    compiled, the OOM batch estimate, the analyze step split (checked-in golden documents, real outputs)."""
+    golden = ROOT / "tests" / "golden"
+    documents = [golden / "preflight" / "mlp_factory_bf16.json", golden / "oom" / "libtpu_transformer_v5e.json",
+                 golden / "analyze" / "tf_cached.json"]
+    caveats = []
+    for path in documents:
+        d = json.loads(path.read_text())
+        caveats += d.get("caveats") or []
+        caveats += (d.get("batch_estimate") or {}).get("caveats") or []
+        for t in d.get("targets") or []:
+            caveats += (t.get("estimate") or {}).get("caveats") or []
+            caveats += (t.get("memory") or {}).get("caveats") or []
+    assert len(caveats) >= 10  # the goldens still hold what this test reads
+    out = tmp_path / "caveats.html"
+    result = run_cli("report", *documents, "-o", out)
+    assert result.returncode == 0, result.stderr
+    page = out.read_text()
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", page)).replace("&#x27;", "'").replace("&quot;", '"') \
+        .replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    missing = [c for c in caveats if re.sub(r"`([^`]+)`", r"\1", c) not in text]
+    assert not missing, missing
+    assert "Caveats (v5e step estimate)" in text  # each list says what it qualifies
+    assert "Step estimate" in text  # a single target's step band is on the page, not only in --json

@@ -46,6 +46,7 @@ ol.suggestions li{margin:6px 0}
 .saving{background:#ddf4ff;border-radius:4px;padding:1px 6px;font-size:.85em;white-space:nowrap}
 .plot{background:#fff;border:1px solid #d0d7de;border-radius:6px;margin:10px 0}
 .note{color:#57606a;font-style:italic}
+details.caveats{color:#57606a;font-size:.9em;margin:6px 0}details.caveats ul{margin:4px 0}
 """
 
 
@@ -115,6 +116,13 @@ class _Page:
         self.add('<div class="plot">' + pio.to_html(
             fig, include_plotlyjs=False, full_html=False, div_id=f"plot-{next(self._ids)}",
             config={"displaylogo": False, "responsive": True}) + "</div>")
+
+
+def _caveats(page: _Page, items: list | None, what: str = "") -> None:
+    """What an estimate leaves out, under the figures it qualifies (folded: the figures come first)."""
+    if items:
+        page.add(f'<details class="caveats"><summary>Caveats{" (" + esc(what) + ")" if what else ""}</summary><ul>'
+                 + "".join(f"<li>{prose(c)}</li>" for c in items) + "</ul></details>")
 
 
 def render(inputs: list[Input], top: int = 15, title: str | None = None) -> str:
@@ -367,6 +375,7 @@ def _memory_module(page: _Page, m: dict, top: int) -> None:
             ("temporaries", m.get("temp_bytes")), ("HBM capacity", m.get("hbm_capacity_bytes"))]
     page.add("<table>" + "".join(f'<tr><th>{k}</th><td class="n">{esc(fmt_bytes(v))}</td></tr>'
                                  for k, v in rows if v is not None) + "</table>")
+    _caveats(page, m.get("caveats"))
     _memory_timeline(page, m)
     _padding_wasters(page, m, top)
     _padding_by_op(page, m, top)
@@ -599,6 +608,7 @@ def _steps(page: _Page, item: Input, top: int) -> None:
         rows = [[f'<span class="mono">{esc(o["name"])}</span>', esc(o["kind"]), esc(o["where"]), esc(o["count"]),
                  f'{o["self_ms"]:.2f}'] for o in host]
         page.add("<h3>Host ops by self time</h3>" + _table(["op", "type", "where", "count", "self ms"], rows, {3, 4}))
+    _caveats(page, d.get("caveats"))
 
 
 # Beyond this many steps one bar per step is a blur of hairlines: bins of consecutive steps, and the
@@ -840,6 +850,7 @@ def _oom(page: _Page, item: Input, top: int) -> None:
     estimate = d.get("batch_estimate") or {}
     if estimate.get("reason"):
         page.add(f'<p>Batch: {esc(estimate["reason"])}</p>')
+    _caveats(page, estimate.get("caveats"), "batch estimate")
     allocations = [a for a in d.get("allocations", []) if a.get("size_bytes")][: max(top, 1)]
     if allocations:
         labels = [esc(f"#{a.get('index', i + 1)} {_short(a.get('shape') or a.get('op_name') or '', 50)}")
@@ -890,7 +901,7 @@ def _slice_comparison(page: _Page, targets: list[dict]) -> None:
                      esc(fmt_bytes(t["state_bytes_per_chip"])) if t.get("state_bytes_per_chip") else "",
                      band, esc(f'{e["tokens_per_s"]:,}') if e.get("tokens_per_s") else "",
                      esc(f"${cost:.3g} / 1M {unit}") if cost else ""])
-    page.add("<h3>Slice comparison</h3>")
+    page.add("<h3>Slice comparison</h3>" if len(targets) > 1 else "<h3>Step estimate</h3>")
     page.add(_table(["slice", "chips", "mesh", "batch per chip / global", "memory per chip", "weights + AdamW per chip",
                      "step (band)", "tokens/s per chip", "cost"], rows, {1, 3, 4, 5, 6, 7, 8}))
 
@@ -914,8 +925,13 @@ def _preflight(page: _Page, item: Input, top: int) -> None:
                      esc(t.get("max_batch_size") or ""), esc(bf16.get("max_batch_size") or "")])
     page.add(_table(["target", "batch", "verdict", "required", "HBM", "max batch", "max batch bf16"], rows,
                     {1, 3, 4, 5, 6}))
-    if len(targets) > 1 or any(t.get("mesh") for t in targets):
+    if len(targets) > 1 or any(t.get("mesh") or t.get("estimate") for t in targets):
         _slice_comparison(page, targets)
+    for t in targets:
+        _caveats(page, (t.get("estimate") or {}).get("caveats"), f"{t.get('target')} step estimate")
+        _caveats(page, t.get("caveats"), f"{t.get('target')} largest batch")
+        _caveats(page, ((t.get("oom") or {}).get("batch_estimate") or {}).get("caveats"),
+                 f"{t.get('target')} batch estimate")
     curves = [t for t in targets if len(t.get("curve") or []) > 1]  # one point is no curve
     if curves:
         unit, size = byte_unit(max([p["required_bytes"] or 0 for t in curves for p in t["curve"]]
