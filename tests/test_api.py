@@ -196,6 +196,18 @@ def test_report_of_paths_is_the_cli_json_and_takes_results(tmp_path):
         tpuprof.report(inputs[0], tmp_path)
 
 
+def test_trace_is_the_cli_json_and_writes_the_same_trace(tmp_path):
+    capture = CAPTURES / "jax_compute"
+    document = cli_json("trace", capture, "-o", tmp_path / "cli.pftrace", "--steps", "450:453")
+    written = tpuprof.trace(capture, tmp_path / "api.pftrace", steps="450:453")
+    assert {**written.to_dict(), "output": None} == {**document, "output": None}
+    assert written.steps == [450, 451, 452] and written.events > 0
+    assert (tmp_path / "api.pftrace").read_bytes() == (tmp_path / "cli.pftrace").read_bytes()
+    with pytest.raises(tpuprof.UserError, match="exists"):  # never an overwritten file without force
+        tpuprof.trace(capture, tmp_path / "api.pftrace")
+    assert tpuprof.trace(capture, tmp_path / "api.pftrace", force=True).steps != [450, 451, 452]
+
+
 # ------------------------------------------------------------------------------------------------ preflight
 
 

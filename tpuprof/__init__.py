@@ -11,20 +11,22 @@ document), `.to_json()`, `.suggestions` and a notebook view:
     tpuprof.capture(port=9012, analyze=True)     # CaptureResult
     tpuprof.diff("before/", "after/")            # DiffResult
     tpuprof.report(["dump/", "logs/"], "report.html")                # ReportResult
+    tpuprof.trace("logs/", "steps.pftrace", steps="10:13")           # TraceResult
 
 Bad input raises `tpuprof.UserError` with the sentence the CLI prints. Importing tpuprof is light: TensorFlow
 and JAX are imported only by the functions that need them.
 """
 
 from tpuprof.version import __version__
-from tpuprof.api import analyze, capture, diff, memory, oom, preflight, report
+from tpuprof.api import analyze, capture, diff, memory, oom, preflight, report, trace
 from tpuprof.errors import UserError
 from tpuprof.results import (
     AnalyzeResult, CaptureResult, DiffResult, MemoryResult, OomResult, PreflightResult, ReportResult, Result,
+    TraceResult,
 )
 
 __all__ = [
-    "analyze", "capture", "diff", "memory", "oom", "preflight", "report", "UserError",
+    "analyze", "capture", "diff", "memory", "oom", "preflight", "report", "trace", "UserError",
     "AnalyzeResult", "CaptureResult", "DiffResult", "MemoryResult", "OomResult", "PreflightResult", "ReportResult",
-    "Result", "__version__",
+    "Result", "TraceResult", "__version__",
 ]

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 from tpuprof.errors import UserError
 from tpuprof.results import (
     AnalyzeResult, CaptureResult, DiffResult, MemoryResult, OomResult, PreflightResult, ReportResult, Result,
-    as_suggestion,
+    TraceResult, as_suggestion,
 )
 
 PathLike = Union[str, os.PathLike]
@@ -260,3 +260,17 @@ def report(inputs: Union[PathLike, Result, Iterable[Union[PathLike, Result]]],
     if isinstance(inputs, (str, os.PathLike, Result)):
         inputs = [inputs]
     return command.result(list(inputs), Path(path), target, top, title)
+
+
+def trace(path: PathLike, output: PathLike = "tpuprof-trace.pftrace", *, steps: Optional[str] = None,
+          hosts: Optional[str] = None, force: bool = False) -> TraceResult:
+    """Chosen steps of every host and TPU core of a saved profile as a Perfetto trace (open it in
+    ui.perfetto.dev), written to `output` whole or not at all; an existing file is replaced only with force.
+    steps="10:13" picks steps 10 to 12 as analyze numbers them (default: the median step and one either side);
+    hosts="h1,h2" keeps those hosts.
+
+        >>> tpuprof.trace("logs/", "steps.pftrace", steps="10:13").events
+    """
+    from tpuprof.commands import trace as command
+
+    return command.export(os.fspath(path), Path(output), steps, hosts, force)

@@ -299,6 +299,28 @@ class ReportResult(Result):
         return f"ReportResult({self.output!r}: {len(self.inputs)} input(s), {self.bytes} bytes)"
 
 
+@dataclass(repr=False)
+class TraceResult(Result):
+    """`tpuprof.trace()`: the Perfetto trace written and what it holds."""
+
+    command = "trace"
+
+    output: str
+    bytes: int
+    hosts: list
+    steps: list  # the chosen step numbers, as analyze numbers them
+    events: int
+    window_ms: float
+    suggestions: list = field(default_factory=list)
+
+    def _document(self) -> dict:
+        return {"output": self.output, "bytes": self.bytes, "hosts": self.hosts, "steps": self.steps,
+                "events": self.events, "window_ms": self.window_ms}
+
+    def __repr__(self) -> str:
+        return f"TraceResult({self.output!r}: steps {self.steps} of {len(self.hosts)} host(s), {self.events} events)"
+
+
 def _size(value) -> str:
     from tpuprof.units import fmt_bytes
 

@@ -13,29 +13,11 @@ existing file is replaced only with --force. Exit 2 on bad input (one sentence).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from tpuprof.errors import UserError
 
 DEFAULT_STEPS_AROUND_MEDIAN = 1
-
-
-@dataclass
-class Exported:
-    output: str
-    bytes: int
-    hosts: list[str]
-    steps: list[int]
-    events: int
-    window_ms: float
-
-    def to_dict(self) -> dict:
-        """The --json document: what was written (as `report --json` says of its page)."""
-        from tpuprof import schemas
-
-        return {"schema": schemas.name("trace"), "output": self.output, "bytes": self.bytes, "hosts": self.hosts,
-                "steps": self.steps, "events": self.events, "window_ms": round(self.window_ms, 3)}
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
@@ -109,8 +91,10 @@ def _same_steps(steps, chosen: list) -> list:
 
 
 def export(path: str, output: Path, steps: str | None = None, hosts: str | None = None,
-           force: bool = False) -> Exported:
+           force: bool = False):
+    """The trace written to OUTPUT and what it holds, as a TraceResult (the --json document)."""
     from tpuprof.analyses import steps as analysis
+    from tpuprof.results import TraceResult
     from tpuprof.renderers.output import atomic_file
     from tpuprof.renderers.perfetto import Writer
     from tpuprof.renderers.trace import HostTrace
@@ -150,8 +134,8 @@ def export(path: str, output: Path, steps: str | None = None, hosts: str | None 
                 host.write(space, profile)
             next_pid, events = host.next_pid, events + host.events
     window_ms = max((end - start) / 1e9 for start, end in spans) if spans else 0.0
-    return Exported(str(output), output.stat().st_size, [xplane.host_name(f) for f in files], numbers, events,
-                    window_ms)
+    return TraceResult(str(output), output.stat().st_size, [xplane.host_name(f) for f in files], numbers, events,
+                       round(window_ms, 3))
 
 
 def run(path: str, output: Path, steps: str | None, hosts: str | None, force: bool, as_json: bool = False) -> None:
