@@ -76,6 +76,10 @@ def test_keras_job_capture_holds_its_slow_steps(keras_job, tmp_path):
     assert host["host"] == f"localhost_{keras_job.port}"
     assert Path(host["path"]).parent == tmp_path / "plugins" / "profile" / doc["run"]
     assert host["size_bytes"] == Path(host["path"]).stat().st_size and host["events"] > 100
+    whole = xplane_pb2().XSpace()  # the counts (streamed) equal a full parse's
+    whole.ParseFromString(Path(host["path"]).read_bytes())
+    assert host["events"] == sum(len(line.events) for plane in whole.planes for line in plane.lines)
+    assert host["planes"] == len(whole.planes)
     assert doc["address_source"] == "The address was given with --service-addr"
     steps = events_named(host["path"], "multi_step_on_iterator")  # Keras 3's compiled train step
     assert len(steps) >= 3

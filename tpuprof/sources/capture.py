@@ -267,11 +267,13 @@ def describe_host_files(run_folder: Path) -> list[HostFile]:
 
     hosts = []
     for path in sorted(run_folder.glob("*.xplane.pb")):
-        data = path.read_bytes()
-        space = xplane.parse_xspace(data, str(path))
-        events = sum(len(line.events) for plane in space.planes for line in plane.lines)
+        # Streamed, a run of events at a time: a pod host's file can be gigabytes (memory stays bounded).
+        with xplane.open_stream(str(path)) as space, xplane.readable(str(path)):
+            events = sum(len(batch.events) for plane in space.planes() for line in plane.lines()
+                         for batch in line.batches())
+            planes = len(space.plane_extents())
         host = path.name[: -len(".xplane.pb")]
-        hosts.append(HostFile(host, path.name, len(data), events, len(space.planes)))
+        hosts.append(HostFile(host, path.name, space.size, events, planes))
     return hosts
 
 
