@@ -192,8 +192,8 @@ def test_slices_rank_by_cost_and_by_time():
     # by time: the whole slice's throughput, 256 x 4 > 32 x 30 > 64 x 10
     assert [r["slice"]["name"] for r in ranked["by_time"]] == ["v6e-256", "tpu7x-64", "v5p-128"]
     cheapest, fastest = step_estimate.choice(results).splitlines()
-    assert cheapest.startswith("cheapest that fits: v6e-256") and "by cost: v6e-256 $2 < v5p-128 $3" in cheapest
-    assert fastest.startswith("fastest: v6e-256")
+    assert cheapest.startswith("cheapest that fits: v6e-256") and "by cost: v6e-256 $2.00 < v5p-128 $3.00" in cheapest
+    assert fastest.startswith("fastest: v6e-256") and "v6e-256 1,024/s > tpu7x-64 960/s > v5p-128 640/s" in fastest
 
 
 def test_llm_model_flops_follow_maxtext():

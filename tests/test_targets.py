@@ -225,3 +225,12 @@ def test_python_api_takes_the_same_names():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_durations_rates_and_dollars_read_without_exponents():
+    from tpuprof.units import fmt_count, fmt_ms, fmt_usd
+
+    assert fmt_ms(1140.4, 959.2, 1750) == "1.14 s (0.959-1.75 s)"  # the band in the point's unit
+    assert fmt_ms(18.84) == "18.8 ms" and fmt_ms(0.25) == "0.25 ms" and fmt_ms(2_500_000) == "2,500 s"
+    assert fmt_count(14080.4) == "14,080" and fmt_count(10.4) == "10.4"
+    assert fmt_usd(1234.5) == "$1,234" and fmt_usd(2) == "$2.00" and fmt_usd(0.2091) == "$0.209"

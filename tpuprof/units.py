@@ -32,6 +32,34 @@ def fmt_bytes(value: int | float | None) -> str:
     raise AssertionError("unreachable: EiB always returns")
 
 
+def fmt_ms(value: float | None, *band: float) -> str:
+    """A duration in ms or s, 3 significant digits, never in exponent notation ("1.14e+03 ms"); a BAND (low,
+    high) follows in the same unit: "1.14 s (0.959-1.75 s)"."""
+    if value is None:
+        return "n/a"
+    unit, size = ("s", 1000.0) if abs(value) >= 1000 else ("ms", 1.0)
+
+    def number(v: float) -> str:
+        v /= size
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+
+    if band:
+        return f"{number(value)} {unit} ({'-'.join(number(v) for v in band)} {unit})"
+    return f"{number(value)} {unit}"
+
+
+def fmt_count(value: float) -> str:
+    """A rate or count for people: thousands separated, 3 significant digits below 100, no exponent."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def fmt_usd(value: float) -> str:
+    """Dollars: whole above $100, cents above $1, 3 significant digits below (a cost per 1M tokens is cents)."""
+    if value >= 100:
+        return f"${value:,.0f}"
+    return f"${value:.2f}" if value >= 1 else f"${value:.3g}"
+
+
 def quote(text: str, width: int = 80) -> str:
     """TEXT for an error message: repr, cut to WIDTH characters (an input line can be megabytes long)."""
     return repr(text if len(text) <= width else text[:width] + "...")

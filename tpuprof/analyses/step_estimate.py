@@ -42,6 +42,7 @@ from pathlib import Path
 from tpuprof import targets
 from tpuprof.errors import UserError
 from tpuprof.models import shape as shapes
+from tpuprof.units import fmt_count, fmt_ms, fmt_usd
 
 NOT_MODELLED = ["ICI latency per hop and per collective step (bandwidth terms only)",
                 "contention between concurrent collectives beyond first-in-first-out on the links",
@@ -960,14 +961,14 @@ def choice(results: list[dict]) -> str | None:
     if ranked["by_cost"]:
         cheapest = ranked["by_cost"][0]
         e = cheapest["estimate"]
-        order = " < ".join(f"{_label(r)} ${r['estimate'][key]:.3g}" for r in ranked["by_cost"])
-        lines.append(f"cheapest that fits: {_label(cheapest)} (${e[key]:.3g} per {unit} at batch "
+        order = " < ".join(f"{_label(r)} {fmt_usd(r['estimate'][key])}" for r in ranked["by_cost"])
+        lines.append(f"cheapest that fits: {_label(cheapest)} ({fmt_usd(e[key])} per {unit} at batch "
                      f"{cheapest['batch_size']}{'' if e['price_verified'] else ', unverified price'})"
                      + (f"; by cost: {order}" if len(ranked["by_cost"]) > 1 else ""))
     fastest = ranked["by_time"][0]
     e = fastest["estimate"]
-    order = " > ".join(f"{_label(r)} {r['estimate']['examples_per_s'] * _chips(r):,.4g}/s" for r in ranked["by_time"])
-    lines.append(f"fastest: {_label(fastest)} ({e['examples_per_s']:,} examples/s per chip, step {e['step_ms']:.3g} ms "
+    order = " > ".join(f"{_label(r)} {fmt_count(r['estimate']['examples_per_s'] * _chips(r))}/s" for r in ranked["by_time"])
+    lines.append(f"fastest: {_label(fastest)} ({e['examples_per_s']:,} examples/s per chip, step {fmt_ms(e['step_ms'])} "
                  f"at batch {fastest['batch_size']})"
                  + (f"; by time (examples/s for the whole slice): {order}" if len(ranked["by_time"]) > 1 else ""))
     return "\n".join(lines)

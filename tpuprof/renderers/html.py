@@ -14,7 +14,7 @@ import math
 import re
 from itertools import count
 
-from tpuprof.units import fmt_bytes
+from tpuprof.units import fmt_bytes, fmt_ms, fmt_usd
 from tpuprof.sources.inputs import KIND_LABELS, MEMORY, OOM, PREFLIGHT, STEPS, Input
 
 MIB = 1024 * 1024
@@ -888,8 +888,7 @@ def _slice_comparison(page: _Page, targets: list[dict]) -> None:
     for t in targets:
         s = t.get("slice") or {}
         e = t.get("estimate") or {}
-        band = (f'{e["step_ms"]:.4g} ms <span class="meta">({e["step_ms_low"]:.4g}-{e["step_ms_high"]:.4g})</span>'
-                if e.get("step_ms") is not None else "")
+        band = esc(fmt_ms(e["step_ms"], e["step_ms_low"], e["step_ms_high"])) if e.get("step_ms") is not None else ""
         cost = e.get("cost_per_million_tokens") or e.get("cost_per_million_examples")
         unit = "tokens" if e.get("cost_per_million_tokens") else "examples"
         mesh = " ".join(f"{axis}={size}" for axis, size in (t.get("mesh") or {}).items() if size > 1)
@@ -899,8 +898,8 @@ def _slice_comparison(page: _Page, targets: list[dict]) -> None:
                      f'{" x " + esc(s["num_slices"]) + " slices" if s.get("num_slices") else ""}</span>',
                      esc(s.get("chips", "")), esc(mesh), batch, per_chip(t, "required_bytes"),
                      esc(fmt_bytes(t["state_bytes_per_chip"])) if t.get("state_bytes_per_chip") else "",
-                     band, esc(f'{e["tokens_per_s"]:,}') if e.get("tokens_per_s") else "",
-                     esc(f"${cost:.3g} / 1M {unit}") if cost else ""])
+                     band, esc(f'{e.get("tokens_per_s_per_chip") or e["tokens_per_s"]:,}') if e.get("tokens_per_s") else "",
+                     esc(f"{fmt_usd(cost)} / 1M {unit}") if cost else ""])
     page.add("<h3>Slice comparison</h3>" if len(targets) > 1 else "<h3>Step estimate</h3>")
     page.add(_table(["slice", "chips", "mesh", "batch per chip / global", "memory per chip", "weights + AdamW per chip",
                      "step (band)", "tokens/s per chip", "cost"], rows, {1, 3, 4, 5, 6, 7, 8}))

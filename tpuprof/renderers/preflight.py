@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from tpuprof.units import fmt_bytes
+from tpuprof.units import fmt_bytes, fmt_ms, fmt_usd
 
 JSON_KEYS = ("target", "topology", "slice", "mesh", "model", "device", "hbm_capacity_bytes", "seq_len",
              "batch_per_chip", "global_batch", "max_batch_per_chip", "state_bytes_per_chip", "remat_table", "batch_size", "fits", "required_bytes",
@@ -132,7 +132,7 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     for r in results:
         if r.get("remat_table"):
             cells = "; ".join(f"{t['remat']}: {t['max_batch_per_chip'] or 'none fits'}"
-                              + (f" ({t['step_ms']:.4g} ms)" if t.get("step_ms") else "") for t in r["remat_table"])
+                              + (f" ({fmt_ms(t['step_ms'])})" if t.get("step_ms") else "") for t in r["remat_table"])
             out.print(f"[bold]{r['target']}[/bold] largest batch per chip by remat policy (step time estimated): "
                       f"{cells}; reported: remat {r['model']['remat']}")
         if len(r.get("curve", [])) > 1:
@@ -182,12 +182,12 @@ def _estimate_rows(row) -> None:
         return lambda r: fmt(r["estimate"][key]) if r.get("estimate") and r["estimate"].get(key) is not None else "-"
 
     row("step time, estimated (band)", lambda r: (
-        f"{r['estimate']['step_ms']:.3g} ms ({r['estimate']['step_ms_low']:.3g}-{r['estimate']['step_ms_high']:.3g})"
+        fmt_ms(r['estimate']['step_ms'], r['estimate']['step_ms_low'], r['estimate']['step_ms_high'])
         if r.get("estimate") else "-"))
     row("  collectives (exposed)", lambda r: (
-        f"{r['estimate']['collective_ms']:.3g} ms ({r['estimate']['exposed_collective_ms']:.3g} ms)"
+        f"{fmt_ms(r['estimate']['collective_ms'])} ({fmt_ms(r['estimate']['exposed_collective_ms'])})"
         if r.get("estimate") and r["estimate"].get("collective_ms") else "-"))
-    row("  DCN all-reduce across slices", get("dcn_ms", lambda v: f"{v:.3g} ms" if v else "-"))
+    row("  DCN all-reduce across slices", get("dcn_ms", lambda v: fmt_ms(v) if v else "-"))
     row("examples/s per chip", get("examples_per_s", lambda v: f"{v:,}"))
     row("tokens/s per chip", get("tokens_per_s_per_chip", lambda v: f"{v:,}"))
     row("FLOP utilisation", get("flop_utilization_percent", lambda v: f"{v:.0f}%"))
@@ -198,14 +198,8 @@ def _estimate_rows(row) -> None:
     row("price per chip-hour", lambda r: (
         f"${r['estimate']['price_per_chip_hour']:.2f}{'' if r['estimate']['price_verified'] else ' (unverified)'}"
         if r.get("estimate") and r["estimate"].get("price_per_chip_hour") else "-"))
-    row("cost per 1M examples", get("cost_per_million_examples", _usd))
-    row("cost per 1M tokens", get("cost_per_million_tokens", _usd))
-
-
-def _usd(value: float) -> str:
-    if value >= 100:
-        return f"${value:,.0f}"
-    return f"${value:.2f}" if value >= 1 else f"${value:.3g}"
+    row("cost per 1M examples", get("cost_per_million_examples", fmt_usd))
+    row("cost per 1M tokens", get("cost_per_million_tokens", fmt_usd))
 
 
 def _print_estimates(out, results: list[dict]) -> None:
@@ -220,7 +214,7 @@ def _print_estimates(out, results: list[dict]) -> None:
         e = r["estimate"]
         ops = ", ".join(f"{escape(op['op_name'] or op['name'])}"
                         f"{' (' + escape(short_source(op['source_line'])) + ')' if op['source_line'] else ''}"
-                        f" {op['ms']:.3g} ms {op['bound']}" + (f" x{op['count']}" if op["count"] > 1 else "")
+                        f" {fmt_ms(op['ms'])} {op['bound']}" + (f" x{op['count']}" if op["count"] > 1 else "")
                         for op in e["top_ops"][:3])
         out.print(f"[bold]{r['target']}[/bold] slowest ops: {ops}")
         if e.get("kernels_without_estimate"):
@@ -233,8 +227,8 @@ def _print_estimates(out, results: list[dict]) -> None:
             out.print("  [yellow]no compiler cycle estimates in this dump: the band is the roofline alone[/yellow]")
         if e.get("top_collectives"):
             out.print("  slowest collectives: " + ", ".join(
-                f"{c['kind']} of {c['group_size']} over {escape(c['axes'])} {c['ms']:.3g} ms "
-                f"({c['exposed_ms']:.3g} exposed)" + (f" x{c['count']}" if c["count"] > 1 else "")
+                f"{c['kind']} of {c['group_size']} over {escape(c['axes'])} {fmt_ms(c['ms'])} "
+                f"({fmt_ms(c['exposed_ms'])} exposed)" + (f" x{c['count']}" if c["count"] > 1 else "")
                 for c in e["top_collectives"][:3]))
         for missing in e.get("not_modelled", [])[:len(e.get("not_modelled", [])) - len(NOT_MODELLED)]:
             out.print(f"  [yellow]not timed: {escape(missing)}[/yellow]")
