@@ -9,6 +9,7 @@ also compares the two steps' compile cache keys.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -93,6 +94,20 @@ def test_the_report_compares_the_slices_per_chip(tiny_document, tiny, tmp_path):
     from tpuprof.units import fmt_bytes
 
     assert fmt_bytes(tiny["v6e-64"]["required_bytes"]) in comparison  # memory per chip (a v6e device is a chip)
+
+
+def test_the_tables_name_each_slice(tiny_document, llm_cache, tmp_path):
+    """The same run as tables (the compiles are cached): every per-target line names the slice, not only the
+    generation, and no figure reads in exponent notation."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    result = run_cli("preflight", "--model", str(config), "--tpu", "v6e-16,v6e-64,2xv6e-16", "--seq", "256",
+                     "--batch-per-chip", "2", timeout=900, env={"XDG_CACHE_HOME": str(llm_cache), "COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
+    for name in ("v6e-16", "v6e-64", "2xv6e-16"):
+        assert f"{name} at batch 2: where the memory goes" in result.stdout
+        assert f"{name} slowest ops:" in result.stdout
+    assert not re.search(r"(?<![\w.])\d+(\.\d+)?e[+-]\d\d", result.stdout)  # 1.14e+03, not v6e-16
 
 
 def test_config_json_is_the_same_as_the_name(tmp_path):

@@ -928,9 +928,13 @@ def _round(value: float | None) -> float | None:
     return round(value, 2) if value < 1000 else round(value)
 
 
-def _label(result: dict) -> str:
+def target_label(result: dict) -> str:
+    """A target as people name it: the slice (v6e-256, 2xv5p-128) when one was given, else the generation (an
+    explicit topology such as v5e:2x2 is shown as its generation, the topology beside it)."""
     slice_ = result.get("slice") or {}
     name = slice_.get("name") or result["target"]
+    if ":" in name:
+        return result["target"]
     return f"{slice_['num_slices']}x{name}" if slice_.get("num_slices", 1) > 1 and "x" not in name[:3] else name
 
 
@@ -961,14 +965,14 @@ def choice(results: list[dict]) -> str | None:
     if ranked["by_cost"]:
         cheapest = ranked["by_cost"][0]
         e = cheapest["estimate"]
-        order = " < ".join(f"{_label(r)} {fmt_usd(r['estimate'][key])}" for r in ranked["by_cost"])
-        lines.append(f"cheapest that fits: {_label(cheapest)} ({fmt_usd(e[key])} per {unit} at batch "
+        order = " < ".join(f"{target_label(r)} {fmt_usd(r['estimate'][key])}" for r in ranked["by_cost"])
+        lines.append(f"cheapest that fits: {target_label(cheapest)} ({fmt_usd(e[key])} per {unit} at batch "
                      f"{cheapest['batch_size']}{'' if e['price_verified'] else ', unverified price'})"
                      + (f"; by cost: {order}" if len(ranked["by_cost"]) > 1 else ""))
     fastest = ranked["by_time"][0]
     e = fastest["estimate"]
-    order = " > ".join(f"{_label(r)} {fmt_count(r['estimate']['examples_per_s'] * _chips(r))}/s" for r in ranked["by_time"])
-    lines.append(f"fastest: {_label(fastest)} ({e['examples_per_s']:,} examples/s per chip, step {fmt_ms(e['step_ms'])} "
+    order = " > ".join(f"{target_label(r)} {fmt_count(r['estimate']['examples_per_s'] * _chips(r))}/s" for r in ranked["by_time"])
+    lines.append(f"fastest: {target_label(fastest)} ({e['examples_per_s']:,} examples/s per chip, step {fmt_ms(e['step_ms'])} "
                  f"at batch {fastest['batch_size']})"
                  + (f"; by time (examples/s for the whole slice): {order}" if len(ranked["by_time"]) > 1 else ""))
     return "\n".join(lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+from tpuprof.analyses.step_estimate import target_label
 from tpuprof.units import fmt_bytes, fmt_ms, fmt_usd
 
 JSON_KEYS = ("target", "topology", "slice", "mesh", "model", "device", "hbm_capacity_bytes", "seq_len",
@@ -125,7 +126,7 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     if any(r.get("estimate") for r in results):
         _estimate_rows(row)
     row("compiles (this run)", lambda r: str(r["compiles"]))
-    columns = [tables.text("")] + [tables.text(f"{_label(r)} ({r['topology']}, {r['device']['description']})", justify="right")
+    columns = [tables.text("")] + [tables.text(f"{target_label(r)} ({r['topology']}, {r['device']['description']})", justify="right")
                                    for r in results]
     out.print(tables.table(columns, rows, out.width))
 
@@ -133,28 +134,22 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
         if r.get("remat_table"):
             cells = "; ".join(f"{t['remat']}: {t['max_batch_per_chip'] or 'none fits'}"
                               + (f" ({fmt_ms(t['step_ms'])})" if t.get("step_ms") else "") for t in r["remat_table"])
-            out.print(f"[bold]{r['target']}[/bold] largest batch per chip by remat policy (step time estimated): "
+            out.print(f"[bold]{target_label(r)}[/bold] largest batch per chip by remat policy (step time estimated): "
                       f"{cells}; reported: remat {r['model']['remat']}")
         if len(r.get("curve", [])) > 1:
             points = ", ".join(f"{p['batch_size']}: {fmt_bytes(p['required_bytes'])}" if p["required_bytes"] is not None
                                else f"{p['batch_size']}: refused by the compiler" for p in r["curve"])
-            out.print(f"[bold]{r['target']}[/bold] memory vs batch, as compiled: {points}")
+            out.print(f"[bold]{target_label(r)}[/bold] memory vs batch, as compiled: {points}")
         if r.get("oom"):
-            out.print(f"[bold]{r['target']}[/bold]: the compiler ran out of memory at batch {r['batch_size']}:")
+            out.print(f"[bold]{target_label(r)}[/bold]: the compiler ran out of memory at batch {r['batch_size']}:")
             out.print(f"  {escape(r['oom']['message'].strip().splitlines()[0])}")
             for s in r["oom"].get("suggestions", [])[:3]:
                 out.print(f"  - {escape(s['message'])}")
         if r.get("memory") is not None:
-            out.print(f"[bold]{r['target']} at batch {r['batch_size']}: where the memory goes[/bold]")
+            out.print(f"[bold]{target_label(r)} at batch {r['batch_size']}: where the memory goes[/bold]")
             memory_render.print_tables([r["memory"]], min(top, 8))
     _print_estimates(out, results)
     out.print(f"[dim]compiles are cached in {escape(results[0]['cache'])} (--no-cache to recompile)[/dim]")
-
-
-def _label(r: dict) -> str:
-    """A target's column: the slice's name when one was given (v6e-256), else the generation."""
-    name = (r.get("slice") or {}).get("name") or r["target"]
-    return name if ":" not in name else r["target"]
 
 
 def _slice(s: dict) -> str:
@@ -216,7 +211,7 @@ def _print_estimates(out, results: list[dict]) -> None:
                         f"{' (' + escape(short_source(op['source_line'])) + ')' if op['source_line'] else ''}"
                         f" {fmt_ms(op['ms'])} {op['bound']}" + (f" x{op['count']}" if op["count"] > 1 else "")
                         for op in e["top_ops"][:3])
-        out.print(f"[bold]{r['target']}[/bold] slowest ops: {ops}")
+        out.print(f"[bold]{target_label(r)}[/bold] slowest ops: {ops}")
         if e.get("kernels_without_estimate"):
             out.print(f"  [yellow]no estimate for kernel(s) {escape(', '.join(e['kernels_without_estimate'][:5]))}"
                       "[/yellow]: counted as 0 FLOPs and their operands' bytes")
