@@ -196,6 +196,20 @@ def test_a_damaged_host_file_on_ray_is_the_same_one_sentence(ray_cluster, pod16,
     assert outs[0] == outs[1] and outs[0].count("\n") == 0 and "host_001.xplane.pb" in outs[0]
 
 
+def test_a_loopback_cluster_reached_without_loopback_mode_is_one_sentence_that_says_so(ray_cluster, pod16):
+    """The cluster listens on loopback only; a driver without Ray's loopback switch turns 127.0.0.1 into this
+    machine's address, where nothing listens. Ray's retries are shortened here (about 35 s instead of 2 min)."""
+    env = {k: v for k, v in os.environ.items() if k not in (RAY_LOOPBACK, "TPUPROF_RAY_ADDRESS")}
+    env.update(PYTHONPATH=str(ROOT), RAY_gcs_rpc_server_connect_timeout_s="1", RAY_gcs_server_port_wait_time_s="1")
+    done = subprocess.run([sys.executable, "-m", "tpuprof", "analyze", pod16.runs[0], "--ray", ray_cluster],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2 and done.stdout == "", done.stderr[-2000:]
+    sentence = done.stderr.strip()
+    assert sentence.startswith(f"tpuprof: cannot reach the Ray cluster at {ray_cluster}: ")
+    assert "\n" not in sentence and "Traceback" not in sentence and "File " not in sentence
+    assert f"{RAY_LOOPBACK}=0 listens on loopback only and needs it set here too" in sentence
+
+
 def test_ray_asked_for_but_not_installed_is_one_sentence(pod16):
     code = ("import sys; sys.modules['ray'] = None  # as if Ray were not installed\n"
             "from tpuprof import cli\n"

@@ -8,6 +8,7 @@ The results come back in file order whichever runs them, so the merged report is
 from __future__ import annotations
 
 import os
+import re
 
 from tpuprof.analyses import steps as analysis
 from tpuprof.errors import UserError
@@ -49,9 +50,7 @@ def _on_ray(files: list[str], address: str) -> list[HostProfile]:
         try:
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
         except (ConnectionError, ValueError, RuntimeError) as error:
-            # Ray's own sentence, and the reason under it (an authentication token missing, nothing listening).
-            why = [str(e).strip().splitlines()[0][:200] for e in (error, error.__cause__) if e and str(e).strip()]
-            raise UserError(f"cannot reach the Ray cluster at {address}: {'; '.join(why).rstrip('.')}.") from None
+            raise UserError(_unreachable(address, error)) from None
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(analysis.analyze_file)
         refs = [task.remote(f) for f in files]
@@ -65,3 +64,31 @@ def _on_ray(files: list[str], address: str) -> list[HostProfile]:
     finally:
         if connected_here:
             ray.shutdown()
+
+
+# Ray's single-machine switch: a cluster started with it set to 0 listens on loopback only, and a driver without it
+# turns 127.0.0.1 into this machine's own address, where nothing listens (it retries for about two minutes).
+RAY_LOOPBACK_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _unreachable(address: str, error: BaseException) -> str:
+    """Ray's own sentence and the reason under it (an authentication token missing, nothing listening), without
+    the traceback text Ray embeds in it; for a loopback address, the setting that makes Ray use loopback."""
+    why = []
+    for e in (error, error.__cause__):
+        head, _, traceback = str(e or "").partition("Traceback (most recent call last)")
+        head = (head.strip().splitlines() or [""])[0].removesuffix("Last connection error:").strip(" .:")
+        # The traceback's last line is the error itself (ray.exceptions.AuthenticationError: ... token is missing).
+        last = ([line for line in traceback.splitlines() if line.strip()] or [""])[-1].strip()
+        last = re.sub(r"^[\w.]+\.(\w+(Error|Exception)):", r"\1:", last).split(". ")[0].strip(" .")
+        for text in (head, last):
+            if text and text not in why:
+                why.append(text[:200])
+    sentence = f"cannot reach the Ray cluster at {address}: {'; '.join(why) or type(error).__name__}"
+    host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+    if host in ("127.0.0.1", "localhost", "::1") and RAY_LOOPBACK_ONLY_ENV not in os.environ:
+        sentence += (f" (Ray connects to a loopback address through this machine's own: a cluster started with "
+                     f"{RAY_LOOPBACK_ONLY_ENV}=0 listens on loopback only and needs it set here too)")
+    elif "AuthenticationError" in sentence:
+        sentence += " (the cluster's token goes in ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN)"
+    return sentence + "."
