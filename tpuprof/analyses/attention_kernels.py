@@ -149,6 +149,12 @@ def _constant_values(walker, instruction, depth: int = 0) -> list[int] | None:
             return None
         if source.opcode == "tuple":
             return _constant_values(walker, walker.by_id.get(source.operand_ids[instruction.tuple_index]), depth + 1)
+        if source.opcode == "while":  # a loop's result: what its body returns in that slot (a pass-through)
+            body, _ = walker.loop_parts(source)
+            root = walker.by_id.get(body.root_id) if body is not None else None
+            if root is not None and root.opcode == "tuple" and instruction.tuple_index < len(root.operand_ids):
+                return _constant_values(walker, walker.by_id.get(root.operand_ids[instruction.tuple_index]),
+                                        depth + 1)
         if source.opcode == "parameter":  # a loop body's parameter: the loop's initial tuple holds the value
             init = _loop_init(walker, source)
             if init is not None and init.opcode == "tuple" and instruction.tuple_index < len(init.operand_ids):
