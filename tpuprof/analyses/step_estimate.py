@@ -805,7 +805,8 @@ def model_flops(parameters: float, tokens: float, layers: int = 0, seq_len: int 
     """Model FLOPs of a training step as MaxText counts them (calculate_tflops_training_per_device):
     6 x parameters x tokens for the matmuls (forward 2, backward 4), plus attention's two batched
     matmuls, 12 x layers x tokens x seq_len x (heads x head_dim), halved when causal. MaxText counts
-    the matmul parameters only (no embedding lookup); passing all parameters overcounts by the embedding."""
+    the matmul parameters only (no embedding lookup: `--model` passes its active_parameters); passing all
+    parameters overcounts by the embedding table."""
     attention = 12 * layers * tokens * seq_len * attention_width * (0.5 if causal else 1.0)
     return 6 * parameters * tokens + attention
 
@@ -841,8 +842,8 @@ def report(estimate_: StepEstimate, batch_size: int, tokens_per_example: int | N
         "tokens_per_s_per_chip": _round(tokens_per_s),
         "flop_utilization_percent": round(100 * estimate_.flop_utilization, 1),
         "mfu_percent": round(mfu, 1) if mfu is not None else None,
-        "mfu_source": ("model FLOPs (6 x parameters x tokens + attention, as MaxText counts them) / (step x peak "
-                       "bf16 FLOP/s)" if model_flops_per_device else
+        "mfu_source": ("model FLOPs (6 x active parameters x tokens + causal attention, as MaxText counts them) / "
+                       "(step x peak bf16 FLOP/s)" if model_flops_per_device else
                        "the compiled program's FLOPs / (step x peak bf16 FLOP/s): hardware FLOP utilisation, "
                        "no model FLOPs known"),
         "compute_bound_percent": round(100 * estimate_.compute_s / total, 1) if total else None,
