@@ -7,7 +7,7 @@ QK^T, dV, dP, dK) on exactly the (query block, key block) pairs the kernel runs,
 inside the diagonal blocks. The step estimate's FLOPs for a reference program are XLA's own counting
 (test_step_estimate checks them against HloCostAnalysis); the kernels' estimated FLOPs must match them,
 less the reference's few elementwise FLOPs per score (softmax, mask), which the rule leaves out.
-Four small compiles, a few seconds in all.
+Eleven small compiles (the references stack their block pairs into one einsum per matmul), about 15 s.
 """
 
 from __future__ import annotations
@@ -46,10 +46,12 @@ def reference(phase: str, causal: bool):
             return jnp.einsum("nbhqk,nbhkd->nbhqd", p.astype(v.dtype), vc)
         dp = jnp.einsum("nbhqd,nbhkd->nbhqk", dor, vc, preferred_element_type=jnp.float32)
         ds = (p * dp).astype(q.dtype)
+        dq = jnp.einsum("nbhqk,nbhkd->nbhqd", ds, kc)
         if phase == "dq":
-            return jnp.einsum("nbhqk,nbhkd->nbhqd", ds, kc)
-        return (jnp.einsum("nbhqk,nbhqd->nbhkd", p.astype(q.dtype), dor),  # dV
-                jnp.einsum("nbhqk,nbhqd->nbhkd", ds, qr))  # dK
+            return dq
+        dkv = (jnp.einsum("nbhqk,nbhqd->nbhkd", p.astype(q.dtype), dor),  # dV
+               jnp.einsum("nbhqk,nbhqd->nbhkd", ds, qr))  # dK
+        return dkv + (dq,) if phase == "fused" else dkv  # splash's fused backward: dQ in the dkv kernel
 
     return program
 
@@ -74,9 +76,10 @@ def kernels(which: str, causal: bool, layers: int = 0):
         from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
         from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
+        fused = which == "splash-fused"
         sizes = splash.BlockSizes(block_q=BLOCK, block_kv=BLOCK, block_kv_compute=BLOCK, block_q_dkv=BLOCK,
-                                  block_kv_dkv=BLOCK, block_kv_dkv_compute=BLOCK, block_q_dq=BLOCK,
-                                  block_kv_dq=BLOCK)
+                                  block_kv_dkv=BLOCK, block_kv_dkv_compute=BLOCK, use_fused_bwd_kernel=fused,
+                                  block_q_dq=None if fused else BLOCK, block_kv_dq=None if fused else BLOCK)
         mask = masks.CausalMask((S, S)) if causal else masks.FullMask((S, S))
         kernel = splash.make_splash_mha(masks.MultiHeadMask([mask] * H), block_sizes=sizes, head_shards=1,
                                         q_seq_shards=1)
@@ -111,20 +114,24 @@ def compiled_cost(fn, arguments: int, folder) -> step_estimate.ProgramCost:
 def reference_flops(tmp_path_factory):
     pytest.importorskip("libtpu")
     return {(phase, causal): compiled_cost(reference(phase, causal), 4, tmp_path_factory.mktemp(f"{phase}{causal}")).flops
-            for phase, causal in [("fwd", True), ("dq", True), ("dkv", True), ("dq", False), ("dkv", False)]}
+            for phase, causal in [("fwd", True), ("dq", True), ("dkv", True), ("fused", True), ("dq", False),
+                                  ("dkv", False)]}
 
 
 @pytest.mark.parametrize("which,causal,layers", [("flash", True, 0), ("splash", True, 0), ("flash", False, 0),
-                                                 ("splash", True, 2)])
+                                                 ("splash", True, 2), ("splash-fused", True, 0)])
 def test_kernel_flops_equal_the_matmuls_of_the_blocks_they_run(which, causal, layers, reference_flops, tmp_path):
     pytest.importorskip("libtpu")
     cost = compiled_cost(kernels(which, causal, layers), 3, tmp_path)
     estimate = step_estimate.estimate(cost, "v5e")
     ops = [op for op in cost.ops if op.kernel_estimate is not None]
-    phases = ["dq", "dkv"] + (["fwd"] if which == "splash" else [])  # flash's forward has its own cost_estimate
-    assert sorted({op.kernel_estimate.kernel for op in ops}) == sorted(f"{which} {p}" for p in phases)
+    kind = which.split("-")[0]
+    phases = {"flash": ["dq", "dkv"], "splash": ["fwd", "dq", "dkv"]}[kind]  # flash's forward has a cost_estimate
+    phases = ["fwd", "dkv"] if which == "splash-fused" else phases
+    assert sorted({op.kernel_estimate.kernel for op in ops}) == sorted(f"{kind} {p}" for p in phases)
     for op in ops:  # each execution of each kernel (a scan runs it once per layer)
-        truth = reference_flops[(op.kernel_estimate.kernel.split()[1], causal)]
+        phase = op.kernel_estimate.kernel.split()[1]
+        truth = reference_flops[("fused" if which == "splash-fused" and phase == "dkv" else phase, causal)]
         assert 0.98 * truth <= op.flops <= 1.001 * truth, (op.name, op.flops, truth)
         assert op.kernel_estimate.blocks_run == pytest.approx(len(blocks(causal)) / (S // BLOCK) ** 2)
         assert op.count == max(layers, 1) and op.flops_source == "estimated"

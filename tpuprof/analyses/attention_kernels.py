@@ -86,10 +86,11 @@ def _layouts(instruction) -> dict:
 
 
 def _gradients_out(walker, instruction, q_dims) -> int:
-    """How many of the kernel's results are per-token gradients (rank and head dim of q): dk, dv [, dq]."""
+    """How many of the kernel's results are per-token gradients: dk, dv [, dq, per key block when fused],
+    at least q's rank and ending in its head dim (its scratch outputs are [block, lanes])."""
     out = walker.shape(instruction)
     parts = list(out.tuple_shapes) if out.is_tuple else [out]
-    return sum(1 for p in parts if len(p.dims) == len(q_dims) and p.dims[-1] == q_dims[-1])
+    return sum(1 for p in parts if len(p.dims) >= len(q_dims) and p.dims[-1] == q_dims[-1])
 
 
 def _flash_blocks(instruction, config: dict, q_seq: int, k_seq: int) -> tuple[float, str]:
