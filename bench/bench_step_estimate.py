@@ -8,7 +8,8 @@ MLP; weights in f32, activations in bf16, remat of the whole layer when the conf
 AdamW state in f32) is written here from the published dimensions and compiled with libtpu on the published
 slice, sharded as the config shards it (ici_fsdp_parallelism=-1 and ici_tensor_parallelism: weights and
 optimizer state over fsdp x tensor, the batch over fsdp, the attention kernel per shard through shard_map),
-at the published per-device batch; tpuprof.analyses.step_estimate estimates it (compute band and point plus
+at the published per-device batch, as a step runs it (the layer's output value and its gradient: forward,
+the recomputed forward under remat, backward, AdamW); tpuprof.analyses.step_estimate estimates it (compute band and point plus
 the layer's all-gathers and reduce-scatters on the slice's ICI torus, overlapped as scheduled) and the
 layer's figures are scaled by the layer count. A multi-slice configuration adds the all-reduce of each
 device's gradient shard (f32, all parameters / the slice's devices) across slices over DCN. Embedding and
