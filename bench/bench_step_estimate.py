@@ -8,7 +8,8 @@ MLP; weights in f32, activations in bf16, remat of the whole layer when the conf
 AdamW state in f32) is written here from the published dimensions and compiled with libtpu on the published
 slice, sharded as the config shards it (ici_fsdp_parallelism=-1 and ici_tensor_parallelism: weights and
 optimizer state over fsdp x tensor, the batch over fsdp, the attention kernel per shard through shard_map),
-at the published per-device batch; tpuprof.analyses.step_estimate estimates it (compute band and point plus
+at the published per-device batch, as a step runs it (the layer's output value and its gradient: forward,
+the recomputed forward under remat, backward, AdamW); tpuprof.analyses.step_estimate estimates it (compute band and point plus
 the layer's all-gathers and reduce-scatters on the slice's ICI torus, overlapped as scheduled) and the
 layer's figures are scaled by the layer count. A multi-slice configuration adds the all-reduce of each
 device's gradient shard (f32, all parameters / the slice's devices) across slices over DCN. Embedding and
@@ -153,12 +154,15 @@ def layer_step(config: Config, mesh=None):
         def objective(p):
             return jnp.vdot(layer(p, x).astype(jnp.float32), cotangent.astype(jnp.float32))
 
-        grads = jax.grad(objective)(params)
+        # The value too, as the next layer of a real step consumes this layer's output: with jax.grad alone
+        # XLA drops the primal forward (a linear objective's gradient needs no output), and under remat the
+        # step would hold only the recomputed forward, one forward pass short of the real step.
+        value, grads = jax.value_and_grad(objective)(params)
         mu = jax.tree_util.tree_map(lambda m, g: 0.9 * m + 0.1 * g, mu, grads)
         nu = jax.tree_util.tree_map(lambda n, g: 0.95 * n + 0.05 * g * g, nu, grads)
         params = jax.tree_util.tree_map(lambda p, m, n: p - 1e-4 * (m / (jnp.sqrt(n) + 1e-8) + 0.1 * p),
                                         params, mu, nu)
-        return params, mu, nu
+        return params, mu, nu, value
 
     f32 = jnp.float32
     shapes = {"norm1": (emb,), "norm2": (emb,), "wq": (emb, q_dim), "wk": (emb, q_dim), "wv": (emb, q_dim),
@@ -197,7 +201,7 @@ def compile_sharded(config: Config, folder: Path) -> None:
         config.flags = "default flags"
 
 
-LAYER_VERSION = 2  # bump when layer_step changes: cached compiles are then redone
+LAYER_VERSION = 3  # bump when layer_step changes: cached compiles are then redone
 
 
 def cache_folder(config: Config, one_device: bool) -> Path:

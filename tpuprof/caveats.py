@@ -103,11 +103,17 @@ def preflight(target: dict) -> None:
 def step_estimate(estimate: dict) -> list[str]:
     """Preflight's step time: what the roofline and the compiler's cycles leave out."""
     out = [f"Not modelled: {item}." for item in estimate.get("not_modelled") or []]
-    kernels = estimate.get("kernels_without_estimate") or []
+    estimated = {k.get("name"): k for k in estimate.get("kernels_estimated") or [] if isinstance(k, dict)}
+    kernels = [k for k in estimate.get("kernels_without_estimate") or [] if k not in estimated]
     if kernels:
         shown = ", ".join(kernels[:3]) + (f" and {len(kernels) - 3} more" if len(kernels) > 3 else "")
         out.append(f"Pallas/custom kernel{'s' if len(kernels) > 1 else ''} without a cost estimate: {shown} "
-                   "(counted as zero time).")
+                   "(counted by their operands' bytes only, no FLOPs).")
+    if estimated:
+        shown = ", ".join(f"{k.get('kernel')} ({k.get('blocks')})" for k in list(estimated.values())[:3])
+        out.append(f"Estimated, not the kernel's own figure: the FLOPs of {shown}"
+                   + (f" and {len(estimated) - 3} more" if len(estimated) > 3 else "")
+                   + f"; {estimate.get('kernels_estimated_rule') or 'a rule from their operand shapes'}.")
     if estimate.get("compiler_ms") is None:
         out.append("No compiler cycle estimates in this dump: the roofline alone, a lower bound.")
     if estimate.get("price_per_chip_hour") is not None and not estimate.get("price_verified"):

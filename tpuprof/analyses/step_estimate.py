@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpuprof import targets
+from tpuprof.analyses import attention_kernels
 from tpuprof.errors import UserError
 from tpuprof.models import shape as shapes
 from tpuprof.units import fmt_count, fmt_ms, fmt_usd
@@ -91,8 +92,9 @@ class OpCost:
     hbm_bytes: float
     matmul_dtype: str | None  # element type of a dot/convolution's operands, for the peak to use
     compiler_cycles: int | None  # the compiler's estimated_cycles, if it recorded them
-    flops_source: str = "hlo"  # hlo | cost_estimate (a Pallas kernel's own)
+    flops_source: str = "hlo"  # hlo | cost_estimate (a Pallas kernel's own) | estimated (attention_kernels)
     kernel_without_estimate: bool = False  # a custom kernel with neither cycles nor cost_estimate
+    kernel_estimate: object = None  # attention_kernels.KernelFlops: the rule that estimated such a kernel
 
 
 @dataclass
@@ -258,19 +260,22 @@ class _Walker:
         call_config = config.get("custom_call_config")
         estimate = config.get("cost_estimate") or (call_config.get("cost_estimate")
                                                    if isinstance(call_config, dict) else None)
-        without = False
+        without, rule = False, None
         if instruction.opcode == "custom-call":
             if isinstance(estimate, dict):
                 flops = float(estimate.get("flops", 0) or 0)
                 hbm = float(estimate.get("bytes_accessed", hbm) or hbm)
                 source = "cost_estimate"
             elif instruction.custom_call_target not in LAYOUT_ONLY_CUSTOM_CALLS and cycles is None:
-                without = True
+                without = True  # still flagged when a rule estimates its FLOPs: no figure of its own
+                rule = attention_kernels.estimate(self, instruction, config)
+                if rule is not None:
+                    flops, source = rule.flops, "estimated"
         return OpCost(
             name=instruction.name, opcode=instruction.opcode, op_name=instruction.metadata.op_name,
             source_line=self.index.source_line(instruction), computation=computation.name, count=count,
             flops=flops, hbm_bytes=hbm, matmul_dtype=self.matmul_dtype(instruction), compiler_cycles=cycles,
-            flops_source=source, kernel_without_estimate=without,
+            flops_source=source, kernel_without_estimate=without, kernel_estimate=rule,
         )
 
     # FLOPs (HloCostAnalysis rules)
@@ -677,6 +682,7 @@ class StepEstimate:
     num_slices: int = 1
     untimed_collectives: int = 0  # collectives in the program that could not be timed (no torus / ICI figure)
     replica_all_reduce_untimed: bool = False  # a replica compile on a slice whose gradient size is unknown
+    kernels_estimated: list = field(default_factory=list)  # flagged kernels whose FLOPs a rule estimated
 
     @property
     def compute_low_s(self) -> float:
@@ -760,6 +766,11 @@ def estimate(cost: ProgramCost, target_name: str, num_slices: int = 1,
     flagged = sorted({op.name for op in cost.ops if op.kernel_without_estimate})
     result = StepEstimate(target.name, roofline, compiler if with_cycles else None, cost.flops, cost.hbm_bytes,
                           compute, memory, with_cycles, timed, cost.loops, flagged, rates, num_slices=num_slices)
+    by_name = {op.name: op for op in cost.ops if op.kernel_estimate is not None}
+    result.kernels_estimated = [
+        {"name": name, "kernel": op.kernel_estimate.kernel, "flops": int(op.flops * op.count),
+         "blocks_run": round(op.kernel_estimate.blocks_run, 4), "blocks": op.kernel_estimate.how_blocks}
+        for name, op in sorted(by_name.items())]
     if untimed and cost.torus is not None and cost.walker is not None:
         per_execution = {(t.op.computation, t.op.name): t.point_s / max(t.op.count, 1) for t in timed}
         result.communication = collectives.analyse(cost.walker, cost.torus, per_execution)
@@ -795,7 +806,8 @@ def model_flops(parameters: float, tokens: float, layers: int = 0, seq_len: int 
     """Model FLOPs of a training step as MaxText counts them (calculate_tflops_training_per_device):
     6 x parameters x tokens for the matmuls (forward 2, backward 4), plus attention's two batched
     matmuls, 12 x layers x tokens x seq_len x (heads x head_dim), halved when causal. MaxText counts
-    the matmul parameters only (no embedding lookup); passing all parameters overcounts by the embedding."""
+    the matmul parameters only (no embedding lookup: `--model` passes its active_parameters); passing all
+    parameters overcounts by the embedding table."""
     attention = 12 * layers * tokens * seq_len * attention_width * (0.5 if causal else 1.0)
     return 6 * parameters * tokens + attention
 
@@ -831,8 +843,8 @@ def report(estimate_: StepEstimate, batch_size: int, tokens_per_example: int | N
         "tokens_per_s_per_chip": _round(tokens_per_s),
         "flop_utilization_percent": round(100 * estimate_.flop_utilization, 1),
         "mfu_percent": round(mfu, 1) if mfu is not None else None,
-        "mfu_source": ("model FLOPs (6 x parameters x tokens + attention, as MaxText counts them) / (step x peak "
-                       "bf16 FLOP/s)" if model_flops_per_device else
+        "mfu_source": ("model FLOPs (6 x active parameters x tokens + causal attention, as MaxText counts them) / "
+                       "(step x peak bf16 FLOP/s)" if model_flops_per_device else
                        "the compiled program's FLOPs / (step x peak bf16 FLOP/s): hardware FLOP utilisation, "
                        "no model FLOPs known"),
         "compute_bound_percent": round(100 * estimate_.compute_s / total, 1) if total else None,
@@ -854,6 +866,8 @@ def report(estimate_: StepEstimate, batch_size: int, tokens_per_example: int | N
             key=lambda op: -op.seconds * op.count)[:top]],
         "collectives_method": _collectives_method(estimate_, gradient_source),
         "kernels_without_estimate": estimate_.kernels_without_estimate,
+        "kernels_estimated": estimate_.kernels_estimated,
+        "kernels_estimated_rule": attention_kernels.RULE if estimate_.kernels_estimated else None,
         "not_modelled": not_modelled(estimate_),
         "peaks_source": estimate_.peaks.source,
         "method": ("band = [roofline over the compiled ops, the compiler's estimated_cycles at the TensorCore "

@@ -212,9 +212,15 @@ def _print_estimates(out, results: list[dict]) -> None:
                         f" {fmt_ms(op['ms'])} {op['bound']}" + (f" x{op['count']}" if op["count"] > 1 else "")
                         for op in e["top_ops"][:3])
         out.print(f"[bold]{target_label(r)}[/bold] slowest ops: {ops}")
-        if e.get("kernels_without_estimate"):
-            out.print(f"  [yellow]no estimate for kernel(s) {escape(', '.join(e['kernels_without_estimate'][:5]))}"
+        estimated_kernels = {k["name"] for k in e.get("kernels_estimated") or []}
+        unestimated = [k for k in e.get("kernels_without_estimate") or [] if k not in estimated_kernels]
+        if unestimated:
+            out.print(f"  [yellow]no estimate for kernel(s) {escape(', '.join(unestimated[:5]))}"
                       "[/yellow]: counted as 0 FLOPs and their operands' bytes")
+        if estimated_kernels:
+            kinds = sorted({k["kernel"] for k in e["kernels_estimated"]})
+            out.print(f"  [yellow]FLOPs estimated from operand shapes for {escape(', '.join(kinds))}[/yellow] "
+                      "(attention kernels without a cost_estimate; see caveats)")
         unknown = [loop["name"] for loop in e.get("loops", []) if loop["trip_count_source"] == "unknown"]
         if unknown:
             out.print(f"  [yellow]loop(s) {escape(', '.join(unknown[:5]))}: trip count unknown, counted once[/yellow]")

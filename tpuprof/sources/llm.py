@@ -479,7 +479,18 @@ class Spec:
         config = self.step.config
         info = {"name": config.name, "source": self.step.source, "parameters": config.parameter_count(),
                 "family": config.model_type, "layers": config.num_hidden_layers, "implementation": IMPLEMENTATION,
-                "attention": "Pallas splash attention (causal)", "remat": self.step.remat, "dtype": self.step.dtype}
+                "attention": "Pallas splash attention (causal)", "remat": self.step.remat, "dtype": self.step.dtype,
+                "heads": config.num_attention_heads, "head_dim": config.head_dim}
+        # The MFU's model FLOPs count, as MaxText does, the weights one token's matmuls use: attention's
+        # projections, the MLP (an MoE: router, its top-k experts and any shared expert) and the logits, not
+        # the embedding lookup or norms; attention's own matmuls come from heads x head_dim.
+        d, h, kv, hd = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        if config.moe:
+            mlp = (d * config.num_experts + config.num_experts_per_tok * 3 * d * config.moe_intermediate_size
+                   + 3 * d * config.shared_expert_intermediate_size)
+        else:
+            mlp = 3 * d * config.intermediate_size
+        info["active_parameters"] = config.num_hidden_layers * (2 * d * h * hd + 2 * d * kv * hd + mlp) + config.vocab_size * d
         if config.moe:
             info["experts"] = config.num_experts
             info["experts_per_token"] = config.num_experts_per_tok

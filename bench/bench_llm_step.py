@@ -1,0 +1,89 @@
+"""`preflight --model`'s step time against published MaxText runs on v6e (not part of the test suite).
+
+    XDG_CACHE_HOME=... nice .venv/bin/python bench/bench_llm_step.py [NAME ...]
+
+For each published run, tpuprof's own LLM train step (tpuprof/sources/llm.py: scanned layers, Pallas splash
+attention, AdamW, FSDP over the slice) is compiled by `tpuprof preflight --model` for the published slice at
+the published sequence length and per-chip batch, and its step estimate (band and point, collectives on the
+slice's torus) is set against the step time the recipe's log prints. When the published batch does not fit
+this definition, the largest per-chip batch that does is compiled instead and the comparison is per token
+(the point's step x published batch / our batch): said in the output.
+
+What differs from the published runs (tpu-recipes training/trillium READMEs, MaxText@tpu-recipes-v0.1.4):
+they use remat_policy=custom with the decoder-layer input and the q/k/v/out projections offloaded to host
+memory, splash blocks of 2048 with the fused backward kernel, bf16 weights for 70B, and XLA flags for
+collective overlap and SparseCore all-reduce offload; tpuprof compiles --remat full (every layer
+recomputed), splash blocks of 512 (separate dq and dkv kernels), f32 weights and AdamW state, default flags.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = "https://github.com/AI-Hypercomputer/tpu-recipes/blob/main/training/trillium/"
+
+
+@dataclass
+class Run:
+    name: str
+    model: str
+    slice: str
+    seq: int
+    batch: int  # published per-device batch
+    seconds: float  # the published log's step time
+    source: str
+    batch_here: int | None = None  # a smaller batch when the published one does not fit this definition
+
+
+RUNS = [
+    Run("8B v6e-8", "llama3.1-8b", "v6e-8", 8192, 3, 3.443, RECIPES + "Llama3.1-8B-MaxText/v6e-8/README.md"),
+    Run("8B v6e-16", "llama3.1-8b", "v6e-16", 8192, 3, 3.393, RECIPES + "Llama3.1-8B-MaxText/v6e-16/README.md"),
+]
+
+
+def preflight(run: Run, batch: int) -> dict:
+    command = [sys.executable, "-m", "tpuprof", "preflight", "--model", run.model, "--tpu", run.slice,
+               "--seq", str(run.seq), "--batch-per-chip", str(batch), "--remat", "full", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if result.returncode not in (0, 1):  # 1: does not fit
+        raise SystemExit(f"{' '.join(command)} failed: {result.stderr.strip()[-2000:]}")
+    return json.loads(result.stdout)["targets"][0]
+
+
+def main(arguments: list[str]) -> int:
+    chosen = [r for r in RUNS if not arguments or r.name in arguments or r.model in arguments]
+    print(f"{'run':12} {'published':>9} {'batch':>5} {'low':>8} {'high':>8} {'point':>8} {'per token':>9} "
+          f"{'point/pub':>9}  collectives (exposed)  MFU")
+    for run in chosen:
+        started = time.perf_counter()
+        batch = run.batch_here or run.batch
+        target = preflight(run, batch)
+        while not target["fits"] and batch > 1:
+            batch -= 1
+            target = preflight(run, batch)
+        seconds = time.perf_counter() - started
+        e = target.get("estimate")
+        if not e:
+            print(f"{run.name:12} does not fit at batch 1 ({target.get('oom', {}).get('message', '')})")
+            continue
+        scale = run.batch / batch  # the point per token, at the published batch
+        ratio = e["step_ms"] / 1e3 * scale / run.seconds
+        print(f"{run.name:12} {run.seconds:8.3f}s {batch:5d} {e['step_ms_low'] / 1e3:7.3f}s {e['step_ms_high'] / 1e3:7.3f}s "
+              f"{e['step_ms'] / 1e3:7.3f}s {e['step_ms'] / 1e3 * scale:8.3f}s {ratio:9.2f}  "
+              f"{e['collective_ms'] / 1e3:.3f}s ({e['exposed_collective_ms'] / 1e3:.3f}s)  {e['mfu_percent']}%   "
+              f"(published batch {run.batch}; {run.source}; {seconds:.0f} s; estimated kernels: "
+              f"{', '.join(sorted({k['kernel'] for k in e.get('kernels_estimated') or []})) or 'none'})",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
