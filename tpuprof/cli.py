@@ -11,6 +11,7 @@ internal error's traceback.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from enum import Enum
@@ -358,6 +359,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     finally:
         if not internal_error:
             library_output.release(replay=False)
+        if argv is None:
+            # The process ends now (console script, python -m tpuprof). Its last garbage collections at exit would
+            # walk every object left (15 ms of the 0.2 s of `analyze --json` on a 1 MB capture) to free memory the
+            # system takes back anyway; atexit handlers still run, and tpuprof closes its files itself.
+            gc.freeze()
 
 if __name__ == "__main__":
     main()
