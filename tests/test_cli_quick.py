@@ -23,6 +23,7 @@ ACCEPTED = [
     ["memory", "d", "--compile", "-m", "x", "--target", "v5e"],
     ["memory", "--no-compile", "d.txt", "--target", "trillium", "--csv", "ops", "--json"],
     ["memory", "d", "--module=train_step", "--top", "0", "--verbose"],
+    ["memory", "d", "--compile", "--no-compile", "-m", "a", "-m", "b", "--json", "--json", "--top", " 7"],
     ["oom"],
     ["oom", "-"],
     ["oom", "log.txt", "--batch", "128", "--dump", "dumps/x", "--target", "v6e-8", "--format", "json"],
@@ -45,7 +46,8 @@ LEFT_TO_TYPER = [
     ["memory", "--top", "abc", "DIR"], ["memory", "--target", "v9", "DIR"], ["memory", "--csv", "steps", "DIR"],
     ["preflight", "x.py:f", "--tpu", "v5e,v9"], ["memory", "--frobnicate", "DIR"], ["analyze", "--workers", "0", "x"],
     ["analyze", "x", "--top"], ["analyze", "x", "--json=1"], ["analyze", "--", "x"], ["memory", "-vm", "x", "d"],
-    ["report", "a", "--title", "-x"], ["memory", "", "--json"],
+    ["report", "a", "--title", "-x"], ["memory", "", "--json"], ["memory", "d", "--top", "5.0"],
+    ["memory", "d", "--format", "JSON"], ["memory", "d", "--compile=1"], ["analyze", "x", "-5"],
 ]
 
 
