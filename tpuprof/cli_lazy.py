@@ -124,12 +124,15 @@ class _Param:
 
 
 class _Command:
+    """One declared command: its name, its function (wrapped for closed pipes) and typer's command settings."""
+
     def __init__(self, name: str, callback, settings: dict):
         self.name, self.callback, self.settings = name, callback, settings
         self._quick: tuple | None = None
 
     def quick_table(self):
-        """(option name -> param, arguments) for the quick parse; raises _GiveUp when a parameter is beyond it."""
+        """(parameters, option name -> parameter, arguments) for the quick parse; raises _GiveUp when a parameter is
+        beyond it."""
         if self._quick is None:
             import inspect
 
