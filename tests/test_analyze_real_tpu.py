@@ -363,8 +363,9 @@ def test_pallas_steps_leave_out_the_last_run_that_the_duty_cycle_counts(pallas, 
 
 def test_analyze_json_imports_only_what_it_needs(pallas):
     """The start-up is most of a whole `tpuprof analyze` on a 1 MB capture (bench/bench_analyze_tpu.py): the
-    JSON path loads no table library, no TensorFlow or JAX, and none of what numpy's masked-array module or
-    `statistics` would add (np.unique, np.median and np.percentile load numpy.ma on first call)."""
+    JSON path loads no table library, no typer (a plain command line is parsed without it), no TensorFlow or JAX,
+    and none of what numpy's masked-array module or `statistics` would add (np.unique, np.median and np.percentile
+    load numpy.ma on first call)."""
     import os
     import subprocess
     import sys
@@ -379,6 +380,6 @@ def test_analyze_json_imports_only_what_it_needs(pallas):
     names, blas = json.loads(done.stderr.strip().splitlines()[-1])
     modules = set(names)
     assert json.loads(done.stdout)["duty_cycle"]["percent"] == 37.4
-    for heavy in ("numpy.ma", "statistics", "rich", "tensorflow", "jax", "xprof"):
+    for heavy in ("numpy.ma", "statistics", "rich", "typer", "tensorflow", "jax", "xprof"):
         assert heavy not in modules, heavy
     assert "numpy" in modules and blas == "1"  # numpy's OpenBLAS started one thread, not one per core

@@ -2,32 +2,35 @@
 `tpuprof.commands.<name>.run`, which does the work. Imports stay inside the commands so that
 `tpuprof --help` starts instantly and no command pays for another's dependencies.
 
-Usage errors (unknown command or option, missing argument, bad value) are typer's and click's in
-standalone mode: the usage line, one sentence, "Did you mean", exit code 2. `main` adds only what
+Each option is declared once, with typer's arguments (tpuprof/cli_lazy.py records them): a plain command line
+is parsed from those records without importing typer; any other goes to typer and click in standalone mode,
+whose usage errors are the usage line, one sentence, "Did you mean", exit code 2. `main` adds only what
 they do not know: our `UserError` (one sentence, exit 2) and the last line of defence against an
 internal error's traceback.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from enum import Enum
 from pathlib import Path
 from typing import List, Optional
 
-import typer
-
 from tpuprof import library_output, targets
+from tpuprof.cli_lazy import Argument, Commands, Option
 from tpuprof.errors import UserError
 from tpuprof.renderers.csv import ANALYZE_TABLES, MEMORY_TABLES
 from tpuprof.renderers.formats import FORMATS
 from tpuprof.version import __version__
 
-app = typer.Typer(
+# Declarations only: typer is imported when a command line needs it (tpuprof/cli_lazy.py says when).
+commands = Commands(
     name="tpuprof",
+    version=__version__,
     help="Will my model fit in TPU HBM, why not, and why is my step slow?",
-    # `tpuprof` alone prints the help and exits 0 (click's no_args_is_help would exit 2): see _root.
+    # `tpuprof` alone prints the help and exits 0 (click's no_args_is_help would exit 2).
     invoke_without_command=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
@@ -63,23 +66,19 @@ def _check_generations(value: Optional[str]) -> Optional[str]:
                 if part.strip():
                     targets.get(part)
         except UserError as error:
+            import typer  # a usage error: typer reports it (cli_lazy's quick parse hands such values over)
+
             raise typer.BadParameter(str(error)) from None
     return value
 
 
 def _format_option():
-    return typer.Option(None, "--format", help=FORMAT_HELP)
+    return Option(None, "--format", help=FORMAT_HELP)
 
 
 def _target_option(help_text: str):
-    return typer.Option(None, "--target", metavar="GENERATION", help=f"{help_text} One of: {GENERATIONS} ({GENERATION_NAMES}).",
-                        callback=_check_generations, autocompletion=_complete_generation)
-
-
-def _show_version(value: bool) -> None:
-    if value:
-        print(f"tpuprof {__version__}")
-        raise typer.Exit()
+    return Option(None, "--target", metavar="GENERATION", help=f"{help_text} One of: {GENERATIONS} ({GENERATION_NAMES}).",
+                  callback=_check_generations, autocompletion=_complete_generation)
 
 
 def _examples(*lines: str) -> str:
@@ -87,19 +86,7 @@ def _examples(*lines: str) -> str:
     return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
-@app.callback()
-def _root(
-    ctx: typer.Context,
-    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True,
-                                 callback=_show_version),
-) -> None:
-    """Will my model fit in TPU HBM, why not, and why is my step slow?"""
-    if ctx.invoked_subcommand is None:
-        print(ctx.get_help())
-        raise typer.Exit()
-
-
-@app.command(epilog=_examples(
+@commands.command(epilog=_examples(
     "tpuprof memory sample_profiles/dumps/conv18_f32_v5e",
     "tpuprof memory DUMP_DIR --module train_step --top 30",
     "tpuprof memory model.txt --target v5e             # HLO without TPU layouts: an estimate",
@@ -107,15 +94,15 @@ def _root(
     "tpuprof memory DUMP_DIR --csv buffers > buffers.csv",
 ))
 def memory(
-    path: Path = typer.Argument(..., metavar="PATH", help="XLA dump folder, *.hlo.pb (HloProto), *-buffer-assignment.txt or HLO text."),
-    module: Optional[str] = typer.Option(None, "--module", "-m", help="Analyse only this module of a dump folder (name or substring)."),
+    path: Path = Argument(..., metavar="PATH", help="XLA dump folder, *.hlo.pb (HloProto), *-buffer-assignment.txt or HLO text."),
+    module: Optional[str] = Option(None, "--module", "-m", help="Analyse only this module of a dump folder (name or substring)."),
     target: Optional[str] = _target_option("TPU generation for HLO without TPU layouts, and for the HBM capacity."),
-    compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="Recompile the module proto (*.hlo.pb of a CPU/GPU/TF dump) with libtpu for --target: exact layouts and sizes. Default: recompile when libtpu is installed, --target is given and the dump has no TPU buffer assignment; --no-compile estimates instead."),
-    top: int = typer.Option(15, "--top", help="Rows in the buffer and op tables and JSON lists (0: all)."),
-    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    compile_: Optional[bool] = Option(None, "--compile/--no-compile", help="Recompile the module proto (*.hlo.pb of a CPU/GPU/TF dump) with libtpu for --target: exact layouts and sizes. Default: recompile when libtpu is installed, --target is given and the dump has no TPU buffer assignment; --no-compile estimates instead."),
+    top: int = Option(15, "--top", help="Rows in the buffer and op tables and JSON lists (0: all)."),
+    as_json: bool = Option(False, "--json", help=JSON_HELP),
     format_: Optional[OutputFormat] = _format_option(),
-    csv: Optional[MemoryTable] = typer.Option(None, "--csv", help="Print one table as CSV, every row."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+    csv: Optional[MemoryTable] = Option(None, "--csv", help="Print one table as CSV, every row."),
+    verbose: bool = Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Padded vs unpadded HBM per buffer and per framework op, the peak, and the fixes."""
     library_output.hold(verbose)
@@ -125,20 +112,20 @@ def memory(
                 csv=csv.value if csv else None, format_=format_.value if format_ else None)
 
 
-@app.command(epilog=_examples(
+@commands.command(epilog=_examples(
     "tpuprof oom error.txt",
     "tpuprof oom train.log.gz --batch 128      # the batch that failed: estimate the one that fits",
     "kubectl logs job/train | tpuprof oom      # stdin",
     "tpuprof oom train.log --dump /tmp/xla_dump --json",
 ))
 def oom(
-    log: Optional[str] = typer.Argument(None, metavar="[LOG]", help="The error text or a whole training log; '-' or nothing reads stdin."),
-    dump: Optional[Path] = typer.Option(None, "--dump", help="XLA dump folder of the same program: join the log with its buffer assignment."),
-    batch: Optional[int] = typer.Option(None, "--batch", help="The batch size that failed, to estimate the one that fits."),
+    log: Optional[str] = Argument(None, metavar="[LOG]", help="The error text or a whole training log; '-' or nothing reads stdin."),
+    dump: Optional[Path] = Option(None, "--dump", help="XLA dump folder of the same program: join the log with its buffer assignment."),
+    batch: Optional[int] = Option(None, "--batch", help="The batch size that failed, to estimate the one that fits."),
     target: Optional[str] = _target_option("TPU generation: the capacity when the message has none."),
-    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    as_json: bool = Option(False, "--json", help=JSON_HELP),
     format_: Optional[OutputFormat] = _format_option(),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+    verbose: bool = Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Explain a TPU out-of-memory error: the numbers, each buffer's padding, the fixes. Exit 2 if none is found."""
     library_output.hold(verbose)
@@ -147,7 +134,7 @@ def oom(
     command.run(log, dump=dump, batch=batch, target=target, as_json=as_json, format_=format_.value if format_ else None)
 
 
-@app.command(epilog=_examples(
+@commands.command(epilog=_examples(
     "tpuprof analyze sample_profiles/captures/tf_slow_map",
     "tpuprof analyze LOGDIR/plugins/profile/RUN      # one run: every host's xplane.pb",
     "tpuprof analyze gs://bucket/logs --json",
@@ -156,14 +143,14 @@ def oom(
     "tpuprof analyze gs://bucket/logs --ray auto   # one Ray task per host",
 ))
 def analyze(
-    paths: List[str] = typer.Argument(..., metavar="PROFILE...", help="Profile logdir (its newest run), run folder (plugins/profile/<run>), <host>.xplane.pb, or a gs:// path; several hosts (or several paths) make one report."),
-    top: int = typer.Option(10, "--top", help="Rows in the op and tf.data stage tables (0: all)."),
-    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    paths: List[str] = Argument(..., metavar="PROFILE...", help="Profile logdir (its newest run), run folder (plugins/profile/<run>), <host>.xplane.pb, or a gs:// path; several hosts (or several paths) make one report."),
+    top: int = Option(10, "--top", help="Rows in the op and tf.data stage tables (0: all)."),
+    as_json: bool = Option(False, "--json", help=JSON_HELP),
     format_: Optional[OutputFormat] = _format_option(),
-    csv: Optional[AnalyzeTable] = typer.Option(None, "--csv", help="Print one table as CSV, every row."),
-    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Local processes for the hosts (default: one per core)."),
-    ray: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS", help="One Ray task per host: auto, ray://HEAD:10001 or HEAD:6379 (default $TPUPROF_RAY_ADDRESS; needs tpuprof[ray])."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+    csv: Optional[AnalyzeTable] = Option(None, "--csv", help="Print one table as CSV, every row."),
+    workers: Optional[int] = Option(None, "--workers", min=1, help="Local processes for the hosts (default: one per core)."),
+    ray: Optional[str] = Option(None, "--ray", metavar="ADDRESS", help="One Ray task per host: auto, ray://HEAD:10001 or HEAD:6379 (default $TPUPROF_RAY_ADDRESS; needs tpuprof[ray])."),
+    verbose: bool = Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Step time, input-pipeline stalls and host overhead from a saved profile, and what to change."""
     library_output.hold(verbose)
@@ -173,27 +160,27 @@ def analyze(
                 format_=format_.value if format_ else None, workers=workers, ray=ray)
 
 
-@app.command(epilog=_examples(
+@commands.command(epilog=_examples(
     "tpuprof capture --tpu my-tpu --zone us-central2-b --duration 5s",
     "tpuprof capture --service-addr localhost:9012 --logdir logs --analyze",
     "tpuprof capture --logdir gs://bucket/logs       # on a TPU VM: its own workers",
 ))
 def capture(
-    tpu: Optional[str] = typer.Option(None, "--tpu", help="Cloud TPU name (resolved with TPUClusterResolver; every worker, profiler port 8466)."),
-    zone: Optional[str] = typer.Option(None, "--zone", help="Zone of --tpu (default: this VM's, from the metadata server)."),
-    project: Optional[str] = typer.Option(None, "--project", help="Project of --tpu (default: this VM's)."),
-    service_addr: Optional[str] = typer.Option(None, "--service-addr", help="Profiler server(s): host:port[,host:port...] or grpc://IP:8470 URLs."),
-    port: Optional[int] = typer.Option(None, "--port", help="Profiler port for --tpu, the TPU environment variables and localhost (default 8466)."),
-    logdir: str = typer.Option("logs", "--logdir", help="TensorBoard logdir, local or gs://; the run goes to LOGDIR/plugins/profile/<run>/."),
-    duration: str = typer.Option("3s", "--duration", help="How long to trace, e.g. 2s, 500ms."),
-    attempts: int = typer.Option(3, "--attempts", help="Tries when nothing answers or no trace event is collected."),
-    delay: str = typer.Option("0ms", "--delay", help="Start tracing this long after the request, e.g. 1s."),
-    host_tracer_level: int = typer.Option(2, "--host-tracer-level", help="0 off, 1 user annotations, 2 + framework ops, 3 verbose."),
-    device_tracer_level: int = typer.Option(1, "--device-tracer-level", help="0 off, 1 on."),
-    python_tracer_level: int = typer.Option(0, "--python-tracer-level", help="1 traces every Python call (large)."),
-    analyze_: bool = typer.Option(False, "--analyze", help="Run `tpuprof analyze` on the new run."),
-    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+    tpu: Optional[str] = Option(None, "--tpu", help="Cloud TPU name (resolved with TPUClusterResolver; every worker, profiler port 8466)."),
+    zone: Optional[str] = Option(None, "--zone", help="Zone of --tpu (default: this VM's, from the metadata server)."),
+    project: Optional[str] = Option(None, "--project", help="Project of --tpu (default: this VM's)."),
+    service_addr: Optional[str] = Option(None, "--service-addr", help="Profiler server(s): host:port[,host:port...] or grpc://IP:8470 URLs."),
+    port: Optional[int] = Option(None, "--port", help="Profiler port for --tpu, the TPU environment variables and localhost (default 8466)."),
+    logdir: str = Option("logs", "--logdir", help="TensorBoard logdir, local or gs://; the run goes to LOGDIR/plugins/profile/<run>/."),
+    duration: str = Option("3s", "--duration", help="How long to trace, e.g. 2s, 500ms."),
+    attempts: int = Option(3, "--attempts", help="Tries when nothing answers or no trace event is collected."),
+    delay: str = Option("0ms", "--delay", help="Start tracing this long after the request, e.g. 1s."),
+    host_tracer_level: int = Option(2, "--host-tracer-level", help="0 off, 1 user annotations, 2 + framework ops, 3 verbose."),
+    device_tracer_level: int = Option(1, "--device-tracer-level", help="0 off, 1 on."),
+    python_tracer_level: int = Option(0, "--python-tracer-level", help="1 traces every Python call (large)."),
+    analyze_: bool = Option(False, "--analyze", help="Run `tpuprof analyze` on the new run."),
+    as_json: bool = Option(False, "--json", help=JSON_HELP),
+    verbose: bool = Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Capture a profile from a running job (TPU name, addresses or environment), from every worker."""
     library_output.hold(verbose)
@@ -205,19 +192,19 @@ def capture(
                 analyze=analyze_, as_json=as_json)
 
 
-@app.command(epilog=_examples(
+@commands.command(epilog=_examples(
     "tpuprof report sample_profiles/dumps/conv18_f32_v5e -o conv18.html",
     "tpuprof report DUMP_DIR LOGDIR oom.txt --title 'train step, batch 128'",
     "tpuprof report before.json after.json -o compare.html",
 ))
 def report(
-    inputs: List[str] = typer.Argument(..., metavar="INPUT...", help="Any mix of XLA dump folders/files, profiles (logdir, run, *.xplane.pb), OOM logs and tpuprof --json files."),
-    output: Path = typer.Option(Path("tpuprof-report.html"), "--output", "-o", help="The HTML file to write (self-contained, opens offline)."),
+    inputs: List[str] = Argument(..., metavar="INPUT...", help="Any mix of XLA dump folders/files, profiles (logdir, run, *.xplane.pb), OOM logs and tpuprof --json files."),
+    output: Path = Option(Path("tpuprof-report.html"), "--output", "-o", help="The HTML file to write (self-contained, opens offline)."),
     target: Optional[str] = _target_option("TPU generation for inputs that do not say."),
-    top: int = typer.Option(15, "--top", help="Rows in the buffer, op and allocation charts and tables."),
-    title: Optional[str] = typer.Option(None, "--title", help="Page title."),
-    as_json: bool = typer.Option(False, "--json", help="Print where the page went and what it was made from, as JSON."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+    top: int = Option(15, "--top", help="Rows in the buffer, op and allocation charts and tables."),
+    title: Optional[str] = Option(None, "--title", help="Page title."),
+    as_json: bool = Option(False, "--json", help="Print where the page went and what it was made from, as JSON."),
+    verbose: bool = Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """One self-contained HTML page: memory over time, padding, step time, input pipeline and ranked fixes."""
     library_output.hold(verbose)
@@ -226,21 +213,21 @@ def report(
     command.run(inputs, output=output, target=target, top=top, title=title, as_json=as_json)
 
 
-@app.command(epilog=_examples(
+@commands.command(epilog=_examples(
     "tpuprof diff sample_profiles/dumps/diff_b64 sample_profiles/dumps/diff_b128",
     "tpuprof diff main.json pr.json --fail-if 'peak_heap_bytes>+5%'",
     "tpuprof diff LOGDIR_A LOGDIR_B --fail-if 'median_ms>+2' --fail-if 'input_bound_percent>20'",
 ))
 def diff(
-    a: str = typer.Argument(..., metavar="A", help="Before: an XLA dump, a profile, or a tpuprof --json file."),
-    b: str = typer.Argument(..., metavar="B", help="After: the same kind of input as A."),
-    fail_if: Optional[List[str]] = typer.Option(None, "--fail-if", help="Exit 1 when B regresses, e.g. 'peak_heap_bytes>+5%', 'median_ms>+2', 'input_bound_percent>20'; repeatable."),
-    batches: Optional[str] = typer.Option(None, "--batches", help="Batch sizes of A and B, e.g. 64,128, for the per-example growth (default: sample.json, else the shapes)."),
+    a: str = Argument(..., metavar="A", help="Before: an XLA dump, a profile, or a tpuprof --json file."),
+    b: str = Argument(..., metavar="B", help="After: the same kind of input as A."),
+    fail_if: Optional[List[str]] = Option(None, "--fail-if", help="Exit 1 when B regresses, e.g. 'peak_heap_bytes>+5%', 'median_ms>+2', 'input_bound_percent>20'; repeatable."),
+    batches: Optional[str] = Option(None, "--batches", help="Batch sizes of A and B, e.g. 64,128, for the per-example growth (default: sample.json, else the shapes)."),
     target: Optional[str] = _target_option("TPU generation for inputs that do not say."),
-    top: int = typer.Option(10, "--top", help="Rows of buffers that appear, disappear or change."),
-    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    top: int = Option(10, "--top", help="Rows of buffers that appear, disappear or change."),
+    as_json: bool = Option(False, "--json", help=JSON_HELP),
     format_: Optional[OutputFormat] = _format_option(),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+    verbose: bool = Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """What changed between two runs (peak, padding, buffers, step time, input %); --fail-if for CI."""
     library_output.hold(verbose)
@@ -250,7 +237,7 @@ def diff(
                 format_=format_.value if format_ else None)
 
 
-@app.command(epilog=_examples(
+@commands.command(epilog=_examples(
     "tpuprof preflight sample_profiles/models/conv18.py:factory --tpu v5e --batch 64",
     "tpuprof preflight train.py:step --tpu v5e,v6e --max-batch      # compare generations",
     "tpuprof preflight train.py:step --tpu v5e,v6e,v5p --max-batch --tokens-per-example 2048 --price v6e=2.70",
@@ -259,31 +246,31 @@ def diff(
     "tpuprof preflight --model config.json --tpu v5p-128,v6e-256 --mesh fsdp=-1,tensor=4 --global-batch 512",
 ))
 def preflight(
-    spec: Optional[str] = typer.Argument(None, metavar="[FILE.py:FACTORY]", help="path/to/file.py:factory; factory(batch_size) returns (jax fn, example args), "
+    spec: Optional[str] = Argument(None, metavar="[FILE.py:FACTORY]", help="path/to/file.py:factory; factory(batch_size) returns (jax fn, example args), "
                                "(tf.function, TensorSpecs) or (compiled Keras model, x spec, y spec). Not with --model."),
-    tpu: str = typer.Option(..., "--tpu", metavar="GENERATION[,...]", help=f"TPU generation ({GENERATIONS}; {GENERATION_NAMES}) or topology (v5e:2x2); "
+    tpu: str = Option(..., "--tpu", metavar="GENERATION[,...]", help=f"TPU generation ({GENERATIONS}; {GENERATION_NAMES}) or topology (v5e:2x2); "
                             "a comma list compares them.",
                             callback=_check_generations, autocompletion=_complete_generation),
-    batch: Optional[int] = typer.Option(None, "--batch", help="Per-chip batch size to check."),
-    max_batch: bool = typer.Option(False, "--max-batch", help="Search the largest per-chip batch that fits."),
-    compare_bf16: bool = typer.Option(False, "--compare-bf16", help="Also compile in bfloat16 and compare."),
-    top: int = typer.Option(10, "--top", help="Rows in the memory breakdown tables."),
-    tokens_per_example: Optional[int] = typer.Option(None, "--tokens-per-example", metavar="N",
+    batch: Optional[int] = Option(None, "--batch", help="Per-chip batch size to check."),
+    max_batch: bool = Option(False, "--max-batch", help="Search the largest per-chip batch that fits."),
+    compare_bf16: bool = Option(False, "--compare-bf16", help="Also compile in bfloat16 and compare."),
+    top: int = Option(10, "--top", help="Rows in the memory breakdown tables."),
+    tokens_per_example: Optional[int] = Option(None, "--tokens-per-example", metavar="N",
                                                      help="Tokens in one example (sequence length): adds tokens/s and cost per 1M tokens."),
-    price: Optional[str] = typer.Option(None, "--price", metavar="GEN=USD[,...]",
+    price: Optional[str] = Option(None, "--price", metavar="GEN=USD[,...]",
                                         help="On-demand price per chip-hour, overriding tpuprof's table (e.g. v6e=2.70)."),
-    model: Optional[str] = typer.Option(None, "--model", metavar="NAME|config.json",
+    model: Optional[str] = Option(None, "--model", metavar="NAME|config.json",
                                         help="An LLM's full train step instead of a SPEC: a built-in name (llama3.1-8b, qwen2.5-7b, mixtral-8x7b, ...) or a Hugging Face config.json."),
-    seq: int = typer.Option(2048, "--seq", help="--model: sequence length in tokens."),
-    batch_per_chip: Optional[int] = typer.Option(None, "--batch-per-chip", metavar="N", help="--model: sequences per chip."),
-    global_batch: Optional[int] = typer.Option(None, "--global-batch", metavar="N", help="--model: sequences per step over the whole slice (all slices)."),
-    remat: str = typer.Option("full", "--remat", metavar="POLICY", help="--model: none, full, dots (save matmul outputs), offload (to host memory), or all (with --max-batch: a batch x remat table)."),
-    dtype: str = typer.Option("bf16", "--dtype", metavar="bf16|fp8", help="--model: matmul operands in bf16 or fp8 (weights and optimizer state stay fp32)."),
-    mesh: Optional[str] = typer.Option(None, "--mesh", metavar="AXIS=N,...", help="--model or a factory with a `mesh` parameter: mesh axes data, fsdp, tensor, expert (-1: the rest of the devices). Default fsdp=-1."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Recompile even if a cached result exists."),
-    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    seq: int = Option(2048, "--seq", help="--model: sequence length in tokens."),
+    batch_per_chip: Optional[int] = Option(None, "--batch-per-chip", metavar="N", help="--model: sequences per chip."),
+    global_batch: Optional[int] = Option(None, "--global-batch", metavar="N", help="--model: sequences per step over the whole slice (all slices)."),
+    remat: str = Option("full", "--remat", metavar="POLICY", help="--model: none, full, dots (save matmul outputs), offload (to host memory), or all (with --max-batch: a batch x remat table)."),
+    dtype: str = Option("bf16", "--dtype", metavar="bf16|fp8", help="--model: matmul operands in bf16 or fp8 (weights and optimizer state stay fp32)."),
+    mesh: Optional[str] = Option(None, "--mesh", metavar="AXIS=N,...", help="--model or a factory with a `mesh` parameter: mesh axes data, fsdp, tensor, expert (-1: the rest of the devices). Default fsdp=-1."),
+    no_cache: bool = Option(False, "--no-cache", help="Recompile even if a cached result exists."),
+    as_json: bool = Option(False, "--json", help=JSON_HELP),
     format_: Optional[OutputFormat] = _format_option(),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+    verbose: bool = Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Will it fit on a TPU, the largest batch that does, and how fast and at what cost: compiled with libtpu, no TPU needed."""
     library_output.hold(verbose)
@@ -295,18 +282,18 @@ def preflight(
                 global_batch=global_batch, remat=remat, dtype=dtype, mesh=mesh)
 
 
-@app.command(epilog=_examples(
+@commands.command(epilog=_examples(
     "tpuprof trace sample_profiles/captures/jax_compute -o steps.pftrace",
     "tpuprof trace LOGDIR -o steps.pftrace --steps 10:13 --hosts worker0,worker1",
 ))
 def trace(
-    path: str = typer.Argument(..., metavar="PROFILE", help="Profile logdir, run folder, <host>.xplane.pb or gs:// path, as for analyze."),
-    output: Path = typer.Option(..., "--output", "-o", help="The Perfetto trace to write (protobuf; open in ui.perfetto.dev)."),
-    steps: Optional[str] = typer.Option(None, "--steps", metavar="FIRST:END", help="Steps FIRST to END-1 as analyze numbers them (10:13: three steps). Default: the median step and one either side."),
-    hosts: Optional[str] = typer.Option(None, "--hosts", metavar="HOST[,...]", help="Only these hosts (file names without .xplane.pb). Default: every host."),
-    force: bool = typer.Option(False, "--force", help="Replace the output file if it exists."),
-    as_json: bool = typer.Option(False, "--json", help="Print what was written (path, size, hosts, steps, events) as JSON."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+    path: str = Argument(..., metavar="PROFILE", help="Profile logdir, run folder, <host>.xplane.pb or gs:// path, as for analyze."),
+    output: Path = Option(..., "--output", "-o", help="The Perfetto trace to write (protobuf; open in ui.perfetto.dev)."),
+    steps: Optional[str] = Option(None, "--steps", metavar="FIRST:END", help="Steps FIRST to END-1 as analyze numbers them (10:13: three steps). Default: the median step and one either side."),
+    hosts: Optional[str] = Option(None, "--hosts", metavar="HOST[,...]", help="Only these hosts (file names without .xplane.pb). Default: every host."),
+    force: bool = Option(False, "--force", help="Replace the output file if it exists."),
+    as_json: bool = Option(False, "--json", help="Print what was written (path, size, hosts, steps, events) as JSON."),
+    verbose: bool = Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Chosen steps of every host and TPU core as a Perfetto trace: ops, modules, steps, flows, memory counters."""
     library_output.hold(verbose)
@@ -315,7 +302,7 @@ def trace(
     command.run(path, output, steps=steps, hosts=hosts, force=force, as_json=as_json)
 
 
-@app.command(epilog=_examples("tpuprof guide | less", "tpuprof guide > AGENTS-tpuprof.md      # beside the code an agent works on"))
+@commands.command(epilog=_examples("tpuprof guide | less", "tpuprof guide > AGENTS-tpuprof.md      # beside the code an agent works on"))
 def guide() -> None:
     """How to use tpuprof from an agent or a script: which command answers what, JSON fields, exit codes, chains."""
     from tpuprof.commands import guide as command
@@ -323,30 +310,11 @@ def guide() -> None:
     command.run()
 
 
-# The command list shows each command's first sentence whole, wrapped if need be (click would cut it to
-# fit one line at 80 columns).
-for _command in app.registered_commands:
-    _command.short_help = _command.short_help or _command.callback.__doc__.split(". ")[0].rstrip(".") + "."
-
-
-def _closed_pipe_is_success(command):
-    """`tpuprof ... | head` closes the pipe once the reader has what it wanted: that is success (exit 0, as
-    before typer's standalone mode, which would exit 1), and nothing more is written to the closed pipe."""
-    import functools
-
-    @functools.wraps(command)
-    def run(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except BrokenPipeError:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise SystemExit(0) from None
-
-    return run
-
-
-for _command in app.registered_commands:
-    _command.callback = _closed_pipe_is_success(_command.callback)
+def __getattr__(name: str):
+    """`tpuprof.cli.app`: the typer app, built when first asked for (the command line builds it only when needed)."""
+    if name == "app":
+        return commands.typer_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # Commands that read files and run no user code (preflight runs the user's model, capture a live job).
@@ -354,9 +322,9 @@ FILE_READING_COMMANDS = {"analyze", "memory", "oom", "diff", "report"}
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """Console entry point. Typer runs in standalone mode: usage errors, --help, --version and completion
-    exit through SystemExit with click's own messages and codes (a pipe closed by `| head`: exit 0,
-    see _closed_pipe_is_success). What reaches us is ours: a UserError (one sentence, exit 2), an interrupt, or a bug (one line,
+    """Console entry point. Typer, when the command line needs it, runs in standalone mode: usage errors, --help,
+    --version and completion exit through SystemExit with click's own messages and codes (a pipe closed by
+    `| head`: exit 0, see cli_lazy._closed_pipe_is_success). What reaches us is ours: a UserError (one sentence, exit 2), an interrupt, or a bug (one line,
     exit 1; TPUPROF_DEBUG=1 shows the traceback). What the libraries printed meanwhile is held back
     (tpuprof/library_output.py) and shown only before an internal error.
     """
@@ -367,7 +335,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         # machine, for commands that do no BLAS work. Only this process; a value the user set wins.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
-        app(args=argv, prog_name="tpuprof")
+        commands.run(sys.argv[1:] if argv is None else list(argv))
     except SystemExit as done:
         if done.code in (0, None):
             return  # success returns, so that main() can also be called in-process
@@ -391,6 +359,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     finally:
         if not internal_error:
             library_output.release(replay=False)
+        if argv is None:
+            # The process ends now (console script, python -m tpuprof). Its last garbage collections at exit would
+            # walk every object left (15 ms of the 0.2 s of `analyze --json` on a 1 MB capture) to free memory the
+            # system takes back anyway; atexit handlers still run, and tpuprof closes its files itself.
+            gc.freeze()
 
 if __name__ == "__main__":
     main()

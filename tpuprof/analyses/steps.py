@@ -69,8 +69,10 @@ def _stat(plane, stat, names):
     return getattr(stat, kind) if kind else None
 
 
-def _ids(plane, predicate) -> set[int]:
-    return {key for key, meta in plane.event_metadata.items() if predicate(meta.name)}
+def _ids(names: dict[int, str], predicate) -> set[int]:
+    """The metadata ids whose event name satisfies PREDICATE; NAMES: id -> name of a plane's event metadata (read
+    once: each pass over the proto map makes a Python object per entry)."""
+    return {key for key, name in names.items() if predicate(name)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -98,15 +100,16 @@ class HostView:
         """STREAM: the host plane (sources.xspace_stream.PlaneStream); its lines are read once, keeping only the
         events the analyses look at (all of them on a line that holds step-marker candidates)."""
         plane = self.plane = stream.header
-        get_next = _ids(plane, GET_NEXT.match)
-        compile_ids = _ids(plane, lambda n: bool(COMPILE.search(n)) and not COMPILE_EXCLUDE.search(n))
+        names = self.names = {key: meta.name for key, meta in plane.event_metadata.items()}
+        get_next = _ids(names, GET_NEXT.match)
+        compile_ids = _ids(names, lambda n: bool(COMPILE.search(n)) and not COMPILE_EXCLUDE.search(n))
         # Work = kernels actually running: TF ops (`scope/name:Type`) and XLA:CPU thunks on executor threads.
-        tf_ops = _ids(plane, lambda n: bool(top_ops.TF_OP.match(n)))
-        xla_ops = _ids(plane, lambda n: bool(n) and not top_ops.NOT_OP.match(n) and not top_ops.TF_OP.match(n))
-        iterator_ids = _ids(plane, lambda n: n.startswith("Iterator::"))
+        tf_ops = _ids(names, lambda n: bool(top_ops.TF_OP.match(n)))
+        xla_ops = _ids(names, lambda n: bool(n) and not top_ops.NOT_OP.match(n) and not top_ops.TF_OP.match(n))
+        iterator_ids = _ids(names, lambda n: n.startswith("Iterator::"))
         markers = set().union(*self._marker_ids().values())
         wanted = get_next | compile_ids | tf_ops | iterator_ids | markers | \
-            _ids(plane, lambda n: bool(input_pipeline.PY_FUNCTION.match(n)))
+            _ids(names, lambda n: bool(input_pipeline.PY_FUNCTION.match(n)))
         self.lines = []
         for stream_line in stream.lines():
             if not stream_line.has_events:
@@ -149,11 +152,11 @@ class HostView:
         return self._markers
 
     def _marker_ids(self) -> dict[str, set[int]]:
-        return {"explicit": _ids(self.plane, EXPLICIT_MARKER.match),
-                "tf_step": _ids(self.plane, lambda n: n in TF_STEP_FUNCTIONS),
-                "tf_inference": _ids(self.plane, lambda n: bool(TF_INFERENCE.match(n))
+        return {"explicit": _ids(self.names, EXPLICIT_MARKER.match),
+                "tf_step": _ids(self.names, lambda n: n in TF_STEP_FUNCTIONS),
+                "tf_inference": _ids(self.names, lambda n: bool(TF_INFERENCE.match(n))
                                      and TF_INFERENCE.match(n).group(1) in TF_STEP_FUNCTIONS),
-                "pjit": _ids(self.plane, PJIT.match)}
+                "pjit": _ids(self.names, PJIT.match)}
 
     def _find_markers(self):
         meta = self.plane.event_metadata
@@ -181,7 +184,7 @@ class HostView:
 
     def traced_host_work(self, line: Line) -> Spans:
         """The training thread's traced events other than step markers (dispatch, transfers, other jits)."""
-        markers = _ids(self.plane, EXPLICIT_MARKER.match)
+        markers = _ids(self.names, EXPLICIT_MARKER.match)
         keep = ~np.isin(line.mid, list(markers)) if markers else np.ones(len(line.mid), bool)
         return Spans(line.start[keep], line.end[keep])
 

@@ -29,7 +29,7 @@ class Line:
         """Indices of the events whose metadata id is in IDS."""
         if not len(ids) or not len(self.mid):
             return np.zeros(0, dtype=np.int64)
-        return np.flatnonzero(np.isin(self.mid, np.fromiter(ids, np.int64, len(ids))))
+        return np.flatnonzero(member(self.mid, ids))
 
     def event_stats(self, index: int) -> list:
         """The XStat messages of event INDEX (kept only for the events `read_line` was asked to keep them for)."""
@@ -55,8 +55,8 @@ def read_line(line, keep=None, stats_for=(), int_stats: dict[str, int] | None = 
     keep: metadata ids of the events to keep (None: all); stats_for: ids whose events keep their raw stats;
     int_stats: {name: stat id} of integer stats read for every kept event; first_stats: keep the raw stats of each
     metadata id's first event. Only the arrays and these stats outlive a batch."""
-    keep_ids = None if keep is None else np.fromiter(keep, np.int64, len(keep))
-    stats_ids = np.fromiter(stats_for, np.int64, len(stats_for)) if len(stats_for) else None
+    keep_ids = None if keep is None else set(keep)
+    stats_ids = set(stats_for) if len(stats_for) else None
     origin = int(line.timestamp_ns) * 1000
     name = line.label
     if abs(origin) > TIME_LIMIT_PS:
@@ -67,17 +67,18 @@ def read_line(line, keep=None, stats_for=(), int_stats: dict[str, int] | None = 
     ints: dict[str, list[np.ndarray]] = {key: [] for key in (int_stats or {})}
     kept = 0
     for batch in line.event_batches():
-        offset, duration, mid = batch.offset_ps, batch.duration_ps, batch.metadata_id
-        index = None if keep_ids is None else np.flatnonzero(np.isin(mid, keep_ids))
+        mid = batch.metadata_id
+        index = None if keep_ids is None else np.flatnonzero(member(mid, keep_ids))
+        offset, duration = batch.times(index)  # only the kept events' times are read
         if index is not None:
-            offset, duration, mid = offset[index], duration[index], mid[index]
+            mid = mid[index]
         if not (_within(offset) and _within(duration)):
             _out_of_range(name)
         if int_stats:
             for key, values in batch.int_stats(int_stats, index).items():
                 ints[key].append(values)
-        if stats_ids is not None:
-            for i in np.flatnonzero(np.isin(mid, stats_ids)).tolist():
+        if stats_ids is not None and len(mid):
+            for i in np.flatnonzero(member(mid, stats_ids)).tolist():
                 stats[kept + i] = batch.stats(i if index is None else int(index[i]))
         if first_stats:
             ids, at = np.unique(mid, return_index=True)
@@ -95,10 +96,26 @@ def read_line(line, keep=None, stats_for=(), int_stats: dict[str, int] | None = 
                 {key: np.concatenate(values) if values else np.zeros(0, np.int64) for key, values in ints.items()})
 
 
+# Up to this many values, a lookup in a Python set beats np.isin, which costs about 25 us a call whatever the size
+# (a host plane has a hundred lines, most of a few hundred events).
+_SET_LOOKUP = 256
+
+
+def member(values: np.ndarray, ids) -> np.ndarray:
+    """np.isin(VALUES, IDS) for integer VALUES and a set (or any collection) of ints IDS."""
+    if len(values) <= _SET_LOOKUP:
+        ids = ids if isinstance(ids, (set, frozenset, dict)) else set(ids)
+        return np.fromiter(map(ids.__contains__, values.tolist()), bool, len(values))
+    return np.isin(values, np.fromiter(ids, np.int64, len(ids)))
+
+
 def distinct(values: np.ndarray) -> list[int]:
-    """The sorted distinct values (metadata ids) of an integer array. Plain np.unique(values) imports numpy.ma
-    on its first call to rule out a masked array (20-45 ms of a 0.3 s start); with the counts asked for, numpy
-    skips that check."""
+    """The sorted distinct values (metadata ids) of an integer array. A short one (most lines of a host plane, often
+    empty) goes through a Python set: np.unique costs about 10 us a call whatever the size. Plain np.unique(values)
+    imports numpy.ma on its first call to rule out a masked array (20-45 ms of a 0.3 s start); with the counts
+    asked for, numpy skips that check."""
+    if len(values) <= _SET_LOOKUP:
+        return sorted(set(values.tolist()))
     return np.unique(values, return_counts=True)[0].tolist()
 
 
