@@ -70,3 +70,44 @@ def xla_data_pb2() -> types.ModuleType:
 
 def xplane_pb2() -> types.ModuleType:
     return load(XPLANE_PB2)
+
+
+@lru_cache(maxsize=None)
+def hlo_proto_index_class() -> type:
+    """A message class for HloProto files that parses only whether each computation is a fusion body.
+
+    The rest stays unparsed bytes: the buffer assignment is declared `bytes`, and upb keeps the fields a schema does
+    not declare (instructions, schedule, shapes) as they were and writes them back unchanged, so a computation found
+    here re-serialises to its original bytes for the real `HloComputationProto`. Most of a large module is fusion
+    computations that define no buffer; skipping them is most of what `memory` spent reading one. Built from the
+    real descriptors (same field numbers and types), with the kept fields only."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    hlo = hlo_pb2()
+    package = "tpuprof_hlo_index"
+    field_proto = descriptor_pb2.FieldDescriptorProto
+
+    def pruned(message, keep: dict[str, str | None]) -> descriptor_pb2.DescriptorProto:
+        """MESSAGE with only the fields in KEEP: a field mapped to a message name takes that type, "bytes" keeps
+        the field's bytes unparsed, None keeps the field as it is."""
+        proto = descriptor_pb2.DescriptorProto(name=message.DESCRIPTOR.name)
+        for field in message.DESCRIPTOR.fields:
+            if field.name not in keep:
+                continue
+            label = field_proto.LABEL_REPEATED if field.is_repeated else field_proto.LABEL_OPTIONAL
+            copied = proto.field.add(name=field.name, number=field.number, type=field.type, label=label)
+            if keep[field.name] == "bytes":
+                copied.type = field_proto.TYPE_BYTES
+            elif keep[field.name]:
+                copied.type_name = keep[field.name]
+        return proto
+
+    file = descriptor_pb2.FileDescriptorProto(name="tpuprof/hlo_index.proto", package=package, syntax="proto3")
+    file.message_type.extend([
+        pruned(hlo.HloProto, {"hlo_module": f".{package}.HloModuleProto", "buffer_assignment": "bytes"}),
+        pruned(hlo.HloModuleProto, {"computations": f".{package}.HloComputationProto"}),
+        pruned(hlo.HloComputationProto, {"is_fusion_computation": None}),
+    ])
+    pool = descriptor_pool.Default()
+    pool.AddSerializedFile(file.SerializeToString())
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.HloProto"))
