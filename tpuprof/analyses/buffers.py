@@ -20,16 +20,16 @@ class InstructionIndex:
     def __init__(self, module, needed: set[int] | None = None, whole_module: bool = True):
         # Large modules have tens of thousands of instructions, most in fusion computations that own no
         # buffer. XLA numbers an instruction (computation id << 32 | local id): visit only the computations
-        # that define a needed instruction, and everything if that numbering does not hold (a module read in part
-        # holds no more: MissingInstructions).
+        # that define a needed instruction, and everything if that numbering does not hold. A module read in part
+        # (whole_module=False) that still lacks one raises MissingInstructions: the rest of it may hold it.
         self.by_id = {}
         self._frames = module.stack_frame_index
         owners = {i >> 32 for i in needed} if needed else None
         self._index(module, needed, owners)
         if needed and not needed <= self.by_id.keys():
-            if not whole_module:
-                raise MissingInstructions
             self._index(module, needed, None)
+            if not whole_module and not needed <= self.by_id.keys():
+                raise MissingInstructions
 
     def _index(self, module, needed, owners) -> None:
         for computation in module.computations:
