@@ -23,10 +23,11 @@ def analyze(path: Path, module: str | None = None, target: str | None = None, to
     generation = targets.get(target) if target else None
     automatic = compile_ is None
     if automatic:
-        from tpuprof.sources import tpu_compile
+        compile_ = False
+        if generation is not None and analysis.needs_tpu_compile(Path(path), module):
+            from tpuprof.sources import tpu_compile  # here: it imports shutil (and lzma, bz2) for nothing otherwise
 
-        compile_ = (generation is not None and analysis.needs_tpu_compile(Path(path), module)
-                    and tpu_compile.jax_available())
+            compile_ = tpu_compile.jax_available()
     if compile_:
         if generation is None:
             raise UserError("--compile needs --target (the TPU generation to compile for).")
