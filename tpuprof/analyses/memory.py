@@ -172,26 +172,32 @@ def from_hlo_proto(proto, source: str, whole_module: bool = True) -> ModuleMemor
             if buffer_id in logical:
                 allocation_of[buffer_id] = allocation
 
-    # (dense bytes, dtype) of every logical buffer, in one pass over them (the replay and the buffer list both need
-    # them): a repeated id keeps its last. A tuple instruction defines several buffers: read its shape once.
+    # (dense bytes, dtype) of a logical buffer (a repeated id: its last), read from its shape when the replay or
+    # the buffer list first asks: other memory spaces' buffers (a third of a large module's) are never read.
     facts: dict[int, tuple[int, str]] = {}
     shape_of: dict[int, object] = {}  # instruction id -> its ShapeProto (each field read builds an object)
-    for buffer_id, size, _, instruction_id, index in rows:
+
+    def dense_facts(buffer_id: int) -> tuple[int, str]:
+        known = facts.get(buffer_id)
+        if known is not None:
+            return known
+        _, size, _, instruction_id, index = logical[buffer_id]
         shape = shape_of.get(instruction_id)
         if shape is None:
             instruction = by_id.get(instruction_id)
             if instruction is None:
-                facts[buffer_id] = (size, "")
-                continue
+                known = facts[buffer_id] = (size, "")
+                return known
             shape = shape_of[instruction_id] = instruction.shape
         # Like XProf, a shape index selects by its LAST entry (nested indices are rare in HBM buffers and XProf
         # reports them this way); a damaged proto can hold a negative one.
         if index and 0 <= index[-1] < len(shape.tuple_shapes):
             shape = shape.tuple_shapes[index[-1]]
-        facts[buffer_id] = _dense_facts(shape)
+        known = facts[buffer_id] = _dense_facts(shape)
+        return known
 
     def unpadded(buffer_id: int) -> int:
-        return facts[buffer_id][0]
+        return dense_facts(buffer_id)[0]
 
     result = ModuleMemory(name=module.name, source=source, source_kind="hlo_proto")
     replay = _replay_heap_trace(assignment, allocations, logical, allocation_of, unpadded)
@@ -247,7 +253,7 @@ def from_hlo_proto(proto, source: str, whole_module: bool = True) -> ModuleMemor
         name, opcode, op_name = names
         if index:
             name += "{" + ",".join(map(str, index)) + "}"
-        dense, dtype = facts[buffer_id]
+        dense, dtype = dense_facts(buffer_id)
         buffers.append(Buffer(buffer_id, name, opcode, "", size, dense, kind_of_allocation[allocation.index], op_name,
                               "", HBM, buffer_id in live_at_peak, dtype=dtype))
     buffers.sort(key=lambda b: (-b.size_bytes, b.id))
