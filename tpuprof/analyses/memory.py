@@ -267,7 +267,9 @@ def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
     if result.details_source is None:
         return
     instructions, logical = result.details_source
-    converted: dict[bytes, shapes.Shape] = {}  # a model's layers repeat their shapes: convert each once
+    # A model's layers repeat their shapes: convert each once, and write each element's text once.
+    converted: dict[bytes, shapes.Shape] = {}
+    filled: dict[tuple[bytes, tuple[int, ...]], tuple] = {}  # (shape, index) -> the details written for it
     for buffer in buffers:
         if buffer.shape:
             continue
@@ -277,10 +279,17 @@ def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
         if instruction is None:
             continue
         key = instruction.shape.SerializeToString()
-        shape = converted.get(key)
-        if shape is None:
-            shape = converted[key] = shapes.from_proto(instruction.shape)
-        fill_shape_details(buffer, shape.subshape(list(row[4])))
+        details = filled.get((key, tuple(row[4])))
+        if details is None:
+            shape = converted.get(key)
+            if shape is None:
+                shape = converted[key] = shapes.from_proto(instruction.shape)
+            fill_shape_details(buffer, shape.subshape(list(row[4])))
+            filled[key, tuple(row[4])] = (buffer.shape, buffer.dtype, buffer.padded_dims, buffer.minor_to_major,
+                                          buffer.tile)
+        else:
+            buffer.shape, buffer.dtype, padded_dims, buffer.minor_to_major, buffer.tile = details
+            buffer.padded_dims = list(padded_dims)
         buffer.source_line = instructions.source_line(instruction)
 
 
