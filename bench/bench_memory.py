@@ -5,7 +5,9 @@
 Without HLO_PB it uses bench/make_large_module.py (a 48-layer transformer compiled for v5p with
 libtpu, cached in bench/.cache/). Both tools read the same bytes from disk; in-process times are
 medians after one warm-up, whole-process times include interpreter start-up and imports. The processes run with
-Python's bytecode cache on (as an installed package has it), whatever PYTHONDONTWRITEBYTECODE says here.
+Python's bytecode cache on (as an installed package has it), whatever PYTHONDONTWRITEBYTECODE says here. Two more
+lines say where tpuprof's time goes: its in-process split (read, analysis, the rest), and the process CPU of the
+memory command called without the CLI in front (tpuprof.commands.memory; the CLI's start-up is typer's).
 """
 
 from __future__ import annotations
@@ -65,17 +67,27 @@ def _cpu_seconds(run) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def _stages(hlo_pb: Path, runs: int) -> tuple[float, float]:
-    """Median seconds, in this process, of reading the proto and of the analysis (buffers, heap replay)."""
+def _split(hlo_pb: Path, whole, runs: int) -> tuple[float, float, float]:
+    """Median seconds of reading the proto, of the analysis (buffers, heap replay) and of the rest (shapes, advice,
+    JSON) in this process, each run of WHOLE (the command in-process) paired with one of its first two stages."""
+    import statistics
+    import time
+
     from tpuprof.analyses import memory as analysis
     from tpuprof.sources import hlo_dump
 
-    def read():
-        return hlo_dump.read_buffer_definers(hlo_pb)
-
-    proto = read()
-    return (median_time(read, runs),
-            median_time(lambda: analysis.from_hlo_proto(proto, str(hlo_pb), whole_module=False), runs))
+    split = []
+    for _ in range(runs):
+        marks = [time.perf_counter()]
+        whole()
+        marks.append(time.perf_counter())
+        proto = hlo_dump.read_buffer_definers(hlo_pb)
+        marks.append(time.perf_counter())
+        analysis.from_hlo_proto(proto, str(hlo_pb), whole_module=False)
+        marks.append(time.perf_counter())
+        total, read, analysed = (end - start for start, end in zip(marks, marks[1:]))
+        split.append((read, analysed, total - read - analysed))
+    return tuple(statistics.median(stage) for stage in zip(*split))
 
 
 def main() -> None:
@@ -111,9 +123,9 @@ def main() -> None:
         theirs_s = median_time(theirs, args.runs)
         print(f"in-process     tpuprof {ours_s * 1000:8.1f} ms   xprof {theirs_s * 1000:8.1f} ms   "
               f"ratio {ours_s / theirs_s:.2f}")
-        read_s, analysis_s = _stages(hlo_pb, args.runs)
+        read_s, analysis_s, rest_s = _split(hlo_pb, ours, args.runs)
         print(f"  tpuprof: read {read_s * 1000:.1f} ms, analysis {analysis_s * 1000:.1f} ms, shapes + advice + "
-              f"JSON {(ours_s - read_s - analysis_s) * 1000:.1f} ms")
+              f"JSON {rest_s * 1000:.1f} ms")
 
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
