@@ -81,10 +81,11 @@ def _split(hlo_pb: Path, whole, runs: int) -> tuple[float, float, float]:
         marks = [time.perf_counter()]
         whole()
         marks.append(time.perf_counter())
-        proto = hlo_dump.read_buffer_definers(hlo_pb)
-        marks.append(time.perf_counter())
-        analysis.from_hlo_proto(proto, str(hlo_pb), whole_module=False)
-        marks.append(time.perf_counter())
+        with analysis._collector_paused():  # as the command runs them
+            proto = hlo_dump.read_buffer_definers(hlo_pb)
+            marks.append(time.perf_counter())
+            analysis.from_hlo_proto(proto, str(hlo_pb), whole_module=False)
+            marks.append(time.perf_counter())
         total, read, analysed = (end - start for start, end in zip(marks, marks[1:]))
         split.append((read, analysed, total - read - analysed))
     return tuple(statistics.median(stage) for stage in zip(*split))

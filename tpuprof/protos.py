@@ -73,24 +73,25 @@ def xplane_pb2() -> types.ModuleType:
 
 
 @lru_cache(maxsize=None)
-def hlo_proto_index_class() -> type:
-    """A message class for HloProto files that parses only whether each computation is a fusion body.
+def buffer_view_classes() -> tuple[type, type]:
+    """Two message classes over HloProto's wire format for the memory analysis of large modules: the real
+    messages' field numbers and types, fewer fields. upb keeps the fields a schema does not declare as unparsed
+    bytes and writes them back unchanged, so what one reads, the other (or the real class) can parse again.
 
-    The rest stays unparsed bytes: the buffer assignment is declared `bytes`, and upb keeps the fields a schema does
-    not declare (instructions, schedule, shapes) as they were and writes them back unchanged, so a computation found
-    here re-serialises to its original bytes for the real `HloComputationProto`. Most of a large module is fusion
-    computations that define no buffer; skipping them is most of what `memory` spent reading one. Built from the
-    real descriptors (same field numbers and types), with the kept fields only."""
+    - The index reads only whether each computation is a fusion body; the buffer assignment stays bytes. Most of
+      a large module is fusion bodies, whose instructions define no buffer.
+    - The view reads the buffer assignment, and of the module its name, entry, stack frames, computations and of
+      their instructions only what the analysis reads (id, name, opcode, shape, metadata): a smaller message parses
+      faster (35% here) and its fields read faster."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     hlo = hlo_pb2()
-    package = "tpuprof_hlo_index"
     field_proto = descriptor_pb2.FieldDescriptorProto
 
-    def pruned(message, keep: dict[str, str | None]) -> descriptor_pb2.DescriptorProto:
+    def pruned(message, keep: dict[str, str | None], name: str = "") -> descriptor_pb2.DescriptorProto:
         """MESSAGE with only the fields in KEEP: a field mapped to a message name takes that type, "bytes" keeps
         the field's bytes unparsed, None keeps the field as it is."""
-        proto = descriptor_pb2.DescriptorProto(name=message.DESCRIPTOR.name)
+        proto = descriptor_pb2.DescriptorProto(name=name or message.DESCRIPTOR.name)
         for field in message.DESCRIPTOR.fields:
             if field.name not in keep:
                 continue
@@ -100,14 +101,24 @@ def hlo_proto_index_class() -> type:
                 copied.type = field_proto.TYPE_BYTES
             elif keep[field.name]:
                 copied.type_name = keep[field.name]
+            elif field.message_type is not None:
+                copied.type_name = "." + field.message_type.full_name
         return proto
 
-    file = descriptor_pb2.FileDescriptorProto(name="tpuprof/hlo_index.proto", package=package, syntax="proto3")
+    package = "tpuprof_buffer_view"
+    file = descriptor_pb2.FileDescriptorProto(name="tpuprof/buffer_view.proto", package=package, syntax="proto3",
+                                              dependency=[hlo.DESCRIPTOR.name])
     file.message_type.extend([
-        pruned(hlo.HloProto, {"hlo_module": f".{package}.HloModuleProto", "buffer_assignment": "bytes"}),
-        pruned(hlo.HloModuleProto, {"computations": f".{package}.HloComputationProto"}),
-        pruned(hlo.HloComputationProto, {"is_fusion_computation": None}),
+        pruned(hlo.HloProto, {"hlo_module": f".{package}.IndexModule", "buffer_assignment": "bytes"}, "Index"),
+        pruned(hlo.HloModuleProto, {"computations": f".{package}.IndexComputation"}, "IndexModule"),
+        pruned(hlo.HloComputationProto, {"is_fusion_computation": None}, "IndexComputation"),
+        pruned(hlo.HloProto, {"hlo_module": f".{package}.HloModuleProto", "buffer_assignment": None}),
+        pruned(hlo.HloModuleProto, {"name": None, "entry_computation_id": None, "stack_frame_index": None,
+                                    "computations": f".{package}.HloComputationProto"}),
+        pruned(hlo.HloComputationProto, {"id": None, "instructions": f".{package}.HloInstructionProto"}),
+        pruned(hlo.HloInstructionProto, {"id": None, "name": None, "opcode": None, "shape": None, "metadata": None}),
     ])
     pool = descriptor_pool.Default()
     pool.AddSerializedFile(file.SerializeToString())
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.HloProto"))
+    return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{name}"))
+                 for name in ("Index", "HloProto"))
