@@ -106,8 +106,9 @@ def buffer_view_classes() -> tuple[type, type]:
         return proto
 
     package = "tpuprof_buffer_view"
-    file = descriptor_pb2.FileDescriptorProto(name="tpuprof/buffer_view.proto", package=package, syntax="proto3",
-                                              dependency=[hlo.DESCRIPTOR.name])
+    file = descriptor_pb2.FileDescriptorProto(  # the kept fields' types: hlo.proto's and its imports' (xla_data.proto)
+        name="tpuprof/buffer_view.proto", package=package, syntax="proto3",
+        dependency=[hlo.DESCRIPTOR.name, *(d.name for d in hlo.DESCRIPTOR.dependencies)])
     file.message_type.extend([
         pruned(hlo.HloProto, {"hlo_module": f".{package}.IndexModule", "buffer_assignment": "bytes"}, "Index"),
         pruned(hlo.HloModuleProto, {"computations": f".{package}.IndexComputation"}, "IndexModule"),
