@@ -95,7 +95,9 @@ def buffer_view_classes() -> tuple[type, type]:
         for field in message.DESCRIPTOR.fields:
             if field.name not in keep:
                 continue
-            label = field_proto.LABEL_REPEATED if field.is_repeated else field_proto.LABEL_OPTIONAL
+            # protobuf 7 names it is_repeated (its `label` is gone); protobuf 5 has only the label.
+            repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+            label = field_proto.LABEL_REPEATED if repeated else field_proto.LABEL_OPTIONAL
             copied = proto.field.add(name=field.name, number=field.number, type=field.type, label=label)
             if keep[field.name] == "bytes":
                 copied.type = field_proto.TYPE_BYTES
