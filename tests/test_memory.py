@@ -251,6 +251,55 @@ def test_instruction_lookup_without_xla_id_numbering():
         [(b.id, b.instruction, b.unpadded_bytes) for b in expected.buffers]
 
 
+def _described(result):
+    analysis.describe(result, result.buffers)
+    return result, [(b.shape, b.source_line, b.padded_dims, b.tile) for b in result.buffers]
+
+
+@pytest.mark.parametrize("name", PROTO_SAMPLES)
+def test_a_proto_read_without_its_fusion_bodies_gives_the_whole_protos_answer(name):
+    """`memory` skips the fusion computations of an HloProto unparsed (most of a large module) and reads a few fields
+    of the other instructions: every figure, shape and source line must be the one the whole proto gives."""
+    from tpuprof.sources import hlo_dump
+
+    whole = hlo_dump.read_hlo_proto(hlo_pb(name))
+    part = hlo_dump.read_buffer_definers(hlo_pb(name))
+    fusions = {c.id for c in whole.hlo_module.computations if c.is_fusion_computation}
+    assert fusions, "a compiled module has fusion computations"
+    assert [c.id for c in part.hlo_module.computations] == \
+        [c.id for c in whole.hlo_module.computations if c.id not in fusions]
+    assert part.buffer_assignment == whole.buffer_assignment
+
+    assert _described(analysis.from_hlo_proto(part, "x", whole_module=False)) == \
+        _described(analysis.from_hlo_proto(whole, "x"))
+
+
+def test_a_proto_read_in_part_answers_as_the_whole_one_and_is_read_whole_when_the_part_lacks_a_buffer(tmp_path):
+    """The part read first holds every computation but the fusion bodies: it serves without XLA's id numbering
+    too; a logical buffer defined in a fusion body (no compiler makes one; a damaged proto can) is not in it, so the
+    proto is then read whole, with the same answer."""
+    from tpuprof.analyses.buffers import MissingInstructions
+    from tpuprof.sources import hlo_dump
+
+    proto = hlo_dump.read_hlo_proto(hlo_pb("transformer_bf16_v6e"))
+    for computation in proto.hlo_module.computations:
+        computation.id += 1_000_000  # no instruction id points at its computation any more
+    renumbered = tmp_path / "module_0000.renumbered.after_optimizations.hlo.pb"
+    renumbered.write_bytes(proto.SerializeToString())
+    part = analysis.from_hlo_proto(hlo_dump.read_buffer_definers(renumbered), "x", whole_module=False)
+    assert _described(part) == _described(analysis.from_hlo_proto(proto, "x"))
+
+    fused = next(c for c in proto.hlo_module.computations if c.is_fusion_computation).instructions[0]
+    proto.buffer_assignment.logical_buffers[0].defined_at.instruction_id = fused.id
+    damaged = tmp_path / "module_0000.damaged.after_optimizations.hlo.pb"
+    damaged.write_bytes(proto.SerializeToString())
+    with pytest.raises(MissingInstructions):
+        analysis.from_hlo_proto(hlo_dump.read_buffer_definers(damaged), "x", whole_module=False)
+    expected = analysis.from_hlo_proto(proto, str(damaged))
+    assert any(b.instruction == fused.name for b in expected.buffers)
+    assert _described(analysis.analyze_path(damaged)[0]) == _described(expected)
+
+
 def test_compile_turns_a_cpu_module_proto_into_the_real_tpu_figures(cli, tmp_path):
     """--compile recompiles an HLO module with no TPU layouts; the argument bytes must be the compiler's own."""
     pytest.importorskip("jax")

@@ -70,3 +70,58 @@ def xla_data_pb2() -> types.ModuleType:
 
 def xplane_pb2() -> types.ModuleType:
     return load(XPLANE_PB2)
+
+
+@lru_cache(maxsize=None)
+def buffer_view_classes() -> tuple[type, type]:
+    """Two message classes over HloProto's wire format for the memory analysis of large modules: the real
+    messages' field numbers and types, fewer fields. upb keeps the fields a schema does not declare as unparsed
+    bytes and writes them back unchanged, so what one reads, the other (or the real class) can parse again.
+
+    - The index reads only whether each computation is a fusion body; the buffer assignment stays bytes. Most of
+      a large module is fusion bodies, whose instructions define no buffer.
+    - The view reads the buffer assignment, and of the module its name, entry, stack frames, computations and of
+      their instructions only what the analysis reads (id, name, opcode, shape, metadata): a smaller message parses
+      faster (35% here) and its fields read faster."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    hlo = hlo_pb2()
+    field_proto = descriptor_pb2.FieldDescriptorProto
+
+    def pruned(message, keep: dict[str, str | None], name: str = "") -> descriptor_pb2.DescriptorProto:
+        """MESSAGE with only the fields in KEEP: a field mapped to a message name takes that type, "bytes" keeps
+        the field's bytes unparsed, None keeps the field as it is."""
+        proto = descriptor_pb2.DescriptorProto(name=name or message.DESCRIPTOR.name)
+        for field in message.DESCRIPTOR.fields:
+            if field.name not in keep:
+                continue
+            # protobuf 7 names it is_repeated (its `label` is gone); protobuf 5 has only the label.
+            repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+            label = field_proto.LABEL_REPEATED if repeated else field_proto.LABEL_OPTIONAL
+            copied = proto.field.add(name=field.name, number=field.number, type=field.type, label=label)
+            if keep[field.name] == "bytes":
+                copied.type = field_proto.TYPE_BYTES
+            elif keep[field.name]:
+                copied.type_name = keep[field.name]
+            elif field.message_type is not None:
+                copied.type_name = "." + field.message_type.full_name
+        return proto
+
+    package = "tpuprof_buffer_view"
+    file = descriptor_pb2.FileDescriptorProto(  # the kept fields' types: hlo.proto's and its imports' (xla_data.proto)
+        name="tpuprof/buffer_view.proto", package=package, syntax="proto3",
+        dependency=[hlo.DESCRIPTOR.name, *(d.name for d in hlo.DESCRIPTOR.dependencies)])
+    file.message_type.extend([
+        pruned(hlo.HloProto, {"hlo_module": f".{package}.IndexModule", "buffer_assignment": "bytes"}, "Index"),
+        pruned(hlo.HloModuleProto, {"computations": f".{package}.IndexComputation"}, "IndexModule"),
+        pruned(hlo.HloComputationProto, {"is_fusion_computation": None}, "IndexComputation"),
+        pruned(hlo.HloProto, {"hlo_module": f".{package}.HloModuleProto", "buffer_assignment": None}),
+        pruned(hlo.HloModuleProto, {"name": None, "entry_computation_id": None, "stack_frame_index": None,
+                                    "computations": f".{package}.HloComputationProto"}),
+        pruned(hlo.HloComputationProto, {"id": None, "instructions": f".{package}.HloInstructionProto"}),
+        pruned(hlo.HloInstructionProto, {"id": None, "name": None, "opcode": None, "shape": None, "metadata": None}),
+    ])
+    pool = descriptor_pool.Default()
+    pool.AddSerializedFile(file.SerializeToString())
+    return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{name}"))
+                 for name in ("Index", "HloProto"))

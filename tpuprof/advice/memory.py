@@ -82,13 +82,20 @@ def class_counts(result: ModuleMemory, batch: int | None) -> frozenset[int]:
         return frozenset()
     logits, parameters = set(), set()
     for buffer in result.buffers:
-        for match in _SUBSHAPE.finditer(buffer.shape or ""):
-            dims = tuple(int(d) for d in match.group(1).split(",") if d)
+        if not buffer.shape:  # not described: shapes are filled only for the buffers shown or advised on
+            continue
+        for dims in _subshape_dims(buffer.shape):
             if len(dims) == 2 and dims[0] == batch and dims[1] % 8:
                 logits.add(dims[1])
             if buffer.allocation_type == "parameter" and len(dims) >= 2:
                 parameters.add(dims[-1])
     return frozenset(logits & parameters)
+
+
+@lru_cache(maxsize=4096)
+def _subshape_dims(text: str) -> tuple[tuple[int, ...], ...]:
+    """The dims of each array in a shape text (a tuple's elements too); cached like _dims_of_text."""
+    return tuple(tuple(int(d) for d in match.group(1).split(",") if d) for match in _SUBSHAPE.finditer(text))
 
 
 def padding_fix(buffer: Buffer, batch: int | None = None, classes: frozenset[int] = frozenset()) -> str:

@@ -10,19 +10,26 @@ from tpuprof.models import shape as shapes
 from tpuprof.models.memory import Buffer, OpTotal
 
 
+class MissingInstructions(Exception):
+    """A module read in part (hlo_dump.read_buffer_definers) lacks an instruction a buffer needs."""
+
+
 class InstructionIndex:
     """Instruction lookup by id, with the module's stack frames for source lines."""
 
-    def __init__(self, module, needed: set[int] | None = None):
+    def __init__(self, module, needed: set[int] | None = None, whole_module: bool = True):
         # Large modules have tens of thousands of instructions, most in fusion computations that own no
         # buffer. XLA numbers an instruction (computation id << 32 | local id): visit only the computations
-        # that define a needed instruction, and everything if that numbering does not hold.
+        # that define a needed instruction, and everything if that numbering does not hold. A module read in part
+        # (whole_module=False) that still lacks one raises MissingInstructions: the rest of it may hold it.
         self.by_id = {}
         self._frames = module.stack_frame_index
         owners = {i >> 32 for i in needed} if needed else None
         self._index(module, needed, owners)
         if needed and not needed <= self.by_id.keys():
             self._index(module, needed, None)
+            if not whole_module and not needed <= self.by_id.keys():
+                raise MissingInstructions
 
     def _index(self, module, needed, owners) -> None:
         for computation in module.computations:

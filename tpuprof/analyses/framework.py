@@ -85,9 +85,11 @@ def from_module(module_name: str, op_names: Iterable[str], source_lines: Iterabl
     """The job of a compiled module: its name and the framework op names and source files of its buffers."""
     names = [n for n in op_names if n]
     sources = [s for s in source_lines if s]
-    text = "\n".join([module_name, *names[:5000], *sources[:2000]])
+    # Each distinct line once, in the order of its first occurrence: a model's layers repeat their op names, and
+    # the searches below ask only whether and where first a pattern occurs, line by line.
+    text = "\n".join(dict.fromkeys([module_name, *names[:5000], *sources[:2000]]))
     job = Job()
-    if any(n.startswith(("aten::", "xla::")) or "/aten__" in n for n in names) or "torch" in text:
+    if any(n.startswith(("aten::", "xla::")) or "/aten__" in n for n in set(names)) or "torch" in text:
         job.framework = "pytorch_xla"
         job.evidence.append("PyTorch/XLA: aten ops in the metadata")
     elif re.search(r"\bkeras\b|compile_loss|multi_step_on_iterator|/keras/", text):

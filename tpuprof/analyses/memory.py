@@ -9,10 +9,12 @@ to the unpadded peak too; we keep its definition so the figures compare.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 from pathlib import Path
 
-from tpuprof.analyses.buffers import InstructionIndex, aggregate_ops, fill_shape_details
+from tpuprof.analyses.buffers import InstructionIndex, MissingInstructions, aggregate_ops, fill_shape_details
 from tpuprof.errors import UserError
 from tpuprof.models import shape as shapes
 from tpuprof.models.memory import (
@@ -29,6 +31,20 @@ def analyze_path(path: Path, module: str | None = None, target: str | None = Non
     for file in hlo_dump.discover(path, module):
         results.append(analyze_file(file, target))
     return results
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector paused: the analysis of a large HloProto builds some 100,000 small objects
+    (tuples, buffers, protobuf wrappers), none in a reference cycle, and the collector's passes over them were
+    about 8% of `memory`'s time (a 48-layer transformer). Whatever it leaves is collected after as usual."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def needs_tpu_compile(path: Path, module: str | None = None) -> bool:
@@ -58,18 +74,10 @@ def analyze_file(file: hlo_dump.DumpFile, target: str | None = None) -> ModuleMe
     # The generation sizes tuple tables and default tiles of an estimate: the dump's own record of it counts.
     target = target or (hlo_dump.detect_target(file) if file.kind != "buffer_assignment" else None)
     if file.kind == "hlo_proto":
-        proto = hlo_dump.read_hlo_proto(file.path)
-        platform = hlo_dump.non_tpu_platform(file.path, proto.hlo_module)
-        if platform is None and proto.HasField("buffer_assignment") and proto.buffer_assignment.logical_buffers:
-            result = from_hlo_proto(proto, str(file.path))
-        else:
-            from tpuprof.analyses import hlo_estimate
-
-            reason = ""
-            if platform is not None and proto.buffer_assignment.logical_buffers:
-                reason = (f"This HloProto carries a {platform} buffer assignment, not a TPU one: its sizes and "
-                          "peak are not TPU memory, so they are estimated for the TPU from its HLO.")
-            result = hlo_estimate.from_module_proto(proto.hlo_module, str(file.path), target, reason)
+        with _collector_paused():
+            result = _from_buffer_definers(file.path)
+        if result is None:
+            result = _from_whole_proto(file.path, target)
     elif file.kind == "buffer_assignment":
         from tpuprof.analyses import buffer_assignment_text
 
@@ -82,37 +90,61 @@ def analyze_file(file: hlo_dump.DumpFile, target: str | None = None) -> ModuleMe
     return result
 
 
+def _from_buffer_definers(path: Path) -> ModuleMemory | None:
+    """The analysis of a TPU HloProto read without its fusion bodies (most of a large module), or None when that
+    is not enough: no TPU buffer assignment, or a buffer's instruction missing."""
+    proto = hlo_dump.read_buffer_definers(path)
+    if proto is None or hlo_dump.non_tpu_platform(path, proto.hlo_module) is not None:
+        return None
+    try:
+        return from_hlo_proto(proto, str(path), whole_module=False)
+    except MissingInstructions:
+        return None
+
+
+def _from_whole_proto(path: Path, target: str | None) -> ModuleMemory:
+    proto = hlo_dump.read_hlo_proto(path)
+    platform = hlo_dump.non_tpu_platform(path, proto.hlo_module)
+    if platform is None and proto.HasField("buffer_assignment") and proto.buffer_assignment.logical_buffers:
+        return from_hlo_proto(proto, str(path))
+    from tpuprof.analyses import hlo_estimate
+
+    reason = ""
+    if platform is not None and proto.buffer_assignment.logical_buffers:
+        reason = (f"This HloProto carries a {platform} buffer assignment, not a TPU one: its sizes and "
+                  "peak are not TPU memory, so they are estimated for the TPU from its HLO.")
+    return hlo_estimate.from_module_proto(proto.hlo_module, str(path), target, reason)
+
+
 # ---------------------------------------------------------------------------------------------
 # HloProto with buffer assignment
 # ---------------------------------------------------------------------------------------------
 
-def _allocation_type(allocation) -> str:
-    if allocation.is_entry_computation_parameter:
-        return PARAMETER
-    if allocation.maybe_live_out:
-        return OUTPUT
-    if allocation.is_thread_local:
-        return THREAD_LOCAL
-    if allocation.is_constant:
-        return CONSTANT
-    return TEMP
+class _Allocation:
+    """The fields of one BufferAllocationProto, read once."""
 
+    __slots__ = ("index", "size", "color", "is_entry_computation_parameter", "maybe_live_out", "kind", "indefinite",
+                 "assigned")
 
-def _is_indefinite(allocation) -> bool:
-    """Live for the whole program. Thread-local scratch (scalars of reducer computations) is not
-    counted: XProf 2.24 leaves it out of the peak, and it is not program HBM."""
-    return bool(allocation.is_entry_computation_parameter or allocation.is_constant
-                or allocation.maybe_live_out)
-
-
-def _resolve_shape_proto(shape_proto, shape_index):
-    """The ShapeProto of one tuple element. Like XProf, a shape index selects by its LAST entry
-    (nested indices are rare in HBM buffers and XProf reports them this way)."""
-    if shape_index:
-        i = shape_index[-1]
-        if 0 <= i < len(shape_proto.tuple_shapes):  # a damaged proto can hold a negative index
-            return shape_proto.tuple_shapes[i]
-    return shape_proto
+    def __init__(self, allocation):
+        self.index = allocation.index
+        self.size = allocation.size
+        self.color = allocation.color
+        parameter = self.is_entry_computation_parameter = allocation.is_entry_computation_parameter
+        live_out = self.maybe_live_out = allocation.maybe_live_out
+        constant = allocation.is_constant
+        if parameter:
+            self.kind = PARAMETER
+        elif live_out:
+            self.kind = OUTPUT
+        elif allocation.is_thread_local:
+            self.kind = THREAD_LOCAL
+        else:
+            self.kind = CONSTANT if constant else TEMP
+        # Live for the whole program. Thread-local scratch (scalars of reducer computations) is not counted: XProf
+        # 2.24 leaves it out of the peak, and it is not program HBM.
+        self.indefinite = bool(parameter or constant or live_out)
+        self.assigned = [assigned.logical_buffer_id for assigned in allocation.assigned]
 
 
 _ELEMENTS: dict[int, tuple[str, int]] = {}  # PrimitiveType number -> (name, bits per element)
@@ -132,59 +164,85 @@ def _dense_facts(shape_proto) -> tuple[int, str]:
     return math.ceil(math.prod(shape_proto.dimensions) * bits / 8), dtype
 
 
-def from_hlo_proto(proto, source: str) -> ModuleMemory:
+def from_hlo_proto(proto, source: str, whole_module: bool = True) -> ModuleMemory:
+    """The analysis of an HloProto with a TPU buffer assignment. whole_module=False: the module holds only the
+    computations that define buffers (hlo_dump.read_buffer_definers), so a defining instruction not found there
+    raises MissingInstructions rather than being looked for in the rest."""
     module = proto.hlo_module
     assignment = proto.buffer_assignment
-    logical = {lb.id: lb for lb in assignment.logical_buffers}
-    instructions = InstructionIndex(module, {lb.defined_at.instruction_id for lb in logical.values()})
-
-    # Which allocation holds each logical buffer, and its offset there.
-    allocation_of: dict[int, object] = {}
-    for allocation in assignment.buffer_allocations:
-        for assigned in allocation.assigned:
-            if assigned.logical_buffer_id in logical:
-                allocation_of[assigned.logical_buffer_id] = allocation
-
-    # (dense bytes, dtype) of every logical buffer, in one pass over them (the replay and the buffer list both need
-    # them; a large module has tens of thousands, and each protobuf field read costs): a repeated id keeps its last.
-    by_id = instructions.by_id
-    facts: dict[int, tuple[int, str]] = {}
+    # Every field of every logical buffer and allocation, read once into plain tuples: each read of a protobuf
+    # field builds a Python object, and a large module has tens of thousands of buffers that the replay, the
+    # allocations and the buffer list all visit.
+    rows = []  # (id, size, color, defining instruction id, shape index) per logical buffer, in the proto's order
     for lb in assignment.logical_buffers:
         defined_at = lb.defined_at
-        instruction = by_id.get(defined_at.instruction_id)
-        facts[lb.id] = ((lb.size, "") if instruction is None else
-                        _dense_facts(_resolve_shape_proto(instruction.shape, defined_at.shape_index)))
+        rows.append((lb.id, lb.size, lb.color, defined_at.instruction_id, defined_at.shape_index[:]))
+    logical = {row[0]: row for row in rows}  # a repeated id keeps its last
+    instructions = InstructionIndex(module, {row[3] for row in logical.values()}, whole_module)
+    by_id = instructions.by_id
+
+    allocations = [_Allocation(a) for a in assignment.buffer_allocations]
+    # Which allocation holds each logical buffer.
+    allocation_of: dict[int, _Allocation] = {}
+    for allocation in allocations:
+        for buffer_id in allocation.assigned:
+            if buffer_id in logical:
+                allocation_of[buffer_id] = allocation
+
+    # (dense bytes, dtype) of a logical buffer (a repeated id: its last), read from its shape when the replay or
+    # the buffer list first asks: other memory spaces' buffers (a third of a large module's) are never read.
+    facts: dict[int, tuple[int, str]] = {}
+    shape_of: dict[int, object] = {}  # instruction id -> its ShapeProto (each field read builds an object)
+
+    def dense_facts(buffer_id: int) -> tuple[int, str]:
+        known = facts.get(buffer_id)
+        if known is not None:
+            return known
+        _, size, _, instruction_id, index = logical[buffer_id]
+        shape = shape_of.get(instruction_id)
+        if shape is None:
+            instruction = by_id.get(instruction_id)
+            if instruction is None:
+                known = facts[buffer_id] = (size, "")
+                return known
+            shape = shape_of[instruction_id] = instruction.shape
+        # Like XProf, a shape index selects by its LAST entry (nested indices are rare in HBM buffers and XProf
+        # reports them this way); a damaged proto can hold a negative one.
+        if index and 0 <= index[-1] < len(shape.tuple_shapes):
+            shape = shape.tuple_shapes[index[-1]]
+        known = facts[buffer_id] = _dense_facts(shape)
+        return known
 
     def unpadded(buffer_id: int) -> int:
-        return facts[buffer_id][0]
+        return dense_facts(buffer_id)[0]
 
     result = ModuleMemory(name=module.name, source=source, source_kind="hlo_proto")
-    replay = _replay_heap_trace(assignment, logical, allocation_of, unpadded)
+    replay = _replay_heap_trace(assignment, allocations, logical, allocation_of, unpadded)
 
     # Allocations of indefinite lifetime count at every point of the program.
     indefinite_bytes = 0
     indefinite_buffers: list[int] = []
-    for allocation in assignment.buffer_allocations:
-        space = allocation.color
+    for allocation in allocations:
+        space, size = allocation.color, allocation.size
         if space != HBM:
-            result.other_memory_spaces[space] = result.other_memory_spaces.get(space, 0) + allocation.size
+            result.other_memory_spaces[space] = result.other_memory_spaces.get(space, 0) + size
             continue
         if allocation.is_entry_computation_parameter:
-            result.argument_bytes += allocation.size
+            result.argument_bytes += size
         if allocation.maybe_live_out:
-            result.output_bytes += allocation.size
-        if not _is_indefinite(allocation):
-            result.temp_bytes += allocation.size
-        if _is_indefinite(allocation):
-            indefinite_bytes += allocation.size
-            # XProf shows the largest logical buffer of the allocation.
-            best, best_size = None, 0
-            for assigned in allocation.assigned:
-                lb = logical.get(assigned.logical_buffer_id)
-                if lb is not None and lb.size > best_size:
-                    best, best_size = lb.id, lb.size
-            if best is not None:
-                indefinite_buffers.append(best)
+            result.output_bytes += size
+        if not allocation.indefinite:
+            result.temp_bytes += size
+            continue
+        indefinite_bytes += size
+        # XProf shows the largest logical buffer of the allocation.
+        best, best_size = None, 0
+        for buffer_id in allocation.assigned:
+            row = logical.get(buffer_id)
+            if row is not None and row[1] > best_size:
+                best, best_size = buffer_id, row[1]
+        if best is not None:
+            indefinite_buffers.append(best)
 
     result.peak_heap_bytes = replay.peak + indefinite_bytes
     result.peak_unpadded_heap_bytes = replay.peak_unpadded + indefinite_bytes
@@ -194,23 +252,28 @@ def from_hlo_proto(proto, source: str) -> ModuleMemory:
     live_at_peak = set(replay.peak_buffers) | set(indefinite_buffers)
 
     # Every HBM logical buffer becomes a Buffer; shapes and source lines only for the ones shown.
-    kind_of_allocation = {a.index: _allocation_type(a) for a in assignment.buffer_allocations}
-    for lb in assignment.logical_buffers:
-        if lb.color != HBM:
+    kind_of_allocation = {a.index: a.kind for a in allocations}
+    described: dict[int, tuple[str, str, str]] = {}  # instruction id -> (name, opcode, op_name)
+    buffers = result.buffers
+    for buffer_id, size, color, instruction_id, index in rows:
+        if color != HBM:
             continue
-        allocation = allocation_of.get(lb.id)
-        defined_at = lb.defined_at
-        instruction = by_id.get(defined_at.instruction_id)
-        if allocation is None or instruction is None:
+        allocation = allocation_of.get(buffer_id)
+        if allocation is None:
             continue
-        index = defined_at.shape_index
-        name = instruction.name + ("{" + ",".join(map(str, index)) + "}" if index else "")
-        dense, dtype = facts[lb.id]
-        result.buffers.append(Buffer(
-            lb.id, name, instruction.opcode, "", lb.size, dense, kind_of_allocation[allocation.index],
-            instruction.metadata.op_name, "", HBM, lb.id in live_at_peak, dtype=dtype,
-        ))
-    result.buffers.sort(key=lambda b: (-b.size_bytes, b.id))
+        names = described.get(instruction_id)
+        if names is None:
+            instruction = by_id.get(instruction_id)
+            if instruction is None:
+                continue
+            names = described[instruction_id] = (instruction.name, instruction.opcode, instruction.metadata.op_name)
+        name, opcode, op_name = names
+        if index:
+            name += "{" + ",".join(map(str, index)) + "}"
+        dense, dtype = dense_facts(buffer_id)
+        buffers.append(Buffer(buffer_id, name, opcode, "", size, dense, kind_of_allocation[allocation.index], op_name,
+                              "", HBM, buffer_id in live_at_peak, dtype=dtype))
+    buffers.sort(key=lambda b: (-b.size_bytes, b.id))
     result.details_source = (instructions, logical)
     result.ops, result.ops_scope = aggregate_ops(result.buffers, has_peak=bool(live_at_peak))
     return result
@@ -221,20 +284,29 @@ def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
     if result.details_source is None:
         return
     instructions, logical = result.details_source
-    converted: dict[bytes, shapes.Shape] = {}  # a model's layers repeat their shapes: convert each once
+    # A model's layers repeat their shapes: convert each once, and write each element's text once.
+    converted: dict[bytes, shapes.Shape] = {}
+    filled: dict[tuple[bytes, tuple[int, ...]], tuple] = {}  # (shape, index) -> the details written for it
     for buffer in buffers:
         if buffer.shape:
             continue
-        lb = logical.get(buffer.id)
+        row = logical.get(buffer.id)
         # A damaged proto can repeat a logical buffer id with another defining instruction: keep it unshaped.
-        instruction = instructions.by_id.get(lb.defined_at.instruction_id) if lb is not None else None
+        instruction = instructions.by_id.get(row[3]) if row is not None else None
         if instruction is None:
             continue
         key = instruction.shape.SerializeToString()
-        shape = converted.get(key)
-        if shape is None:
-            shape = converted[key] = shapes.from_proto(instruction.shape)
-        fill_shape_details(buffer, shape.subshape(list(lb.defined_at.shape_index)))
+        details = filled.get((key, tuple(row[4])))
+        if details is None:
+            shape = converted.get(key)
+            if shape is None:
+                shape = converted[key] = shapes.from_proto(instruction.shape)
+            fill_shape_details(buffer, shape.subshape(list(row[4])))
+            filled[key, tuple(row[4])] = (buffer.shape, buffer.dtype, buffer.padded_dims, buffer.minor_to_major,
+                                          buffer.tile)
+        else:
+            buffer.shape, buffer.dtype, padded_dims, buffer.minor_to_major, buffer.tile = details
+            buffer.padded_dims = list(padded_dims)
         buffer.source_line = instructions.source_line(instruction)
 
 
@@ -252,7 +324,7 @@ class _Replay:
         self.unpadded_timeline: list[int] = []
 
 
-def _pick_trace(assignment, logical, allocation_of) -> int:
+def _pick_trace(assignment, allocations, logical, allocation_of) -> int:
     """The heap-simulator trace of HBM temporaries, chosen as XProf chooses it."""
     traces = assignment.heap_simulator_traces
     trace_of_allocation = {}
@@ -262,20 +334,20 @@ def _pick_trace(assignment, logical, allocation_of) -> int:
         allocation = allocation_of.get(trace.events[0].buffer_id)
         if allocation is not None:
             trace_of_allocation[allocation.index] = i
-    for allocation in assignment.buffer_allocations:
-        if allocation.color == HBM and not _is_indefinite(allocation) and allocation.index in trace_of_allocation:
+    for allocation in allocations:
+        if allocation.color == HBM and not allocation.indefinite and allocation.index in trace_of_allocation:
             return trace_of_allocation[allocation.index]
     best, best_count = -1, 0
     for i, trace in enumerate(traces):
-        count = sum(1 for e in trace.events if e.buffer_id in logical and logical[e.buffer_id].color == HBM)
+        count = sum(1 for e in trace.events if e.buffer_id in logical and logical[e.buffer_id][2] == HBM)
         if count > best_count:
             best, best_count = i, count
     return best
 
 
-def _replay_heap_trace(assignment, logical, allocation_of, unpadded) -> _Replay:
+def _replay_heap_trace(assignment, allocations, logical, allocation_of, unpadded) -> _Replay:
     replay = _Replay()
-    trace_id = _pick_trace(assignment, logical, allocation_of)
+    trace_id = _pick_trace(assignment, allocations, logical, allocation_of)
     if trace_id < 0:
         replay.timeline, replay.unpadded_timeline = [0], [0]
         return replay
@@ -300,7 +372,7 @@ def _replay_heap_trace(assignment, logical, allocation_of, unpadded) -> _Replay:
     def grow(buffer_id: int) -> None:
         nonlocal heap, heap_unpadded
         live[buffer_id] = None
-        heap += logical[buffer_id].size
+        heap += logical[buffer_id][1]
         heap_unpadded += unpadded(buffer_id)
         if heap > replay.peak:
             replay.peak = heap
@@ -328,7 +400,7 @@ def _replay_heap_trace(assignment, logical, allocation_of, unpadded) -> _Replay:
                 raise UserError(f"the heap trace frees buffer {buffer_id} twice: the HloProto is inconsistent.")
             if refcount[key] == 0:
                 live.pop(key, None)
-                heap -= logical[key].size
+                heap -= logical[key][1]
                 heap_unpadded -= unpadded(key)
         elif kind == share_kind:
             target = event.share_with_canonical_id

@@ -23,10 +23,11 @@ def analyze(path: Path, module: str | None = None, target: str | None = None, to
     generation = targets.get(target) if target else None
     automatic = compile_ is None
     if automatic:
-        from tpuprof.sources import tpu_compile
+        compile_ = False
+        if generation is not None and analysis.needs_tpu_compile(Path(path), module):
+            from tpuprof.sources import tpu_compile  # here: it imports shutil (and lzma, bz2) for nothing otherwise
 
-        compile_ = (generation is not None and analysis.needs_tpu_compile(Path(path), module)
-                    and tpu_compile.jax_available())
+            compile_ = tpu_compile.jax_available()
     if compile_:
         if generation is None:
             raise UserError("--compile needs --target (the TPU generation to compile for).")
@@ -51,14 +52,18 @@ def analyze(path: Path, module: str | None = None, target: str | None = None, to
         if generation is not None:
             result.target = result.target or generation.name
             result.hbm_capacity_bytes = targets.get(result.target).compiler_hbm_bytes
-        # Shapes and source lines are filled only for what is shown or advised on (large modules).
-        analysis.describe(result, result.buffers[: max(top, 0) or len(result.buffers)])
-        analysis.describe(result, [b for b in result.buffers if b.padding_bytes >= advice.MIN_PADDING_BYTES])
-        analysis.describe(result, [b for b in result.buffers if b.live_at_peak and b.padding_bytes])
-        # The advice reasons about what is live at the peak (attention scores, kept activations) by shape.
-        analysis.describe(result, [b for b in result.buffers if b.live_at_peak and b.size_bytes >= advice.MiB])
-        result.suggestions = advice.suggest(result)
+        describe_and_advise(result, top)
     return results
+
+
+def describe_and_advise(result: ModuleMemory, top: int) -> None:
+    """Shapes and source lines are filled only for what is shown or advised on (large modules): the padding advice
+    reads the padded buffers, and the rest of it reasons about what is live at the peak (attention scores, kept
+    activations) by shape. Then the advice."""
+    analysis.describe(result, result.buffers[: max(top, 0) or len(result.buffers)])
+    analysis.describe(result, [b for b in result.buffers if b.padding_bytes >= advice.MIN_PADDING_BYTES
+                               or b.live_at_peak and (b.padding_bytes or b.size_bytes >= advice.MiB)])
+    result.suggestions = advice.suggest(result)
 
 
 def compile_with_libtpu(path, module: str | None, target: str) -> list[ModuleMemory]:

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 
@@ -33,6 +32,8 @@ def write_atomically(path: Path, data: bytes | str) -> None:
 def atomic_file(path: Path, mode: str = "wb"):
     """A file object to write PATH through: a temporary file beside it, renamed over PATH when the block ends
     without an error, removed otherwise (a crash or an interrupt never leaves half a file)."""
+    import tempfile  # here: it imports shutil, lzma and bz2 (5 ms), which commands printing to stdout never need
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
