@@ -1,0 +1,78 @@
+"""The LLM step's loss (tpuprof/sources/llm.py `cross_entropy`): computed over pieces of the sequence, it is the
+same function as the whole-sequence cross-entropy (value and gradients, real JAX on the CPU), and the compiled
+step never holds the whole [batch, seq, vocab] fp32 logits (a real libtpu compile of a tiny model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpuprof.sources import llm
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+
+def reference_loss(x, head, targets):
+    """The textbook formula on whole logits: -mean(log_softmax(x @ head)[target])."""
+    log_probabilities = jax.nn.log_softmax(jnp.einsum("bsd,dv->bsv", x, head), axis=-1)
+    return -jnp.mean(jnp.take_along_axis(log_probabilities, targets[..., None], axis=-1))
+
+
+def chunked_loss(chunks):
+    def loss(x, head, targets):
+        return llm.cross_entropy(lambda piece: jnp.einsum("bsd,dv->bsv", piece, head), x, targets, chunks)
+
+    return loss
+
+
+def test_the_chunked_loss_is_the_whole_sequence_loss_and_so_are_its_gradients():
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    x = jax.random.normal(keys[0], (3, 64, 16), jnp.float32)
+    head = jax.random.normal(keys[1], (16, 200), jnp.float32)
+    targets = jax.random.randint(keys[2], (3, 64), 0, 200)
+    expected, expected_grads = jax.value_and_grad(reference_loss, argnums=(0, 1))(x, head, targets)
+    for chunks in (1, 4, 64):
+        value, grads = jax.jit(jax.value_and_grad(chunked_loss(chunks), argnums=(0, 1)))(x, head, targets)
+        assert value == pytest.approx(float(expected), rel=1e-5)
+        for got, want in zip(grads, expected_grads):
+            assert jnp.allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_the_loss_is_cut_so_that_one_piece_of_fp32_logits_stays_within_the_budget():
+    # Llama 3.1 70B (vocabulary 128,256) at 8,192 tokens, one sequence per chip: pieces of 1,024 tokens
+    # (512 MiB of fp32 logits); five sequences per chip: 64 pieces of 128 tokens.
+    assert llm.loss_chunks(8192, 1, 128256) == 8
+    assert llm.loss_chunks(8192, 5, 128256) == 64
+    assert llm.loss_chunks(2048, 2, 32000) == 1  # 500 MiB: one piece
+    for seq, batch, vocab in ((8192, 1, 128256), (4096, 3, 152064), (256, 2, 1024)):
+        chunks = llm.loss_chunks(seq, batch, vocab)
+        assert seq % chunks == 0 and batch * (seq // chunks) * vocab * 4 <= llm.LOSS_CHUNK_BYTES
+        fewer = next((n for n in range(chunks - 1, 0, -1) if seq % n == 0), None)
+        assert fewer is None or batch * (seq // fewer) * vocab * 4 > llm.LOSS_CHUNK_BYTES
+
+
+def test_the_compiled_step_never_holds_the_whole_logits(monkeypatch):
+    """A 2-layer model with a large vocabulary on v6e-4 (libtpu, compile-only): the fp32 logits of the whole
+    sequence would be 256 MiB per chip. In one piece the compiler's temporaries exceed that; in 16 pieces of
+    16 MiB they stay far below it."""
+    from tpuprof.sources import tpu_compile
+
+    if not tpu_compile.jax_available():
+        pytest.skip("libtpu is not installed")
+    config = llm.parse_config({"model_type": "llama", "vocab_size": 32768, "hidden_size": 256,
+                               "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+                               "num_key_value_heads": 2}, "wide-vocab", "test")
+    devices = tpu_compile.topology_devices("v6e-4")
+    step = llm.Step(config, "test", 1024, "full", "bf16", llm.parse_mesh(None, len(devices)))
+    whole_logits = 2 * 1024 * 32768 * 4  # 2 sequences per chip
+
+    def temporaries(piece_bytes):
+        monkeypatch.setattr(llm, "LOSS_CHUNK_BYTES", piece_bytes)
+        fn, args = llm.build(step, devices, 2)
+        return tpu_compile.compile_jax(fn, args, "v6e-4").temp_bytes
+
+    assert llm.loss_chunks(1024, 2, 32768) == 1
+    assert temporaries(whole_logits) > whole_logits
+    monkeypatch.setattr(llm, "LOSS_CHUNK_BYTES", 16 * 2**20)
+    assert llm.loss_chunks(1024, 2, 32768) == 16
+    assert temporaries(16 * 2**20) < whole_logits / 2
