@@ -17,13 +17,25 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
 import warnings
 
 # Read by TensorFlow, libtpu (TSL logging), gRPC and glog when they load: fewer lines to hold.
 QUIET_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "3", "GRPC_VERBOSITY": "ERROR", "GLOG_minloglevel": "3"}
 
 _state: dict | None = None  # what `hold` changed, for `release` to put back
+
+
+def _held_file():
+    """An anonymous file for the libraries' output: in memory where Linux offers it (no disk, and no import of
+    tempfile with shutil and random: 4 ms of every command's start), else an unnamed temporary file."""
+    if hasattr(os, "memfd_create"):
+        try:
+            return open(os.memfd_create("tpuprof-libraries"), "w+", encoding="utf-8", errors="replace")
+        except OSError:  # a seccomp profile or an old kernel without memfd
+            pass
+    import tempfile
+
+    return tempfile.TemporaryFile(mode="w+", prefix="tpuprof-libraries-", encoding="utf-8", errors="replace")
 
 
 def hold(verbose: bool) -> None:
@@ -49,8 +61,7 @@ def hold(verbose: bool) -> None:
         return
     for name, value in QUIET_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
-    held = _state["held"] = tempfile.TemporaryFile(mode="w+", prefix="tpuprof-libraries-", encoding="utf-8",
-                                                   errors="replace")
+    held = _state["held"] = _held_file()
     os.dup2(held.fileno(), 2)
 
     def to_held_file(message, category, filename, lineno, file=None, line=None):
