@@ -336,6 +336,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         commands.run(sys.argv[1:] if argv is None else list(argv))
+        if argv is None and command in FILE_READING_COMMANDS:
+            _exit_now()
     except SystemExit as done:
         if done.code in (0, None):
             return  # success returns, so that main() can also be called in-process
@@ -364,6 +366,22 @@ def main(argv: Optional[List[str]] = None) -> None:
             # walk every object left (15 ms of the 0.2 s of `analyze --json` on a 1 MB capture) to free memory the
             # system takes back anyway; atexit handlers still run, and tpuprof closes its files itself.
             gc.freeze()
+
+def _exit_now() -> None:
+    """A file-reading command has printed its answer and closed its files: end the process without tearing down
+    every module and object (about 14 ms of the 0.18 s of `memory --json` on a 9 MB HloProto) for memory the
+    system takes back anyway. Only when nothing that registers exit work of its own was loaded (JAX and libtpu
+    for a recompile, TensorFlow, Ray); otherwise the normal exit runs."""
+    if any(name in sys.modules for name in ("jax", "tensorflow", "ray", "libtpu")):
+        return
+    library_output.release(replay=False)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:  # `| head` took what it wanted: success, as cli_lazy says
+        pass
+    os._exit(0)
+
 
 if __name__ == "__main__":
     main()
