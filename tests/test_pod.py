@@ -9,11 +9,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from conftest import run_cli
 from real_data import TPU_HOST_OFFLOAD_V6E_4, real_artefact
 from test_schemas import validate
 from tpuprof.analyses import pod as pod_view
@@ -194,6 +196,21 @@ def test_a_damaged_host_file_on_ray_is_the_same_one_sentence(ray_cluster, pod16,
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
         outs.append(done.stderr.strip())
     assert outs[0] == outs[1] and outs[0].count("\n") == 0 and "host_001.xplane.pb" in outs[0]
+
+
+def test_an_address_where_nothing_listens_is_said_at_once(pod16):
+    import socket
+
+    with socket.socket() as unused:  # a port nothing listens on: bound, never listening
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
+        started = time.monotonic()
+        done = run_cli("analyze", pod16.runs[0], "--ray", address)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == (f"tpuprof: cannot reach the Ray cluster at {address}: nothing accepts "
+                                   "connections there (connection refused); is the cluster up (`ray status` on "
+                                   "its head node)?")
+    assert time.monotonic() - started < 15  # not Ray's 20 s to 2 min of retries
 
 
 def test_a_loopback_cluster_reached_without_loopback_mode_is_one_sentence_that_says_so(ray_cluster, pod16):

@@ -47,6 +47,7 @@ def _on_ray(files: list[str], address: str) -> list[HostProfile]:
 
     connected_here = not ray.is_initialized()
     if connected_here:
+        _check_listening(address)
         try:
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
         except (ConnectionError, ValueError, RuntimeError) as error:
@@ -69,6 +70,21 @@ def _on_ray(files: list[str], address: str) -> list[HostProfile]:
 # Ray's single-machine switch: a cluster started with it set to 0 listens on loopback only, and a driver without it
 # turns 127.0.0.1 into this machine's own address, where nothing listens (it retries for about two minutes).
 RAY_LOOPBACK_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _check_listening(address: str) -> None:
+    """A HOST:PORT where nothing accepts connections is said at once: Ray itself retries for 20 s to 2 min."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if address in ("auto", "local") or "://" in address or not port.isdigit() or not host:
+        return  # Ray finds these itself (RAY_ADDRESS, the local cluster, the Ray client)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as error:
+        why = error.strerror or type(error).__name__
+        raise UserError(f"cannot reach the Ray cluster at {address}: nothing accepts connections there "
+                        f"({why.lower()}); is the cluster up (`ray status` on its head node)?") from None
 
 
 def _unreachable(address: str, error: BaseException) -> str:
