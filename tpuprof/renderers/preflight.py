@@ -125,7 +125,7 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     if any(r.get("estimate") for r in results):
         _estimate_rows(row)
     row("compiles (this run)", lambda r: str(r["compiles"]))
-    columns = [tables.text("")] + [tables.text(f"{_label(r)} ({r['topology']}, {r['device']['description']})", justify="right")
+    columns = [tables.text("")] + [tables.text(f"{target_label(r)} ({r['topology']}, {r['device']['description']})", justify="right")
                                    for r in results]
     out.print(tables.table(columns, rows, out.width))
 
@@ -151,10 +151,15 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     out.print(f"[dim]compiles are cached in {escape(results[0]['cache'])} (--no-cache to recompile)[/dim]")
 
 
-def _label(r: dict) -> str:
-    """A target's column: the slice's name when one was given (v6e-256), else the generation."""
-    name = (r.get("slice") or {}).get("name") or r["target"]
-    return name if ":" not in name else r["target"]
+def target_label(r: dict) -> str:
+    """A target's name for people: the slice as it was given (v6e-256, 2xv6e-256 for two slices), else the
+    generation (a bare generation or an explicit topology such as v6e:2x2)."""
+    chosen = r.get("slice") or {}
+    name = chosen.get("name") or r.get("target")
+    if not name or ":" in name:
+        return r.get("target")
+    slices = chosen.get("num_slices") or 1
+    return f"{slices}x{name}" if slices > 1 else name
 
 
 def _slice(s: dict) -> str:
