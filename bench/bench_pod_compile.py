@@ -1,10 +1,10 @@
 """How long a pod-scale compile takes on this machine (not part of the test suite).
 
-    nice -n 10 .venv/bin/python bench/bench_pod_compile.py [MODEL] [SLICE] [SEQ] [BATCH_PER_CHIP] [MESH]
+    nice -n 10 .venv/bin/python bench/bench_pod_compile.py [MODEL] [SLICE] [SEQ] [BATCH_PER_CHIP] [MESH] [REMAT]
 
 Default: llama3.1-70b (80 scanned layers) on v6e-256 (256 chips, 16x16), 8,192 tokens, 1 sequence per chip,
-FSDP over all 256 chips, remat full: `tpuprof preflight --model llama3.1-70b --tpu v6e-256 --seq 8192
---batch-per-chip 1` without the cache. Prints one JSON line: the time to build the sharded ShapeDtypeStructs
+FSDP over all 256 chips, remat full (REMAT `offload`: the published MaxText recipe's host offload): `tpuprof
+preflight --model llama3.1-70b --tpu v6e-256 --seq 8192 --batch-per-chip 1` without the cache. Prints one JSON line: the time to build the sharded ShapeDtypeStructs
 and trace/lower the step, the XLA:TPU compile (libtpu, compile-only), the compiler's memory figures per chip,
 and the process's peak resident memory.
 """
@@ -18,7 +18,8 @@ import time
 
 
 def main(argv: list[str]) -> None:
-    model, slice_name, seq, batch, mesh = (argv + ["llama3.1-70b", "v6e-256", "8192", "1", "fsdp=-1"][len(argv):])[:5]
+    model, slice_name, seq, batch, mesh, remat = (
+        argv + ["llama3.1-70b", "v6e-256", "8192", "1", "fsdp=-1", "full"][len(argv):])[:6]
     from tpuprof import slices
     from tpuprof.sources import llm, tpu_compile
 
@@ -26,7 +27,7 @@ def main(argv: list[str]) -> None:
     config, source = llm.load_config(model)
     devices = tpu_compile.topology_devices(slice_name)
     sizes = llm.parse_mesh(mesh, len(devices))
-    step = llm.Step(config, source, int(seq), "full", "bf16", sizes)
+    step = llm.Step(config, source, int(seq), remat, "bf16", sizes)
     started = time.perf_counter()
     fn, args = llm.build(step, devices, int(batch))
     lowered = fn.lower(*args)
@@ -39,7 +40,8 @@ def main(argv: list[str]) -> None:
                 + stats.temp_size_in_bytes + stats.generated_code_size_in_bytes)
     print(json.dumps({
         "model": config.name, "parameters": config.parameter_count(), "layers": config.num_hidden_layers,
-        "slice": chosen.to_json(), "mesh": sizes, "seq": int(seq), "batch_per_chip": int(batch),
+        "slice": chosen.to_json(), "mesh": sizes, "seq": int(seq), "batch_per_chip": int(batch), "remat": remat,
+        "loss_chunks": llm.loss_chunks(int(seq), int(batch), config.vocab_size // sizes["tensor"]),
         "lower_s": round(lowered_s, 1), "compile_s": round(compile_s, 1),
         "argument_gib_per_chip": round(stats.argument_size_in_bytes / 2**30, 2),
         "temp_gib_per_chip": round(stats.temp_size_in_bytes / 2**30, 2),

@@ -111,6 +111,21 @@ def test_a_pipe_in_a_name_stays_in_its_cell():
     assert len(ops[1]) == 5 and ops[1][0] == "a|b`c"
 
 
+def test_a_preflight_target_on_a_slice_is_named_by_its_slice():
+    """`--tpu v6e-256,2xv6e-16,v6e:2x2`: the slice names as given, not the generation three times."""
+    def target(name, topology, slices=1):
+        return {"target": "v6e", "topology": topology, "batch_size": 1, "fits": True, "required_bytes": 2**30,
+                "hbm_capacity_bytes": 2**35, "verdict": f"fits on {name}",
+                "slice": {"name": name, "topology": topology, "chips": 16, "devices": 16, "num_slices": slices}}
+
+    doc = {"schema": "tpuprof.preflight/1",
+           "targets": [target("v6e-256", "v6e:16x16"), target("v6e-16", "v6e:4x4", 2), target("v6e:2x2", "v6e:2x2")]}
+    text = markdown.render(doc)
+    rows = tables(text)[0]
+    assert [row[0] for row in rows[1:]] == ["v6e-256", "2xv6e-16", "v6e"]
+    assert "v6e-256: fits on v6e-256" in text and "2xv6e-16: fits on v6e-16" in text
+
+
 def test_cli_markdown_is_the_json_document_rendered():
     """`--format markdown` prints exactly what the renderer makes of the `--json` document; diff keeps exit 1."""
     sample = next(c for c in commands() if c[0] == "diff/memory")

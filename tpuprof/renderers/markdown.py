@@ -9,6 +9,7 @@ every figure here is a field of the document, formatted. `render(document)` pick
 from __future__ import annotations
 
 from tpuprof import schemas
+from tpuprof.analyses.step_estimate import target_label
 from tpuprof.renderers.diff import fmt_change, fmt_percent, fmt_value
 from tpuprof.units import fmt_bytes
 
@@ -232,14 +233,14 @@ def _preflight(document: dict, top: int) -> list[str]:
     rows = []
     for t in targets:
         e = t.get("estimate") or {}
-        rows.append([t.get("target"), t.get("batch_size"), "✅ fits" if t.get("fits") else "❌ does not fit",
+        rows.append([target_label(t), t.get("batch_size"), "✅ fits" if t.get("fits") else "❌ does not fit",
                      fmt_bytes(t.get("required_bytes")), fmt_bytes(t.get("hbm_capacity_bytes")),
                      t.get("max_batch_size", ""), e.get("step_ms", ""), e.get("examples_per_s", ""),
                      e.get("cost_per_million_examples", "")])
     out += table(["target", "batch", "verdict", "required", "HBM", "max batch", "step ms (est.)", "examples/s",
                   "$ per 1M examples"], rows, right={1, 3, 4, 5, 6, 7, 8})
     for t in targets:
-        name = t.get("target")
+        name = target_label(t)
         if t.get("verdict"):
             out += [f"{name}: {cell(t['verdict'])}", ""]
         e = t.get("estimate") or {}

@@ -5,7 +5,8 @@ The step is what TPU users run (MaxText's layout): token embedding, `num_hidden_
 with `jax.lax.scan` (one layer's program, compiled once), each RMSNorm -> GQA attention with RoPE through the
 Pallas splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention, causal) -> RMSNorm -> gated
 MLP (SwiGLU; GeGLU for Gemma) or a top-k routed mixture of experts; final RMSNorm, LM head, causal-LM
-cross-entropy, the backward pass, and an AdamW update (fp32 master weights and moments, as MaxText keeps them;
+cross-entropy computed over pieces of the sequence so the fp32 [batch, seq, vocab] logits are never whole in
+memory (MaxText's vocabulary tiling), the backward pass, and an AdamW update (fp32 master weights and moments, as MaxText keeps them;
 a few lines here rather than a dependency on optax). Weights are fp32, matmuls run in bf16 (`--dtype bf16`)
 or with fp8 operands (`--dtype fp8`: e4m3 casts before each matmul, bf16 accumulation).
 
@@ -34,8 +35,10 @@ from tpuprof.sources.mesh import MESH_AXES, make_mesh, parse_mesh  # noqa: F401 
 
 REMAT_POLICIES = ("none", "full", "dots", "offload")
 DTYPES = ("bf16", "fp8")
+OFFLOADED = ("decoder_layer_input", "query_proj", "key_proj", "value_proj")  # --remat offload, as MaxText names them
 CAPACITY_FACTOR = 1.25
 MOE_GROUP = 512  # tokens routed together (the one-hot dispatch tensors grow with the group squared)
+LOSS_CHUNK_BYTES = 512 * 2**20  # fp32 logits of one piece of the loss per device (see cross_entropy)
 ADAM_STATE_BYTES = 12  # per parameter: fp32 weights + fp32 first and second moments
 IMPLEMENTATION = "tpuprof compact JAX definition (tpuprof/sources/llm.py)"
 
@@ -284,10 +287,20 @@ def build(step: Step, devices, batch_per_device: int):
 def _train_step(config: ModelConfig, step: Step, mesh, batch_axes):
     import jax
     import jax.numpy as jnp
+    from jax.ad_checkpoint import checkpoint_name
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     compute = jnp.bfloat16
     activations = NamedSharding(mesh, P(batch_axes, None, None))
+    batch_shards = 1
+    for axis in batch_axes or ():
+        batch_shards *= mesh.shape[axis]
+    # The loss: the LM head gathered once in bf16 (over fsdp; vocabulary kept over tensor, as the weight is),
+    # hidden states cut into [chunk, batch, token, embed] pieces (see cross_entropy).
+    vocab_axis = _fits(config.vocab_size, ("tensor",), step.mesh_sizes)
+    vocab_shards = mesh.shape["tensor"] if vocab_axis else 1
+    gathered_head = NamedSharding(mesh, P(None, vocab_axis))
+    chunk_sharding = NamedSharding(mesh, P(None, batch_axes, None, None))
     attention = _attention(config, step.seq_len, mesh, batch_axes)
     moe = _moe(config, mesh, batch_axes) if config.moe else None
 
@@ -307,8 +320,10 @@ def _train_step(config: ModelConfig, step: Step, mesh, batch_axes):
         return jax.nn.gelu(x, approximate=True) if "gelu" in config.hidden_act else jax.nn.silu(x)
 
     def layer(x, w):
+        x = checkpoint_name(x, "decoder_layer_input")
         y = norm(x, w["attn_norm"])
-        q, k, v = (matmul(y, w[n], "bsd,df->bsf") for n in ("wq", "wk", "wv"))
+        q, k, v = (checkpoint_name(matmul(y, w[n], "bsd,df->bsf"), name)
+                   for n, name in (("wq", "query_proj"), ("wk", "key_proj"), ("wv", "value_proj")))
         if config.attention_bias:
             q, k, v = q + w["bq"].astype(compute), k + w["bk"].astype(compute), v + w["bv"].astype(compute)
         o = attention(q, k, v)
@@ -325,7 +340,11 @@ def _train_step(config: ModelConfig, step: Step, mesh, batch_axes):
         "none": None,
         "full": jax.checkpoint_policies.nothing_saveable,
         "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-        "offload": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+        # MaxText's `remat_policy: custom` of the published Llama 3.1 70B v6e-256 recipe: each layer's input
+        # and its q/k/v projections go to host memory, everything else is recomputed.
+        "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=[], names_which_can_be_offloaded=list(OFFLOADED),
+            offload_src="device", offload_dst="pinned_host"),
     }[step.remat]
     body = layer if step.remat == "none" else jax.checkpoint(layer, policy=policy, prevent_cse=False)
     stacked = [n for n, (shape, _) in _parameter_layout(config, step.mesh_sizes).items()
@@ -338,10 +357,10 @@ def _train_step(config: ModelConfig, step: Step, mesh, batch_axes):
         x, _ = jax.lax.scan(body, x, {n: params[n] for n in stacked})
         x = norm(x, params["final_norm"])
         head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
-        logits = matmul(x, head, "bsd,dv->bsv").astype(jnp.float32)
-        logz = jax.nn.logsumexp(logits, axis=-1)
-        picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-        return jnp.mean(logz - picked)
+        head = jax.lax.with_sharding_constraint(head.astype(compute), gathered_head)
+        chunks = loss_chunks(step.seq_len, x.shape[0] // batch_shards, config.vocab_size // vocab_shards)
+        return cross_entropy(lambda chunk: matmul(chunk, head, "bsd,dv->bsv").astype(jnp.float32), x, targets,
+                             chunks, chunk_sharding)
 
     def train_step(params, opt, tokens):
         loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
@@ -349,6 +368,41 @@ def _train_step(config: ModelConfig, step: Step, mesh, batch_axes):
         return params, opt, loss
 
     return train_step
+
+
+def loss_chunks(seq_len: int, batch_per_device: int, vocab_per_device: int) -> int:
+    """How many pieces of the sequence the loss is computed in: the fewest that divide `seq_len` and keep one
+    piece's fp32 logits per device within LOSS_CHUNK_BYTES (MaxText's vocabulary tiling, `num_vocab_tiling`)."""
+    for chunks in range(1, seq_len + 1):
+        if seq_len % chunks == 0 and batch_per_device * (seq_len // chunks) * vocab_per_device * 4 <= LOSS_CHUNK_BYTES:
+            return chunks
+    return seq_len
+
+
+def cross_entropy(logits_of, x, targets, chunks: int, sharding=None):
+    """Mean causal-LM cross-entropy, logsumexp(logits) - logits[target] over all tokens, computed over `chunks`
+    pieces of the sequence under `jax.lax.scan` with a rematerialised body: the forward keeps only each piece's
+    hidden states, the backward recomputes one piece's logits at a time, so the [batch, seq, vocab] logits and
+    their gradient are never whole in memory. `logits_of([batch, piece, embed]) -> fp32 [batch, piece, vocab]`;
+    `sharding` places the [chunk, batch, piece, embed] stack."""
+    import jax
+    import jax.numpy as jnp
+
+    batch, seq, embed = x.shape
+    pieces = x.reshape(batch, chunks, seq // chunks, embed).swapaxes(0, 1)
+    if sharding is not None:
+        pieces = jax.lax.with_sharding_constraint(pieces, sharding)
+    labels = targets.reshape(batch, chunks, seq // chunks).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def piece_loss(total, inputs):
+        hidden, label = inputs
+        logits = logits_of(hidden)
+        picked = jnp.take_along_axis(logits, label[..., None], axis=-1)[..., 0]
+        return total + jnp.sum(jax.nn.logsumexp(logits, axis=-1) - picked), None
+
+    total, _ = jax.lax.scan(piece_loss, jnp.zeros((), jnp.float32), (pieces, labels))
+    return total / (batch * seq)
 
 
 def _adamw(params, grads, opt, lr=1e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1):

@@ -1,0 +1,51 @@
+"""The LLM step's loss (tpuprof/sources/llm.py `cross_entropy`): computed over pieces of the sequence, it is the
+same function as the whole-sequence cross-entropy (value and gradients, real JAX on the CPU), and the compiled
+step never holds the whole [batch, seq, vocab] fp32 logits (a real libtpu compile of a tiny model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpuprof.sources import llm
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+
+def reference_loss(x, head, targets):
+    """The textbook formula on whole logits: -mean(log_softmax(x @ head)[target])."""
+    log_probabilities = jax.nn.log_softmax(jnp.einsum("bsd,dv->bsv", x, head), axis=-1)
+    return -jnp.mean(jnp.take_along_axis(log_probabilities, targets[..., None], axis=-1))
+
+
+def chunked_loss(chunks):
+    def loss(x, head, targets):
+        return llm.cross_entropy(lambda piece: jnp.einsum("bsd,dv->bsv", piece, head), x, targets, chunks)
+
+    return loss
+
+
+def test_the_chunked_loss_is_the_whole_sequence_loss_and_so_are_its_gradients():
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    x = jax.random.normal(keys[0], (3, 64, 16), jnp.float32)
+    head = jax.random.normal(keys[1], (16, 200), jnp.float32)
+    targets = jax.random.randint(keys[2], (3, 64), 0, 200)
+    expected, expected_grads = jax.value_and_grad(reference_loss, argnums=(0, 1))(x, head, targets)
+    for chunks in (1, 4, 64):
+        value, grads = jax.jit(jax.value_and_grad(chunked_loss(chunks), argnums=(0, 1)))(x, head, targets)
+        assert value == pytest.approx(float(expected), rel=1e-5)
+        for got, want in zip(grads, expected_grads):
+            assert jnp.allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_the_loss_is_cut_so_that_one_piece_of_fp32_logits_stays_within_the_budget():
+    # Llama 3.1 70B (vocabulary 128,256) at 8,192 tokens, one sequence per chip: pieces of 1,024 tokens
+    # (512 MiB of fp32 logits); five sequences per chip: 64 pieces of 128 tokens.
+    assert llm.loss_chunks(8192, 1, 128256) == 8
+    assert llm.loss_chunks(8192, 5, 128256) == 64
+    assert llm.loss_chunks(2048, 2, 32000) == 1  # 500 MiB: one piece
+    for seq, batch, vocab in ((8192, 1, 128256), (4096, 3, 152064), (256, 2, 1024)):
+        chunks = llm.loss_chunks(seq, batch, vocab)
+        assert seq % chunks == 0 and batch * (seq // chunks) * vocab * 4 <= llm.LOSS_CHUNK_BYTES
+        fewer = next((n for n in range(chunks - 1, 0, -1) if seq % n == 0), None)
+        assert fewer is None or batch * (seq // fewer) * vocab * 4 > llm.LOSS_CHUNK_BYTES
