@@ -43,8 +43,11 @@ MOE_GROUP = 512  # tokens routed together (the one-hot dispatch tensors grow wit
 # (sa_block_* = 2048, sa_use_fused_bwd_kernel = True: dQ, dK and dV from one kernel), with the scoped VMEM limit
 # those runs set (MaxText benchmarks/xla_flags_library.py DENSE_VMEM_LIMIT_FLAG): at libtpu's default of 32 MiB
 # the fused backward kernel of 2048-blocks does not compile (it asks for 36 MiB at 3 x 8192 tokens per chip).
+# The published 8B runs also turn off collective matmuls (DISABLE_COLLECTIVE_MATMUL): by default libtpu splits
+# the FSDP-gathered MLP matmuls into windowed einsums whose partial sums re-read and re-write the
+# [batch, seq, mlp] output once per window.
 SPLASH_BLOCK = 2048
-COMPILER_OPTIONS = {"xla_tpu_scoped_vmem_limit_kib": 98304}
+COMPILER_OPTIONS = {"xla_tpu_scoped_vmem_limit_kib": 98304, "xla_jf_spmd_threshold_for_windowed_einsum_mib": 1000000}
 LOSS_CHUNK_BYTES = 512 * 2**20  # fp32 logits of one piece of the loss per device (see cross_entropy)
 ADAM_STATE_BYTES = 12  # per parameter: fp32 weights + fp32 first and second moments
 IMPLEMENTATION = "tpuprof compact JAX definition (tpuprof/sources/llm.py)"
