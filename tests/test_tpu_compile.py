@@ -116,3 +116,31 @@ def test_import_costs_nothing():
             "print([m for m in ('jax', 'tensorflow', 'keras') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_compiler_options_reach_libtpu(tpu_compile):
+    """The LLM step's splash attention (blocks of llm.SPLASH_BLOCK, fused backward kernel) at 3 sequences of
+    8,192 tokens and Llama 3.1 8B's heads needs 36 MiB of scoped VMEM: libtpu's default limit (32 MiB) refuses
+    the fused backward kernel, and the published recipes' limit (llm.COMPILER_OPTIONS) compiles it."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+
+    from tpuprof.sources import llm
+
+    seq, block = 8192, llm.SPLASH_BLOCK
+    sizes = splash.BlockSizes(block_q=block, block_kv=block, block_q_dkv=block, block_kv_dkv=block,
+                              use_fused_bwd_kernel=True)
+    kernel = splash.make_splash_mha(masks.MultiHeadMask([masks.CausalMask((seq, seq))] * 32), block_sizes=sizes,
+                                    head_shards=1, q_seq_shards=1)
+
+    def loss(q, k, v):
+        return jnp.sum(jax.vmap(kernel)(q, k, v).astype(jnp.float32))
+
+    q = jax.ShapeDtypeStruct((3, 32, seq, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((3, 8, seq, 128), jnp.bfloat16)
+    step = jax.grad(loss, argnums=(0, 1, 2))
+    with pytest.raises(tpu_compile.CompileResourceExhausted, match="vmem"):
+        tpu_compile.compile_jax(step, [q, kv, kv], "v6e")
+    assert tpu_compile.compile_jax(step, [q, kv, kv], "v6e", options=llm.COMPILER_OPTIONS).required_bytes > 0

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -38,6 +39,15 @@ DTYPES = ("bf16", "fp8")
 OFFLOADED = ("decoder_layer_input", "query_proj", "key_proj", "value_proj")  # --remat offload, as MaxText names them
 CAPACITY_FACTOR = 1.25
 MOE_GROUP = 512  # tokens routed together (the one-hot dispatch tensors grow with the group squared)
+# Splash attention's tiles and backward kernel as tpu-recipes' published Llama 3.1 8B and 70B v6e runs set them
+# (sa_block_* = 2048, sa_use_fused_bwd_kernel = True: dQ, dK and dV from one kernel), with the scoped VMEM limit
+# those runs set (MaxText benchmarks/xla_flags_library.py DENSE_VMEM_LIMIT_FLAG): at libtpu's default of 32 MiB
+# the fused backward kernel of 2048-blocks does not compile (it asks for 36 MiB at 3 x 8192 tokens per chip).
+# The published 8B runs also turn off collective matmuls (DISABLE_COLLECTIVE_MATMUL): by default libtpu splits
+# the FSDP-gathered MLP matmuls into windowed einsums whose partial sums re-read and re-write the
+# [batch, seq, mlp] output once per window.
+SPLASH_BLOCK = 2048
+COMPILER_OPTIONS = {"xla_tpu_scoped_vmem_limit_kib": 98304, "xla_jf_spmd_threshold_for_windowed_einsum_mib": 1000000}
 LOSS_CHUNK_BYTES = 512 * 2**20  # fp32 logits of one piece of the loss per device (see cross_entropy)
 ADAM_STATE_BYTES = 12  # per parameter: fp32 weights + fp32 first and second moments
 IMPLEMENTATION = "tpuprof compact JAX definition (tpuprof/sources/llm.py)"
@@ -327,7 +337,8 @@ def _train_step(config: ModelConfig, step: Step, mesh, batch_axes):
         if config.attention_bias:
             q, k, v = q + w["bq"].astype(compute), k + w["bk"].astype(compute), v + w["bv"].astype(compute)
         o = attention(q, k, v)
-        x = jax.lax.with_sharding_constraint(x + matmul(o, w["wo"], "bsf,fd->bsd"), activations)
+        x = jax.lax.with_sharding_constraint(x + checkpoint_name(matmul(o, w["wo"], "bsf,fd->bsd"), "out_proj"),
+                                             activations)
         y = norm(x, w["mlp_norm"])
         if moe is not None:
             out = moe(y, w, matmul, act)
@@ -441,9 +452,9 @@ def _attention(config: ModelConfig, seq_len: int, mesh, batch_axes):
 
     h, kv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     local_heads = h // mesh.shape["tensor"]
-    block = min(512, seq_len)
+    block = math.gcd(seq_len, SPLASH_BLOCK)  # a tile divides the sequence (a multiple of 128)
     sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                              block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+                              block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=True)
     mask = masks.MultiHeadMask([masks.CausalMask((seq_len, seq_len)) for _ in range(local_heads)])
     kernel = splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1)
     spec = P(batch_axes, "tensor", None, None)
@@ -527,7 +538,7 @@ class Spec:
         from tpuprof.sources.tpu_compile import Program
 
         fn, args = build(self.step, self.devices, batch_size)
-        return Program("jax", (fn, args), self.text)
+        return Program("jax", (fn, args), self.text, compiler_options=COMPILER_OPTIONS)
 
     def model_info(self) -> dict:
         config = self.step.config

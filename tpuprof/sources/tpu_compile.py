@@ -278,8 +278,10 @@ def place_args(args: Sequence[Any], target: str) -> list:
 
 
 def compile_jax(fn, args: Sequence[Any], target: str, dump_dir: str | os.PathLike | None = None,
-                keep_all: bool = False, donate_argnums: Sequence[int] = ()) -> CompileResult:
-    """Compile `fn(*args)` for one device of `target`; dump into `dump_dir` (a fresh folder) if given."""
+                keep_all: bool = False, donate_argnums: Sequence[int] = (),
+                options: dict[str, Any] | None = None) -> CompileResult:
+    """Compile `fn(*args)` for one device of `target`; dump into `dump_dir` (a fresh folder) if given;
+    `options`: compiler flags the program is run with (e.g. libtpu's xla_tpu_scoped_vmem_limit_kib)."""
     import jax
 
     placed = place_args(args, target)
@@ -287,7 +289,7 @@ def compile_jax(fn, args: Sequence[Any], target: str, dump_dir: str | os.PathLik
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn, donate_argnums=tuple(donate_argnums))
     lowered = jitted.lower(*placed)
     try:
-        compiled = lowered.compile(compiler_options=_dump_options(dump_dir))
+        compiled = lowered.compile(compiler_options={**(options or {}), **_dump_options(dump_dir)})
     except Exception as error:  # noqa: BLE001 - jaxlib raises JaxRuntimeError with the status text
         _raise_compile_error(error, target)
     return _result(target, compiled.memory_analysis(), dump_dir, keep_all)
@@ -399,11 +401,12 @@ class Program:
     kind: str  # jax | tf | keras
     value: tuple
     spec: str
+    compiler_options: dict[str, Any] | None = None  # jax only: flags the program's own run sets
 
     def compile(self, target: str, dump_dir: str | os.PathLike | None = None) -> CompileResult:
         try:
             if self.kind == "jax":
-                return compile_jax(self.value[0], self.value[1], target, dump_dir)
+                return compile_jax(self.value[0], self.value[1], target, dump_dir, options=self.compiler_options)
             if self.kind == "tf":
                 return compile_tf(self.value[0], self.value[1], target, dump_dir)
             return compile_keras(*self.value, target=target, dump_dir=dump_dir)
