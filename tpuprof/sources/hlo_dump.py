@@ -179,8 +179,8 @@ def read_buffer_definers(path: Path):
     try:
         index = index_class.FromString(path.read_bytes())
         module = index.hlo_module
-        if not module.computations:
-            return None
+        if not module.computations or not index.buffer_assignment:
+            return None  # no buffer assignment (a CPU/GPU or unoptimised proto): the estimate reads it whole
         kept = [_length_delimited(3, c.SerializeToString()) for c in module.computations
                 if not c.is_fusion_computation]
         module.ClearField("computations")
