@@ -84,8 +84,6 @@ def find_capture(path: str) -> tuple[list[str], RunChoice | None]:
     """find_host_files, and for a logdir the run it chose (the newest) among how many."""
     path = str(path)
     if not _is_local(path):
-        from tpuprof.sources import remote
-
         return remote.call(path, "listing the capture", _find_capture, path)
     return _find_capture(path)
 
@@ -135,8 +133,6 @@ def read_bytes(path: str) -> bytes:
         except OSError as error:
             raise UserError(f"cannot read {path}: {error.strerror or error}.") from None
     import fsspec
-
-    from tpuprof.sources import remote
 
     remote.quiet_loggers()
     # Each step has the time limit (nothing answers: one sentence within 30 s); a large file takes the chunks it needs.

@@ -411,7 +411,7 @@ class XSpaceStream:
             for number, _, value_at, after in _records(self._source, 0, self.size):
                 if number == _PLANES:
                     extents.append((value_at, after))
-                if len(extents) % 64 == 0:
+                if number == _PLANES and len(extents) % 64 == 0:
                     # Each page read maps its neighbours too (the kernel's fault-around): let them go as we pass.
                     self._source.release(released, after)
                     released = after
