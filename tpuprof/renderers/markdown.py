@@ -9,7 +9,6 @@ every figure here is a field of the document, formatted. `render(document)` pick
 from __future__ import annotations
 
 from tpuprof import schemas
-from tpuprof.analyses.step_estimate import target_label
 from tpuprof.renderers.diff import fmt_change, fmt_percent, fmt_value
 from tpuprof.units import fmt_bytes
 
@@ -228,6 +227,8 @@ def _analyze(document: dict, top: int) -> list[str]:
 # --- preflight ---------------------------------------------------------------------------------------------
 
 def _preflight(document: dict, top: int) -> list[str]:
+    from tpuprof.analyses.step_estimate import target_label  # a heavy module: only preflight's Markdown needs it
+
     targets = document.get("targets") or []
     out = ["## tpuprof preflight", ""]
     rows = []
