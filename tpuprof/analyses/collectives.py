@@ -296,11 +296,10 @@ def analyse(walker, torus: Torus, op_seconds: dict[tuple[str, str], float]) -> C
 
     def time_of(instruction, kind, holder, computation, count):
         pairs = [(p.source, p.target) for p in holder.source_target_pairs]
-        seconds, n, axes = time_collective(kind, volume(kind, holder, instruction),
-                                           replica_groups(holder, devices), pairs, torus)
+        moved = volume(kind, holder, instruction)
+        seconds, n, axes = time_collective(kind, moved, replica_groups(holder, devices), pairs, torus)
         op = Collective(instruction.name, kind, computation.name, instruction.metadata.op_name,
-                        instruction.opcode not in SYNC,
-                        volume(kind, holder, instruction), n, axes, seconds, count)
+                        instruction.opcode not in SYNC, moved, n, axes, seconds, count)
         result.ops.append(op)
         result.collective_s += seconds * count
         return op
