@@ -5,8 +5,10 @@
 The captures are found by tests/real_data.py (they are not in the repository; see
 sample_profiles/real/README.md). XProf writes a cache file (ALL_HOSTS.op_stats*) beside the capture it
 reads, so every XProf run gets a fresh copy. In-process times are medians after one warm-up; whole-process
-times include interpreter start-up and imports (tpuprof's CLI with --json and with tables; XProf's converter
-called from Python), run interleaved, with bytecode compiled once as for an installed package.
+times include interpreter start-up and imports (tpuprof's CLI with --json and with tables; XProf two ways: its
+converter called from a minimal Python script, the least a process can do to get overview_page, and the
+`xprof get_overview` command XProf 2.24 ships, what a user types), run interleaved, with bytecode compiled once
+as for an installed package.
 """
 
 from __future__ import annotations
@@ -60,6 +62,15 @@ def bench(name: str, path: Path, runs: int, scratch: Path) -> None:
         shutil.copy(path, folder / path.name)
         return str(folder / path.name)
 
+    def fresh_logdir() -> list[str]:
+        """The `xprof` command reads a session (a run folder under plugins/profile) and caches its results
+        there: each run gets a new one."""
+        logdir = Path(tempfile.mkdtemp(dir=scratch))
+        run = logdir / "plugins" / "profile" / "run"
+        run.mkdir(parents=True)
+        shutil.copy(path, run / "host0.xplane.pb")
+        return ["--session_id=run", f"--logdir={logdir}"]
+
     def run_xprof() -> float:
         copy = fresh_copy()
         started = time.perf_counter()
@@ -81,7 +92,7 @@ def bench(name: str, path: Path, runs: int, scratch: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(scratch / "pycache")
 
-    cpu: dict[str, list[float]] = {"json": [], "tables": [], "xprof": []}
+    cpu: dict[str, list[float]] = {"json": [], "tables": [], "xprof": [], "xprof_cli": []}
 
     def whole(command: list[str], key: str | None = None) -> float:
         """Wall seconds; the process's CPU seconds (user + system) go to cpu[key]: on a shared machine the wall
@@ -101,17 +112,21 @@ def bench(name: str, path: Path, runs: int, scratch: Path) -> None:
     }
     for command in commands.values():
         whole(command)  # warm-up: compiles the bytecode, fills the page cache
-    times: dict[str, list[float]] = {"json": [], "tables": [], "xprof": []}
+    xprof_cli = [str(Path(sys.executable).parent / "xprof"), "get_overview"]
+    whole(xprof_cli + fresh_logdir())  # warm-up
+    times: dict[str, list[float]] = {"json": [], "tables": [], "xprof": [], "xprof_cli": []}
     for _ in range(runs):  # interleaved, so that load from other processes hits every side alike
         for key, command in commands.items():
             times[key].append(whole(command, key))
         times["xprof"].append(whole([sys.executable, "-c", XPROF_PROCESS, fresh_copy()], "xprof"))
+        times["xprof_cli"].append(whole(xprof_cli + fresh_logdir(), "xprof_cli"))
     median = {key: statistics.median(values) for key, values in times.items()}
     cpu_median = {key: statistics.median(values) for key, values in cpu.items()}
     for key in ("json", "tables"):
-        print(f"  whole process: tpuprof analyze ({key}) {median[key]:.2f} s, XProf overview_page "
-              f"{median['xprof']:.2f} s, ratio {median[key] / median['xprof']:.2f}; CPU {cpu_median[key]:.2f} s "
-              f"vs {cpu_median['xprof']:.2f} s, ratio {cpu_median[key] / cpu_median['xprof']:.2f}")
+        for xprof, label in (("xprof", "XProf overview_page (converter script)"), ("xprof_cli", "xprof get_overview")):
+            print(f"  whole process: tpuprof analyze ({key}) {median[key]:.2f} s, {label} {median[xprof]:.2f} s, "
+                  f"ratio {median[key] / median[xprof]:.2f}; CPU {cpu_median[key]:.2f} s vs "
+                  f"{cpu_median[xprof]:.2f} s, ratio {cpu_median[key] / cpu_median[xprof]:.2f}")
 
 
 def main() -> int:
