@@ -11,10 +11,13 @@ this definition, the largest per-chip batch that does is compiled instead and th
 
 What is as in the published runs (tpu-recipes training/trillium READMEs, MaxText@tpu-recipes-v0.1.4): splash
 blocks of 2048 with the fused backward kernel and their scoped-VMEM limit (98,304 KiB), f32 weights and AdamW
-state, FSDP over the slice, and with `--remat offload` (the default here) the decoder-layer input and q/k/v
-projections offloaded to host memory, the rest recomputed. What differs: the 8B recipe offloads the attention
-output projection too (tpuprof recomputes it); its other XLA flags (collective overlap, SparseCore all-reduce
-offload, host-offload tuning) are not set; the layer is tpuprof's compact definition, not MaxText's code.
+state, FSDP over the slice, the XLA flag sets both recipes name (layout for all-reduce/reduce-scatter, data-
+parallel overlap, all-gather continuation fusion, host-offload scheduling: llm.COMPILER_OPTIONS), and with
+`--remat offload` (the default here) the decoder-layer input and q/k/v projections offloaded to host memory,
+the rest recomputed. What differs: the 8B recipe offloads the attention output projection too (tpuprof
+recomputes it) and offloads all-reduces to the SparseCores (not set here); the 70B recipe keeps libtpu's
+collective matmuls, which every `--model` compile turns off as the 8B recipe does; the layer is tpuprof's
+compact definition, not MaxText's code.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class Run:
 RUNS = [
     Run("8B v6e-8", "llama3.1-8b", "v6e-8", 8192, 3, 3.443, RECIPES + "Llama3.1-8B-MaxText/v6e-8/README.md"),
     Run("8B v6e-16", "llama3.1-8b", "v6e-16", 8192, 3, 3.393, RECIPES + "Llama3.1-8B-MaxText/v6e-16/README.md"),
+    Run("70B v6e-256", "llama3.1-70b", "v6e-256", 8192, 5, 42.656,
+        RECIPES + "Llama3.1-70B-MaxText/v6e-256/README.md"),
 ]
 
 

@@ -46,8 +46,41 @@ MOE_GROUP = 512  # tokens routed together (the one-hot dispatch tensors grow wit
 # The published 8B runs also turn off collective matmuls (DISABLE_COLLECTIVE_MATMUL): by default libtpu splits
 # the FSDP-gathered MLP matmuls into windowed einsums whose partial sums re-read and re-write the
 # [batch, seq, mlp] output once per window.
+# Both published runs also set four of MaxText's flag sets (benchmarks/xla_flags_library.py; their names in the
+# comments below), set here as they are there. They matter for memory, not only for speed: Llama 3.1 70B on
+# v6e-256 at 4 sequences of 8,192 tokens per chip with --remat offload needs 32.64 GiB per chip without them
+# and 24.41 GiB with them (libtpu 0.0.42.1); with them the recipe's 5 sequences fit (29.85 of 31.25 GiB), as
+# the recipe runs.
 SPLASH_BLOCK = 2048
-COMPILER_OPTIONS = {"xla_tpu_scoped_vmem_limit_kib": 98304, "xla_jf_spmd_threshold_for_windowed_einsum_mib": 1000000}
+COMPILER_OPTIONS = {
+    "xla_tpu_scoped_vmem_limit_kib": 98304,  # DENSE_VMEM_LIMIT_FLAG
+    "xla_jf_spmd_threshold_for_windowed_einsum_mib": 1000000,  # DISABLE_COLLECTIVE_MATMUL (the 8B runs)
+    # LAYOUT_FOR_ALL_REDUCE_SCATTER
+    "xla_tpu_use_minor_sharding_for_major_trivial_input": True,
+    "xla_tpu_relayout_group_size_threshold_for_reduce_scatter": 1,
+    "xla_tpu_assign_all_reduce_scatter_layout": True,
+    # DATA_PARALLEL_OVERLAP
+    "xla_tpu_enable_data_parallel_all_reduce_opt": True,
+    "xla_tpu_data_parallel_opt_different_sized_ops": True,
+    # CF_FOR_ALL_GATHER
+    "xla_tpu_enable_async_collective_fusion": True,
+    "xla_tpu_enable_async_collective_fusion_fuse_all_gather": True,
+    "xla_tpu_enable_async_collective_fusion_multiple_steps": True,
+    "xla_tpu_overlap_compute_collective_tc": True,
+    "xla_enable_async_all_gather": True,
+    # HOST_OFFLOAD_FLAGS
+    "xla_tpu_enable_all_experimental_scheduler_features": True,
+    "xla_tpu_enable_scheduler_memory_pressure_tracking": True,
+    "xla_tpu_host_transfer_overlap_limit": 24,
+    "xla_tpu_aggressive_opt_barrier_removal": "ENABLED",
+    "xla_lhs_prioritize_async_depth_over_stall": "ENABLED",
+    "xla_tpu_enable_ag_backward_pipelining": True,
+    "xla_should_allow_loop_variant_parameter_in_chain": "ENABLED",
+    "xla_should_add_loop_invariant_op_in_chain": "ENABLED",
+    "xla_max_concurrent_host_send_recv": 100,
+    "xla_tpu_scheduler_percent_shared_memory_limit": 100,
+    "xla_latency_hiding_scheduler_rerun": 2,
+}
 LOSS_CHUNK_BYTES = 512 * 2**20  # fp32 logits of one piece of the loss per device (see cross_entropy)
 ADAM_STATE_BYTES = 12  # per parameter: fp32 weights + fp32 first and second moments
 IMPLEMENTATION = "tpuprof compact JAX definition (tpuprof/sources/llm.py)"
