@@ -96,6 +96,33 @@ def test_the_report_compares_the_slices_per_chip(tiny_document, tiny, tmp_path):
     assert fmt_bytes(tiny["v6e-64"]["required_bytes"]) in comparison  # memory per chip (a v6e device is a chip)
 
 
+def test_offloaded_activations_are_the_hosts_memory_not_hbm(llm_cache, tmp_path):
+    """--remat offload (each layer's input and q/k/v to host memory) compiled by libtpu: the host memory it
+    reports is exactly those activations, bf16, for every layer of this device's sequences, and is checked
+    against the host's DRAM per chip; HBM's figures do not count it. Four layers: with two, XLA keeps a
+    second copy of the stack (1.5x)."""
+    config = dict(TINY, num_hidden_layers=4)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = ("--model", str(tmp_path / "config.json"), "--tpu", "v6e-16", "--seq", "256", "--batch-per-chip", "2")
+    offload = preflight(llm_cache, *args, "--remat", "offload")["targets"][0]
+    layers, batch, seq, hidden = 4, 2, 256, TINY["hidden_size"]
+    head_dim = hidden // TINY["num_attention_heads"]
+    per_token = hidden + TINY["num_attention_heads"] * head_dim + 2 * TINY["num_key_value_heads"] * head_dim
+    assert offload["host_bytes"] == layers * batch * seq * per_token * 2
+    assert offload["host_capacity_bytes"] == 1536 * 2**30 // 8 and offload["host_fits"] is True
+    hbm = ("argument_bytes", "output_bytes", "temp_bytes", "generated_code_bytes")
+    assert offload["required_bytes"] == sum(offload[k] for k in hbm) - offload["alias_bytes"]  # HBM's sum only
+    full = preflight(llm_cache, *args, "--remat", "full")["targets"][0]
+    assert "host_bytes" not in full  # nothing offloaded: no host figure
+    table = run_cli("preflight", *args, "--remat", "offload", timeout=900,
+                    env={"XDG_CACHE_HOME": str(llm_cache), "COLUMNS": "200"})
+    assert re.search(r"host memory \(offloaded, not HBM\)\s+\S+ MiB of 192(\.00)? GiB host DRAM: fits", table.stdout), \
+        table.stdout
+    markdown = run_cli("preflight", *args, "--remat", "offload", "--format", "markdown", timeout=900,
+                       env={"XDG_CACHE_HOME": str(llm_cache)})
+    assert "v6e-16: host memory (offloaded, not HBM) 3.00 MiB (of 192.00 GiB host DRAM, fits)." in markdown.stdout
+
+
 def test_the_tables_name_each_slice(tiny_document, llm_cache, tmp_path):
     """The same run as tables (the compiles are cached): every per-target line names the slice, not only the
     generation, and no figure reads in exponent notation."""

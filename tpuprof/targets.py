@@ -66,6 +66,9 @@ class Target:
     # The link between the host and one chip, GB/s per direction, and what that figure is (None: not published).
     host_link_gbps: float | None = None
     host_link: str = ""
+    # The host's memory (DRAM) per chip, where a remat policy offloads activations (None: not published). The
+    # Cloud TPU docs give it per host (VM) with its chip count: see HOST_DRAM_SOURCES.
+    host_dram_bytes_per_chip: int | None = None
     # For the step-time estimate (preflight): the TensorCore clock the compiler's estimated_cycles count,
     # and published peaks for 8-bit operands (None: the bf16 peak applies). See RATES below.
     clock_ghz: float | None = None
@@ -95,6 +98,13 @@ class Target:
     def published_hbm_bytes(self) -> int:
         """Published HBM of one device (its share of the chip's)."""
         return self.published_hbm_bytes_per_chip // self.devices_per_chip
+
+    @property
+    def host_dram_bytes(self) -> int | None:
+        """Host memory per device (its share of the chip's), None where the docs give none."""
+        if self.host_dram_bytes_per_chip is None:
+            return None
+        return self.host_dram_bytes_per_chip // self.devices_per_chip
 
     @property
     def peak_bf16_tflops_per_device(self) -> float:
@@ -129,22 +139,31 @@ TARGETS: dict[str, Target] = {
         Target("v5e", "v5e:2x2", None, "chip", 1, 1, _g(15.75), 16 * GiB, 197, 819,
                jax_device_kind="TPU v5 lite", capture_device_types=("TPU v5 Lite", "TPU v5e"),
                codename="TPU_VERSION_VIPERFISH", codename_variant="lite",
-               aliases=("v5litepod", "v5lite", "tpu v5 lite", "tpu v5e")),
+               aliases=("v5litepod", "v5lite", "tpu v5 lite", "tpu v5e"), host_dram_bytes_per_chip=512 * GiB // 8),
         # The Cloud TPU docs give 95 GiB per chip; the compiler offers slightly more (95.74G): a rounded figure.
         Target("v5p", "v5p:2x2x1", None, "chip", 2, 1, _g(95.74), 95 * GiB, 459, 2765,
                jax_device_kind="TPU v5", capture_device_types=("TPU v5", "TPU v5p"), codename="TPU_VERSION_VIPERFISH",
-               aliases=("v5", "tpu v5", "tpu v5p")),
+               aliases=("v5", "tpu v5", "tpu v5p"), host_dram_bytes_per_chip=448 * 10**9 // 4),
         # Cloud TPU docs: "each v6e chip ... connects to the host through a PCIe Gen5 interface"; the lane count
         # is not published: 32 GT/s x 16 lanes x 128/130 / 8 = 63 GB/s per direction if it is x16.
         Target("v6e", "v6e:2x2", None, "chip", 1, 1, _g(31.25), 32 * GiB, 918, 1638,
                jax_device_kind="TPU v6 lite", capture_device_types=("TPU v6 Lite", "TPU v6e"),
                codename="TPU_VERSION_GHOSTLITE", aliases=("v6", "trillium", "tpu v6 lite", "tpu v6e"),
-               host_link_gbps=63.0, host_link="PCIe Gen5, 63 GB/s per direction if x16 (lanes not published)"),
+               host_link_gbps=63.0, host_link="PCIe Gen5, 63 GB/s per direction if x16 (lanes not published)",
+               host_dram_bytes_per_chip=1536 * GiB // 8),
         Target("tpu7x", "tpu7x:2x2x1", None, "TensorCore", 1, 2, _g(94.75), 192 * GiB, 2307, 7380,
                jax_device_kind="TPU7x", capture_device_types=("TPU v7x", "TPU7x"), codename="TPU_VERSION_6acc60406",
                aliases=("v7x", "7x", "v7", "tpu7", "ironwood", "tpu v7x"), published_source="tpu7x-docs"),
     )
 }
+# Host DRAM per chip: the Cloud TPU docs' figure per host over the chips of that host (read 2026-11-27).
+HOST_DRAM_SOURCES = {
+    "v5e": "https://docs.cloud.google.com/tpu/docs/v5e: DRAM per host 512 GiB, 8 chips per host",
+    "v5p": "https://docs.cloud.google.com/tpu/docs/v5p: VM properties, 4 chips, RAM 448 GB (half of it with NUMA "
+           "binding)",
+    "v6e": "https://docs.cloud.google.com/tpu/docs/v6e: DRAM per host 1536 GiB, 8 chips per host",
+}
+
 # TensorCore clocks: published peak bf16 FLOP/s / (2 x multiply-adds per cycle of the chip's MXUs), MXU counts
 # from the Cloud TPU system-architecture pages (v2 1 MXU 128x128 per core, 2 cores; v3 2 per core, 2 cores;
 # v4 and v5p 4 per core, 2 cores; v5e 4, 1 core). v2 0.70, v3 0.94 and v4 1.05 GHz agree with the clocks

@@ -195,6 +195,15 @@ def _target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_p
     return result
 
 
+def _host_check(target, host_bytes: int) -> dict:
+    """The host memory a device's program holds against its share of the host's DRAM (Cloud TPU docs), where
+    published; the rest of the host (the framework, the input pipeline) needs some of it too."""
+    capacity = target.host_dram_bytes
+    if capacity is None:
+        return {"host_fits": None}
+    return {"host_capacity_bytes": capacity, "host_fits": host_bytes <= capacity}
+
+
 def _batches(chosen, batch_per_device: int | None, whole_slice: bool | None = None) -> dict:
     """A one-device compile is one data-parallel replica: every device of the slice (of every slice) runs it
     with its own batch. A bare generation (`--tpu v6e`) names no slice: no global batch, unless the step was
@@ -249,6 +258,10 @@ def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progr
             "temp_bytes": chosen.stats["temp_size_in_bytes"],
             "generated_code_bytes": chosen.stats["generated_code_size_in_bytes"],
         })
+        host = _host_bytes(chosen.stats)
+        if host:  # offloaded activations or pinned host arguments: the host's memory, not HBM
+            out["host_bytes"] = host
+            out.update(_host_check(targets.get(name), host))
     if chosen.dump_dir:
         memory = _memory(chosen.dump_dir, name, top)
         if memory is not None:
@@ -268,6 +281,13 @@ def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progr
     if max_batch and out["max_batch_size"] is None:
         out["verdict"] = preflight.too_large(parameters, chosen, compiler.capacity, step)
     return out
+
+
+def _host_bytes(stats: dict) -> int:
+    """Host memory the program holds per device, as the compiler states it (arguments + outputs - aliased +
+    temporaries in host memory). Compiles cached before these figures were kept have none: 0."""
+    return (stats.get("host_argument_size_in_bytes", 0) + stats.get("host_output_size_in_bytes", 0)
+            - stats.get("host_alias_size_in_bytes", 0) + stats.get("host_temp_size_in_bytes", 0))
 
 
 def _memory(dump_dir: str, target: str, top: int):

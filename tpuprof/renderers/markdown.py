@@ -244,6 +244,11 @@ def _preflight(document: dict, top: int) -> list[str]:
         name = target_label(t)
         if t.get("verdict"):
             out += [f"{name}: {cell(t['verdict'])}", ""]
+        if t.get("host_bytes"):  # offloaded activations: the host's memory, not HBM
+            host = (f"of {fmt_bytes(t['host_capacity_bytes'])} host DRAM, "
+                    f"{'fits' if t.get('host_fits') else '❌ more than the host has'}"
+                    if t.get("host_capacity_bytes") else "the host's memory is not published")
+            out += [f"{name}: host memory (offloaded, not HBM) {fmt_bytes(t['host_bytes'])} ({host}).", ""]
         e = t.get("estimate") or {}
         if e.get("step_ms") is not None:
             out += [f"**{name} step estimate** {e['step_ms']} ms (band {e.get('step_ms_low')}–{e.get('step_ms_high')} ms, "

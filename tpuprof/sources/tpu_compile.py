@@ -74,6 +74,12 @@ class CompileResult:
     generated_code_bytes: int
     dump_dir: str | None = None
     files: list[str] = field(default_factory=list)  # kept dump files of the main module
+    # Host memory the program holds per device (memory space S(5)): activations a remat policy offloads, and
+    # arguments or outputs placed in pinned host memory. Not HBM: not in required_bytes.
+    host_argument_bytes: int = 0
+    host_output_bytes: int = 0
+    host_alias_bytes: int = 0
+    host_temp_bytes: int = 0
 
     @property
     def required_bytes(self) -> int:
@@ -93,6 +99,10 @@ class CompileResult:
             "alias_size_in_bytes": self.alias_bytes,
             "temp_size_in_bytes": self.temp_bytes,
             "generated_code_size_in_bytes": self.generated_code_bytes,
+            "host_argument_size_in_bytes": self.host_argument_bytes,
+            "host_output_size_in_bytes": self.host_output_bytes,
+            "host_alias_size_in_bytes": self.host_alias_bytes,
+            "host_temp_size_in_bytes": self.host_temp_bytes,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -244,6 +254,8 @@ def _result(target: str, stats, dump_dir, keep_all: bool) -> CompileResult:
         generated_code_bytes=int(stats.generated_code_size_in_bytes),
         dump_dir=None if dump_dir is None else str(dump_dir),
         files=_collect_dump(dump_dir, keep_all),
+        **{f"host_{kind}_bytes": int(getattr(stats, f"host_{kind}_size_in_bytes", 0) or 0)
+           for kind in ("argument", "output", "alias", "temp")},
     )
 
 
