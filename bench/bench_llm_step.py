@@ -12,7 +12,7 @@ this definition, the largest per-chip batch that does is compiled instead and th
 What is as in the published runs (tpu-recipes training/trillium READMEs, MaxText@tpu-recipes-v0.1.4): splash
 blocks of 2048 with the fused backward kernel and their scoped-VMEM limit (98,304 KiB), f32 weights and AdamW
 state, FSDP over the slice, the XLA flag sets both recipes name (layout for all-reduce/reduce-scatter, data-
-parallel overlap, all-gather continuation fusion, host-offload scheduling: llm.COMPILER_OPTIONS), and with
+parallel overlap, all-gather continuation fusion, host-offload scheduling: llm.compiler_options), and with
 `--remat offload` (the default here) the decoder-layer input and q/k/v projections offloaded to host memory,
 the rest recomputed. What differs: the 8B recipe offloads the attention output projection too (tpuprof
 recomputes it) and offloads all-reduces to the SparseCores (not set here); the 70B recipe keeps libtpu's

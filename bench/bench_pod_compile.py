@@ -33,7 +33,7 @@ def main(argv: list[str]) -> None:
     lowered = fn.lower(*args)
     lowered_s = time.perf_counter() - started
     started = time.perf_counter()
-    compiled = lowered.compile(compiler_options=llm.COMPILER_OPTIONS)  # as preflight --model compiles it
+    compiled = lowered.compile(compiler_options=llm.compiler_options(llm.generation_of(devices)))  # as preflight --model
     compile_s = time.perf_counter() - started
     stats = compiled.memory_analysis()
     required = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes

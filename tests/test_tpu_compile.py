@@ -119,9 +119,10 @@ def test_import_costs_nothing():
 
 
 def test_compiler_options_reach_libtpu(tpu_compile):
-    """The LLM step's splash attention (blocks of llm.SPLASH_BLOCK, fused backward kernel) at 3 sequences of
-    8,192 tokens and Llama 3.1 8B's heads needs 36 MiB of scoped VMEM: libtpu's default limit (32 MiB) refuses
-    the fused backward kernel, and the published recipes' limit (llm.COMPILER_OPTIONS) compiles it."""
+    """The LLM step's splash attention on v6e (blocks of llm.SPLASH_BLOCK["v6e"], fused backward kernel) at 3
+    sequences of 8,192 tokens and Llama 3.1 8B's heads needs 36 MiB of scoped VMEM: libtpu's default limit (32
+    MiB) refuses the fused backward kernel, and the published recipes' limit (llm.compiler_options("v6e"))
+    compiles it."""
     import jax
     import jax.numpy as jnp
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
@@ -129,7 +130,7 @@ def test_compiler_options_reach_libtpu(tpu_compile):
 
     from tpuprof.sources import llm
 
-    seq, block = 8192, llm.SPLASH_BLOCK
+    seq, block = 8192, llm.SPLASH_BLOCK["v6e"]
     sizes = splash.BlockSizes(block_q=block, block_kv=block, block_q_dkv=block, block_kv_dkv=block,
                               use_fused_bwd_kernel=True)
     kernel = splash.make_splash_mha(masks.MultiHeadMask([masks.CausalMask((seq, seq))] * 32), block_sizes=sizes,
@@ -143,4 +144,4 @@ def test_compiler_options_reach_libtpu(tpu_compile):
     step = jax.grad(loss, argnums=(0, 1, 2))
     with pytest.raises(tpu_compile.CompileResourceExhausted, match="vmem"):
         tpu_compile.compile_jax(step, [q, kv, kv], "v6e")
-    assert tpu_compile.compile_jax(step, [q, kv, kv], "v6e", options=llm.COMPILER_OPTIONS).required_bytes > 0
+    assert tpu_compile.compile_jax(step, [q, kv, kv], "v6e", options=llm.compiler_options("v6e")).required_bytes > 0

@@ -39,10 +39,16 @@ DTYPES = ("bf16", "fp8")
 OFFLOADED = ("decoder_layer_input", "query_proj", "key_proj", "value_proj")  # --remat offload, as MaxText names them
 CAPACITY_FACTOR = 1.25
 MOE_GROUP = 512  # tokens routed together (the one-hot dispatch tensors grow with the group squared)
-# Splash attention's tiles and backward kernel as tpu-recipes' published Llama 3.1 8B and 70B v6e runs set them
-# (sa_block_* = 2048, sa_use_fused_bwd_kernel = True: dQ, dK and dV from one kernel), with the scoped VMEM limit
-# those runs set (MaxText benchmarks/xla_flags_library.py DENSE_VMEM_LIMIT_FLAG): at libtpu's default of 32 MiB
-# the fused backward kernel of 2048-blocks does not compile (it asks for 36 MiB at 3 x 8192 tokens per chip).
+# Splash attention's tiles and backward kernel. On v6e as tpu-recipes' published Llama 3.1 8B and 70B runs set
+# them (sa_block_* = 2048, sa_use_fused_bwd_kernel = True: dQ, dK and dV from one kernel), with the scoped VMEM
+# limit those runs set (MaxText benchmarks/xla_flags_library.py DENSE_VMEM_LIMIT_FLAG): at libtpu's default of
+# 32 MiB the fused backward kernel of 2048-blocks does not compile (it asks for 36 MiB at 3 x 8192 tokens per
+# chip). Elsewhere MaxText's defaults (blocks of 512, separate dQ and dK/dV kernels, libtpu's VMEM limit): no
+# published run sets more, and on v4 (16 MiB of VMEM) the fused 2048-block kernel asks for 30.8 MiB.
+SPLASH_BLOCK = {"v6e": 2048}
+SPLASH_FUSED_BACKWARD = {"v6e": True}
+DEFAULT_SPLASH_BLOCK = 512
+RECIPE_VMEM_LIMIT = {"v6e": {"xla_tpu_scoped_vmem_limit_kib": 98304}}  # DENSE_VMEM_LIMIT_FLAG
 # The published 8B runs also turn off collective matmuls (DISABLE_COLLECTIVE_MATMUL): by default libtpu splits
 # the FSDP-gathered MLP matmuls into windowed einsums whose partial sums re-read and re-write the
 # [batch, seq, mlp] output once per window.
@@ -50,10 +56,8 @@ MOE_GROUP = 512  # tokens routed together (the one-hot dispatch tensors grow wit
 # comments below), set here as they are there. They matter for memory, not only for speed: Llama 3.1 70B on
 # v6e-256 at 4 sequences of 8,192 tokens per chip with --remat offload needs 32.64 GiB per chip without them
 # and 24.41 GiB with them (libtpu 0.0.42.1); with them the recipe's 5 sequences fit (29.85 of 31.25 GiB), as
-# the recipe runs.
-SPLASH_BLOCK = 2048
+# the recipe runs. libtpu accepts them for every generation.
 COMPILER_OPTIONS = {
-    "xla_tpu_scoped_vmem_limit_kib": 98304,  # DENSE_VMEM_LIMIT_FLAG
     "xla_jf_spmd_threshold_for_windowed_einsum_mib": 1000000,  # DISABLE_COLLECTIVE_MATMUL (the 8B runs)
     # LAYOUT_FOR_ALL_REDUCE_SCATTER
     "xla_tpu_use_minor_sharding_for_major_trivial_input": True,
@@ -475,9 +479,21 @@ def _rope(x, theta: float):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+def generation_of(devices) -> str:
+    """The TPU generation (v6e) of the devices a step is compiled for."""
+    from tpuprof import targets
+
+    return targets.from_device_type(devices[0].device_kind) or ""
+
+
+def compiler_options(generation: str) -> dict:
+    """The flags a --model step is compiled with on GENERATION (see COMPILER_OPTIONS, RECIPE_VMEM_LIMIT)."""
+    return {**COMPILER_OPTIONS, **RECIPE_VMEM_LIMIT.get(generation, {})}
+
+
 def _attention(config: ModelConfig, seq_len: int, mesh, batch_axes):
     """Causal GQA attention through the Pallas splash-attention kernel, inside shard_map (batch over the
-    batch axes, heads over `tensor`)."""
+    batch axes, heads over `tensor`), tiled for the mesh's TPU generation (SPLASH_BLOCK)."""
     import jax
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
@@ -485,9 +501,16 @@ def _attention(config: ModelConfig, seq_len: int, mesh, batch_axes):
 
     h, kv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     local_heads = h // mesh.shape["tensor"]
-    block = math.gcd(seq_len, SPLASH_BLOCK)  # a tile divides the sequence (a multiple of 128)
-    sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                              block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=True)
+    generation = generation_of(mesh.devices.flat)
+    # A tile divides the sequence (a multiple of 128).
+    block = math.gcd(seq_len, SPLASH_BLOCK.get(generation, DEFAULT_SPLASH_BLOCK))
+    if SPLASH_FUSED_BACKWARD.get(generation, False):
+        sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                                  block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=True)
+    else:
+        sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                                  block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block,
+                                  block_kv_dq=block)
     mask = masks.MultiHeadMask([masks.CausalMask((seq_len, seq_len)) for _ in range(local_heads)])
     kernel = splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1)
     spec = P(batch_axes, "tensor", None, None)
@@ -571,7 +594,7 @@ class Spec:
         from tpuprof.sources.tpu_compile import Program
 
         fn, args = build(self.step, self.devices, batch_size)
-        return Program("jax", (fn, args), self.text, compiler_options=COMPILER_OPTIONS)
+        return Program("jax", (fn, args), self.text, compiler_options=compiler_options(generation_of(self.devices)))
 
     def model_info(self) -> dict:
         config = self.step.config
