@@ -39,7 +39,7 @@ class Sample:
     target: str
     batch: int
     dtype: str | None
-    kind: str  # jax | keras | tf_hlo_text | oom_jax | oom_keras
+    kind: str  # jax | keras | tf_hlo_text | oom_jax | oom_keras | oom_llm (compiled as preflight --model does)
     note: str
 
 
@@ -65,6 +65,9 @@ SAMPLES = [
            "one bf16 transformer block, batch 4096 per chip"),
     Sample("oom_keras_mlp_v5e", "keras_mlp", "v5e", 10_000_000, "float32", "oom_keras",
            "Keras MLP train step, batch 10,000,000 per chip"),
+    # Host memory, not HBM: what a remat policy offloads has a budget of its own.
+    Sample("oom_host_offload_v6e", "offload_llm", "v6e-4", 8, None, "oom_llm",
+           "tpuprof's LLM train step of a 2,000-layer toy on v6e-4, --remat offload, 8 x 8,192 tokens per chip"),
 ]
 BY_NAME = {s.name: s for s in SAMPLES}
 
@@ -109,6 +112,13 @@ def _compile(sample: Sample, dump_dir: Path | None):
         else:
             fn, args = factory(sample.batch, dtype=sample.dtype)
         return tpu_compile.compile_jax(fn, args, sample.target, dump_dir)
+    if sample.kind == "oom_llm":  # sharded over the slice's devices, with the flags preflight --model uses
+        from tpuprof import targets
+        from tpuprof.sources import llm
+
+        fn, args = factory(sample.batch)
+        options = llm.compiler_options(targets.get(sample.target).name)
+        return tpu_compile.compile_jax(fn, args, sample.target, dump_dir, options=options)
     if sample.kind in ("keras", "oom_keras"):
         model, x_spec, y_spec = factory(sample.batch)
         return tpu_compile.compile_keras(model, x_spec, y_spec, sample.target, dump_dir)
@@ -124,7 +134,8 @@ def generate(sample: Sample) -> Path:
         try:
             _compile(sample, None)
         except tpu_compile.CompileResourceExhausted as error:
-            header = (f"# Real compiler output: libtpu {_libtpu_version()} compile-only for one device of "
+            which = "every device" if sample.kind == "oom_llm" else "one device"
+            header = (f"# Real compiler output: libtpu {_libtpu_version()} compile-only for {which} of "
                       f"{sample.target} ({sample.note}); produced by sample_profiles/generate.py "
                       f"--only {sample.name}\n")
             out.write_text(header + error.message.rstrip("\n") + "\n")

@@ -325,6 +325,24 @@ def test_short_forms_say_how_to_get_more_detail():
     assert "--xla_dump_to=" in text and "tpuprof preflight" in text
 
 
+def test_host_memory_is_the_hosts_not_hbm():
+    """libtpu's own words when what `--remat offload` puts on the host exceeds the host budget it gives a device
+    (sample_profiles/oom/libtpu_host_offload_v6e.txt: 2,000 layers x 8 sequences of 8,192 tokens x 1.5 KiB per
+    token and layer = 187.5 GiB): read as memory space host, explained as the host's (no HBM fixes: padding,
+    bf16, remat of HBM temporaries), and the batch that fits from the program's own arithmetic (8 x 128 / 187.5
+    = 5.46: 5)."""
+    report = report_of(LIBTPU / "libtpu_host_offload_v6e.txt")
+    assert report.kind == "compile" and report.memory_space == "host"
+    assert report.used_bytes == b("187.50G") == 2000 * 8 * 8192 * 1536
+    assert report.capacity_bytes == b("128.00G") == targets.get("v6e").compiler_host_bytes
+    tips = advice.suggest(report, analysis.estimate_batch(report, batch=8))
+    kinds = [t["kind"] for t in tips]
+    assert "host_memory" in kinds and not {"padding", "bf16", "remat", "attention", "sharding"} & set(kinds)
+    host = next(t for t in tips if t["kind"] == "host_memory")
+    assert "not HBM" in host["message"] and "bf16[2000,8,8192,256]" in host["message"]
+    assert next(t for t in tips if t["kind"] == "batch_size")["batch"] == 5
+
+
 @pytest.mark.parametrize("path", sorted(LIBTPU.glob("*.txt")), ids=lambda p: p.name)
 def test_current_libtpu_messages(path):
     """libtpu 0.0.42.1's own words, from compiling an over-sized program for v5e on this machine."""

@@ -195,7 +195,9 @@ def test_ranked_suggestions_and_oom_sections(every_sample_report):
     for text in OOM_TEXTS:  # libtpu's own RESOURCE_EXHAUSTED texts
         headline = next(line for line in text.read_text().splitlines() if "Ran out of memory" in line)
         assert re.sub(r"^.*?Ran out", "Ran out", headline).strip()[:60] in page
-    assert page.count('<b class="oom">out of HBM</b>') == len(OOM_TEXTS)
+    host = [text for text in OOM_TEXTS if "memory space host" in text.read_text()]  # offloaded activations
+    assert page.count('<b class="oom">out of host memory</b>') == len(host) == 1
+    assert page.count('<b class="oom">out of HBM</b>') == len(OOM_TEXTS) - len(host)
 
 
 def test_page_renders_in_headless_chromium(every_sample_report):

@@ -69,6 +69,10 @@ class Target:
     # The host's memory (DRAM) per chip, where a remat policy offloads activations (None: not published). The
     # Cloud TPU docs give it per host (VM) with its chip count: see HOST_DRAM_SOURCES.
     host_dram_bytes_per_chip: int | None = None
+    # What libtpu 0.0.42.1 lets one device's program hold in host memory when it compiles without a TPU ("Ran
+    # out of memory in memory space host. Used X of 128.00G host"): the same on v4, v5e, v5p, v6e and TPU7x
+    # (a 2,000-layer --remat offload step, sample_profiles/models/offload_llm.py); v2 and v3 not checked (None).
+    compiler_host_bytes: int | None = 128 * GiB
     # For the step-time estimate (preflight): the TensorCore clock the compiler's estimated_cycles count,
     # and published peaks for 8-bit operands (None: the bf16 peak applies). See RATES below.
     clock_ghz: float | None = None
@@ -107,6 +111,13 @@ class Target:
         return self.host_dram_bytes_per_chip // self.devices_per_chip
 
     @property
+    def host_capacity_bytes(self) -> int | None:
+        """Host memory one device's program can hold: the compiler's budget, or the host's DRAM share where that
+        is smaller (v5e: 64 GiB per chip; a compile that fits the budget can still not fit the host)."""
+        known = [b for b in (self.compiler_host_bytes, self.host_dram_bytes) if b is not None]
+        return min(known) if known else None
+
+    @property
     def peak_bf16_tflops_per_device(self) -> float:
         return self.peak_bf16_tflops / self.devices_per_chip
 
@@ -129,10 +140,10 @@ TARGETS: dict[str, Target] = {
     for t in (
         Target("v2", "v2:2x2", None, "TensorCore", 1, 2, _g(7.48), 16 * GiB, 46, 716,
                jax_device_kind="TPU v2", capture_device_types=("TPU v2",), codename="TPU_VERSION_JELLYFISH",
-               aliases=("tpu v2",)),
+               aliases=("tpu v2",), compiler_host_bytes=None),
         Target("v3", "v3:2x2", None, "TensorCore", 1, 2, _g(15.48), 32 * GiB, 123, 900,
                jax_device_kind="TPU v3", capture_device_types=("TPU v3",), codename="TPU_VERSION_DRAGONFISH",
-               aliases=("tpu v3",)),
+               aliases=("tpu v3",), compiler_host_bytes=None),
         Target("v4", "v4:2x2x1", "megacore", "chip", 2, 1, _g(30.75), 32 * GiB, 275, 1200,
                jax_device_kind="TPU v4", capture_device_types=("TPU v4",), codename="TPU_VERSION_PUFFERFISH",
                aliases=("tpu v4",)),

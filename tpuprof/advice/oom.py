@@ -71,6 +71,11 @@ def suggestions(report: OomReport, estimate: BatchEstimate) -> list[Suggestion]:
             and report.requested_bytes and report.capacity_bytes and report.requested_bytes > report.capacity_bytes:
         found.append(_buffer_larger_than_memory(report, missing))
 
+    if report.memory_space == "host":
+        found.append(_host_memory(report, listed))
+        batch = _batch(report, estimate, missing)
+        if batch is not None:
+            found.append(batch)
     if report.memory_space in ("hbm", None) and report.kind in (COMPILE, RESERVATION):
         found += _padding(report, capacity, estimate)
         found += _fragmentation(report, missing)
@@ -426,6 +431,24 @@ def _live_buffers(report: OomReport, missing: int | None) -> Suggestion:
     return Suggestion(kind="live_buffers", severity="blocking", saving_bytes=missing, confidence="exact",
                       message=message, evidence=f"requested {fmt(want)}" + (f", free {fmt(free)}" if free is not None else ""),
                       code=_code("live_buffers", report.framework))
+
+
+def _host_memory(report: OomReport, listed: list[OomAllocation]) -> Suggestion:
+    """Memory space host: the host's DRAM, which a compile with host offload budgets per device as it does HBM."""
+    here = (f" ({fmt(report.used_bytes)} of the {fmt(report.capacity_bytes)} the compiler allows each device)"
+            if report.used_bytes and report.capacity_bytes else "")
+    message = (f"This is the host's memory{here}, not HBM: what a remat policy offloads (memory space S(5): saved "
+               "activations, stacked over the layers of a scanned model) and arrays placed in pinned host memory.")
+    offloaded = [a for a in listed if "S(5)" in (a.shape or "")]
+    if offloaded:
+        message += " Largest here: " + ", ".join(
+            f"{(a.shape or '').split('{')[0]} ({fmt(_size(a))})" for a in offloaded[:4]) + "."
+    message += (" Offload fewer tensors (keep each layer's input on the host and recompute the rest; in MaxText, "
+                "fewer of decoder_layer_input/query_proj/key_proj/value_proj set to 'offload'), or lower the "
+                "per-device batch (the same global batch over more chips): the offloaded activations grow with it.")
+    return Suggestion(kind="host_memory", severity="blocking", confidence="exact",
+                      message=message, evidence=f"memory space host, exceeded by {fmt(report.exceeded_bytes)}"
+                      if report.exceeded_bytes else "memory space host")
 
 
 def _sparsecore(report: OomReport) -> Suggestion:

@@ -196,9 +196,10 @@ def _target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_p
 
 
 def _host_check(target, host_bytes: int) -> dict:
-    """The host memory a device's program holds against its share of the host's DRAM (Cloud TPU docs), where
-    published; the rest of the host (the framework, the input pipeline) needs some of it too."""
-    capacity = target.host_dram_bytes
+    """The host memory a device's program holds against what it may hold: libtpu's budget, or the host's DRAM
+    share (Cloud TPU docs) where smaller. The rest of the host (the framework, the input pipeline) needs some of
+    the DRAM too."""
+    capacity = target.host_capacity_bytes
     if capacity is None:
         return {"host_fits": None}
     return {"host_capacity_bytes": capacity, "host_fits": host_bytes <= capacity}

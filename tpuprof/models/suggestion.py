@@ -29,6 +29,7 @@ KIND_TITLES = {
     "one_hot": "One-hot padding", "input_pipeline": "Input pipeline", "steps_per_execution": "Steps per execution",
     "host_transfer": "Host transfers", "collective": "Collectives", "compile": "Compilation",
     "straggler": "Straggler", "memory_bound": "Memory-bound ops", "precision": "Precision",
+    "host_memory": "Host memory",
 }
 
 # Frameworks whose API a suggestion can speak; None is framework-neutral wording.

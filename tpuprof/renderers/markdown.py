@@ -245,7 +245,7 @@ def _preflight(document: dict, top: int) -> list[str]:
         if t.get("verdict"):
             out += [f"{name}: {cell(t['verdict'])}", ""]
         if t.get("host_bytes"):  # offloaded activations: the host's memory, not HBM
-            host = (f"of {fmt_bytes(t['host_capacity_bytes'])} host DRAM, "
+            host = (f"of {fmt_bytes(t['host_capacity_bytes'])} a device may hold, "
                     f"{'fits' if t.get('host_fits') else '❌ more than the host has'}"
                     if t.get("host_capacity_bytes") else "the host's memory is not published")
             out += [f"{name}: host memory (offloaded, not HBM) {fmt_bytes(t['host_bytes'])} ({host}).", ""]

@@ -69,7 +69,7 @@ def _host(r: dict) -> str:
     if r.get("host_capacity_bytes") is None:
         return f"{fmt_bytes(r['host_bytes'])} (the host's memory is not published)"
     verdict = "fits" if r.get("host_fits") else "[red]more than the host has[/red]"
-    return f"{fmt_bytes(r['host_bytes'])} of {fmt_bytes(r['host_capacity_bytes'])} host DRAM: {verdict}"
+    return f"{fmt_bytes(r['host_bytes'])} of {fmt_bytes(r['host_capacity_bytes'])} a device may hold: {verdict}"
 
 
 def print_report(spec: str, results: list[dict], top: int) -> None:
