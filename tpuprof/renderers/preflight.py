@@ -10,7 +10,8 @@ from tpuprof.units import fmt_bytes, fmt_ms, fmt_usd
 JSON_KEYS = ("target", "topology", "slice", "mesh", "model", "device", "hbm_capacity_bytes", "seq_len",
              "batch_per_chip", "global_batch", "max_batch_per_chip", "state_bytes_per_chip", "remat_table", "batch_size", "fits", "required_bytes",
              "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
-             "host_bytes", "host_capacity_bytes", "host_fits", "peak_heap_bytes", "peak_unpadded_heap_bytes", "padding_at_peak_bytes", "max_batch_size",
+             "host_bytes", "host_capacity_bytes", "host_fits",
+             "peak_heap_bytes", "peak_unpadded_heap_bytes", "padding_at_peak_bytes", "max_batch_size",
              "recommended_batch_size", "search_limited", "parameter_bytes", "verdict", "compiles", "curve",
              "curve_fit", "bf16", "oom", "estimate", "dump_dir", "cache")
 
@@ -63,12 +64,13 @@ def _verdict(r: dict) -> str:
 
 
 def _host(r: dict) -> str:
-    """Host memory the device's program holds (offloaded activations), against the host's DRAM per device."""
+    """Host memory the device's program holds (offloaded activations), against what a device may hold there
+    (targets.Target.host_capacity_bytes)."""
     if not r.get("host_bytes"):
         return "-"
     if r.get("host_capacity_bytes") is None:
-        return f"{fmt_bytes(r['host_bytes'])} (the host's memory is not published)"
-    verdict = "fits" if r.get("host_fits") else "[red]more than the host has[/red]"
+        return f"{fmt_bytes(r['host_bytes'])} (no host budget known for this generation)"
+    verdict = "fits" if r.get("host_fits") else "[red]more than a device may hold[/red]"
     return f"{fmt_bytes(r['host_bytes'])} of {fmt_bytes(r['host_capacity_bytes'])} a device may hold: {verdict}"
 
 
