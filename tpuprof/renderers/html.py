@@ -205,8 +205,8 @@ def _header(page: _Page, inputs: list[Input], title: str | None) -> None:
                                             m.get("hbm_capacity_bytes"), estimated=bool(m.get("estimated")),
                                             peak_range=m.get("peak_range_bytes")))
         elif item.kind == OOM:
-            space = {"host": "host memory", None: "device memory"}.get(d.get("memory_space"),
-                                                                    (d.get("memory_space") or "").upper())
+            space = d.get("memory_space")
+            space = "host memory" if space == "host" else (space or "device memory").upper()
             cards.append(f'<div class="card">OOM log <span class="mono">{esc(_short(item.path, 40))}</span>'
                          f'<b class="oom">out of {esc(space)}</b>{esc(_oom_numbers(d))}</div>')
         elif item.kind == PREFLIGHT:

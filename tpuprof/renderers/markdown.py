@@ -246,8 +246,8 @@ def _preflight(document: dict, top: int) -> list[str]:
             out += [f"{name}: {cell(t['verdict'])}", ""]
         if t.get("host_bytes"):  # offloaded activations: the host's memory, not HBM
             host = (f"of {fmt_bytes(t['host_capacity_bytes'])} a device may hold, "
-                    f"{'fits' if t.get('host_fits') else '❌ more than the host has'}"
-                    if t.get("host_capacity_bytes") else "the host's memory is not published")
+                    f"{'fits' if t.get('host_fits') else '❌ more than a device may hold'}"
+                    if t.get("host_capacity_bytes") else "no host budget known for this generation")
             out += [f"{name}: host memory (offloaded, not HBM) {fmt_bytes(t['host_bytes'])} ({host}).", ""]
         e = t.get("estimate") or {}
         if e.get("step_ms") is not None:

@@ -504,13 +504,11 @@ def _attention(config: ModelConfig, seq_len: int, mesh, batch_axes):
     generation = generation_of(mesh.devices.flat)
     # A tile divides the sequence (a multiple of 128).
     block = math.gcd(seq_len, SPLASH_BLOCK.get(generation, DEFAULT_SPLASH_BLOCK))
-    if SPLASH_FUSED_BACKWARD.get(generation, False):
-        sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                                  block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=True)
-    else:
-        sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                                  block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block,
-                                  block_kv_dq=block)
+    # The fused backward kernel computes dQ with dK and dV; otherwise dQ has a kernel and blocks of its own.
+    dq = ({"use_fused_bwd_kernel": True} if SPLASH_FUSED_BACKWARD.get(generation, False)
+          else {"block_q_dq": block, "block_kv_dq": block})
+    sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                              block_kv_dkv=block, block_kv_dkv_compute=block, **dq)
     mask = masks.MultiHeadMask([masks.CausalMask((seq_len, seq_len)) for _ in range(local_heads)])
     kernel = splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1)
     spec = P(batch_axes, "tensor", None, None)
