@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+from operator import attrgetter
 from pathlib import Path
 
 from tpuprof.analyses.buffers import InstructionIndex, MissingInstructions, aggregate_ops, fill_shape_details
@@ -144,7 +145,9 @@ class _Allocation:
         # Live for the whole program. Thread-local scratch (scalars of reducer computations) is not counted: XProf
         # 2.24 leaves it out of the peak, and it is not program HBM.
         self.indefinite = bool(parameter or constant or live_out)
-        self.assigned = [assigned.logical_buffer_id for assigned in allocation.assigned]
+        # Other memory spaces count by their allocations' sizes alone: their buffers (a third of a large module's,
+        # in two allocations) are not read.
+        self.assigned = [assigned.logical_buffer_id for assigned in allocation.assigned] if self.color == HBM else []
 
 
 _ELEMENTS: dict[int, tuple[str, int]] = {}  # PrimitiveType number -> (name, bits per element)
@@ -174,10 +177,13 @@ def from_hlo_proto(proto, source: str, whole_module: bool = True) -> ModuleMemor
     # field builds a Python object, and a large module has tens of thousands of buffers that the replay, the
     # allocations and the buffer list all visit.
     rows = []  # (id, size, color, defining instruction id, shape index) per logical buffer, in the proto's order
+    logical = {}  # the same rows by id: a repeated id keeps its last
     for lb in assignment.logical_buffers:
         defined_at = lb.defined_at
-        rows.append((lb.id, lb.size, lb.color, defined_at.instruction_id, defined_at.shape_index[:]))
-    logical = {row[0]: row for row in rows}  # a repeated id keeps its last
+        index = defined_at.shape_index  # most buffers are not tuple elements: no list built for them
+        row = (lb.id, lb.size, lb.color, defined_at.instruction_id, index[:] if index else ())
+        rows.append(row)
+        logical[row[0]] = row
     instructions = InstructionIndex(module, {row[3] for row in logical.values()}, whole_module)
     by_id = instructions.by_id
 
@@ -273,7 +279,9 @@ def from_hlo_proto(proto, source: str, whole_module: bool = True) -> ModuleMemor
         dense, dtype = dense_facts(buffer_id)
         buffers.append(Buffer(buffer_id, name, opcode, "", size, dense, kind_of_allocation[allocation.index], op_name,
                               "", HBM, buffer_id in live_at_peak, dtype=dtype))
-    buffers.sort(key=lambda b: (-b.size_bytes, b.id))
+    # Largest first, ties by id: two stable sorts by attribute, cheaper than one by a built tuple key.
+    buffers.sort(key=attrgetter("id"))
+    buffers.sort(key=attrgetter("size_bytes"), reverse=True)
     result.details_source = (instructions, logical)
     result.ops, result.ops_scope = aggregate_ops(result.buffers, has_peak=bool(live_at_peak))
     return result
@@ -369,10 +377,22 @@ def _replay_heap_trace(assignment, allocations, logical, allocation_of, unpadded
             buffer_id = canonical[buffer_id]
         return buffer_id
 
+    # The live set at the peak is copied only when it is about to change after a new peak, not at each new peak: a
+    # run of allocations raises the peak hundreds of times in a large module before anything is freed.
+    peak_unsaved = False
+
+    def save_peak_buffers() -> None:
+        nonlocal peak_unsaved
+        replay.peak_buffers = list(live)
+        peak_unsaved = False
+
     def grow(buffer_id: int) -> None:
-        nonlocal heap, heap_unpadded
+        nonlocal heap, heap_unpadded, peak_unsaved
+        size = logical[buffer_id][1]
+        if heap + size <= replay.peak and peak_unsaved:
+            save_peak_buffers()
         live[buffer_id] = None
-        heap += logical[buffer_id][1]
+        heap += size
         heap_unpadded += unpadded(buffer_id)
         if heap > replay.peak:
             replay.peak = heap
@@ -380,7 +400,7 @@ def _replay_heap_trace(assignment, allocations, logical, allocation_of, unpadded
             # Where the timeline shows the peak: the value after this event. (XProf's peakHeapSizePosition
             # is one earlier, the event that caused it.)
             replay.peak_position = len(timeline)
-            replay.peak_buffers = list(live)
+            peak_unsaved = True
 
     for event in trace.events:
         timeline.append(heap)
@@ -399,6 +419,8 @@ def _replay_heap_trace(assignment, allocations, logical, allocation_of, unpadded
             if refcount[key] < 0:
                 raise UserError(f"the heap trace frees buffer {buffer_id} twice: the HloProto is inconsistent.")
             if refcount[key] == 0:
+                if peak_unsaved:
+                    save_peak_buffers()
                 live.pop(key, None)
                 heap -= logical[key][1]
                 heap_unpadded -= unpadded(key)
@@ -415,6 +437,8 @@ def _replay_heap_trace(assignment, allocations, logical, allocation_of, unpadded
             refcount[key] = refcount.get(key, 0) + 1
             if refcount[key] == 1:  # memory of a freed buffer taken up again
                 grow(key)
+    if peak_unsaved:
+        save_peak_buffers()
     timeline.append(heap)
     unpadded_timeline.append(heap_unpadded)
     return replay

@@ -38,7 +38,8 @@ class Buffer:
 
     @property
     def padding_bytes(self) -> int:
-        return max(0, self.size_bytes - self.unpadded_bytes)
+        padding = self.size_bytes - self.unpadded_bytes  # read for every buffer of a large module: no call to max()
+        return padding if padding > 0 else 0
 
     @property
     def expansion(self) -> float:
