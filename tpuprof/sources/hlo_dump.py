@@ -7,6 +7,8 @@ buffer-assignment text, else the after-optimizations HLO text.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,29 +179,55 @@ def read_buffer_definers(path: Path):
 
     index_class, view_class = protos.buffer_view_classes()
     try:
-        index = index_class.FromString(path.read_bytes())
+        index = index_class()
+        with _mapped(path) as data:
+            index.ParseFromString(data)
         module = index.hlo_module
         if not module.computations or not index.buffer_assignment:
             return None  # no buffer assignment (a CPU/GPU or unoptimised proto): the estimate reads it whole
-        kept = [_length_delimited(3, c.SerializeToString()) for c in module.computations
-                if not c.is_fusion_computation]
+        kept = [c.SerializeToString() for c in module.computations if not c.is_fusion_computation]
         module.ClearField("computations")
-        view = view_class.FromString(_length_delimited(1, module.SerializeToString() + b"".join(kept))
-                                     + _length_delimited(3, index.buffer_assignment))
+        # The view's wire format, written in one join (each copy of megabytes is mostly page faults): HloProto
+        # field 1, the module (its other fields, then the kept computations as field 3), and field 3, the buffer
+        # assignment.
+        module_fields = [module.SerializeToString()]
+        for computation in kept:
+            module_fields += (_field_head(3, len(computation)), computation)
+        assignment = index.buffer_assignment
+        wire = b"".join([_field_head(1, sum(map(len, module_fields))), *module_fields,
+                         _field_head(3, len(assignment)), assignment])
+        del index, module, kept, module_fields, assignment  # their memory is the view's to reuse
+        view = view_class.FromString(wire)
     except (DecodeError, ValueError, RuntimeError):
         return None
     return view if view.buffer_assignment.logical_buffers else None
 
 
-def _length_delimited(field_number: int, payload: bytes) -> bytes:
-    """One length-delimited field in protobuf's wire format: tag, length (varints), payload."""
+@contextlib.contextmanager
+def _mapped(path: Path):
+    """The bytes of PATH mapped from the page cache, its pages mapped at once, rather than copied into fresh memory
+    page by page: reading a 9 MB proto was 2,300 page faults, 6 ms here. protobuf copies what it keeps, so the
+    mapping closes when the parse is done."""
+    with open(path, "rb") as file:
+        populate = getattr(mmap, "MAP_POPULATE", 0)  # Linux
+        try:
+            mapped = mmap.mmap(file.fileno(), 0, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ)
+        except (OSError, ValueError):  # an empty file, or one that cannot be mapped (a pipe): read as it comes
+            yield file.read()
+            return
+        with mapped, memoryview(mapped) as view:
+            yield view
+
+
+def _field_head(field_number: int, length: int) -> bytes:
+    """The head of a length-delimited field in protobuf's wire format: tag and length, as varints."""
     head = bytearray()
-    for value in (field_number << 3 | 2, len(payload)):
+    for value in (field_number << 3 | 2, length):
         while value > 0x7F:
             head.append(value & 0x7F | 0x80)
             value >>= 7
         head.append(value)
-    return bytes(head) + payload
+    return bytes(head)
 
 
 def _parse(message_class, data: bytes):
