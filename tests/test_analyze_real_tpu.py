@@ -380,6 +380,6 @@ def test_analyze_json_imports_only_what_it_needs(pallas):
     names, blas = json.loads(done.stderr.strip().splitlines()[-1])
     modules = set(names)
     assert json.loads(done.stdout)["duty_cycle"]["percent"] == 37.4
-    for heavy in ("numpy.ma", "statistics", "rich", "typer", "tensorflow", "jax", "xprof"):
+    for heavy in ("numpy.ma", "statistics", "rich", "typer", "tensorflow", "jax", "xprof", "google.protobuf.text_format"):
         assert heavy not in modules, heavy
     assert "numpy" in modules and blas == "1"  # numpy's OpenBLAS started one thread, not one per core

@@ -152,13 +152,15 @@ def test_missing_path_and_unknown_target(cli, tmp_path):
 
 
 def test_no_tensorflow_or_jax_import(tmp_path):
-    """`tpuprof memory` stays light: no TensorFlow or JAX in the process."""
+    """`tpuprof memory` stays light: no TensorFlow or JAX in the process, and none of protobuf's pure-Python message
+    code (text_format, well_known_types' calendar and locale come with it), which upb never runs (protos.py)."""
     import subprocess
     import sys
 
     code = ("import sys; from tpuprof.cli import main\n"
             "try:\n    main(['memory', sys.argv[1], '--json'])\nexcept SystemExit:\n    pass\n"
-            "heavy = [m for m in ('tensorflow', 'jax', 'tensorflow.python') if m in sys.modules]\n"
+            "heavy = [m for m in ('tensorflow', 'jax', 'tensorflow.python', 'google.protobuf.text_format',\n"
+            "                     'google.protobuf.internal.decoder') if m in sys.modules]\n"
             "sys.stderr.write('HEAVY=' + ','.join(heavy))\n")
     out = subprocess.run([sys.executable, "-c", code, str(hlo_pb("int8_matmul_v5e"))],
                          capture_output=True, text=True, cwd=ROOT)

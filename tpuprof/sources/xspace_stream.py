@@ -246,9 +246,9 @@ def _parse(message_class, data, what: str):
 
 @lru_cache(maxsize=None)
 def _light(name: str):
+    space = light_xspace_class()
     from google.protobuf import message_factory
 
-    space = light_xspace_class()
     return message_factory.GetMessageClass(space.DESCRIPTOR.file.pool.FindMessageTypeByName(
         f"tpuprof.xplane_light.{name}"))
 
@@ -661,9 +661,9 @@ def light_xspace_class():
     metadata id, offset and duration, and their stats as raw bytes (decode one with `event_stats`).
     Parsing skips building millions of XStat messages: on a TF capture about 5x faster.
     """
-    from google.protobuf import descriptor_pb2, message_factory
+    from tpuprof.protos import xplane_pb2  # first: it defers protobuf's pure-Python messages
 
-    from tpuprof.protos import xplane_pb2
+    from google.protobuf import descriptor_pb2, message_factory  # noqa: I001
 
     real = xplane_pb2().DESCRIPTOR
     pool = real.pool
