@@ -70,6 +70,41 @@ def test_identify_missing_path():
         inputs.identify("/no/such/input")
 
 
+@pytest.mark.parametrize("command, source", [
+    ("memory", next(DUMP.glob("*.after_optimizations.hlo.pb"))),
+    ("analyze", next(_run_folder().glob("*.xplane.pb"))),
+    ("oom", OOM),
+])
+def test_pipe_input(tmp_path, command, source):
+    """A pipe (`tpuprof memory <(gsutil cat ...)`) is told apart before its head is read: memory and analyze read an
+    input more than once and say so in one sentence; the OOM triage reads a log once, from a pipe as from a file."""
+    import os
+    import threading
+
+    pipe = tmp_path / "input"
+    os.mkfifo(pipe)
+
+    def feed():
+        try:
+            with open(pipe, "wb") as out:
+                out.write(source.read_bytes())
+        except BrokenPipeError:
+            pass
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    result = run_cli(command, pipe)
+    if command == "oom":
+        assert result.returncode == 0 and "Ran out of memory" in result.stdout, result.stderr
+    else:
+        assert result.returncode == 2 and result.stdout == "", result.stdout[:300]
+        assert result.stderr.strip().splitlines() == [
+            f"tpuprof: {pipe} is a pipe or a device, not a file: save it to a file first (`tpuprof oom` alone reads "
+            "a log from a pipe or stdin)."]
+        open(pipe, "rb").close()  # the writer, still waiting for a reader, is let go
+    writer.join(timeout=10)
+
+
 def test_read_document_refuses_other_json(tmp_path):
     other = tmp_path / "package.json"
     other.write_text(json.dumps({"name": "x"}))

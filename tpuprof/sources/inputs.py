@@ -83,6 +83,9 @@ def identify(path: str | Path) -> Source:
         raise UserError(f"{text} does not exist.")
     if local.is_dir():
         return Source(text, KINDS[_folder_kind(local)])
+    if not local.is_file():  # reading its head to tell what it is would take those bytes from the reader
+        raise UserError(f"{text} is a pipe or a device, not a file: save it to a file first "
+                        "(`tpuprof oom` alone reads a log from a pipe or stdin).")
     return Source(text, KINDS[_file_kind(local)])
 
 
