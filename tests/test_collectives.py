@@ -115,6 +115,43 @@ def test_multi_slice_adds_the_dcn_all_reduce(sharded):
     assert any("across 2 slices" in line for line in step_estimate.not_modelled(unknown))
 
 
+@pytest.fixture(scope="session")
+def sparsecore_all_reduce(tmp_path_factory):
+    """A psum of a replicated [2048, 4096] bf16 weight over the 16 devices of tpu7x:2x2x2, compiled as libtpu
+    does by default: it runs the all-reduce on the SparseCores, an async-start whose computation calls the
+    all-reduce's own."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from tpuprof.sources import tpu_compile
+
+    devices = np.array(tpu_compile.topology_devices("tpu7x:2x2x2"))
+    mesh = Mesh(devices.reshape(-1), ("d",))
+    step = jax.shard_map(lambda x, w: x @ jax.lax.psum(w, "d"), mesh=mesh, check_vma=False,
+                         in_specs=(P("d", None), P(None, None)), out_specs=P("d", None))
+    args = [jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, spec))
+            for shape, spec in (((1024, 2048), P("d", None)), ((2048, 4096), P(None, None)))]
+    folder = tmp_path_factory.mktemp("sparsecore") / "dump"
+    jax.jit(step).lower(*args).compile({"xla_dump_to": str(folder), "xla_dump_hlo_as_proto": True,
+                                        "xla_dump_hlo_as_text": True})
+    return folder, len(devices.ravel())
+
+
+def test_an_all_reduce_on_the_sparsecores_is_timed_as_a_collective(sparsecore_all_reduce):
+    folder, devices = sparsecore_all_reduce
+    text = next(folder.glob("*.after_optimizations.txt")).read_text()
+    assert 'async_execution_thread="sparsecore"' in text  # the form this test is about, as libtpu writes it
+    cost = step_estimate.load(folder)
+    estimate = step_estimate.estimate(cost, "tpu7x")
+    (reduce,) = estimate.communication.ops
+    assert (reduce.kind, reduce.bytes, reduce.group_size) == ("all-reduce", 2048 * 4096 * BF16, devices)
+    assert reduce.asynchronous and reduce.seconds > 0
+    # Timed by the collective model, not as HBM traffic of the compute estimate.
+    assert not [t for t in estimate.ops if t.op.name == reduce.name]
+
+
 def test_device_ids_number_chips_row_major_as_libtpu_does():
     pytest.importorskip("jax")
     from tpuprof.sources import tpu_compile

@@ -271,19 +271,7 @@ def analyse(walker, torus: Torus, op_seconds: dict[tuple[str, str], float]) -> C
     entry = walker.computations.get(module.entry_computation_id) or module.computations[-1]
 
     def collective_of(instruction):
-        """(kind, the instruction holding its shapes and groups) of a collective, a start, an async-start
-        wrapping one or a fusion holding one; None otherwise."""
-        opcode = instruction.opcode
-        if opcode in SYNC:
-            return opcode, instruction
-        if opcode in STARTS:
-            return STARTS[opcode], instruction
-        if opcode in ("async-start", "fusion"):
-            for c in instruction.called_computation_ids:
-                for inner in walker.computations.get(c, _NONE).instructions:
-                    if inner.opcode in SYNC:
-                        return inner.opcode, inner
-        return None
+        return collective_in(instruction, walker.computations)
 
     def volume(kind, holder, instruction) -> float:
         operands = [walker.by_id[o] for o in holder.operand_ids if o in walker.by_id]
@@ -375,6 +363,28 @@ def analyse(walker, torus: Torus, op_seconds: dict[tuple[str, str], float]) -> C
 
     walk(entry, 1, 0)
     return result
+
+
+def collective_in(instruction, computations: dict, depth: int = 0):
+    """(kind, the instruction holding its shapes and groups) of a collective, a start, an async-start wrapping one
+    or a fusion holding one; None otherwise. The async computation may hold a call to the collective's own
+    computation: TPU7x's libtpu runs all-reduces on its SparseCores that way (async-start on the "sparsecore"
+    thread -> call -> all-reduce)."""
+    opcode = instruction.opcode
+    if opcode in SYNC:
+        return opcode, instruction
+    if opcode in STARTS:
+        return STARTS[opcode], instruction
+    if opcode in ("async-start", "fusion") or (opcode == "call" and depth > 0):
+        for c in instruction.called_computation_ids:
+            for inner in computations.get(c, _NONE).instructions:
+                if inner.opcode in SYNC:
+                    return inner.opcode, inner
+                if inner.opcode == "call" and depth < 2:
+                    found = collective_in(inner, computations, depth + 1)
+                    if found:
+                        return found
+    return None
 
 
 def dcn_all_reduce_seconds(gradient_bytes_per_device: float, num_slices: int, target: targets.Target) -> float | None:

@@ -95,6 +95,7 @@ class OpCost:
     flops_source: str = "hlo"  # hlo | cost_estimate (a Pallas kernel's own) | estimated (attention_kernels)
     kernel_without_estimate: bool = False  # a custom kernel with neither cycles nor cost_estimate
     kernel_estimate: object = None  # attention_kernels.KernelFlops: the rule that estimated such a kernel
+    collective: bool = False  # an async-start wrapping a collective: timed by the collective model, not as traffic
 
 
 @dataclass
@@ -271,11 +272,15 @@ class _Walker:
                 rule = attention_kernels.estimate(self, instruction, config)
                 if rule is not None:
                     flops, source = rule.flops, "estimated"
+        from tpuprof.analyses import collectives
+
         return OpCost(
             name=instruction.name, opcode=instruction.opcode, op_name=instruction.metadata.op_name,
             source_line=self.index.source_line(instruction), computation=computation.name, count=count,
             flops=flops, hbm_bytes=hbm, matmul_dtype=self.matmul_dtype(instruction), compiler_cycles=cycles,
             flops_source=source, kernel_without_estimate=without, kernel_estimate=rule,
+            collective=(instruction.opcode == "async-start"
+                        and collectives.collective_in(instruction, self.computations) is not None),
         )
 
     # FLOPs (HloCostAnalysis rules)
@@ -744,7 +749,7 @@ def estimate(cost: ProgramCost, target_name: str, num_slices: int = 1,
     communication_ops = collectives.SYNC | set(collectives.STARTS)
     untimed = 0
     for op in cost.ops:
-        if op.opcode in communication_ops:  # timed by the collective model, not as HBM traffic
+        if op.opcode in communication_ops or op.collective:  # timed by the collective model, not as HBM traffic
             untimed += 1
             continue
         compute_one = op.flops / rates.for_dtype(op.matmul_dtype)
