@@ -191,6 +191,41 @@ def test_a_model_that_cannot_fit_says_why_without_compiling(tmp_path):
     assert "70.6B parameters x 12 bytes" in target["verdict"] and "more than the 15.75 GiB" in target["verdict"]
 
 
+def test_parameters_a_mesh_axis_cannot_divide_are_said_with_the_mesh_that_does(tmp_path):
+    """A 49B model of hidden size 7,168 (7 x 1,024) on v5p-4096 (2,048 devices): JAX shards a dimension only evenly,
+    so fsdp=2048 divides none of its weights and each device would hold them whole. preflight says so without
+    compiling, names the parameters, and gives the mesh that divides them all (fsdp=1024, the rest data)."""
+    config = {"model_type": "qwen2", "hidden_size": 7168, "intermediate_size": 28672, "num_hidden_layers": 64,
+              "num_attention_heads": 56, "num_key_value_heads": 8, "vocab_size": 151936, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    document = preflight(tmp_path, "--model", str(tmp_path / "config.json"), "--tpu", "v5p-4096", "--seq", "2048",
+                         "--batch-per-chip", "1")
+    target = document["targets"][0]
+    assert target["fits"] is False and target["compiles"] == 0
+    unsharded = target["unsharded"]
+    assert unsharded["parameters"] == ["embed", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "lm_head"]
+    assert unsharded["dimensions"] == {"fsdp": [7168]} and unsharded["mesh"] == "data=2,fsdp=1024"
+    # Every weight but the norms and Qwen2's q/k/v biases (kept whole by design) has the hidden dimension on the
+    # fsdp axis: an even split would keep 4 of its 7,168 rows (ceil(7168 / 2048)) per device; each device keeps
+    # them all.
+    parsed = llm.parse_config(config, "c", "c")
+    whole_by_design = (2 * 64 + 1) * 7168 + 64 * (7168 + 2 * 1024)
+    weights = parsed.parameter_count() - whole_by_design
+    assert unsharded["state_bytes_per_chip"] == (weights - weights * 4 // 7168) * 12
+    assert target["state_bytes_per_chip"] == parsed.parameter_count() * 12
+    assert "sharded 2048 ways" not in target["verdict"]
+    assert target["verdict"].endswith("--mesh data=2,fsdp=1024 divides them.")
+    assert llm.unsharded(parsed, llm.parse_mesh("data=2,fsdp=1024", 2048)) is None
+    # Nothing to say where the mesh divides every weight (Llama 3.1 8B on the same slice).
+    eight = llm.load_config("llama3.1-8b")[0]
+    assert llm.unsharded(eight, llm.parse_mesh(None, 2048)) is None
+    # An expert axis larger than the experts: the experts' weights stay whole along it.
+    mixtral = llm.load_config("mixtral-8x7b")[0]
+    found = llm.unsharded(mixtral, llm.parse_mesh("fsdp=16,expert=16", 256))
+    assert found.parameters == ["we_gate", "we_up", "we_down"] and found.dimensions == {"expert": [8]}
+    assert found.mesh == "data=2,fsdp=16,expert=8"
+
+
 @pytest.mark.parametrize("args,says", [
     (["--model", "llama3.1-8b", "--tpu", "v6e-16", "--mesh", "fsdp=3", "--batch-per-chip", "1"],
      "--mesh 'fsdp=3' has 3 devices, the slice has 16"),

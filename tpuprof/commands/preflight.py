@@ -400,6 +400,7 @@ def _model_target(config, source, name, seq, batch_per_chip, global_batch, max_b
                   use_cache, report_progress, price_overrides) -> dict:
     from tpuprof import slices
     from tpuprof.analyses import preflight
+    from tpuprof.renderers import preflight as render
     from tpuprof.sources import llm
     from tpuprof.units import fmt_bytes
 
@@ -424,14 +425,19 @@ def _model_target(config, source, name, seq, batch_per_chip, global_batch, max_b
               "device": target.device_info(), "hbm_capacity_bytes": target.compiler_hbm_bytes,
               "mesh": sizes, "model": spec.model_info(), "seq_len": seq,
               "state_bytes_per_chip": spec.state_bytes_per_device * per_chip}
+    whole = llm.unsharded(config, sizes)
+    if whole is not None:
+        result["unsharded"] = whole.to_json(per_chip)
     capacity = target.compiler_hbm_bytes
     if spec.state_bytes_per_device > capacity:  # no batch can fit: say why without compiling
         shards = sizes["fsdp"] * sizes["tensor"] * sizes["expert"]
+        sharding = ("" if whole else f", sharded {shards} ways over fsdp x tensor x expert")
         verdict = (f"does not fit: the parameters and AdamW state alone need {fmt_bytes(spec.state_bytes_per_device)} "
                    f"per device ({config.parameter_count() / 1e9:.1f}B parameters x {llm.ADAM_STATE_BYTES} bytes: "
-                   f"fp32 weights and two fp32 moments, sharded {shards} ways over fsdp x tensor x expert), more "
-                   f"than the {fmt_bytes(capacity)} of HBM a {target.name} device has; use a larger slice or more "
-                   "fsdp.")
+                   f"fp32 weights and two fp32 moments{sharding}), more than the {fmt_bytes(capacity)} of HBM a "
+                   f"{target.name} device has; "
+                   + (f"{render.unsharded_words(result['unsharded'], sizes)}." if whole
+                      else "use a larger slice or more fsdp."))
         result.update({"batch_size": batch, "fits": False, "required_bytes": None, "compiles": 0, "curve": [],
                        "verdict": verdict, "parameter_bytes": spec.state_bytes_per_device})
         if max_batch:

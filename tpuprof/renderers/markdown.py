@@ -244,6 +244,11 @@ def _preflight(document: dict, top: int) -> list[str]:
         name = target_label(t)
         if t.get("verdict"):
             out += [f"{name}: {cell(t['verdict'])}", ""]
+        if t.get("unsharded"):
+            from tpuprof.renderers.preflight import unsharded_words
+
+            out += [f"{name}: weights and AdamW state: {cell(unsharded_words(t['unsharded'], t.get('mesh') or {}))}.",
+                    ""]
         if t.get("host_bytes"):  # offloaded activations: the host's memory, not HBM
             host = (f"of {fmt_bytes(t['host_capacity_bytes'])} a device may hold, "
                     f"{'fits' if t.get('host_fits') else '❌ more than a device may hold'}"

@@ -8,7 +8,8 @@ from tpuprof.analyses.step_estimate import target_label
 from tpuprof.units import fmt_bytes, fmt_ms, fmt_usd
 
 JSON_KEYS = ("target", "topology", "slice", "mesh", "model", "device", "hbm_capacity_bytes", "seq_len",
-             "batch_per_chip", "global_batch", "max_batch_per_chip", "state_bytes_per_chip", "remat_table", "batch_size", "fits", "required_bytes",
+             "batch_per_chip", "global_batch", "max_batch_per_chip", "state_bytes_per_chip", "unsharded", "remat_table",
+             "batch_size", "fits", "required_bytes",
              "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
              "host_bytes", "host_capacity_bytes", "host_fits",
              "peak_heap_bytes", "peak_unpadded_heap_bytes", "padding_at_peak_bytes", "max_batch_size",
@@ -63,6 +64,20 @@ def _verdict(r: dict) -> str:
     return "[red]does not fit[/red] (the compiler refused it: RESOURCE_EXHAUSTED)"
 
 
+def unsharded_words(unsharded: dict, mesh: dict) -> str:
+    """What stays whole of the parameters on each device, why, and the mesh that divides them (the table, the
+    verdict and Markdown say it the same way)."""
+    why = "; ".join(f"{' or '.join(map(str, dims))} is no multiple of {axis}={mesh.get(axis)}"
+                    for axis, dims in unsharded["dimensions"].items())
+    names = unsharded["parameters"]
+    listed = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    words = (f"{listed} not sharded, {fmt_bytes(unsharded['state_bytes_per_chip'])} per chip more than an even "
+             f"split ({why}; JAX shards a dimension only evenly)")
+    if unsharded.get("mesh"):
+        words += f"; --mesh {unsharded['mesh']} divides them"
+    return words
+
+
 def _host(r: dict) -> str:
     """Host memory the device's program holds (offloaded activations), against what a device may hold there
     (targets.Target.host_capacity_bytes)."""
@@ -104,6 +119,8 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
                                 f"seq {r['seq_len']}, remat {r['model']['remat']}, {r['model']['dtype']}")
             if r.get("model") else "-")
         row("weights + AdamW state per chip", size("state_bytes_per_chip"))
+        row("  of it not sharded", lambda r: fmt_bytes(r["unsharded"]["state_bytes_per_chip"])
+            if r.get("unsharded") else "-")
     row("batch size" if not sharded else "batch per device", lambda r: str(r["batch_size"]))
     row("batch per chip / global", lambda r: f"{r['batch_per_chip']} / {r['global_batch']}"
         if r.get("global_batch") is not None else "-")
@@ -145,6 +162,9 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     out.print(tables.table(columns, rows, out.width))
 
     for r in results:
+        if r.get("unsharded") and not r.get("verdict"):  # a verdict that no batch fits says it already
+            out.print(f"[bold]{target_label(r)}[/bold] weights and AdamW state: "
+                      f"{escape(unsharded_words(r['unsharded'], r.get('mesh') or {}))}")
         if r.get("remat_table"):
             cells = "; ".join(f"{t['remat']}: {t['max_batch_per_chip'] or 'none fits'}"
                               + (f" ({fmt_ms(t['step_ms'])})" if t.get("step_ms") else "") for t in r["remat_table"])

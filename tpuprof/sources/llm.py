@@ -239,12 +239,65 @@ def _fits(dim: int, axes: tuple[str, ...], sizes: dict[str, int]) -> tuple[str, 
     return axes if shards > 1 and dim % shards == 0 else None
 
 
-def _parameter_layout(config: ModelConfig, sizes: dict[str, int]) -> dict[str, tuple[tuple, tuple]]:
-    """name -> (shape, per-dimension mesh axes) for every parameter (layers stacked on a leading axis)."""
+@dataclass
+class Unsharded:
+    """Parameters that a mesh axis was meant to divide and does not: JAX shards a dimension only evenly, so the
+    dimension stays whole on every device of that axis (the weights and their AdamW state are replicated)."""
+
+    parameters: list[str]  # their names, as in the layout
+    state_bytes_per_device: int  # their fp32 weights and AdamW moments per device, beyond an even split
+    dimensions: dict[str, list[int]]  # mesh axis -> the dimensions it does not divide
+    mesh: str | None  # a --mesh for the same devices whose axes divide them all, if there is one
+
+    def to_json(self, per_chip: int) -> dict:
+        return {"parameters": self.parameters, "state_bytes_per_chip": self.state_bytes_per_device * per_chip,
+                "dimensions": self.dimensions, "mesh": self.mesh}
+
+
+def unsharded(config: ModelConfig, sizes: dict[str, int]) -> Unsharded | None:
+    """What the mesh SIZES leaves whole of CONFIG's parameters (None: every parameter is divided as meant), and
+    the largest fsdp/expert axes that would divide it all, the rest of the devices moved to the data axis."""
+    meant, placed = _parameter_layout(config, sizes, even_only=False), _parameter_layout(config, sizes)
+    names, extra, dimensions = [], 0, {}
+    for name, (shape, wanted) in meant.items():
+        got = placed[name][1]
+        if got == wanted:
+            continue
+        names.append(name)
+        whole = split = 1
+        for dim, want, have in zip(shape, wanted, got):
+            whole *= -(-dim // math.prod(sizes[a] for a in have or ()))
+            split *= -(-dim // math.prod(sizes[a] for a in want or ()))
+            for axis in (want if want != have else ()):
+                undivided = dimensions.setdefault(axis, [])
+                if dim not in undivided:
+                    undivided.append(dim)
+        extra += whole - split
+    if not names:
+        return None
+    better = dict(sizes)
+    for axis, dims in dimensions.items():
+        if axis == "tensor":  # the tensor axis divides the heads (checked): kept as given
+            continue
+        size = next(n for n in range(sizes[axis], 0, -1) if sizes[axis] % n == 0 and all(d % n == 0 for d in dims))
+        better["data"] *= sizes[axis] // size
+        better[axis] = size
+    mesh = None
+    if better != sizes and "tensor" not in dimensions:
+        mesh = ",".join(f"{axis}={n}" for axis, n in better.items() if n > 1)
+    return Unsharded(names, extra * ADAM_STATE_BYTES, dimensions, mesh)
+
+
+def _parameter_layout(config: ModelConfig, sizes: dict[str, int],
+                      even_only: bool = True) -> dict[str, tuple[tuple, tuple]]:
+    """name -> (shape, per-dimension mesh axes) for every parameter (layers stacked on a leading axis). An axis
+    that does not divide its dimension is dropped (even_only, as JAX shards); without even_only, the axes meant."""
     c = config
     L, d, h, kv, hd = c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
 
     def spec(shape, *axes):
+        if not even_only:
+            return tuple(shape), tuple(a if a and math.prod(sizes[x] for x in a) > 1 else None for a in axes)
         return tuple(shape), tuple(_fits(dim, a, sizes) if a else None for dim, a in zip(shape, axes))
 
     fsdp, tensor, expert = ("fsdp",), ("tensor",), ("expert",)
