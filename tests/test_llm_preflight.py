@@ -216,6 +216,13 @@ def test_parameters_a_mesh_axis_cannot_divide_are_said_with_the_mesh_that_does(t
     assert "sharded 2048 ways" not in target["verdict"]
     assert target["verdict"].endswith("--mesh data=2,fsdp=1024 divides them.")
     assert llm.unsharded(parsed, llm.parse_mesh("data=2,fsdp=1024", 2048)) is None
+    # The report's slice comparison says it beside the weights per chip.
+    saved = tmp_path / "preflight.json"
+    saved.write_text(json.dumps(document))
+    page = run_cli("report", saved, "-o", tmp_path / "report.html")
+    assert page.returncode == 0, page.stderr
+    html = (tmp_path / "report.html").read_text()
+    assert "549.04 GiB not sharded; --mesh data=2,fsdp=1024 shards it" in html
     # Nothing to say where the mesh divides every weight (Llama 3.1 8B on the same slice).
     eight = llm.load_config("llama3.1-8b")[0]
     assert llm.unsharded(eight, llm.parse_mesh(None, 2048)) is None

@@ -895,10 +895,15 @@ def _slice_comparison(page: _Page, targets: list[dict]) -> None:
         mesh = " ".join(f"{axis}={size}" for axis, size in (t.get("mesh") or {}).items() if size > 1)
         batch = (esc(f"{t.get('batch_per_chip')} / {t.get('global_batch')}") if t.get("global_batch") is not None
                  else esc(t.get("batch_per_chip", t.get("batch_size", ""))))
+        weights = esc(fmt_bytes(t["state_bytes_per_chip"])) if t.get("state_bytes_per_chip") else ""
+        unsharded = t.get("unsharded")
+        if unsharded:  # weights the mesh cannot divide (see the preflight table's line)
+            weights += (f' <span class="meta">{esc(fmt_bytes(unsharded["state_bytes_per_chip"]))} not sharded'
+                        + (f'; --mesh {esc(unsharded["mesh"])} shards it' if unsharded.get("mesh") else "")
+                        + "</span>")
         rows.append([f'{esc(s.get("name") or t.get("target"))} <span class="meta">{esc(s.get("topology", t.get("topology")))}'
                      f'{" x " + esc(s["num_slices"]) + " slices" if s.get("num_slices") else ""}</span>',
-                     esc(s.get("chips", "")), esc(mesh), batch, per_chip(t, "required_bytes"),
-                     esc(fmt_bytes(t["state_bytes_per_chip"])) if t.get("state_bytes_per_chip") else "",
+                     esc(s.get("chips", "")), esc(mesh), batch, per_chip(t, "required_bytes"), weights,
                      band, esc(f'{e.get("tokens_per_s_per_chip") or e["tokens_per_s"]:,}') if e.get("tokens_per_s") else "",
                      esc(f"{fmt_usd(cost)} / 1M {unit}") if cost else ""])
     page.add("<h3>Slice comparison</h3>" if len(targets) > 1 else "<h3>Step estimate</h3>")
