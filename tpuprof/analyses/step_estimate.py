@@ -272,15 +272,16 @@ class _Walker:
                 rule = attention_kernels.estimate(self, instruction, config)
                 if rule is not None:
                     flops, source = rule.flops, "estimated"
-        from tpuprof.analyses import collectives
+        collective = False
+        if instruction.opcode == "async-start":  # may wrap a collective (TPU7x's SparseCore all-reduces)
+            from tpuprof.analyses import collectives
 
+            collective = collectives.collective_in(instruction, self.computations) is not None
         return OpCost(
             name=instruction.name, opcode=instruction.opcode, op_name=instruction.metadata.op_name,
             source_line=self.index.source_line(instruction), computation=computation.name, count=count,
             flops=flops, hbm_bytes=hbm, matmul_dtype=self.matmul_dtype(instruction), compiler_cycles=cycles,
-            flops_source=source, kernel_without_estimate=without, kernel_estimate=rule,
-            collective=(instruction.opcode == "async-start"
-                        and collectives.collective_in(instruction, self.computations) is not None),
+            flops_source=source, kernel_without_estimate=without, kernel_estimate=rule, collective=collective,
         )
 
     # FLOPs (HloCostAnalysis rules)

@@ -220,16 +220,13 @@ def state_bytes_per_device(config: ModelConfig, sizes: dict[str, int]) -> int:
     """fp32 weights and AdamW's two fp32 moments per device, from the sharding rules (no compile): every
     parameter is divided over fsdp x tensor (x expert for the experts' weights) when those divide it; this
     upper-bounds nothing else (gradients, activations, temporaries come on top)."""
-    total = 0
-    for shape, spec in _parameter_layout(config, sizes).values():
-        count = 1
-        for dim, axes in zip(shape, spec):
-            shards = 1
-            for axis in axes or ():
-                shards *= sizes[axis]
-            count *= -(-dim // shards)
-        total += count
-    return total * ADAM_STATE_BYTES
+    return sum(_per_device(shape, axes, sizes) for shape, axes in _parameter_layout(config, sizes).values()) \
+        * ADAM_STATE_BYTES
+
+
+def _per_device(shape: tuple, axes: tuple, sizes: dict[str, int]) -> int:
+    """Elements of one device's shard of a parameter of SHAPE placed on the mesh AXES (per dimension, or None)."""
+    return math.prod(-(-dim // math.prod(sizes[axis] for axis in dim_axes or ())) for dim, dim_axes in zip(shape, axes))
 
 
 def _fits(dim: int, axes: tuple[str, ...], sizes: dict[str, int]) -> tuple[str, ...] | None:
@@ -264,15 +261,12 @@ def unsharded(config: ModelConfig, sizes: dict[str, int]) -> Unsharded | None:
         if got == wanted:
             continue
         names.append(name)
-        whole = split = 1
+        extra += _per_device(shape, got, sizes) - _per_device(shape, wanted, sizes)
         for dim, want, have in zip(shape, wanted, got):
-            whole *= -(-dim // math.prod(sizes[a] for a in have or ()))
-            split *= -(-dim // math.prod(sizes[a] for a in want or ()))
             for axis in (want if want != have else ()):
                 undivided = dimensions.setdefault(axis, [])
                 if dim not in undivided:
                     undivided.append(dim)
-        extra += whole - split
     if not names:
         return None
     better = dict(sizes)

@@ -246,7 +246,7 @@ def _parse(message_class, data, what: str):
 
 @lru_cache(maxsize=None)
 def _light(name: str):
-    space = light_xspace_class()
+    space = light_xspace_class()  # first: through tpuprof.protos, it defers protobuf's pure-Python messages
     from google.protobuf import message_factory
 
     return message_factory.GetMessageClass(space.DESCRIPTOR.file.pool.FindMessageTypeByName(
