@@ -8,7 +8,8 @@ reads, so every XProf run gets a fresh copy. In-process times are medians after 
 times include interpreter start-up and imports (tpuprof's CLI with --json and with tables; XProf two ways: its
 converter called from a minimal Python script, the least a process can do to get overview_page, and the
 `xprof get_overview` command XProf 2.24 ships, what a user types), run interleaved, with bytecode compiled once
-as for an installed package.
+as for an installed package. Two floors are timed beside them: an interpreter that does nothing, and one that only
+imports numpy, which tpuprof's analyses are written in: no numpy-based tool can start faster than the second.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def bench(name: str, path: Path, runs: int, scratch: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(scratch / "pycache")
 
-    cpu: dict[str, list[float]] = {"json": [], "tables": [], "xprof": [], "xprof_cli": []}
+    cpu: dict[str, list[float]] = {"json": [], "tables": [], "xprof": [], "xprof_cli": [], "python": [], "numpy": []}
 
     def whole(command: list[str], key: str | None = None) -> float:
         """Wall seconds; the process's CPU seconds (user + system) go to cpu[key]: on a shared machine the wall
@@ -114,9 +115,10 @@ def bench(name: str, path: Path, runs: int, scratch: Path) -> None:
         whole(command)  # warm-up: compiles the bytecode, fills the page cache
     xprof_cli = [str(Path(sys.executable).parent / "xprof"), "get_overview"]
     whole(xprof_cli + fresh_logdir())  # warm-up
-    times: dict[str, list[float]] = {"json": [], "tables": [], "xprof": [], "xprof_cli": []}
+    floors = {"python": [sys.executable, "-c", "pass"], "numpy": [sys.executable, "-c", "import numpy"]}
+    times: dict[str, list[float]] = {key: [] for key in cpu}
     for _ in range(runs):  # interleaved, so that load from other processes hits every side alike
-        for key, command in commands.items():
+        for key, command in {**commands, **floors}.items():
             times[key].append(whole(command, key))
         times["xprof"].append(whole([sys.executable, "-c", XPROF_PROCESS, fresh_copy()], "xprof"))
         times["xprof_cli"].append(whole(xprof_cli + fresh_logdir(), "xprof_cli"))
@@ -127,6 +129,9 @@ def bench(name: str, path: Path, runs: int, scratch: Path) -> None:
             print(f"  whole process: tpuprof analyze ({key}) {median[key]:.2f} s, {label} {median[xprof]:.2f} s, "
                   f"ratio {median[key] / median[xprof]:.2f}; CPU {cpu_median[key]:.2f} s vs "
                   f"{cpu_median[xprof]:.2f} s, ratio {cpu_median[key] / cpu_median[xprof]:.2f}")
+    for key, label in (("python", "python -c pass"), ("numpy", "python -c 'import numpy'")):
+        print(f"  floor: {label} {median[key]:.3f} s, CPU {cpu_median[key]:.3f} s, ratio to the converter script "
+              f"{median[key] / median['xprof']:.2f} (CPU {cpu_median[key] / cpu_median['xprof']:.2f})")
 
 
 def main() -> int:
