@@ -137,6 +137,24 @@ EXPECTED = {
         output_bytes=b("5.06G"), hlo_temp_bytes=b("3.93G"), unpadded_bytes=b("3.81G"),
         padded_bytes=b("3.92G")),
     "pytorch_xla_4847_reserve_glog": dict(kind="reservation", requested_bytes=b("7.04G"), free_bytes=b("6.90G")),
+    # Newer grammars and pastes (2024-2026): a headline wrapped inside its sentence, a program load wrapped the
+    # same way, one kernel's scoped VMEM limit, the host's breakdown with no headline, TF 2.2's unnumbered list.
+    "jax_38988_vmem_headline_wrapped": dict(
+        kind="compile", memory_space="vmem", used_bytes=b("65.05M"), capacity_bytes=b("64.00M"),
+        exceeded_bytes=b("1.05M"), scoped_limit=False),
+    "autoresearch_v271_load_program_wrapped": dict(
+        kind="runtime_allocation", memory_space="hbm", requested_bytes=b("2.12G"), free_bytes=b("995.89M"),
+        program_name="jit_train_step"),
+    "pytorch_xla_6611_scoped_vmem": dict(
+        kind="compile", memory_space="vmem", used_bytes=b("31.07M"), capacity_bytes=b("16.00M"),
+        exceeded_bytes=b("15.07M"), scoped_limit=True, kernel="reduce-window.1"),
+    "torchprime_28_host_requirement": dict(
+        kind="compile", memory_space="host", used_bytes=None, capacity_bytes=None, program_bytes=b("145.69G"),
+        hlo_temp_bytes=b("145.69G"), unpadded_bytes=b("145.69G"), padded_bytes=b("145.69G"), utilization=100.0,
+        fragmentation_bytes=0),
+    "tensorflow_38272_vmem_unnumbered": dict(
+        kind="compile", memory_space="vmem", used_bytes=None, framework="tf2",
+        training=None),  # "_inferencedistributedfunction" is TF's name for any traced function, Keras's fit too
     "openxla_error_0101_reserve": dict(
         kind="reservation", requested_bytes=b("29.49G"), free_bytes=b("147.64M"), reserved_bytes=0,
         reservable_bytes=b("147.64M"), program_name="jit_embedding_pipeline_step_fn"),
@@ -189,6 +207,16 @@ ALLOCATIONS = {
     # "#allocation25 [shape = 'u8[134217728]{0}', space=vmem, size = 0x8000000, tag = '...']": one listed buffer.
     "openxla_error_1001_vmem_allocation": [(25, "128.00M", "u8[134217728]{0}", None, None, None, None)],
     "openxla_oom_debugging_hbm_allocation": [(7, None, "u8[327680,327680]{1,0:T(8,128)(4,1)}", None, None, None, None)],
+    "torchprime_28_host_requirement": [
+        (1, "63.00G", "bf16[126,2,8192,16384]{3,2,1,0:T(8,128)(2,1)S(5)}", "63.00G", None, None, None),
+        (2, "63.00G", None, None, None, None, None),
+    ],
+    # Printed without numbers or sizes: each entry's shape is its XLA label's result shape.
+    "tensorflow_38272_vmem_unnumbered": [
+        (None, None, None, None, None, None, None),  # register allocator spill slots
+        (None, None, "f32[4,192,1024]{2,0,1:T(4,128)}", None, None, None, None),
+        (None, None, "f32[4,192,1024]{2,0,1:T(4,128)}", None, None, None, None),
+    ],
     "pytorch_xla_7942_vmem_detailed": [
         (1, "29.66M", None, None, None, None, None),
         (2, "64.0K", "f32[128,3]{1,0}", "1.5K", None, None, None),
@@ -635,3 +663,68 @@ def test_one_hbm_allocation_larger_than_the_memory_is_named_as_such():
     tips = advice.suggest(report, analysis.estimate_batch(report))
     assert tips[0]["kind"] == "shape_bug" and tips[0]["saving_bytes"] == 107374182400 - 17179869184
     assert "xor_convert_fusion" in tips[0]["message"]
+
+
+# Lines that carry a log header (glog, timestamps, process tags) are left whole: a header split from its line is
+# not a wrapped message.
+WRAPPED_WIDTHS = (60, 80, 100)
+STATED = ("kind", "memory_space", "used_bytes", "capacity_bytes", "exceeded_bytes", "requested_bytes", "free_bytes",
+          "reservable_bytes", "required_bytes", "program_name", "error_code", "error_name", "kernel", "hlo_temp_bytes",
+          "tensorcore_bytes", "sparsecore_bytes", "largest_free_bytes")
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_message_wrapped_by_a_terminal_or_an_editor_keeps_its_facts(name):
+    """Pastes wrap long lines anywhere between words (jax#38988 broke "Ran out of memory in" / "memory space
+    vmem."): every message, wrapped at 60, 80 and 100 columns, gives what it gives on its own lines."""
+    import textwrap
+
+    text = (FIXTURES / f"{name}.txt").read_text().split("\n", 1)[1]
+    want = analysis.find_in_stream(io.BytesIO(text.encode()))
+    for width in WRAPPED_WIDTHS:
+        wrapped = "\n".join(textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False)
+                            if len(line) > width and oom_log.clean_line(line) == line else line
+                            for line in text.split("\n"))
+        got = analysis.find_in_stream(io.BytesIO(wrapped.encode()))
+        assert got is not None, f"{name} at {width} columns"
+        assert {k: getattr(got, k) for k in STATED} == {k: getattr(want, k) for k in STATED}, f"{name} at {width}"
+
+
+def test_an_error_code_on_the_line_before_the_message_is_kept():
+    """'RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom:' ending its line, the message on the next (how the openxla
+    error pages and wrapped pastes print it): the code is the message's, not the log before it."""
+    text = (FIXTURES / "jax_e1000_code_prefix_gemma4_scan.txt").read_text()
+    split = text.replace("E1000: CompileTimeHbmOom: ", "E1000: CompileTimeHbmOom:\n", 1)
+    assert split != text
+    report = analysis.find_in_stream(io.BytesIO(split.encode()))
+    assert (report.error_code, report.error_name) == ("E1000", "CompileTimeHbmOom")
+    assert (report.used_bytes, report.capacity_bytes) == (EXPECTED["jax_e1000_code_prefix_gemma4_scan"]["used_bytes"],
+                                                          EXPECTED["jax_e1000_code_prefix_gemma4_scan"]["capacity_bytes"])
+
+
+COMPILE_REPORTS = ROOT / "tests" / "fixtures" / "compile_reports"
+
+
+def test_a_successful_compiles_memory_report_is_not_an_out_of_memory_error():
+    """libtpu's verbose log prints, for a program that fits, the same breakdown an OOM prints (GKE's DWS/Kueue
+    tutorial shows one: 'XLA::TPU program HBM usage: 52.5K / 31.25G', 'Total hbm usage >= 260.14M'). It is not
+    an error; a real OOM after it in the same log is still found, and only it is counted."""
+    report_text = (COMPILE_REPORTS / "gke_ray_kueue_dws_memory_report.txt").read_bytes()
+    assert analysis.find_in_stream(io.BytesIO(report_text)) is None
+    result = subprocess.run([sys.executable, "-m", "tpuprof", "oom", str(COMPILE_REPORTS / "gke_ray_kueue_dws_memory_report.txt")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().endswith("no TPU out-of-memory error found in "
+                                          f"{COMPILE_REPORTS / 'gke_ray_kueue_dws_memory_report.txt'}.")
+    real = (FIXTURES / "easydel_166_v4_falcon.txt").read_bytes()
+    report = analysis.find_in_stream(io.BytesIO(report_text + b"\n" + real + b"\n" + report_text))
+    assert report.used_bytes == EXPECTED["easydel_166_v4_falcon"]["used_bytes"] and report.messages_found == 1
+
+
+def test_the_scoped_limit_is_named_and_its_fix_is_the_limit():
+    """'Scoped allocation with size 31.07M and limit 16.00M': the 16 MiB is the kernel's scoped limit on a v5e
+    (128 MiB of VMEM), so the advice says which limit to raise, to at least the size asked for."""
+    report = report_of(FIXTURES / "pytorch_xla_6611_scoped_vmem.txt")
+    text = " ".join(s["message"] for s in advice.suggest(report, analysis.estimate_batch(report)))
+    assert "scoped limit" in text and "31.07M" in text and "vmem_limit_bytes" in text
+    assert "xla_tpu_scoped_vmem_limit_kib" in text

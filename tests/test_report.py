@@ -338,7 +338,8 @@ def test_every_real_oom_text_makes_a_section(tmp_path):
     page = out.read_text()
     spaces = [json.loads(run_cli("oom", t, "--json").stdout).get("memory_space") or "device memory" for t in texts]
     for space in set(spaces):  # the header card names the memory space each message ran out of
-        assert page.count(f'<b class="oom">out of {space.upper()}</b>') == spaces.count(space)
+        label = "host memory" if space == "host" else space.upper()  # the host's DRAM, not a device memory
+        assert page.count(f'<b class="oom">out of {label}</b>') == spaces.count(space)
 
 
 def test_gzipped_log_is_read_as_an_oom_log(tmp_path):

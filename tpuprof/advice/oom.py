@@ -392,11 +392,16 @@ def _buffer_larger_than_memory(report: OomReport, missing: int | None) -> Sugges
 def _scratch_memory(report: OomReport) -> Suggestion:
     space = report.memory_space
     spill = any("spill" in (a.xla_label or "") for a in report.allocations)
-    here = f" ({fmt(report.capacity_bytes)} here)" if report.capacity_bytes else ""
+    here = f" ({fmt(report.capacity_bytes)} here)" if report.capacity_bytes and not report.scoped_limit else ""
     message = (f"{space} is the core's on-chip scratch memory{here}: one fused kernel needs more than it has, "
                "whatever the model's size. Shrink the block/tile sizes of custom (Pallas) kernels or the chunk size "
                "of blockwise attention, or break the fusion; if no custom kernel is involved, report it to XLA with "
                "an HLO dump.")
+    if report.scoped_limit and report.used_bytes and report.capacity_bytes:
+        message += (f" The {fmt(report.capacity_bytes)} it exceeded is the kernel's scoped limit, not the {space}'s "
+                    f"size: a limit of at least {fmt(report.used_bytes)} may let it compile, where the chip has that "
+                    f"much {space} (Pallas: pltpu.CompilerParams(vmem_limit_bytes=...); XLA's own fusions: "
+                    "LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=...).")
     if report.kernel:
         message += f" The failing kernel: {report.kernel}."
     if spill:

@@ -44,8 +44,11 @@ _TRAINING = re.compile(
     r"train_step|training_loop|\btrain(?:ing|er)?\b|jvp\(|transpose\(jvp|value_and_grad|\bgrad\b|gradient_tape"
     r"|backward|optimizer|\badam\b|Adafactor|apply_gradients|--do_train|\.fit\(|t2t-trainer|train_steps=", re.I)
 _INFERENCE = re.compile(
-    r"\bgenerate\b|_generate|generation|\bsampl(?:e|er|ing)\b|\bdecode\b|\bserv(?:e|ing)\b|\bvllm\b|inference"
-    r"(?!_train_step)|\bpredict(?:ion)?\b|\binfer\b|apply_fn|from_preset|max-model-len|prefill", re.I)
+    r"\bgenerate\b|_generate|generation|\bsampl(?:e|er|ing)\b|\bdecode\b|\bserv(?:e|ing)\b|\bvllm\b"
+    # TensorFlow names every traced function "__inference_<name>" ("{{function_node _inferencedistributedfunction1}}"
+    # in TF 2.2, Keras's training step too): not a sign of serving.
+    r"|(?<!__)(?<!node _)inference(?!_train_step)"
+    r"|\bpredict(?:ion)?\b|\binfer\b|apply_fn|from_preset|max-model-len|prefill", re.I)
 
 
 @dataclass

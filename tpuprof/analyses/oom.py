@@ -8,6 +8,7 @@ prefix them with glog headers, indent them, or cut them short.
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from typing import BinaryIO, Iterable
@@ -73,6 +74,8 @@ def parse_message(text: str) -> OomReport | None:
     if report is None and not details and not allocations:
         return None
     if report is None:
+        if _within_capacity(text):
+            return None  # a compile's memory report printed by verbose logging: the program fitted
         # Only the breakdown or the allocation list survived the paste: both are compile-time reports.
         headline = _first_line(text) if details else \
             "(only the allocation list: the message's first lines are not in the input)"
@@ -84,10 +87,55 @@ def parse_message(text: str) -> OomReport | None:
             setattr(report, key, value)
     report.allocations = allocations or _scoped_allocation(text)
     if report.memory_space is None and allocations:
-        report.memory_space = "hbm"
-    _code_and_runtime_facts(text, report)
+        listed = _LISTED.search(text)
+        report.memory_space = listed.group(1).lower() if listed else "hbm"
+    _code_and_runtime_facts(_Flat(text).text, report)
     _note_cut_lists(text, report)
     return report
+
+
+class _Flat:
+    """TEXT with each run of whitespace made one space, and the way back to the line it was printed on."""
+
+    def __init__(self, printed: str):
+        self.printed = printed
+        parts, self._at, self._shift = [], [], []  # flat offset where a run ends -> characters dropped before it
+        last, dropped = 0, 0
+        for run in re.finditer(r"\s+", printed):
+            parts.append(printed[last:run.start()])
+            parts.append(" ")
+            last = run.end()
+            dropped += len(run.group(0)) - 1
+            self._at.append(run.end() - dropped)
+            self._shift.append(dropped)
+        parts.append(printed[last:])
+        self.text = "".join(parts)
+
+    def line(self, position: int) -> str:
+        """The printed line holding flat POSITION, joined with the lines its sentence wraps onto."""
+        index = bisect.bisect_right(self._at, position) - 1
+        at = position + (self._shift[index] if index >= 0 else 0)
+        start = self.printed.rfind("\n", 0, at) + 1
+        end = self.printed.find("\n", at)
+        for _ in range(3):  # a wrapped sentence: the line ends inside it and the next goes on
+            if end < 0 or not re.search(r"[\w,]\s*$", self.printed[start:end]):
+                break
+            following = self.printed.find("\n", end + 1)
+            if not self.printed[end + 1:following if following >= 0 else None].strip():
+                break
+            end = following
+        return " ".join(self.printed[start:end if end >= 0 else len(self.printed)].split())
+
+
+# "XLA::TPU program HBM usage: 52.5K / 31.25G": libtpu's verbose log of a compile, beside the same breakdown an
+# out-of-memory error prints.
+_USAGE = re.compile(rf"XLA::TPU program \w+ usage:\s*{_SIZE}\s*/\s*{_SIZE}")
+
+
+def _within_capacity(text: str) -> bool:
+    """A headless breakdown whose program usage lines are all within their capacity: not an error."""
+    usages = [(size_bytes(*m.groups()[:2]), size_bytes(*m.groups()[2:4])) for m in _USAGE.finditer(text)]
+    return bool(usages) and all(used <= capacity for used, capacity in usages)
 
 
 # "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. ..." (XLA's error codes,
@@ -134,10 +182,13 @@ def _scoped_allocation(text: str) -> list[OomAllocation]:
                           size_bytes=size_bytes, xla_label=match.group(5) or None)]
 
 
+_LISTED = re.compile(r"Largest program allocations in (\w+):?")
+
+
 def _note_cut_lists(text: str, report: OomReport) -> None:
     """Say when the allocation list is cut: the largest buffers come first, so a list that starts after 1 or
     a heading with nothing below it misses the ones that matter most."""
-    listed = re.search(r"Largest program allocations in \w+:?", text)
+    listed = _LISTED.search(text)
     numbered = [a.index for a in report.allocations if a.index is not None]
     if listed and not report.allocations:
         report.notes.append("the log is cut off after 'Largest program allocations': none of the listed "
@@ -151,18 +202,16 @@ def _first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
-def _line_of(text: str, position: int) -> str:
-    start = text.rfind("\n", 0, position) + 1
-    end = text.find("\n", position)
-    return text[start:end if end >= 0 else len(text)].strip()
-
-
-def _headline(text: str) -> OomReport | None:
+def _headline(printed: str) -> OomReport | None:
+    """The message's headline form, read with every run of whitespace as one space: pastes and terminals wrap
+    its sentences anywhere ("Ran out of memory in" / "memory space vmem", "TensorCore" / "Hbm usage")."""
     s = _SIZE
+    flat = _Flat(printed)
+    text = flat.text
     match = re.search(r"Ran out of memory in memory space (\w+)", text)
     if match:
         space = match.group(1).lower()
-        report = OomReport(COMPILE, _line_of(text, match.start()), memory_space=space)
+        report = OomReport(COMPILE, flat.line(match.start()), memory_space=space)
         used = re.search(rf"Used\s+{s}\s+of\s+{s}\s+{space}", text, re.I)
         if used:
             report.used_bytes = size_bytes(*used.groups()[:2])
@@ -170,11 +219,20 @@ def _headline(text: str) -> OomReport | None:
         report.exceeded_bytes = _size(rf"Exceeded\s+{space}\s+capacity\s+by\s+{s}", text, re.I)
         kernel = re.search(r"while allocating on stack for %?([\w.\-]+)", text)
         report.kernel = kernel.group(1) if kernel else None
+        scoped = re.search(rf"Scoped allocation with size\s+{s}\s+and limit\s+{s}\s+exceeded scoped (\w+) limit by\s+{s}",
+                           text)
+        if scoped and report.used_bytes is None:
+            # One kernel's scratch against the scoped limit (a compiler flag or the kernel's vmem_limit_bytes),
+            # not against the memory's size.
+            g = scoped.groups()
+            report.used_bytes, report.capacity_bytes = size_bytes(g[0], g[1]), size_bytes(g[2], g[3])
+            report.exceeded_bytes = size_bytes(g[5], g[6])
+            report.scoped_limit = True
         return report
     match = re.search(rf"Ran out of memory on (\w+),(.{{0,200}}?)\({s}\)\s*exceeds available \w+\s*\({s}\)", text)
     if match:
         space, what = match.group(1).lower(), match.group(2)
-        report = OomReport(COMPILE, _line_of(text, match.start()), memory_space=space)
+        report = OomReport(COMPILE, flat.line(match.start()), memory_space=space)
         required = size_bytes(*match.groups()[2:4])
         if "temporar" in what:
             report.hlo_temp_bytes = required
@@ -184,7 +242,7 @@ def _headline(text: str) -> OomReport | None:
         return report
     match = re.search(rf"Aborting compilation early[^.]*\.\s*Requires\s+{s},\s*has\s+{s}\s+available", text)
     if match:
-        report = OomReport(EARLY_ABORT, _line_of(text, match.start()), memory_space="hbm")
+        report = OomReport(EARLY_ABORT, flat.line(match.start()), memory_space="hbm")
         # The compiler's estimate of what the program would need, not memory it used.
         report.required_bytes = size_bytes(*match.groups()[:2])
         report.capacity_bytes = size_bytes(*match.groups()[2:4])
@@ -193,7 +251,7 @@ def _headline(text: str) -> OomReport | None:
         rf"TensorCore Hbm usage:?\s*{s},\s*SparseCore Hbm usage:?\s*{s},\s*exceeding available bytes:?\s*{s}",
         text, re.I)
     if match:
-        report = OomReport(COMPILE, _line_of(text, match.start()), memory_space="hbm")
+        report = OomReport(COMPILE, flat.line(match.start()), memory_space="hbm")
         report.tensorcore_bytes = size_bytes(*match.groups()[:2])
         report.sparsecore_bytes = size_bytes(*match.groups()[2:4])
         report.used_bytes = report.tensorcore_bytes + report.sparsecore_bytes
@@ -201,7 +259,7 @@ def _headline(text: str) -> OomReport | None:
         return report
     match = re.search(rf"Attempting to reserve\s+{s}{_EXACT}\s+at the bottom of memory", text)
     if match:
-        report = OomReport(RESERVATION, _line_of(text, match.start()), memory_space="hbm")
+        report = OomReport(RESERVATION, flat.line(match.start()), memory_space="hbm")
         report.requested_bytes = _from_groups(match.groups())
         report.free_bytes = _size(rf"There are\s+{s}\s+free", text[match.end():])
         report.capacity_bytes = _size(rf"HBM capacity\s+{s}", text)
@@ -210,22 +268,22 @@ def _headline(text: str) -> OomReport | None:
         return report
     match = re.search(rf"Attempting to allocate\s+{s}{_EXACT}", text)
     if match:
-        report = OomReport(RUNTIME_ALLOCATION, _line_of(text, match.start()), memory_space=_space_tag(text))
+        report = OomReport(RUNTIME_ALLOCATION, flat.line(match.start()), memory_space=_space_tag(text))
         report.requested_bytes = _from_groups(match.groups())
         report.free_bytes = _size(rf"There are\s+{s}\s+free", text[match.end():])
         return report
     match = re.search(rf"Failed to allocate request for\s+{s}{_EXACT}", text)
     if match:
-        report = OomReport(RUNTIME_ALLOCATION, _line_of(text, match.start()), memory_space="hbm")
+        report = OomReport(RUNTIME_ALLOCATION, flat.line(match.start()), memory_space="hbm")
         report.requested_bytes = _from_groups(match.groups())
         return report
     match = re.search(r"OOM when allocating tensor|CUDA out of memory|Out of memory while trying to allocate", text)
     if match:  # GPU allocators' words: recognised so that the answer can say what they are
-        return OomReport(NOT_TPU, _line_of(text, match.start()))
+        return OomReport(NOT_TPU, flat.line(match.start()))
     match = re.search(r"Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)", text)
     if match:
         space = re.search(r"space=(\w+)", text[match.end():])
-        report = OomReport(COMPILE, _line_of(text, match.start()),
+        report = OomReport(COMPILE, flat.line(match.start()),
                            memory_space=space.group(1).lower() if space else None)
         report.requested_bytes = read_int(match.group(1), "the allocation size")
         report.capacity_bytes = read_int(match.group(2), "the memory size")
@@ -303,8 +361,15 @@ _BARE_ENTRY = re.compile(
     r"(?:^|(?<=\s))(\d+)\.\s+%?([\w.\-]+)\s+((?:pred|bf16|[fsu]\d+|f8\w+|c64|c128)\[[\d,]*\](?:\{[^}\s]*\})?)", re.M)
 
 
+# An entry printed without its number, as TensorFlow 1 and 2.2-era runtimes did: "XLA label: ..." or "Size: ..."
+# opens it after a blank line or the heading.
+_UNNUMBERED_ENTRY = re.compile(r"(?:\A|\n[ \t]*\n)[ \t]*(?=Size:|XLA label:|Operator:|Shape:)")
+# The result shape an XLA label gives its instruction: "%fusion.11963 = f32[4,192,1024]{2,0,1:T(4,128)} fusion(".
+_LABEL_SHAPE = re.compile(r"^%?[\w.\-]+\s*=\s*((?:pred|bf16|[fsu]\d+|f8\w+|c64|c128)\[[\d,]*\](?:\{[^}\s]*\})?)\s")
+
+
 def _allocations(text: str) -> list[OomAllocation]:
-    listed = re.search(r"Largest program allocations in \w+:?", text)
+    listed = _LISTED.search(text)
     body = text[listed.end():] if listed else text
     starts = list(_ENTRY.finditer(body))
     entries = []
@@ -315,10 +380,20 @@ def _allocations(text: str) -> list[OomAllocation]:
         for match in _BARE_ENTRY.finditer(body):
             entries.append(OomAllocation(index=read_int(match.group(1), "the allocation number"),
                                          shape=match.group(3), xla_label=match.group(2)))
+    if not entries and listed:
+        starts = [m.end() for m in _UNNUMBERED_ENTRY.finditer(body)]
+        for i, start in enumerate(starts):
+            entry = _entry(None, body[start:starts[i + 1] if i + 1 < len(starts) else len(body)])
+            if entry.xla_label is None and entry.size_bytes is None:
+                continue
+            if entry.shape is None and entry.xla_label:
+                shape = _LABEL_SHAPE.match(entry.xla_label)
+                entry.shape = shape.group(1) if shape else None
+            entries.append(entry)
     return entries
 
 
-def _entry(index: int, text: str) -> OomAllocation:
+def _entry(index: int | None, text: str) -> OomAllocation:
     s = _SIZE
     entry = OomAllocation(index=index)
     match = re.search(rf"Size:\s*({s})", text)
@@ -431,7 +506,7 @@ def find_in_stream(stream: BinaryIO, target: str | None = None) -> OomReport | N
         found += 1
         if best is None or _detail_score(report) > _detail_score(best):
             report.line_number = block.line_number
-            job = framework.from_text(surroundings)
+            job = framework.from_text(surroundings + "\n" + block.evidence)
             report.framework, report.training = job.framework, job.training
             best = report
     if best is None and other is not None:

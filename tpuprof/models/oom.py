@@ -93,6 +93,7 @@ class OomReport:
     utilization: float | None = None  # percent
     fragmentation_bytes: int | None = None
     kernel: str | None = None  # the instruction whose scratch allocation failed ("allocating on stack for %X")
+    scoped_limit: bool = False  # capacity is one kernel's scoped limit ("Scoped allocation with size X and limit Y")
     tensorcore_bytes: int | None = None
     sparsecore_bytes: int | None = None
     largest_free_bytes: int | None = None  # "the largest contiguous region of free memory is X": fragmentation
@@ -124,6 +125,8 @@ class OomReport:
             out["arguments_unknown"] = True
         if self.program_unknown:
             out["program_unknown"] = True
+        if self.scoped_limit:
+            out["scoped_limit"] = True
         out["allocations"] = [a.to_json() for a in self.allocations]
         if self.notes:
             out["notes"] = list(self.notes)

@@ -54,7 +54,7 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
     if report.kernel:
         summary.add_row("kernel", e(report.kernel))
     rows = [
-        ("used", report.used_bytes), ("required (estimate)", report.required_bytes), ("capacity", report.capacity_bytes), ("exceeded by", report.exceeded_bytes),
+        ("used", report.used_bytes), ("required (estimate)", report.required_bytes), ("scoped limit" if report.scoped_limit else "capacity", report.capacity_bytes), ("exceeded by", report.exceeded_bytes),
         ("requested", report.requested_bytes), ("free", report.free_bytes),
         ("largest free region", report.largest_free_bytes), ("reservable", report.reservable_bytes),
         ("total usage", report.total_bytes), ("reserved", report.reserved_bytes),

@@ -23,10 +23,10 @@ CONTEXT_BYTES = 4096  # what precedes a message, kept to tell the framework (tra
 # Any of these starts (or is inside) an out-of-memory message. Searched with bytes.find, one literal at a
 # time: CPython's substring search runs at GB/s, a regex alternation over them ten times slower.
 TRIGGERS = (
-    b"Ran out of memory", b"Aborting compilation early", b"Hbm usage:", b"Attempting to allocate",
-    b"Attempting to reserve", b"Failed to allocate request for", b"would exceed memory (size=",
-    b"Total hbm usage >=", b"Program hbm requirement", b"Largest program allocations in",
-    b"Extra memory due to padding:", b". Size: ",
+    b"RESOURCE_EXHAUSTED", b"Resource exhausted",  # found even when the sentence after them is wrapped
+    b"Ran out", b"Attempting to", b" requirement ",  # "Program hbm|host|vmem|smem requirement X:"
+    b"Aborting compilation early", b"Hbm usage:", b"Failed to allocate request for", b"would exceed memory (size=",
+    b"Total hbm usage >=", b"Largest program allocations in", b"Extra memory due to padding:", b". Size: ",
     # GPU allocators' words: found so that the answer can say the log is not a TPU's.
     b"OOM when allocating tensor", b"CUDA out of memory", b"Out of memory while trying to allocate",
 )
@@ -60,8 +60,14 @@ _PART = re.compile(
     r"|Heap allocator status|Max free chunk|Persistent allocations|attempting reservation"
     r"|Ran out of memory|Attempting to|Exceeded \w+ capacity|Hbm usage|Aborting compilation"
     r"|Failed to allocate|would exceed memory|OOM when allocating|CUDA out of memory|Out of memory while trying"
-    r"|largest contiguous region|reservable"
+    r"|largest contiguous region|reservable|That was not possible|There are \S+ free|Scoped allocation with size"
+    r"|memory space \w+|XLA::TPU program|Requires \S+, has|RESOURCE_EXHAUSTED|Resource exhausted|ResourceExhausted"
+    r"|Compilation failure|Ran out|would exceed"
 )
+
+# A line that opens a message whose trigger is on the next line: an error code and its name, or a sentence
+# wrapped inside ("Ran out of memory in" / "memory space vmem", "Attempting to" / "allocate 2.12G").
+_LEAD = re.compile(r"RESOURCE_EXHAUSTED|\bE\d{4}:\s*[A-Z]\w+:\s*$|compile permanent error\.?\s*$")
 
 # Log-line prefixes: timestamps, glog/absl headers, Python logging, process tags, quoting.
 _PREFIXES = [
@@ -74,6 +80,14 @@ _PREFIXES = [
     re.compile(r"^>\s?"),
 ]
 _MARKDOWN = re.compile(r"\*\*|`")
+
+
+def _continues(previous: str, line: str) -> bool:
+    """LINE goes on with the sentence PREVIOUS ends inside (a paste or terminal wrapped it: "Exceeded hbm capacity
+    by" / "6.47G.")."""
+    if not line.strip() or re.search(r"[.!?]\s*$", previous) or not previous.strip():
+        return False
+    return previous.rstrip().endswith(",") or bool(re.match(r"\s*[^A-Z\s]", line))
 
 
 def clean_line(line: str) -> str:
@@ -94,6 +108,9 @@ class OomBlock:
     text: str  # the message's lines, cleaned
     line_number: int  # 1-based line of the log where it starts
     context: str  # up to CONTEXT_BYTES of log before it, for framework detection
+    # The message's lines as logged (their glog/source-file prefixes) and the lines that ended it, up to
+    # CONTEXT_BYTES: the framework is often named only there ("xla_client/xla_util.cc:88]", "(EngineCore_DP0").
+    evidence: str = ""
 
 
 class _Stream:
@@ -172,21 +189,32 @@ def iter_oom_blocks(stream: BinaryIO) -> Iterator[OomBlock]:
         start_line = reader.line_number
         context = reader.context()
         lines: list[str] = []
+        evidence: list[str] = []
+        evidence_bytes = 0
         last_related = -1
+        before = context[context.rfind("\n", 0, max(len(context) - 1, 0)) + 1:] if context.endswith("\n") else ""
+        if before.strip() and _LEAD.search(before):
+            lines.append(clean_line(before))
+            last_related = 0
+            start_line -= 1
         size = 0
         while len(lines) < MAX_BLOCK_LINES and size < MAX_BLOCK_BYTES:
             raw = reader.readline()
             if raw is None:
                 break
-            line = clean_line(raw.decode("utf-8", "replace"))
+            decoded = raw.decode("utf-8", "replace")
+            line = clean_line(decoded)
             size += len(raw)
             lines.append(line)
-            if _PART.search(line):
+            if evidence_bytes < CONTEXT_BYTES:
+                evidence.append(decoded)
+                evidence_bytes += len(raw)
+            if _PART.search(line) or (len(lines) > 1 and last_related == len(lines) - 2 and _continues(lines[-2], line)):
                 last_related = len(lines) - 1
             elif len(lines) - 1 - last_related >= END_AFTER_UNRELATED_LINES:
                 break
         del lines[last_related + 1:]  # the unrelated tail that ended the message
-        yield OomBlock("\n".join(lines), start_line, context)
+        yield OomBlock("\n".join(lines), start_line, context, "\n".join(evidence))
 
 
 def open_input(path: str | None):
