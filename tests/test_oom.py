@@ -155,6 +155,8 @@ EXPECTED = {
     "tensorflow_38272_vmem_unnumbered": dict(
         kind="compile", memory_space="vmem", used_bytes=None, framework="tf2",
         training=None),  # "_inferencedistributedfunction" is TF's name for any traced function, Keras's fit too
+    "pytorch_xla_2569_xla_dist_prefix": dict(
+        kind="runtime_allocation", memory_space="hbm", requested_bytes=b("180.59M"), free_bytes=b("142.58M")),
     "openxla_error_0101_reserve": dict(
         kind="reservation", requested_bytes=b("29.49G"), free_bytes=b("147.64M"), reserved_bytes=0,
         reservable_bytes=b("147.64M"), program_name="jit_embedding_pipeline_step_fn"),
@@ -719,6 +721,12 @@ def test_a_successful_compiles_memory_report_is_not_an_out_of_memory_error():
     real = (FIXTURES / "easydel_166_v4_falcon.txt").read_bytes()
     report = analysis.find_in_stream(io.BytesIO(report_text + b"\n" + real + b"\n" + report_text))
     assert report.used_bytes == EXPECTED["easydel_166_v4_falcon"]["used_bytes"] and report.messages_found == 1
+
+
+def test_xla_dists_worker_prefix_is_not_part_of_the_headline():
+    """PyTorch/XLA's xla_dist prefixes each worker's line with its address and index ('10.128.0.33 [3]')."""
+    headline = report_of(FIXTURES / "pytorch_xla_2569_xla_dist_prefix.txt").headline
+    assert headline.startswith("Resource exhausted: Attempting to allocate 180.59M"), headline
 
 
 def test_the_scoped_limit_is_named_and_its_fix_is_the_limit():

@@ -77,6 +77,7 @@ _PREFIXES = [
     re.compile(r"^(?:INFO|WARNING|ERROR|CRITICAL|DEBUG|FATAL):[\w.-]*:\s?"),
     re.compile(r"^\[[^\]\n]{1,40}\](?:<\w+>)?:?\s"),
     re.compile(r"^\((?:pid=\d+|\d+)[^)]{0,40}\)\s"),
+    re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}\s+\[\d+\]\s+"),  # xla_dist: the worker's address and index
     re.compile(r"^>\s?"),
 ]
 _MARKDOWN = re.compile(r"\*\*|`")
