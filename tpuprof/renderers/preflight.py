@@ -13,8 +13,8 @@ JSON_KEYS = ("target", "topology", "slice", "mesh", "model", "device", "hbm_capa
              "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
              "host_bytes", "host_capacity_bytes", "host_fits",
              "peak_heap_bytes", "peak_unpadded_heap_bytes", "padding_at_peak_bytes", "max_batch_size",
-             "recommended_batch_size", "search_limited", "parameter_bytes", "verdict", "compiles", "curve",
-             "curve_fit", "bf16", "oom", "estimate", "dump_dir", "cache")
+             "recommended_batch_size", "search_limited", "max_batch_bound", "parameter_bytes", "verdict", "compiles",
+             "curve", "curve_fit", "bf16", "oom", "estimate", "dump_dir", "cache")
 
 
 @contextmanager
