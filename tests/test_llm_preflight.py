@@ -151,6 +151,8 @@ def test_max_batch_with_offload_is_bound_by_the_hosts_memory(llm_cache, tmp_path
     above = {p["batch_size"]: p for p in target["curve"]}[expected + 1]  # compiled: it fits HBM, not the host
     assert above["fits"] and above["host_bytes"] == (expected + 1) * layers * seq * per_token > host_capacity
     assert target["compiles"] <= 3, target["curve"]
+    table = run_cli("preflight", *args, timeout=900, env={"XDG_CACHE_HOME": str(llm_cache), "COLUMNS": "200"})
+    assert re.search(r"bound by\s+host memory \(64(\.00)? GiB a device may hold\)", table.stdout), table.stdout
 
 
 def test_splash_tiles_follow_the_generation(llm_cache, tmp_path):
