@@ -124,6 +124,37 @@ def test_offloaded_activations_are_the_hosts_memory_not_hbm(llm_cache, tmp_path)
     assert "v6e-16: host memory (offloaded, not HBM) 3.00 MiB (of 128.00 GiB a device may hold, fits)." in markdown.stdout
 
 
+def test_max_batch_with_offload_is_bound_by_the_hosts_memory(llm_cache, tmp_path):
+    """--remat offload --max-batch on v5e-4: each sequence offloads every layer's input and q/k/v in bf16, and a
+    v5e device may hold 64 GiB of host memory (the host's 512 GiB DRAM over 8 chips; libtpu alone would allow 128).
+    8,192 thin layers at 512 tokens offload 6 GiB per sequence: 10 sequences fit (60 GiB), 11 do not (66 GiB),
+    while HBM, holding the weights and AdamW state, barely grows with the batch. The search used to answer 21
+    (libtpu's own budget), 2x what the host holds. A host-bound search is 3 compiles: 1, the jump to 10, 11."""
+    config = dict(TINY, num_hidden_layers=8192, intermediate_size=128)  # a thin MLP: HBM stays far from full
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = ("--model", str(tmp_path / "config.json"), "--tpu", "v5e-4", "--seq", "512", "--remat", "offload",
+            "--max-batch")
+    target = preflight(llm_cache, *args)["targets"][0]
+    layers, seq, hidden = config["num_hidden_layers"], 512, config["hidden_size"]
+    head_dim = hidden // config["num_attention_heads"]
+    per_token = (hidden + config["num_attention_heads"] * head_dim + 2 * config["num_key_value_heads"] * head_dim) * 2
+    assert per_token == 1536
+    host_capacity = 64 * 2**30
+    expected = host_capacity // (layers * seq * per_token)
+    assert expected == 10
+    assert target["host_capacity_bytes"] == host_capacity
+    assert target["max_batch_size"] == expected, target["curve"]
+    assert target["max_batch_bound"] == "host"
+    assert target["batch_size"] == expected and target["host_fits"] is True
+    assert target["host_bytes"] == expected * layers * seq * per_token
+    assert target["fits"] and target["required_bytes"] < 0.8 * target["hbm_capacity_bytes"]  # HBM does not bind
+    above = {p["batch_size"]: p for p in target["curve"]}[expected + 1]  # compiled: it fits HBM, not the host
+    assert above["fits"] and above["host_bytes"] == (expected + 1) * layers * seq * per_token > host_capacity
+    assert target["compiles"] <= 3, target["curve"]
+    table = run_cli("preflight", *args, timeout=900, env={"XDG_CACHE_HOME": str(llm_cache), "COLUMNS": "200"})
+    assert re.search(r"bound by\s+host memory \(64(\.00)? GiB a device may hold\)", table.stdout), table.stdout
+
+
 def test_splash_tiles_follow_the_generation(llm_cache, tmp_path):
     """The published recipes' splash tiles (2,048-token blocks, fused backward kernel) are v6e's: on a v4 chip,
     with 16 MiB of VMEM, that kernel asks for 30.8 MiB and libtpu refuses every batch ("Ran out of memory in

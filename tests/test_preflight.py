@@ -257,3 +257,53 @@ def test_bad_price_is_one_sentence(preflight):
     result, _ = preflight(f"{MODELS / 'mlp.py'}:factory", "--tpu", "v5e", "--batch", "8", "--price", "v6e=free")
     assert result.returncode == 2 and "is not a number of dollars" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_search_stops_where_the_host_memory_runs_out():
+    """No compile: the max-batch search on the figures libtpu gave for `--model` (512 layers of 256, 8,192 tokens)
+    on v5e-4 with --remat offload: 6 GiB of host memory per sequence (1.5 KiB per token and layer), HBM 1.34 GiB
+    + 0.18 GiB per sequence, and libtpu refusing a program above its own 128 GiB host budget. A v5e device may
+    hold 64 GiB on the host: 10 sequences, not the 21 HBM and libtpu's budget allow; found in 3 compiles (1, the
+    jump to 64 / 6, 11) and bound by the host."""
+    from tpuprof import targets
+    from tpuprof.analyses.preflight import Measurement, search_max_batch, too_large
+
+    gib = 2**30
+    refused = (SAMPLES / "oom" / "libtpu_host_offload_v6e.txt").read_text().split("\n", 1)[1]  # past the comment
+
+    def figures(batch, per_sequence=6 * gib):
+        host = batch * per_sequence
+        if host > 128 * gib:
+            return Measurement(batch, False, None, oom_message=refused)
+        required = 1433963008 + (batch - 1) * 191224547
+        return Measurement(batch, required <= V5E, required, stats={"host_temp_size_in_bytes": host})
+
+    compiled = []
+
+    def measure(batch):
+        compiled.append(batch)
+        return figures(batch)
+
+    host_capacity = targets.get("v5e").host_capacity_bytes
+    assert host_capacity == 64 * gib
+    found = search_max_batch(measure, V5E, 256, step=1, preferred=1, host_capacity=host_capacity)
+    assert (found.max_batch_size, found.recommended_batch_size, found.bound) == (10, 10, "host")
+    assert compiled == [1, 10, 11]
+    assert [p.host_bytes for p in found.points] == [6 * gib, 60 * gib, 66 * gib]
+    # With no host budget known (v2, v3), only HBM and the compiler's refusal (of host memory) bound it.
+    unbounded = search_max_batch(figures, V5E, 256, step=1, preferred=1)
+    assert (unbounded.max_batch_size, unbounded.bound) == (21, "host")
+    # Little offloaded: HBM binds, where its line says (V5E - 1433963008) / 191224547 + 1 = 81.9.
+    hbm = search_max_batch(lambda b: figures(b, gib // 2), V5E, 256, step=1, preferred=1, host_capacity=host_capacity)
+    assert (hbm.max_batch_size, hbm.bound) == (81, "hbm")
+    # Not even one sequence fits the host: the verdict is the host's, with its figures and the host's remedy.
+    one = figures(1, 96 * gib)
+    verdict = too_large(None, one, V5E, 1, host_capacity, "use --remat full")
+    assert verdict == ("does not fit even at batch 1 in host memory: the step holds 96.00 GiB per device there "
+                       "(activations it offloads), more than the 64.00 GiB a device may hold; HBM fits (1.34 GiB "
+                       "of 15.75 GiB): use --remat full.")
+    assert search_max_batch(lambda b: figures(b, 96 * gib), V5E, 256, step=1, preferred=1,
+                            host_capacity=host_capacity).bound == "host"
+    verdict = too_large(None, figures(1, 187.5 * gib), V5E, 1, 128 * gib, "use --remat full")
+    assert verdict == ("does not fit even at batch 1 in host memory: the compiler ran out of it (used 187.50 GiB "
+                       "of 128.00 GiB); use --remat full.")

@@ -45,6 +45,45 @@ class Measurement:
     dump_dir: str | None = None
     cached: bool = False
 
+    @property
+    def host_bytes(self) -> int:
+        """Host memory the program holds per device, as the compiler states it (arguments + outputs - aliased +
+        temporaries in host memory): activations a remat policy offloads, pinned host arguments. Not HBM, and
+        not in `required_bytes`. 0 without figures (a refused compile, or one cached before they were kept)."""
+        stats = self.stats or {}
+        return (stats.get("host_argument_size_in_bytes", 0) + stats.get("host_output_size_in_bytes", 0)
+                - stats.get("host_alias_size_in_bytes", 0) + stats.get("host_temp_size_in_bytes", 0))
+
+    def host_fits(self, host_capacity: int | None) -> bool | None:
+        """host_bytes within what one device may hold on the host (targets.Target.host_capacity_bytes: libtpu's
+        budget, or the host's DRAM share where smaller); None where no host budget is known."""
+        return None if host_capacity is None else self.host_bytes <= host_capacity
+
+    def fits_within(self, host_capacity: int | None) -> bool:
+        """Whether this batch can run: HBM fits (`fits`) and so does the host memory, where its budget is known."""
+        return self.fits and self.host_fits(host_capacity) is not False
+
+    @property
+    def refused_space(self) -> str | None:
+        """The memory space the compiler refused the program for ("hbm", "host", "vmem"), from its
+        RESOURCE_EXHAUSTED message; None when it compiled, or the message names none."""
+        if not self.oom_message:
+            return None
+        try:
+            from tpuprof.analyses import oom
+        except ImportError:
+            return None
+        report = oom.parse_message(self.oom_message)
+        return report.memory_space if report is not None else None
+
+    def bound(self, host_capacity: int | None) -> str:
+        """Which memory a batch that cannot run exceeds: "hbm", "host", or the on-chip scratch ("vmem",
+        "smem") the compiler refused it for (HBM when it names none or another space)."""
+        if self.required_bytes is None:
+            space = self.refused_space
+            return space if space in ("host", "vmem", "smem") else "hbm"
+        return "hbm" if not self.fits else "host"
+
 
 @dataclass
 class Curve:
@@ -60,6 +99,9 @@ class Search:
     recommended_batch_size: int | None  # largest multiple of PREFERRED that fits, else max_batch_size
     points: list[Measurement] = field(default_factory=list)
     limited: bool = False  # fits at BATCH_LIMIT: the search stopped there
+    # What the next batch (or, when none fits, the smallest) exceeds: "hbm", "host" (offloaded activations
+    # beyond what a device may hold on the host), "batch_limit" (the search stopped at the limit).
+    bound: str | None = None
 
 
 def fit_curve(points: list[Measurement]) -> Curve | None:
@@ -75,33 +117,41 @@ def fit_curve(points: list[Measurement]) -> Curve | None:
 
 
 def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit: int = BATCH_LIMIT,
-                     step: int = STEP, preferred: int = PREFERRED) -> Search:
+                     step: int = STEP, preferred: int = PREFERRED, host_capacity: int | None = None) -> Search:
     """Largest multiple of STEP whose program fits, assuming fitting is monotone in the batch. (An LLM step
-    searches sequences per device: STEP and PREFERRED are 1 there.)
+    searches sequences per device: STEP and PREFERRED are 1 there.) A batch fits when its HBM does and, with
+    HOST_CAPACITY (what one device may hold in host memory), so does the host memory it holds (`--remat offload`'s
+    activations): whichever of the two runs out first bounds the answer.
 
     Memory is close to linear in the batch (fixed + per-example bytes) until the compiler starts to
     rematerialise near the HBM limit. Compiles at 8 and 256 give a linear model; one jump goes to its
     predicted maximum, strides that double from 8 walk up (or down) from there until the answer is
     bracketed, and bisection finishes. Candidates are rounded to a multiple of 128 when one is close,
     so the recommended multiple of 128 is usually a measured compile. 4 compiles when memory is
-    exactly linear, 7 for the sample MLPs, 9 when the compiler rematerialises near the limit.
+    exactly linear, 7 for the sample MLPs, 9 when the compiler rematerialises near the limit. The
+    predictions follow whichever line (HBM's, the host's) reaches its capacity first.
     """
     points: dict[int, Measurement] = {}
 
     def probe(batch: int) -> bool:
         points[batch] = measure(batch)
-        return points[batch].fits
+        return points[batch].fits_within(host_capacity)
 
     if not probe(step):
-        return Search(None, None, list(points.values()))
+        return Search(None, None, list(points.values()), bound=points[step].bound(host_capacity))
     low, high = step, None  # low fits, high (if known) does not
     mode, delta, turn = "start", step, 0
     while (high is None and low < limit) or (high is not None and high - low > step):
-        predicted = _secant(points, capacity)
+        predicted = _secant(points, capacity, host_capacity)
         capped = False
         if predicted is None and len(points) == 1:
             # 8 and 256: at tiny batches fixed overheads and on-chip scratch hide the per-example slope
             candidate = low * 32
+            if host_capacity is not None and points[low].host_bytes:
+                # Offloaded activations grow in proportion to the batch, with no such overheads: jump no
+                # further than where that proportion reaches the host's capacity (a host-bound search then
+                # ends in 3 compiles: the first batch, the predicted maximum, the one above it).
+                candidate = min(candidate, low * host_capacity // points[low].host_bytes)
         elif predicted is None:  # memory fell as the batch grew (the compiler rematerialises): no line
             if high is None:
                 candidate, delta, mode = low + delta, delta * 2, "up"
@@ -132,20 +182,31 @@ def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit
             mode = ("start" if fits else "bisect") if capped else ("up" if fits else "down")
         elif (mode == "up" and not fits) or (mode == "down" and fits):
             mode = "bisect"
-    recommended = max((p.batch_size for p in points.values() if p.fits and p.batch_size % preferred == 0),
-                      default=None)
+    recommended = max((p.batch_size for p in points.values()
+                       if p.fits_within(host_capacity) and p.batch_size % preferred == 0), default=None)
     if recommended is None or low // preferred * preferred > recommended:
         recommended = low // preferred * preferred if low >= preferred else low
     ordered = sorted(points.values(), key=lambda p: p.batch_size)
-    return Search(low, recommended, ordered, limited=high is None)
+    bound = "batch_limit" if high is None else points[high].bound(host_capacity)
+    return Search(low, recommended, ordered, limited=high is None, bound=bound)
 
 
-def _secant(points: dict[int, Measurement], capacity: int) -> int | None:
-    """Where the line through the two largest measured batches reaches the capacity.
+def _secant(points: dict[int, Measurement], capacity: int, host_capacity: int | None = None) -> int | None:
+    """Where the line through the two largest measured batches reaches the capacity: HBM's, and where the host
+    memory grows with the batch, the host's line reaching HOST_CAPACITY too; the smaller (the binding resource).
 
     Local rather than a global fit: small batches carry fixed overheads that skew the slope.
     """
-    measured = sorted((b, p.required_bytes) for b, p in points.items() if p.required_bytes is not None)
+    predictions = [_line([(b, p.required_bytes) for b, p in points.items() if p.required_bytes is not None],
+                         capacity)]
+    if host_capacity is not None:
+        predictions.append(_line([(b, p.host_bytes) for b, p in points.items() if p.stats], host_capacity))
+    return min((p for p in predictions if p is not None), default=None)
+
+
+def _line(measured: list[tuple[int, int]], capacity: int) -> int | None:
+    """Where the line through the two largest batches' bytes reaches CAPACITY; None unless they grow."""
+    measured = sorted(measured)
     if len(measured) < 2:
         return None
     (b1, r1), (b2, r2) = measured[-2:]
@@ -180,6 +241,7 @@ class Compiler:
         self.use_cache = use_cache
         self.on_compile = on_compile
         self.capacity = targets.get(target).compiler_hbm_bytes
+        self.host_capacity = targets.get(target).host_capacity_bytes  # None: no host budget known (v2, v3)
         self.topology = slices.compile_label(target)  # with the chip config: v4 compiles are megacore
         self.compiles = 0
         self._libtpu = _libtpu_version()
@@ -295,11 +357,23 @@ def parameter_bytes(spec, dtype, target) -> int | None:
         return None
 
 
-def too_large(parameters: int | None, chosen: Measurement, capacity: int, step: int = STEP) -> str:
-    """The verdict when not even the smallest batch fits."""
+HOST_ADVICE = "offload fewer activations to host memory"
+
+
+def too_large(parameters: int | None, chosen: Measurement, capacity: int, step: int = STEP,
+              host_capacity: int | None = None, host_advice: str = HOST_ADVICE) -> str:
+    """The verdict when not even the smallest batch fits: the host's memory when that is what it exceeds (HBM
+    advice would not help), else HBM's."""
     from tpuprof.units import fmt_bytes
 
     text = f"does not fit even at batch {step}"
+    if chosen.bound(host_capacity) == "host":
+        if chosen.required_bytes is not None:
+            return (f"{text} in host memory: the step holds {fmt_bytes(chosen.host_bytes)} per device there "
+                    f"(activations it offloads), more than the {fmt_bytes(host_capacity)} a device may hold; HBM "
+                    f"fits ({fmt_bytes(chosen.required_bytes)} of {fmt_bytes(capacity)}): {host_advice}.")
+        used = _refused_figures(chosen.oom_message)
+        return f"{text} in host memory: the compiler ran out of it{used}; {host_advice}."
     if parameters:
         text += f": parameters alone are {fmt_bytes(parameters)}"
         if parameters > capacity:
@@ -307,3 +381,17 @@ def too_large(parameters: int | None, chosen: Measurement, capacity: int, step: 
     if chosen.required_bytes is not None:
         text += f" (the step needs {fmt_bytes(chosen.required_bytes)} of {fmt_bytes(capacity)})"
     return text + "."
+
+
+def _refused_figures(message: str | None) -> str:
+    """" (used X of Y)" from a RESOURCE_EXHAUSTED message that states them, else ""."""
+    from tpuprof.units import fmt_bytes
+
+    try:
+        from tpuprof.analyses import oom
+    except ImportError:
+        return ""
+    report = oom.parse_message(message or "")
+    if report is None or not report.used_bytes or not report.capacity_bytes:
+        return ""
+    return f" (used {fmt_bytes(report.used_bytes)} of {fmt_bytes(report.capacity_bytes)})"

@@ -188,21 +188,12 @@ def _target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_p
         bf16 = _run_dtype(spec, name, "bfloat16", batch, max_batch, top, use_cache, report_progress)
         result["bf16"] = {k: bf16.get(k) for k in (
             "batch_size", "fits", "required_bytes", "peak_heap_bytes", "peak_unpadded_heap_bytes",
-            "padding_at_peak_bytes", "max_batch_size", "recommended_batch_size", "compiles", "verdict")
+            "padding_at_peak_bytes", "max_batch_size", "recommended_batch_size", "max_batch_bound", "compiles",
+            "verdict")
             if k in bf16}
         result["compiles"] += bf16["compiles"]
     result["cache"] = str(preflight.cache_root())
     return result
-
-
-def _host_check(target, host_bytes: int) -> dict:
-    """The host memory a device's program holds against what it may hold: libtpu's budget, or the host's DRAM
-    share (Cloud TPU docs) where smaller. The rest of the host (the framework, the input pipeline) needs some of
-    the DRAM too."""
-    capacity = target.host_capacity_bytes
-    if capacity is None:
-        return {"host_fits": None}
-    return {"host_capacity_bytes": capacity, "host_fits": host_bytes <= capacity}
 
 
 def _batches(chosen, batch_per_device: int | None, whole_slice: bool | None = None) -> dict:
@@ -225,15 +216,18 @@ def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progr
                                   on_compile=lambda b: report_progress(label, b))
     out: dict = {}
     step = getattr(spec, "batch_step", preflight.STEP)
+    host_capacity = compiler.host_capacity
     if max_batch:
         search = preflight.search_max_batch(lambda b: compiler.measure(b, dump=True, need_dump=False),
                                             compiler.capacity, getattr(spec, "batch_limit", preflight.BATCH_LIMIT),
                                             step=step,
-                                            preferred=getattr(spec, "preferred_batch", preflight.PREFERRED))
+                                            preferred=getattr(spec, "preferred_batch", preflight.PREFERRED),
+                                            host_capacity=host_capacity)
         batch = search.max_batch_size or step
         out["max_batch_size"] = search.max_batch_size
         out["recommended_batch_size"] = search.recommended_batch_size
         out["search_limited"] = search.limited
+        out["max_batch_bound"] = search.bound
         points = search.points
     else:
         points = []
@@ -246,8 +240,8 @@ def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progr
         "fits": chosen.fits,
         "required_bytes": chosen.required_bytes,
         "compiles": compiler.compiles,
-        "curve": [{"batch_size": p.batch_size, "required_bytes": p.required_bytes, "fits": p.fits}
-                  for p in points],
+        "curve": [{"batch_size": p.batch_size, "required_bytes": p.required_bytes, "fits": p.fits,
+                   **({"host_bytes": p.host_bytes} if p.host_bytes else {})} for p in points],
     })
     if curve is not None:
         out["curve_fit"] = {"fixed_bytes": curve.fixed_bytes, "per_example_bytes": int(round(curve.per_example_bytes))}
@@ -259,10 +253,11 @@ def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progr
             "temp_bytes": chosen.stats["temp_size_in_bytes"],
             "generated_code_bytes": chosen.stats["generated_code_size_in_bytes"],
         })
-        host = _host_bytes(chosen.stats)
-        if host:  # offloaded activations or pinned host arguments: the host's memory, not HBM
-            out["host_bytes"] = host
-            out.update(_host_check(targets.get(name), host))
+        if chosen.host_bytes:  # offloaded activations or pinned host arguments: the host's memory, not HBM
+            out["host_bytes"] = chosen.host_bytes
+            if host_capacity is not None:
+                out["host_capacity_bytes"] = host_capacity
+            out["host_fits"] = chosen.host_fits(host_capacity)
     if chosen.dump_dir:
         memory = _memory(chosen.dump_dir, name, top)
         if memory is not None:
@@ -280,15 +275,9 @@ def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progr
     if chosen.oom_message:
         out["oom"] = _oom(chosen.oom_message, batch, compiler.capacity, parameters)
     if max_batch and out["max_batch_size"] is None:
-        out["verdict"] = preflight.too_large(parameters, chosen, compiler.capacity, step)
+        out["verdict"] = preflight.too_large(parameters, chosen, compiler.capacity, step, host_capacity,
+                                             getattr(spec, "host_advice", preflight.HOST_ADVICE))
     return out
-
-
-def _host_bytes(stats: dict) -> int:
-    """Host memory the program holds per device, as the compiler states it (arguments + outputs - aliased +
-    temporaries in host memory). Compiles cached before these figures were kept have none: 0."""
-    return (stats.get("host_argument_size_in_bytes", 0) + stats.get("host_output_size_in_bytes", 0)
-            - stats.get("host_alias_size_in_bytes", 0) + stats.get("host_temp_size_in_bytes", 0))
 
 
 def _memory(dump_dir: str, target: str, top: int):
@@ -390,7 +379,7 @@ def model_result(model: str, names: list[str], seq: int = 2048, batch_per_chip: 
 
 def _throughput(row: dict) -> float:
     """Tokens per second per chip at the reported batch (0 when it does not fit)."""
-    if not row.get("fits"):
+    if not row.get("fits") or row.get("host_fits") is False:  # HBM, or the host's memory, exceeded
         return 0.0
     estimate = row.get("estimate") or {}
     return float(estimate.get("tokens_per_s") or 0) or float(row.get("batch_per_chip") or 0) * 1e-9

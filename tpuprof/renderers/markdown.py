@@ -234,9 +234,15 @@ def _preflight(document: dict, top: int) -> list[str]:
     rows = []
     for t in targets:
         e = t.get("estimate") or {}
-        rows.append([target_label(t), t.get("batch_size"), "✅ fits" if t.get("fits") else "❌ does not fit",
+        verdict = "✅ fits" if t.get("fits") else "❌ does not fit"
+        if t.get("fits") and t.get("host_fits") is False:
+            verdict = "✅ fits HBM, ❌ not host memory"
+        largest = t.get("max_batch_size", "")
+        if t.get("max_batch_bound") not in (None, "hbm") and largest is not None:
+            largest = f"{largest} ({t['max_batch_bound'].replace('_', ' ')})"  # bound by the host or the search limit
+        rows.append([target_label(t), t.get("batch_size"), verdict,
                      fmt_bytes(t.get("required_bytes")), fmt_bytes(t.get("hbm_capacity_bytes")),
-                     t.get("max_batch_size", ""), e.get("step_ms", ""), e.get("examples_per_s", ""),
+                     largest, e.get("step_ms", ""), e.get("examples_per_s", ""),
                      e.get("cost_per_million_examples", "")])
     out += table(["target", "batch", "verdict", "required", "HBM", "max batch", "step ms (est.)", "examples/s",
                   "$ per 1M examples"], rows, right={1, 3, 4, 5, 6, 7, 8})
@@ -254,6 +260,10 @@ def _preflight(document: dict, top: int) -> list[str]:
                     f"{'fits' if t.get('host_fits') else '❌ more than a device may hold'}"
                     if t.get("host_capacity_bytes") else "no host budget known for this generation")
             out += [f"{name}: host memory (offloaded, not HBM) {fmt_bytes(t['host_bytes'])} ({host}).", ""]
+        if t.get("max_batch_bound") and t.get("max_batch_size") is not None:  # else the verdict says why
+            from tpuprof.renderers.preflight import bound_words
+
+            out += [f"{name}: the largest batch is bound by {bound_words(t)}.", ""]
         e = t.get("estimate") or {}
         if e.get("step_ms") is not None:
             out += [f"**{name} step estimate** {e['step_ms']} ms (band {e.get('step_ms_low')}–{e.get('step_ms_high')} ms, "

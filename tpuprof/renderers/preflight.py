@@ -13,8 +13,8 @@ JSON_KEYS = ("target", "topology", "slice", "mesh", "model", "device", "hbm_capa
              "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
              "host_bytes", "host_capacity_bytes", "host_fits",
              "peak_heap_bytes", "peak_unpadded_heap_bytes", "padding_at_peak_bytes", "max_batch_size",
-             "recommended_batch_size", "search_limited", "parameter_bytes", "verdict", "compiles", "curve",
-             "curve_fit", "bf16", "oom", "estimate", "dump_dir", "cache")
+             "recommended_batch_size", "search_limited", "max_batch_bound", "parameter_bytes", "verdict", "compiles",
+             "curve", "curve_fit", "bf16", "oom", "estimate", "dump_dir", "cache")
 
 
 @contextmanager
@@ -57,7 +57,10 @@ def _verdict(r: dict) -> str:
         return f"[red]{r['verdict']}[/red]"
     if r.get("fits"):
         share = r["required_bytes"] / r["hbm_capacity_bytes"]
-        return f"[green]fits[/green] ({share:.0%} of HBM, {fmt_bytes(r['hbm_capacity_bytes'] - r['required_bytes'])} spare)"
+        hbm = f"({share:.0%} of HBM, {fmt_bytes(r['hbm_capacity_bytes'] - r['required_bytes'])} spare)"
+        if r.get("host_fits") is False:  # HBM is not all: what it offloads does not fit the host
+            return f"fits in HBM {hbm}, [red]not in host memory[/red] (below)"
+        return f"[green]fits[/green] {hbm}"
     if r.get("required_bytes") is not None:
         over = r["required_bytes"] - r["hbm_capacity_bytes"]
         return f"[red]does not fit[/red] (over by {fmt_bytes(over)})"
@@ -87,6 +90,15 @@ def _host(r: dict) -> str:
         return f"{fmt_bytes(r['host_bytes'])} (no host budget known for this generation)"
     verdict = "fits" if r.get("host_fits") else "[red]more than a device may hold[/red]"
     return f"{fmt_bytes(r['host_bytes'])} of {fmt_bytes(r['host_capacity_bytes'])} a device may hold: {verdict}"
+
+
+def bound_words(r: dict) -> str:
+    """What bounds the largest batch (max_batch_bound), as the table and Markdown say it."""
+    bound = r.get("max_batch_bound")
+    if bound == "host":
+        capacity = r.get("host_capacity_bytes")
+        return "host memory" + (f" ({fmt_bytes(capacity)} a device may hold)" if capacity else "")
+    return {"hbm": "HBM", "batch_limit": "the search limit", None: "-"}.get(bound, str(bound))
 
 
 def print_report(spec: str, results: list[dict], top: int) -> None:
@@ -140,9 +152,11 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     row("padding live at peak", size("padding_at_peak_bytes"))
     if any("max_batch_per_chip" in r for r in results):
         row("max batch per chip", lambda r: str(r.get("max_batch_per_chip") or "none fits"))
+        row("  bound by", bound_words)
         row("memory vs batch", _curve)
     elif any("max_batch_size" in r for r in results):
         row("max batch (multiple of 8)", lambda r: _max(r))
+        row("  bound by", bound_words)
         row("recommended (multiple of 128)", lambda r: str(r.get("recommended_batch_size") or "-"))
         row("memory vs batch", _curve)
     if any("bf16" in r for r in results):
@@ -171,7 +185,9 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
             out.print(f"[bold]{target_label(r)}[/bold] largest batch per chip by remat policy (step time estimated): "
                       f"{cells}; reported: remat {r['model']['remat']}")
         if len(r.get("curve", [])) > 1:
-            points = ", ".join(f"{p['batch_size']}: {fmt_bytes(p['required_bytes'])}" if p["required_bytes"] is not None
+            points = ", ".join(f"{p['batch_size']}: {fmt_bytes(p['required_bytes'])}"
+                               + (f" (host {fmt_bytes(p['host_bytes'])})" if p.get("host_bytes") else "")
+                               if p["required_bytes"] is not None
                                else f"{p['batch_size']}: refused by the compiler" for p in r["curve"])
             out.print(f"[bold]{target_label(r)}[/bold] memory vs batch, as compiled: {points}")
         if r.get("oom"):
