@@ -134,7 +134,8 @@ def test_max_batch_with_offload_is_bound_by_the_hosts_memory(llm_cache, tmp_path
     (tmp_path / "config.json").write_text(json.dumps(config))
     args = ("--model", str(tmp_path / "config.json"), "--tpu", "v5e-4", "--seq", "512", "--remat", "offload",
             "--max-batch")
-    target = preflight(llm_cache, *args)["targets"][0]
+    document = preflight(llm_cache, *args)
+    target = document["targets"][0]
     layers, seq, hidden = config["num_hidden_layers"], 512, config["hidden_size"]
     head_dim = hidden // config["num_attention_heads"]
     per_token = (hidden + config["num_attention_heads"] * head_dim + 2 * config["num_key_value_heads"] * head_dim) * 2
@@ -153,6 +154,10 @@ def test_max_batch_with_offload_is_bound_by_the_hosts_memory(llm_cache, tmp_path
     assert target["compiles"] <= 3, target["curve"]
     table = run_cli("preflight", *args, timeout=900, env={"XDG_CACHE_HOME": str(llm_cache), "COLUMNS": "200"})
     assert re.search(r"bound by\s+host memory \(64(\.00)? GiB a device may hold\)", table.stdout), table.stdout
+    saved, page = tmp_path / "preflight.json", tmp_path / "report.html"
+    saved.write_text(json.dumps(document))
+    assert run_cli("report", saved, "-o", page).returncode == 0
+    assert f'{expected} <span class="meta">(host)</span>' in page.read_text()  # the report's table says so too
 
 
 def test_splash_tiles_follow_the_generation(llm_cache, tmp_path):

@@ -920,14 +920,19 @@ def _preflight(page: _Page, item: Input, top: int) -> None:
         fits = t.get("fits")
         verdict = '<span class="fit">fits</span>' if fits else '<span class="oom">does not fit</span>' \
             if fits is not None else ""
+        if fits and t.get("host_fits") is False:
+            verdict += ' <span class="oom">not in host memory</span>'
         if t.get("verdict"):
             verdict += f' <span class="meta">{esc(t["verdict"])}</span>'
+        largest = esc(t.get("max_batch_size") or "")
+        if largest and t.get("max_batch_bound") not in (None, "hbm"):  # bound by the host or the search limit
+            largest += f' <span class="meta">({esc(t["max_batch_bound"].replace("_", " "))})</span>'
         bf16 = t.get("bf16") or {}
         rows.append([f'{esc(t.get("target"))} <span class="meta">{esc(t.get("topology"))}</span>',
                      esc(t.get("batch_size", "")), verdict,
                      esc(fmt_bytes(t["required_bytes"])) if t.get("required_bytes") is not None else "",
                      esc(fmt_bytes(t["hbm_capacity_bytes"])) if t.get("hbm_capacity_bytes") else "",
-                     esc(t.get("max_batch_size") or ""), esc(bf16.get("max_batch_size") or "")])
+                     largest, esc(bf16.get("max_batch_size") or "")])
     page.add(_table(["target", "batch", "verdict", "required", "HBM", "max batch", "max batch bf16"], rows,
                     {1, 3, 4, 5, 6}))
     if len(targets) > 1 or any(t.get("mesh") or t.get("estimate") for t in targets):
