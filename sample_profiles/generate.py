@@ -62,7 +62,7 @@ SAMPLES = [
     Sample("diff_b64", "transformer", "v5e", 64, "bfloat16", "jax", "one bf16 transformer block, batch 64 (diff base)"),
     Sample("diff_b128", "transformer", "v5e", 128, "bfloat16", "jax", "one bf16 transformer block, batch 128 (diff new)"),
     Sample("oom_transformer_v5e", "transformer", "v5e", 4096, "bfloat16", "oom_jax",
-           "one bf16 transformer block, batch 4096 per chip"),
+           "one bf16 transformer block's train step, batch 4096 per chip"),
     Sample("oom_keras_mlp_v5e", "keras_mlp", "v5e", 10_000_000, "float32", "oom_keras",
            "Keras MLP train step, batch 10,000,000 per chip"),
     # Host memory, not HBM: what a remat policy offloads has a budget of its own.

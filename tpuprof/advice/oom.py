@@ -321,6 +321,8 @@ def _batch(report: OomReport, estimate: BatchEstimate, missing: int | None) -> S
     scaling = estimate.scaling_bytes or 0
     current = estimate.current_batch
     code = _code("batch_size", report.framework)
+    if report.training is False and report.framework != "vllm":  # no gradients to accumulate when serving
+        code = "fewer sequences (or shorter ones) per forward pass"
     confidence = {"high": "estimated", "medium": "estimated"}.get(estimate.confidence, "rough")
     if current == 1:
         return Suggestion(kind="batch_size", confidence=confidence, code="", message=(

@@ -27,14 +27,14 @@ _URL = re.compile(r"https?://\S+")
 # First match wins, so the more specific frameworks come first: vLLM runs on PyTorch/XLA or JAX, Keras 3 on
 # JAX or TensorFlow, and JAX logs name "external/org_tensorflow/..." paths of the XLA sources they embed.
 _TEXT_MARKERS = (
-    ("vllm", r"\bvllm\b|tpu_inference|tpu-inference"),
+    ("vllm", r"\b(?i:vllm)\b|tpu_inference|tpu-inference"),
     ("pytorch_xla", r"torch_xla|pt-xla|xla_client/xla_util|XRTCompile|/job:tpu_worker|xm\.mark_step|xla_spawn"
                     r"|\btorch\b|Bad StatusOr access"),
     ("tf1", r"tpu_estimator|TPUEstimator|tensorflow/contrib|tf\.contrib|tensorflow_core/|training_loop: "
             r"|t2t-trainer|tf\.Session|Error recorded from (?:training_loop|outfeed|infeed)"),
     ("keras", r"\bkeras(?:_nlp|_hub|_cv)?\b|multi_step_on_iterator|\.fit\(|mixed_bfloat16"),
     ("jax", r"jaxlib|XlaRuntimeError|JaxRuntimeError|jax\._src|\bjax\b|\bflax\b|Flax\w+|pjit\(|\bjit\(|"
-            r"EasyDel|easydel"),
+            r"EasyDel|easydel|UnfilteredStackTrace|JAX-internal frames"),
     ("tf2", r"tensorflow/python|tensorflow\.python|ResourceExhaustedError|__inference_|TPUStrategy|\btf\.function"
             r"|/job:worker|Compilation failure: Ran out of memory"),
 )

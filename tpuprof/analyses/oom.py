@@ -77,7 +77,8 @@ def parse_message(text: str) -> OomReport | None:
         if _within_capacity(text):
             return None  # a compile's memory report printed by verbose logging: the program fitted
         # Only the breakdown or the allocation list survived the paste: both are compile-time reports.
-        headline = _first_line(text) if details else \
+        heading = re.search(r"^.*(?:Total \w+ usage|Program \w+ requirement).*$", text, re.M)
+        headline = (heading.group(0).strip() if heading else _first_line(text)) if details else \
             "(only the allocation list: the message's first lines are not in the input)"
         report = OomReport(kind=COMPILE, headline=headline)
     for key, value in details.items():
@@ -124,7 +125,15 @@ class _Flat:
             if not self.printed[end + 1:following if following >= 0 else None].strip():
                 break
             end = following
-        return " ".join(self.printed[start:end if end >= 0 else len(self.printed)].split())
+        line = " ".join(self.printed[start:end if end >= 0 else len(self.printed)].split())
+        error = _ERROR_START.search(line)
+        if error and len(line[:error.start()].split()) >= 4:  # quoted in prose: "... leads to errors like X: ..."
+            line = line[error.start():]
+        return line
+
+
+# Where an error message starts inside a line of prose: its exception type or status.
+_ERROR_START = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b:|\bRESOURCE_EXHAUSTED\b|\bResource exhausted\b")
 
 
 # "XLA::TPU program HBM usage: 52.5K / 31.25G": libtpu's verbose log of a compile, beside the same breakdown an

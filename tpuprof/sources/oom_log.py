@@ -83,6 +83,35 @@ _PREFIXES = [
 _MARKDOWN = re.compile(r"\*\*|`")
 
 
+MAX_LEADING_LINES = 64
+
+
+def _leading_lines(context: str) -> list[str]:
+    """The lines just before a trigger that are the same message's: the error code ending the line before it,
+    or the head of a breakdown pasted without its headline ("    program 97.92G" / "    arguments 0B" / "Output
+    size 0B; ..." above "Program hbm requirement"). They stop at an unrelated line or at two blank lines (the end
+    of an earlier message, whose reading stopped after unrelated lines)."""
+    if not context.endswith("\n"):
+        return []
+    taken: list[str] = []
+    blanks = 0
+    for raw in reversed(context[:-1].split("\n")[-MAX_LEADING_LINES:]):
+        line = clean_line(raw)
+        if not line.strip():
+            blanks += 1
+            if blanks == 2:
+                break
+            taken.append(line)
+            continue
+        if not (_PART.search(line) or _LEAD.search(line)):
+            break
+        blanks = 0
+        taken.append(line)
+    while taken and not taken[-1].strip():
+        taken.pop()
+    return taken[::-1]
+
+
 def _continues(previous: str, line: str) -> bool:
     """LINE goes on with the sentence PREVIOUS ends inside (a paste or terminal wrapped it: "Exceeded hbm capacity
     by" / "6.47G.")."""
@@ -189,15 +218,11 @@ def iter_oom_blocks(stream: BinaryIO) -> Iterator[OomBlock]:
     while reader.next_trigger():
         start_line = reader.line_number
         context = reader.context()
-        lines: list[str] = []
         evidence: list[str] = []
         evidence_bytes = 0
-        last_related = -1
-        before = context[context.rfind("\n", 0, max(len(context) - 1, 0)) + 1:] if context.endswith("\n") else ""
-        if before.strip() and _LEAD.search(before):
-            lines.append(clean_line(before))
-            last_related = 0
-            start_line -= 1
+        lines = _leading_lines(context)
+        last_related = len(lines) - 1
+        start_line -= len(lines)
         size = 0
         while len(lines) < MAX_BLOCK_LINES and size < MAX_BLOCK_BYTES:
             raw = reader.readline()
