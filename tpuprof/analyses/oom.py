@@ -68,7 +68,8 @@ def _from_groups(groups) -> int | None:
 
 def parse_message(text: str) -> OomReport | None:
     """Read one out-of-memory message. None when the text holds no recognisable TPU OOM."""
-    report = _headline(text)
+    flat = _Flat(text)
+    report = _headline(flat)
     details = _details(text)
     allocations = _allocations(text)
     if report is None and not details and not allocations:
@@ -90,7 +91,7 @@ def parse_message(text: str) -> OomReport | None:
     if report.memory_space is None and allocations:
         listed = _LISTED.search(text)
         report.memory_space = listed.group(1).lower() if listed else "hbm"
-    _code_and_runtime_facts(_Flat(text).text, report)
+    _code_and_runtime_facts(flat.text, report)
     _note_cut_lists(text, report)
     return report
 
@@ -211,11 +212,10 @@ def _first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
-def _headline(printed: str) -> OomReport | None:
+def _headline(flat: _Flat) -> OomReport | None:
     """The message's headline form, read with every run of whitespace as one space: pastes and terminals wrap
     its sentences anywhere ("Ran out of memory in" / "memory space vmem", "TensorCore" / "Hbm usage")."""
     s = _SIZE
-    flat = _Flat(printed)
     text = flat.text
     match = re.search(r"Ran out of memory in memory space (\w+)", text)
     if match:
@@ -228,8 +228,8 @@ def _headline(printed: str) -> OomReport | None:
         report.exceeded_bytes = _size(rf"Exceeded\s+{space}\s+capacity\s+by\s+{s}", text, re.I)
         kernel = re.search(r"while allocating on stack for %?([\w.\-]+)", text)
         report.kernel = kernel.group(1) if kernel else None
-        scoped = re.search(rf"Scoped allocation with size\s+{s}\s+and limit\s+{s}\s+exceeded scoped (\w+) limit by\s+{s}",
-                           text)
+        scoped = re.search(
+            rf"Scoped allocation with size\s+{s}\s+and limit\s+{s}\s+exceeded scoped (\w+) limit by\s+{s}", text)
         if scoped and report.used_bytes is None:
             # One kernel's scratch against the scoped limit (a compiler flag or the kernel's vmem_limit_bytes),
             # not against the memory's size.
@@ -366,15 +366,15 @@ def _details(text: str) -> dict:
 _ENTRY = re.compile(r"(?:^|(?<=\s))(\d+)\.\s+(?=Size:|Operator:|Shape:)", re.M)
 # A list that names each allocation by its instruction and shape only ("1. fusion.11963 f32[4,192,1024]"),
 # as vmem reports print it: no sizes, but the shape gives them.
-_BARE_ENTRY = re.compile(
-    r"(?:^|(?<=\s))(\d+)\.\s+%?([\w.\-]+)\s+((?:pred|bf16|[fsu]\d+|f8\w+|c64|c128)\[[\d,]*\](?:\{[^}\s]*\})?)", re.M)
+_ARRAY_SHAPE = r"(?:pred|bf16|[fsu]\d+|f8\w+|c64|c128)\[[\d,]*\](?:\{[^}\s]*\})?"
+_BARE_ENTRY = re.compile(rf"(?:^|(?<=\s))(\d+)\.\s+%?([\w.\-]+)\s+({_ARRAY_SHAPE})", re.M)
 
 
 # An entry printed without its number, as TensorFlow 1 and 2.2-era runtimes did: "XLA label: ..." or "Size: ..."
 # opens it after a blank line or the heading.
 _UNNUMBERED_ENTRY = re.compile(r"(?:\A|\n[ \t]*\n)[ \t]*(?=Size:|XLA label:|Operator:|Shape:)")
 # The result shape an XLA label gives its instruction: "%fusion.11963 = f32[4,192,1024]{2,0,1:T(4,128)} fusion(".
-_LABEL_SHAPE = re.compile(r"^%?[\w.\-]+\s*=\s*((?:pred|bf16|[fsu]\d+|f8\w+|c64|c128)\[[\d,]*\](?:\{[^}\s]*\})?)\s")
+_LABEL_SHAPE = re.compile(rf"^%?[\w.\-]+\s*=\s*({_ARRAY_SHAPE})\s")
 
 
 def _allocations(text: str) -> list[OomAllocation]:

@@ -62,16 +62,16 @@ _PART = re.compile(
     r"|^\W*(?:reserved|program|arguments|global|scoped|HLO temp|overlays|output|heap allocations)\b"
     r"|HBM capacity|Top-of-Memory|Currently allocated|Program requirement|Available after request"
     r"|Heap allocator status|Max free chunk|Persistent allocations|attempting reservation"
-    r"|Ran out of memory|Attempting to|Exceeded \w+ capacity|Hbm usage|Aborting compilation"
-    r"|Failed to allocate|would exceed memory|OOM when allocating|CUDA out of memory|Out of memory while trying"
+    r"|Ran out|Attempting to|Exceeded \w+ capacity|Hbm usage|Aborting compilation"
+    r"|Failed to allocate|would exceed|OOM when allocating|CUDA out of memory|Out of memory while trying"
     r"|largest contiguous region|reservable|That was not possible|There are \S+ free|Scoped allocation with size"
     r"|memory space \w+|XLA::TPU program|Requires \S+, has|RESOURCE_EXHAUSTED|Resource exhausted|ResourceExhausted"
-    r"|Compilation failure|Ran out|would exceed"
+    r"|Compilation failure"
 )
 
-# A line that opens a message whose trigger is on the next line: an error code and its name, or a sentence
-# wrapped inside ("Ran out of memory in" / "memory space vmem", "Attempting to" / "allocate 2.12G").
-_LEAD = re.compile(r"RESOURCE_EXHAUSTED|\bE\d{4}:\s*[A-Z]\w+:\s*$|compile permanent error\.?\s*$")
+# A line that opens a message whose trigger is on the next line, besides the lines _PART knows: an error code and
+# its name ending it ("E1001: CompileTimeScopedVmemOom:"), or XLA's status sentence ("compile permanent error.").
+_LEAD = re.compile(r"\bE\d{4}:\s*[A-Z]\w+:\s*$|compile permanent error\.?\s*$")
 
 # Log-line prefixes: timestamps, glog/absl headers, Python logging, process tags, quoting.
 _PREFIXES = [
@@ -239,7 +239,8 @@ def iter_oom_blocks(stream: BinaryIO) -> Iterator[OomBlock]:
             if evidence_bytes < CONTEXT_BYTES:
                 evidence.append(decoded)
                 evidence_bytes += len(raw)
-            if _PART.search(line) or (len(lines) > 1 and last_related == len(lines) - 2 and _continues(lines[-2], line)):
+            wraps_on = len(lines) > 1 and last_related == len(lines) - 2 and _continues(lines[-2], line)
+            if _PART.search(line) or wraps_on:
                 last_related = len(lines) - 1
             elif len(lines) - 1 - last_related >= END_AFTER_UNRELATED_LINES:
                 break
