@@ -49,7 +49,7 @@ def fixes(report) -> list[dict]:
 
 def test_every_serving_fixture_names_its_public_source():
     files = sorted(FAILURES.glob("*.txt")) + sorted(STARTUPS.glob("*.txt"))
-    assert len(files) >= 8
+    assert len(files) >= 10
     for path in files:
         assert path.read_text().startswith("# source: https://"), path.name
 
@@ -229,6 +229,7 @@ def test_a_training_job_that_mentions_vllm_elsewhere_is_not_a_server():
 # name -> the engine's figures the fixture's log prints
 STARTUP_FACTS = {
     "keras_io_gemma3_1b_v5e1_tp1": dict(tpu="v5e-1", tensor_parallel_size=1, max_model_len=512, block_size=32,
+                                        max_num_batched_tokens=8192,
                                         kv_cache_tokens=509184, max_concurrency=994.5, concurrency_tokens=512,
                                         hbm_used_bytes=int(round(1.86 * GIB))),
     "xbill9_gemma4_e2b_v6e1_tp1": dict(model="google/gemma-4-E2B-it", tpu="v6e-1", max_model_len=32768,
@@ -236,6 +237,12 @@ STARTUP_FACTS = {
                                        hbm_limit_bytes=int(round(31.24 * GIB)), hbm_cap_bytes=int(round(28.74 * GIB))),
     "xbill9_gemma4_e2b_v5e1_util095": dict(model="google/gemma-4-E2B-it", tpu="v5litepod-1",
                                            gpu_memory_utilization=0.95, kv_cache_tokens=348896, max_concurrency=21.29),
+    "tpu_spec_decode_qwen3_4b_v4_tp1": dict(model="Qwen/Qwen3-4B", tpu="v4-8", devices=1, tensor_parallel_size=1,
+                                            max_model_len=1024, max_num_seqs=1, max_num_batched_tokens=1024,
+                                            block_size=64, engine_version="0.13.0", kv_cache_tokens=146880,
+                                            max_concurrency=143.44, hbm_used_bytes=int(round(7.49 * GIB))),
+    "tpu_spec_decode_qwen3_8b_v4_tp1": dict(model="Qwen/Qwen3-8B", tpu="v4-8", kv_cache_tokens=81920,
+                                            max_concurrency=80.0, kv_budget_bytes=int(round(11.26 * GIB))),
     "tpu_inference_145_v6e4_tp4": dict(tpu="v6e-4", devices=4, tensor_parallel_size=4, kv_cache_tokens=811008,
                                        max_concurrency=198.0, concurrency_tokens=4096),
 }

@@ -83,6 +83,7 @@ _MEMORY = re.compile(r"Memory statistics \|(.*)")
 _GB_FIELD = re.compile(r"(total_hbm_\w+?)_gb=([\d.]+)GiB")
 _KV_TOKENS = re.compile(rf"GPU KV cache size:\s*{_NUMBER} tokens")
 _CONCURRENCY = re.compile(rf"Maximum concurrency for {_NUMBER} tokens per request:\s*([\d.]+)x")
+_CHUNKED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")  # the value in force, set or not
 _BLOCK = re.compile(r"(?:Using KV cache block size:|cache_config\.block_size:)\s*(\d+)")
 _MESH = re.compile(r"mesh=Mesh\(([^)]*)\)")  # tpu-inference's device mesh: "Mesh('data': 1, 'model': 4, ..."
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
@@ -111,6 +112,8 @@ def read(text: str) -> ServingSettings:
         found.tensor_parallel_size = int(match.group(1))
     for match in _SERVE.finditer(text):
         _serve_command(_continued(text, match.end()), found)
+    for match in _CHUNKED.finditer(text):
+        found.max_num_batched_tokens = int(match.group(1))
     for match in _NON_DEFAULT.finditer(text):
         _non_default_args(match.group(1), found)
     for match in _TPU_INFO.finditer(text):
