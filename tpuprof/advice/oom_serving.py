@@ -103,7 +103,8 @@ def _headroom(report: OomReport, settings) -> list[Suggestion]:
         out.append(Suggestion(kind="gpu_memory_utilization", severity="blocking", saving_bytes=freed,
                               saving_bytes_range=(int(round((current - minimal[1]) * limit)), freed),
                               confidence="estimated", message=message,
-                              evidence=f"gpu_memory_utilization {current:g}, HBM limit {fmt(limit)} per device; {found}",
+                              evidence=f"gpu_memory_utilization {current:g}, HBM limit {fmt(limit)} per device "
+                                       f"({_limit_source(settings)}); {found}",
                               code=_vllm(settings, f"--gpu-memory-utilization {target:.2f}")))
     else:
         current = settings.utilization()
@@ -128,6 +129,11 @@ def _headroom(report: OomReport, settings) -> list[Suggestion]:
                  "throughput: fewer tokens or sequences per step)."),
         evidence=found))
     return out
+
+
+def _limit_source(settings) -> str:
+    return ("the engine's memory statistics" if settings.hbm_limit_bytes
+            else f"tpuprof's runtime limit for {settings.tpu}: the log does not print it")
 
 
 def _kv_after(settings, utilization_drop: float) -> str:

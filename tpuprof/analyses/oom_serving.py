@@ -52,7 +52,6 @@ _OVER_CAP = re.compile(
 def headline(flat, size_pattern: str, size_bytes) -> OomReport | None:
     """The forms tpuprof.analyses.oom's headline parser does not know (FLAT: its _Flat of the message; SIZE_PATTERN
     and SIZE_BYTES: its reading of XLA's sizes, the number and unit groups and their bytes)."""
-    _SIZE = size_pattern
     text = flat.text
     match = _KV_BUDGET.search(text)
     if match:
@@ -69,7 +68,7 @@ def headline(flat, size_pattern: str, size_bytes) -> OomReport | None:
         report.capacity_bytes = int(round(float(match.group(2)) * GIB))
         report.exceeded_bytes = max(0, int(round(float(match.group(3)) * GIB)))
         return report
-    match = re.search(rf"\bUsed\s+{_SIZE}\s+of\s+{_SIZE}\s+hbm\b", text)
+    match = re.search(rf"\bUsed\s+{size_pattern}\s+of\s+{size_pattern}\s+hbm\b", text)
     if match:
         used, capacity = size_bytes(*match.groups()[:2]), size_bytes(*match.groups()[2:4])
         if used <= capacity:
