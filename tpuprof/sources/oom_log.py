@@ -88,7 +88,8 @@ _PREFIXES = [
     re.compile(r"^(?:INFO|WARNING|ERROR|CRITICAL|DEBUG|FATAL):[\w.-]*:\s?"),
     re.compile(r"^\[[^\]\n]{1,40}\](?:<\w+>)?:?\s"),
     re.compile(r"^\((?:pid=\d+|\d+)[^)]{0,40}\)\s"),
-    re.compile(r"^\([A-Za-z][\w-]{0,40}(?: rank=\d+)? pid=\d+\)\s"),  # vLLM's processes: "(EngineCore_DP0 pid=409600) "
+    # vLLM's processes and Ray's actors: "(EngineCore_DP0 pid=409600) ", "(RayWorkerWrapper pid=7, ip=10.0.0.2) "
+    re.compile(r"^\([A-Za-z][\w-]{0,40}(?: rank=\d+)? pid=\d+(?:, ip=[\d.]+)?\)\s"),
     # vLLM's logger: "ERROR 08-07 23:27:17 [core.py:1349] ", and before 0.8 "INFO 02-20 00:01:02 kv_cache_utils.py:522] "
     re.compile(r"^(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./-]+:\d+\]\s?"),
     re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}\s+\[\d+\]\s+"),  # xla_dist: the worker's address and index
