@@ -53,6 +53,11 @@ def suggest(report: OomReport, estimate: BatchEstimate) -> list[dict]:
 
 def suggestions(report: OomReport, estimate: BatchEstimate) -> list[Suggestion]:
     """The ranked suggestions for REPORT."""
+    if report.serving is not None:  # a serving engine's start-up: its own options are the fixes
+        from tpuprof.advice import oom_serving
+
+        scratch = _scratch_memory(report) if report.memory_space in ("vmem", "smem") else None
+        return oom_serving.suggestions(report, shortfall(report), scratch)
     found: list[Suggestion] = []
     capacity = report.capacity_bytes
     listed = [a for a in report.allocations if a.size_bytes or a.recomputed_padded_bytes]

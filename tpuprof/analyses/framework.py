@@ -27,7 +27,7 @@ _URL = re.compile(r"https?://\S+")
 # First match wins, so the more specific frameworks come first: vLLM runs on PyTorch/XLA or JAX, Keras 3 on
 # JAX or TensorFlow, and JAX logs name "external/org_tensorflow/..." paths of the XLA sources they embed.
 _TEXT_MARKERS = (
-    ("vllm", r"\b(?i:vllm)\b|tpu_inference|tpu-inference"),
+    ("vllm", r"\b(?i:vllm)\b|tpu_inference|tpu-inference|\(EngineCore(?:_DP\d+)? pid=\d+\)"),
     ("pytorch_xla", r"torch_xla|pt-xla|xla_client/xla_util|XRTCompile|/job:tpu_worker|xm\.mark_step|xla_spawn"
                     r"|\btorch\b|Bad StatusOr access"),
     ("tf1", r"tpu_estimator|TPUEstimator|tensorflow/contrib|tf\.contrib|tensorflow_core/|training_loop: "

@@ -70,6 +70,10 @@ def parse_message(text: str) -> OomReport | None:
     """Read one out-of-memory message. None when the text holds no recognisable TPU OOM."""
     flat = _Flat(text)
     report = _headline(flat)
+    if report is None:
+        from tpuprof.analyses import oom_serving
+
+        report = oom_serving.headline(flat, _SIZE, size_bytes)  # what servers print: a bare code, a KV budget check
     details = _details(text)
     allocations = _allocations(text)
     if report is None and not details and not allocations:
@@ -517,7 +521,7 @@ def find_in_stream(stream: BinaryIO, target: str | None = None) -> OomReport | N
             report.line_number = block.line_number
             job = framework.from_text(surroundings + "\n" + block.evidence)
             report.framework, report.training = job.framework, job.training
-            best = report
+            best, best_block = report, block
     if best is None and other is not None:
         return other  # only another device's out-of-memory error: the caller says so
     if best is None:
@@ -525,6 +529,9 @@ def find_in_stream(stream: BinaryIO, target: str | None = None) -> OomReport | N
             raise unreadable
         return None
     best.messages_found = found
+    from tpuprof.analyses import oom_serving
+
+    oom_serving.attach(best, best_block.context + "\n" + best_block.text + "\n" + best_block.evidence, best_block.head)
     recompute(best, target)
     check_totals(best)
     return best

@@ -14,6 +14,7 @@ EARLY_ABORT = "early_abort"  # compiler gave up before assigning buffers: "Abort
 RUNTIME_ALLOCATION = "runtime_allocation"  # a device buffer could not be allocated at run time
 RESERVATION = "reservation"  # the program's memory could not be reserved when loading it
 NOT_TPU = "not_tpu"  # an out-of-memory error of another device (a GPU's allocator): not triaged here
+KV_BUDGET = "kv_budget"  # a serving engine's start-up check: the KV cache (or the weights) does not fit its budget
 
 
 @dataclass
@@ -109,6 +110,7 @@ class OomReport:
     line_number: int | None = None  # where the message starts in the log (1-based)
     messages_found: int = 1  # out-of-memory messages in the whole log
     notes: list[str] = field(default_factory=list)
+    serving: "ServingFailure | None" = None  # a serving engine's start-up failure: its cause and the server's settings
 
     def to_json(self) -> dict:
         keys = (
@@ -130,6 +132,28 @@ class OomReport:
         out["allocations"] = [a.to_json() for a in self.allocations]
         if self.notes:
             out["notes"] = list(self.notes)
+        if self.serving is not None:
+            out["serving"] = self.serving.to_json()
+        return out
+
+
+@dataclass
+class ServingFailure:
+    """What a serving engine's failure to start means (tpuprof.analyses.oom_serving): the cause and the settings
+    the log shows (tpuprof.sources.serving_log.ServingSettings)."""
+
+    engine: str  # vllm
+    cause: str  # program_load, kv_budget, weights_over_cap, compile_hbm, smem, vmem, runtime_buffer
+    settings: object  # ServingSettings
+    estimated_max_model_len: int | None = None  # vLLM's own estimate when the KV cache cannot hold one request
+    serve_command: str = ""  # the `tpuprof serve` command that plans this server before it is started again
+
+    def to_json(self) -> dict:
+        out = {"engine": self.engine, "cause": self.cause, "settings": self.settings.to_json()}
+        if self.estimated_max_model_len is not None:
+            out["estimated_max_model_len"] = self.estimated_max_model_len
+        if self.serve_command:
+            out["serve_command"] = self.serve_command
         return out
 
 

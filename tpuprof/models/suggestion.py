@@ -30,6 +30,11 @@ KIND_TITLES = {
     "host_transfer": "Host transfers", "collective": "Collectives", "compile": "Compilation",
     "straggler": "Straggler", "memory_bound": "Memory-bound ops", "precision": "Precision",
     "host_memory": "Host memory",
+    # A serving engine's options (tpuprof.advice.oom_serving).
+    "gpu_memory_utilization": "--gpu-memory-utilization", "max_num_batched_tokens": "--max-num-batched-tokens",
+    "max_num_seqs": "--max-num-seqs", "max_model_len": "--max-model-len", "kv_cache_dtype": "--kv-cache-dtype",
+    "tensor_parallel": "--tensor-parallel-size", "quantization": "Weight quantization",
+    "serve_plan": "Plan with tpuprof serve",
 }
 
 # Frameworks whose API a suggestion can speak; None is framework-neutral wording.

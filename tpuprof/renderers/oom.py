@@ -16,6 +16,15 @@ KIND_TEXT = {
     "early_abort": "compile time: the compiler gave up early",
     "runtime_allocation": "run time: a device buffer could not be allocated",
     "reservation": "run time: the program's memory could not be reserved when loading it",
+    "kv_budget": "start-up: the serving engine's memory budget does not hold what it must",
+}
+SERVING_CAUSES = {
+    "program_load": "a compiled program did not fit the HBM the KV cache left",
+    "runtime_buffer": "a buffer did not fit the HBM the KV cache left",
+    "kv_budget": "the KV cache cannot hold one request of --max-model-len",
+    "weights_over_cap": "the weights exceed limit x --gpu-memory-utilization",
+    "compile_hbm": "a program does not fit a device's HBM",
+    "smem": "the page table does not fit SMEM", "vmem": "a kernel's scratch does not fit VMEM",
 }
 
 
@@ -53,6 +62,8 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
         summary.add_row("framework", f"{name}, {job}" if job else name)
     if report.kernel:
         summary.add_row("kernel", e(report.kernel))
+    if report.serving is not None:
+        _serving_rows(summary, report.serving)
     rows = [
         ("used", report.used_bytes), ("required (estimate)", report.required_bytes), ("scoped limit" if report.scoped_limit else "capacity", report.capacity_bytes), ("exceeded by", report.exceeded_bytes),
         ("requested", report.requested_bytes), ("free", report.free_bytes),
@@ -125,7 +136,8 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
     console.print()
     from tpuprof.renderers.suggestions import value as _get
 
-    if not any(_get(item, "kind") == "batch_size" for item in suggestions):  # else the fix says it
+    # A server has no batch to shrink (its options are the fixes), and a batch_size fix says it itself.
+    if report.serving is None and not any(_get(item, "kind") == "batch_size" for item in suggestions):
         if estimate.scale is not None and estimate.scale >= 1:
             console.print(f"batch estimate: the program fits the capacity at the current batch ({e(estimate.reason)}).")
         elif estimate.scale is not None and estimate.scale <= 0:
@@ -139,3 +151,25 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
                        "Causes and fixes: first what can make it fit alone, then by memory freed")
 
 
+
+
+def _serving_rows(summary: Table, serving) -> None:
+    """The server the log shows: what failed in serving terms, its settings and the engine's memory figures."""
+    settings = serving.settings
+    engine = serving.engine + (f" {settings.engine_version}" if settings.engine_version else "")
+    summary.add_row("server", e(f"{engine}: {SERVING_CAUSES.get(serving.cause, serving.cause)}"))
+    shown = [("model", settings.model), ("TPU", settings.tpu), ("TP", settings.tensor_parallel_size),
+             ("max-model-len", settings.max_model_len), ("max-num-seqs", settings.max_num_seqs),
+             ("max-num-batched-tokens", settings.max_num_batched_tokens),
+             ("gpu-memory-utilization", settings.gpu_memory_utilization), ("kv-cache-dtype", settings.kv_cache_dtype),
+             ("block-size", settings.block_size)]
+    text = ", ".join(f"{name} {value}" for name, value in shown if value is not None)
+    if text:
+        summary.add_row("settings", e(text))
+    if settings.kv_cache_tokens is not None:
+        kv = f"{settings.kv_cache_tokens:,} tokens"
+        if settings.max_concurrency is not None and settings.concurrency_tokens:
+            kv += f" ({settings.max_concurrency:g}x requests of {settings.concurrency_tokens:,})"
+        summary.add_row("KV cache", kv)
+    if serving.estimated_max_model_len is not None:
+        summary.add_row("longest request", f"{serving.estimated_max_model_len:,} tokens (vLLM's estimate)")

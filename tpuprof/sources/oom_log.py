@@ -19,6 +19,7 @@ MAX_BLOCK_LINES = 5000
 MAX_BLOCK_BYTES = 2 << 20
 END_AFTER_UNRELATED_LINES = 6
 CONTEXT_BYTES = 4096  # what precedes a message, kept to tell the framework (traceback, exception type)
+HEAD_BYTES = 1 << 20  # the start of a log, kept for what a serving engine says about itself when it starts
 
 # Any of these starts (or is inside) an out-of-memory message. Searched with bytes.find, one literal at a
 # time: CPython's substring search runs at GB/s, a regex alternation over them ten times slower.
@@ -31,6 +32,10 @@ TRIGGERS = (
     b" requirement ",  # "Program hbm|host|vmem|smem requirement X:"
     b"Aborting compilation early", b"Hbm usage:", b"Failed to allocate request for", b"would exceed memory (size=",
     b"Total hbm usage >=", b"Largest program allocations in", b"Extra memory due to padding:", b". Size: ",
+    # Serving engines: an error code and its name with nothing after them, a "Used X of Y hbm" quoted alone, and
+    # vLLM's start-up checks of the KV cache budget (tpuprof.analyses.oom_serving).
+    b"ProgramAllocationFailure", b"BufferAllocationFailure", b"CompileTimeHbmOom", b"CompileTimeScopedVmemOom",
+    b" hbm", b"To serve at least one request", b"exceeds total_hbm_limit_cap_gb",
     # GPU allocators' words: found so that the answer can say the log is not a TPU's.
     b"OOM when allocating tensor", b"CUDA out of memory", b"Out of memory while trying to allocate",
 )
@@ -67,6 +72,8 @@ _PART = re.compile(
     r"|largest contiguous region|reservable|That was not possible|There are \S+ free|Scoped allocation with size"
     r"|memory space \w+|XLA::TPU program|Requires \S+, has|RESOURCE_EXHAUSTED|Resource exhausted|ResourceExhausted"
     r"|Compilation failure"
+    r"|\bE\d{4}:\s*[A-Z]\w+:|AllocationFailure|CompileTime\w*Oom|Error loading program|Used \S+ of \S+ hbm"
+    r"|To serve at least one request|exceeds total_hbm_limit_cap_gb"
 )
 
 # A line that opens a message whose trigger is on the next line, besides the lines _PART knows: an error code and
@@ -81,6 +88,10 @@ _PREFIXES = [
     re.compile(r"^(?:INFO|WARNING|ERROR|CRITICAL|DEBUG|FATAL):[\w.-]*:\s?"),
     re.compile(r"^\[[^\]\n]{1,40}\](?:<\w+>)?:?\s"),
     re.compile(r"^\((?:pid=\d+|\d+)[^)]{0,40}\)\s"),
+    # vLLM's processes and Ray's actors: "(EngineCore_DP0 pid=409600) ", "(RayWorkerWrapper pid=7, ip=10.0.0.2) "
+    re.compile(r"^\([A-Za-z][\w-]{0,40}(?: rank=\d+)? pid=\d+(?:, ip=[\d.]+)?\)\s"),
+    # vLLM's logger: "ERROR 08-07 23:27:17 [core.py:1349] ", and before 0.8 "INFO 02-20 00:01:02 kv_cache_utils.py:522] "
+    re.compile(r"^(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./-]+:\d+\]\s?"),
     re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}\s+\[\d+\]\s+"),  # xla_dist: the worker's address and index
     re.compile(r"^>\s?"),
 ]
@@ -145,6 +156,8 @@ class OomBlock:
     # The message's lines as logged (their glog/source-file prefixes) and the lines that ended it, up to
     # CONTEXT_BYTES: the framework is often named only there ("xla_client/xla_util.cc:88]", "(EngineCore_DP0").
     evidence: str = ""
+    # The log's first HEAD_BYTES: a server prints its settings when it starts, far above a later failure.
+    head: str = ""
 
 
 class _Stream:
@@ -158,6 +171,7 @@ class _Stream:
         self.line_number = 1  # of the line at `pos`
         self._counted_to = 0  # newlines before this offset in `buf` are already counted
         self._finder: _TriggerFinder | None = None
+        self.head: str | None = None  # the log's first HEAD_BYTES, decoded once
 
     def _fill(self) -> bool:
         if self.eof:
@@ -166,6 +180,8 @@ class _Stream:
         if not chunk:
             self.eof = True
             return False
+        if self.head is None:
+            self.head = chunk[:HEAD_BYTES].decode("utf-8", "replace")
         keep_from = max(0, self.pos - CONTEXT_BYTES)
         self.buf = self.buf[keep_from:] + chunk
         self.pos -= keep_from
@@ -245,7 +261,7 @@ def iter_oom_blocks(stream: BinaryIO) -> Iterator[OomBlock]:
             elif len(lines) - 1 - last_related >= END_AFTER_UNRELATED_LINES:
                 break
         del lines[last_related + 1:]  # the unrelated tail that ended the message
-        yield OomBlock("\n".join(lines), start_line, context, "\n".join(evidence))
+        yield OomBlock("\n".join(lines), start_line, context, "\n".join(evidence), reader.head or "")
 
 
 def open_input(path: str | None):
