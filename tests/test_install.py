@@ -12,7 +12,6 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 from importlib import metadata
 
 import pytest
@@ -42,6 +41,7 @@ LOADED = ("\nloaded = sorted(m for m, module in sys.modules.items() if module is
 
 
 def _project() -> dict:
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11's")
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
@@ -60,7 +60,8 @@ def _child(code: str, timeout: float = 300) -> dict:
 def test_tensorflow_is_in_the_tf_extra_only():
     project = _project()
     assert not {_name(r) for r in project["dependencies"]} & TENSORFLOW
-    extras = {extra: {_name(r) for r in requirements} for extra, requirements in project["optional-dependencies"].items()}
+    extras = {extra: {_name(r) for r in requirements}
+              for extra, requirements in project["optional-dependencies"].items()}
     assert "tensorflow" in extras["tf"]
     assert not extras["tpu"] & TENSORFLOW  # a JAX user's `tpuprof[tpu]` brings none either
     # `make test` / `make demo` install every extra, TensorFlow's too.
