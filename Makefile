@@ -1,15 +1,15 @@
-# Two commands on a fresh clone: `make demo` and `make test`. Both build .venv first.
+# Two commands on a fresh clone: `make demo` and `make test`. Both build .venv first, with every extra.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test bench samples captures fuzz golden clean
+.PHONY: setup demo test bench samples captures protos fuzz golden clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[tpu,dev,ray]"
+	$(BIN)/pip install --quiet -e ".[tpu,tf,dev,ray]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -45,6 +45,11 @@ samples: $(STAMP)
 # Recaptures the committed sample profiles from the bottleneck jobs in sample_profiles/jobs (loopback).
 captures: $(STAMP)
 	$(BIN)/python sample_profiles/make_captures.py
+
+# Rewrites tpuprof/_protos/ (XLA's and TSL's protos that tpuprof ships) from the TensorFlow wheel in .venv: run it
+# after upgrading TensorFlow, then review `git diff tpuprof/_protos`.
+protos: $(STAMP)
+	$(BIN)/python tools/generate_protos.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

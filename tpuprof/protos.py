@@ -1,31 +1,16 @@
-"""XLA and profiler protobuf classes, without importing TensorFlow.
+"""XLA and profiler protobuf classes (hlo_pb2, xla_data_pb2, xplane_pb2): tpuprof's own copies (tpuprof._protos).
 
-The generated modules (`hlo_pb2`, `xplane_pb2`) ship inside the TensorFlow wheel and need only
-`google.protobuf`, but importing them by name runs `tensorflow/__init__.py` first (about 3 s).
-We load them with their real module names from TensorFlow's directory while the parent packages
-are stood in for by empty namespace modules, then drop those stand-ins again. The `_pb2` modules
-stay registered under their real names, so a later real `import tensorflow` reuses them.
+They need protobuf only, so reading an HloProto or an xplane.pb runs no TensorFlow, and they live in a descriptor pool
+of their own, so a process that also imports TensorFlow, JAX or XProf (with their own copies, of any version) loads
+both. Each module is imported at its first use, never by `import tpuprof`.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import sys
 import types
 from functools import lru_cache
-
-from tpuprof.errors import UserError
-
-HLO_PB2 = "tensorflow.compiler.xla.service.hlo_pb2"
-XLA_DATA_PB2 = "tensorflow.compiler.xla.xla_data_pb2"
-XPLANE_PB2 = "tensorflow.tsl.profiler.protobuf.xplane_pb2"
-# Every package above those modules; hlo_pb2 imports xla_data_pb2 and metrics_pb2 from its siblings.
-_PARENT_PACKAGES = sorted({
-    module.rsplit(".", depth)[0]
-    for module in (HLO_PB2, XLA_DATA_PB2, XPLANE_PB2)
-    for depth in range(1, module.count(".") + 1)
-})
 
 
 def _defer_pure_python_messages() -> None:
@@ -57,48 +42,22 @@ def _defer_pure_python_messages() -> None:
 _defer_pure_python_messages()  # before anything imports google.protobuf.descriptor_pool
 
 
-def _tensorflow_dir() -> str:
-    spec = importlib.util.find_spec("tensorflow")  # locates the package without running it
-    if spec is None or not spec.submodule_search_locations:
-        raise UserError(
-            "TensorFlow is not installed: tpuprof reads XLA and profiler protos from its wheel "
-            "(pip install tensorflow)."
-        )
-    return list(spec.submodule_search_locations)[0]
-
-
-@lru_cache(maxsize=None)
-def load(module_name: str) -> types.ModuleType:
-    """Import one generated `_pb2` module of TensorFlow's without TensorFlow's __init__."""
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    real_tf = sys.modules.get("tensorflow")
-    if real_tf is not None and getattr(real_tf, "__file__", None):
-        return importlib.import_module(module_name)
-
-    root = _tensorflow_dir()
-    stand_ins = [package for package in _PARENT_PACKAGES if package not in sys.modules]
-    for package in stand_ins:
-        stub = types.ModuleType(package)
-        stub.__path__ = ["/".join([root, *package.split(".")[1:]])]
-        sys.modules[package] = stub
-    try:
-        return importlib.import_module(module_name)
-    finally:
-        for package in stand_ins:
-            sys.modules.pop(package, None)
-
-
 def hlo_pb2() -> types.ModuleType:
-    return load(HLO_PB2)
+    from tpuprof._protos import hlo_pb2
+
+    return hlo_pb2
 
 
 def xla_data_pb2() -> types.ModuleType:
-    return load(XLA_DATA_PB2)
+    from tpuprof._protos import xla_data_pb2
+
+    return xla_data_pb2
 
 
 def xplane_pb2() -> types.ModuleType:
-    return load(XPLANE_PB2)
+    from tpuprof._protos import xplane_pb2
+
+    return xplane_pb2
 
 
 @lru_cache(maxsize=None)
@@ -112,7 +71,7 @@ def buffer_view_classes() -> tuple[type, type]:
     - The view reads the buffer assignment, and of the module its name, entry, stack frames, computations and of
       their instructions only what the analysis reads (id, name, opcode, shape, metadata): a smaller message parses
       faster (35% here) and its fields read faster."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from google.protobuf import descriptor_pb2, message_factory
 
     hlo = hlo_pb2()
     field_proto = descriptor_pb2.FieldDescriptorProto
@@ -150,7 +109,7 @@ def buffer_view_classes() -> tuple[type, type]:
         pruned(hlo.HloComputationProto, {"id": None, "instructions": f".{package}.HloInstructionProto"}),
         pruned(hlo.HloInstructionProto, {"id": None, "name": None, "opcode": None, "shape": None, "metadata": None}),
     ])
-    pool = descriptor_pool.Default()
+    pool = hlo.DESCRIPTOR.pool  # tpuprof's own, where hlo.proto and its imports are
     pool.AddSerializedFile(file.SerializeToString())
     return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{name}"))
                  for name in ("Index", "HloProto"))

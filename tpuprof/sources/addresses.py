@@ -21,7 +21,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from tpuprof.errors import UserError
+from tpuprof.errors import TF_EXTRA, UserError
 
 PROFILER_PORT = 8466  # the Cloud TPU profiler service; also our default for a local job
 TPU_RUNTIME_PORT = 8470  # what TPUClusterResolver / COLAB_TPU_ADDR / TPU_GRPC_URL carry
@@ -202,8 +202,8 @@ def resolve_tpu_name(tpu: str, zone: Optional[str], project: Optional[str], port
     try:
         from tensorflow.python.distribute.cluster_resolver import tpu_cluster_resolver
     except ImportError:
-        raise UserError("Resolving a TPU name needs TensorFlow (pip install tensorflow); "
-                        "or pass the worker address with --service-addr IP:8466.") from None
+        raise UserError("Resolving a TPU name needs TensorFlow's TPUClusterResolver, which tpuprof installs only when "
+                        f"asked ({TF_EXTRA}); or pass the worker address with --service-addr IP:8466.") from None
     try:
         resolver = tpu_cluster_resolver.TPUClusterResolver(tpu=tpu, zone=zone, project=project)
         master = resolver.get_master()
@@ -222,7 +222,7 @@ def _tpu_error_sentence(tpu: str, where: str, error: Exception) -> str:
     text = f"{type(error).__name__}: {error}"
     if "Missing runtime dependency" in text or isinstance(error, ImportError):
         return (f"Cannot resolve TPU '{tpu}': TPUClusterResolver needs the Google API client "
-                "(pip install 'tpuprof[tpu]' or google-api-python-client oauth2client); "
+                f"({TF_EXTRA}, or google-api-python-client oauth2client); "
                 "or pass the worker address with --service-addr IP:8466.")
     if "Credentials" in text or "credentials" in text:
         return (f"Cannot resolve TPU '{tpu}' ({where}): no Google Cloud credentials were found; run "

@@ -81,9 +81,10 @@ def _jax_factory(fn, args: tuple):
 
 
 def _keras_factory(model, x, y):
-    import tensorflow as tf
-
+    from tpuprof.errors import import_tensorflow
     from tpuprof.sources.tpu_compile import _is_tensor_spec
+
+    tf = import_tensorflow("Preflight of a Keras model")  # its train step is traced as a tf.function
 
     def spec(value):
         if _is_tensor_spec(value):

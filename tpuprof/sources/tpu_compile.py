@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tpuprof import targets
-from tpuprof.errors import UserError
+from tpuprof.errors import UserError, tensorflow_missing
 
 # The dump files of the main module that tpuprof reads; the compiler writes many more per compile.
 KEPT_SUFFIXES = (
@@ -493,8 +493,9 @@ class Spec:
         except UserError:
             raise
         except Exception as error:  # noqa: BLE001 - the user's code: any exception is a bad SPEC
-            raise UserError(f"{self.text} raised {type(error).__name__} for batch size {batch_size}: "
-                            f"{_first_line(error)}.") from None
+            raise _needs_tensorflow(error, self.text) or UserError(
+                f"{self.text} raised {type(error).__name__} for batch size {batch_size}: "
+                f"{_first_line(error)}.") from None
         finally:
             if previous is not None:
                 _set_keras_policy(previous)
@@ -541,7 +542,8 @@ def load_spec(text: str) -> Spec:
         spec.loader.exec_module(module)
     except Exception as error:  # noqa: BLE001 - syntax errors, missing imports... in the user's file
         sys.modules.pop(module_name, None)
-        raise UserError(f"importing {path} failed: {type(error).__name__}: {_first_line(error)}.") from None
+        raise _needs_tensorflow(error, str(path)) or UserError(
+            f"importing {path} failed: {type(error).__name__}: {_first_line(error)}.") from None
     factory = getattr(module, name, None)
     if factory is None:
         raise UserError(f"{path} has no {name!r}.")
@@ -554,8 +556,18 @@ def load_spec(text: str) -> Spec:
     return Spec(text, path, name, factory, digest, "dtype" in parameters, "mesh" in parameters)
 
 
-def _set_keras_policy(policy: str) -> str:
-    import keras
+def _needs_tensorflow(error: Exception, where: str) -> UserError | None:
+    """The sentence for a model file or factory that imports TensorFlow or Keras where neither is installed."""
+    if isinstance(error, ModuleNotFoundError) and error.name in ("tensorflow", "keras"):
+        return tensorflow_missing(f"{where} imports {error.name}, so its preflight")
+    return None
+
+
+def _set_keras_policy(policy: str) -> str | None:
+    try:
+        import keras
+    except ImportError:  # no Keras here, so the factory builds no Keras model: Spec.program says it takes no dtype
+        return None
 
     previous = keras.mixed_precision.global_policy().name
     keras.mixed_precision.set_global_policy(policy)
