@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[tpu,tf,dev,ray]"
+	$(BIN)/pip install --quiet -e ".[tf,dev,ray]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -68,6 +68,12 @@ def test_tensorflow_is_in_the_tf_extra_only():
     assert re.search(r'pip install .*-e "\.\[[^]]*\btf\b', (ROOT / "Makefile").read_text())
 
 
+def test_the_compiler_comes_with_the_core_install():
+    """`preflight --model` and `serve` compile with libtpu: `pip install tpuprof` alone must bring JAX with it."""
+    core = {_name(r): r for r in _project()["dependencies"]}
+    assert "jax" in core and "tpu" in core["jax"], core.get("jax")
+
+
 def test_no_core_dependency_pulls_tensorflow_in():
     """Walks the installed metadata from tpuprof's core dependencies (markers evaluated, extras followed), so a
     dependency that starts requiring TensorFlow fails here too, not only one written in pyproject.toml."""
