@@ -249,9 +249,10 @@ def diff(a: Union[PathLike, Result], b: Union[PathLike, Result], *, fail_if: Ite
 
 def report(inputs: Union[PathLike, Result, Iterable[Union[PathLike, Result]]],
            path: PathLike = "tpuprof-report.html", *, target: Optional[str] = None, top: int = 15,
-           title: Optional[str] = None) -> ReportResult:
+           title: Optional[str] = None, force: bool = False) -> ReportResult:
     """One self-contained HTML page (opens offline) from any mix of dumps, profiles, OOM logs, tpuprof
-    `--json` files and results of this API; written to `path` whole or not at all.
+    `--json` files and results of this API; written to `path` whole or not at all; an existing file is replaced
+    only with force (as `trace`).
 
         >>> tpuprof.report(["dump/", tpuprof.analyze("logs/")], "report.html")
     """
@@ -259,7 +260,7 @@ def report(inputs: Union[PathLike, Result, Iterable[Union[PathLike, Result]]],
 
     if isinstance(inputs, (str, os.PathLike, Result)):
         inputs = [inputs]
-    return command.result(list(inputs), Path(path), target, top, title)
+    return command.result(list(inputs), Path(path), target, top, title, force)
 
 
 def trace(path: PathLike, output: PathLike = "tpuprof-trace.pftrace", *, steps: Optional[str] = None,
