@@ -13,6 +13,7 @@ tests/real_data.py finds them and skips with the reason when they are not availa
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from conftest import run_cli
@@ -283,6 +284,14 @@ def test_report_page_shows_the_roofline_and_the_categories(offload, pallas, tmp_
     assert sorted(fusions["y"]) == pytest.approx(expected)
     bars, layout = figures["Ops that move bytes without FLOPs (copies, collectives): achieved bandwidth"]
     assert "copy-done.4 (host_transfer)" in bars[0]["y"] and layout["xaxis"]["title"]["text"] == "GB/s (log)"
+    # A log axis takes shapes, annotations and its range in log10 units: the HBM line at 1638 GB/s sits at
+    # x = log10(1638), and the axis spans the bars and the lines (not up to 10^1638).
+    lines = {a["text"]: a["x"] for a in layout["annotations"]}
+    hbm_line = next(x for text, x in lines.items() if text.startswith("HBM"))
+    assert hbm_line == pytest.approx(math.log10(1638)) and [s["x0"] for s in layout["shapes"]] == list(lines.values())
+    low, high = layout["xaxis"]["range"]
+    achieved = [math.log10(x) for x in bars[0]["x"]] + list(lines.values())
+    assert low < min(achieved) and max(achieved) < high and high - low < 6
     step_bars, _ = next(f for t, f in figures.items() if t.startswith("Step time per step, by category"))
     assert [t["name"] for t in step_bars] == ["compute", "waiting for input", "host transfers", "collectives",
                                               "host overhead", "compilation", "other"]
