@@ -222,6 +222,19 @@ def test_pallas_kernel_gets_its_matmul_flops_where_xprof_shows_none(pallas, xpro
     assert report.rates(kernel).bound == "compute" and "f32" in report.rates(kernel).note
 
 
+def test_bandwidth_the_capture_does_not_give_is_not_measured_not_zero(pallas):
+    """The Pallas kernel has no bytes in the capture: its GB/s and the program's HBM GB/s are not measured (null,
+    'not measured'), never 0.0 GB/s."""
+    path, report = pallas
+    assert report.rates(device_op(report, "matmul_optimized.1")).bytes_per_s is None
+    assert report.roofline.hbm_bytes_per_step is None and report.roofline.hbm_bytes_per_s is None
+    document = json.loads(run_cli("analyze", path, "--json").stdout)
+    assert document["roofline"]["hbm_bytes_per_s"] is None
+    assert [o["bytes_per_s"] for o in document["top_ops"] if o["hlo_op"] == "matmul_optimized.1"] == [None]
+    text = run_cli("analyze", path).stdout
+    assert "HBM bandwidth not measured" in text and "0.0 GB/s" not in text
+
+
 def test_pallas_loop_waiting_on_each_call_is_host_overhead_bound_with_the_last_call_left_out(pallas):
     from tpuprof.protos import xplane_pb2
 

@@ -78,7 +78,9 @@ def _format_option():
 
 
 def _target_option(help_text: str):
-    return Option(None, "--target", metavar="GENERATION", help=f"{help_text} One of: {GENERATIONS} ({GENERATION_NAMES}).",
+    # --tpu as preflight names it; --target, the older name, stays an alias.
+    return Option(None, "--tpu", "--target", metavar="GENERATION",
+                  help=f"{help_text} One of: {GENERATIONS} ({GENERATION_NAMES}).",
                   callback=_check_generations, autocompletion=_complete_generation)
 
 
@@ -99,7 +101,7 @@ def memory(
     module: Optional[str] = Option(None, "--module", "-m", help="Analyse only this module of a dump folder (name or substring)."),
     target: Optional[str] = _target_option("TPU generation for HLO without TPU layouts, and for the HBM capacity."),
     compile_: Optional[bool] = Option(None, "--compile/--no-compile", help="Recompile the module proto (*.hlo.pb of a CPU/GPU/TF dump) with libtpu for --target: exact layouts and sizes. Default: recompile when libtpu is installed, --target is given and the dump has no TPU buffer assignment; --no-compile estimates instead."),
-    top: int = Option(15, "--top", help="Rows in the buffer and op tables and JSON lists (0: all)."),
+    top: int = Option(15, "--top", min=0, help="Rows in the buffer and op tables and JSON lists (0: all)."),
     as_json: bool = Option(False, "--json", help=JSON_HELP),
     format_: Optional[OutputFormat] = _format_option(),
     csv: Optional[MemoryTable] = Option(None, "--csv", help="Print one table as CSV, every row."),
@@ -145,7 +147,7 @@ def oom(
 ))
 def analyze(
     paths: List[str] = Argument(..., metavar="PROFILE...", help="Profile logdir (its newest run), run folder (plugins/profile/<run>), <host>.xplane.pb, or a gs:// path; several hosts (or several paths) make one report."),
-    top: int = Option(10, "--top", help="Rows in the op and tf.data stage tables (0: all)."),
+    top: int = Option(10, "--top", min=0, help="Rows in the op and tf.data stage tables (0: all)."),
     as_json: bool = Option(False, "--json", help=JSON_HELP),
     format_: Optional[OutputFormat] = _format_option(),
     csv: Optional[AnalyzeTable] = Option(None, "--csv", help="Print one table as CSV, every row."),
@@ -202,7 +204,7 @@ def report(
     inputs: List[str] = Argument(..., metavar="INPUT...", help="Any mix of XLA dump folders/files, profiles (logdir, run, *.xplane.pb), OOM logs and tpuprof --json files."),
     output: Path = Option(Path("tpuprof-report.html"), "--output", "-o", help="The HTML file to write (self-contained, opens offline)."),
     target: Optional[str] = _target_option("TPU generation for inputs that do not say."),
-    top: int = Option(15, "--top", help="Rows in the buffer, op and allocation charts and tables."),
+    top: int = Option(15, "--top", min=0, help="Rows in the buffer, op and allocation charts and tables."),
     title: Optional[str] = Option(None, "--title", help="Page title."),
     force: bool = Option(False, "--force", help="Replace the output file if it exists."),
     as_json: bool = Option(False, "--json", help="Print where the page went and what it was made from, as JSON."),
@@ -226,7 +228,7 @@ def diff(
     fail_if: Optional[List[str]] = Option(None, "--fail-if", help="Exit 1 when B regresses, e.g. 'peak_heap_bytes>+5%', 'median_ms>+2', 'input_bound_percent>20'; repeatable."),
     batches: Optional[str] = Option(None, "--batches", help="Batch sizes of A and B, e.g. 64,128, for the per-example growth (default: sample.json, else the shapes)."),
     target: Optional[str] = _target_option("TPU generation for inputs that do not say."),
-    top: int = Option(10, "--top", help="Rows of buffers that appear, disappear or change."),
+    top: int = Option(10, "--top", min=0, help="Rows of buffers that appear, disappear or change."),
     as_json: bool = Option(False, "--json", help=JSON_HELP),
     format_: Optional[OutputFormat] = _format_option(),
     verbose: bool = Option(False, "--verbose", "-v", help=VERBOSE_HELP),
@@ -256,7 +258,7 @@ def preflight(
     batch: Optional[int] = Option(None, "--batch", help="Per-chip batch size to check."),
     max_batch: bool = Option(False, "--max-batch", help="Search the largest per-chip batch that fits."),
     compare_bf16: bool = Option(False, "--compare-bf16", help="Also compile in bfloat16 and compare."),
-    top: int = Option(10, "--top", help="Rows in the memory breakdown tables."),
+    top: int = Option(10, "--top", min=0, help="Rows in the memory breakdown tables."),
     tokens_per_example: Optional[int] = Option(None, "--tokens-per-example", metavar="N",
                                                      help="Tokens in one example (sequence length): adds tokens/s and cost per 1M tokens."),
     price: Optional[str] = Option(None, "--price", metavar="GEN=USD[,...]",

@@ -780,7 +780,8 @@ def _roofline(page: _Page, d: dict) -> None:
     page.add(f'<h3>Roofline ({esc(roof.get("device_kind"))}, per chip)</h3><p class="meta">Peaks: '
              f'{peak / 1e12:g} TFLOP/s, HBM {hbm / 1e9:g} GB/s ({esc(roof.get("peak_source"))}). Program: '
              f'{_num((roof.get("flops_per_s") or 0) / 1e12, 3)} TFLOP/s, '
-             f'{_num((roof.get("hbm_bytes_per_s") or 0) / 1e9, 1)} GB/s of HBM, MFU '
+             + (f'{_num(roof["hbm_bytes_per_s"] / 1e9, 1)} GB/s of HBM' if roof.get("hbm_bytes_per_s") else
+                'HBM bandwidth not measured (no op has bytes in the capture)') + ', MFU '
              f'{_num(roof.get("mfu_percent"), 3)}%. Op rates are FLOPs (bytes) over self time, as XProf measures them.'
              '</p>')
     for o in unplaced:
