@@ -264,7 +264,7 @@ def preflight(
     price: Optional[str] = Option(None, "--price", metavar="GEN=USD[,...]",
                                         help="On-demand price per chip-hour, overriding tpuprof's table (e.g. v6e=2.70)."),
     model: Optional[str] = Option(None, "--model", metavar="NAME|config.json",
-                                        help="An LLM's full train step instead of a SPEC: a built-in name (llama3.1-8b, qwen2.5-7b, mixtral-8x7b, ...) or a Hugging Face config.json."),
+                                        help="An LLM's full train step instead of a SPEC: a built-in name (llama3.1-8b, qwen2.5-7b, mixtral-8x7b, ...), a Hugging Face config.json or a model folder holding one."),
     seq: int = Option(2048, "--seq", help="--model: sequence length in tokens."),
     batch_per_chip: Optional[int] = Option(None, "--batch-per-chip", metavar="N", help="--model: sequences per chip."),
     global_batch: Optional[int] = Option(None, "--global-batch", metavar="N", help="--model: sequences per step over the whole slice (all slices)."),
