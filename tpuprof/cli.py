@@ -92,15 +92,15 @@ def _examples(*lines: str) -> str:
 @commands.command(epilog=_examples(
     "tpuprof memory sample_profiles/dumps/conv18_f32_v5e",
     "tpuprof memory DUMP_DIR --module train_step --top 30",
-    "tpuprof memory model.txt --target v5e             # HLO without TPU layouts: an estimate",
-    "tpuprof memory cpu_dump/ --target v5e --compile   # recompiled with libtpu: exact",
+    "tpuprof memory model.txt --tpu v5e             # HLO without TPU layouts: an estimate",
+    "tpuprof memory cpu_dump/ --tpu v5e --compile   # recompiled with libtpu: exact",
     "tpuprof memory DUMP_DIR --csv buffers > buffers.csv",
 ))
 def memory(
     path: Path = Argument(..., metavar="PATH", help="XLA dump folder, *.hlo.pb (HloProto), *-buffer-assignment.txt or HLO text."),
     module: Optional[str] = Option(None, "--module", "-m", help="Analyse only this module of a dump folder (name or substring)."),
     target: Optional[str] = _target_option("TPU generation for HLO without TPU layouts, and for the HBM capacity."),
-    compile_: Optional[bool] = Option(None, "--compile/--no-compile", help="Recompile the module proto (*.hlo.pb of a CPU/GPU/TF dump) with libtpu for --target: exact layouts and sizes. Default: recompile when libtpu is installed, --target is given and the dump has no TPU buffer assignment; --no-compile estimates instead."),
+    compile_: Optional[bool] = Option(None, "--compile/--no-compile", help="Recompile the module proto (*.hlo.pb of a CPU/GPU/TF dump) with libtpu for --tpu: exact layouts and sizes. Default: recompile when libtpu is installed, --tpu is given and the dump has no TPU buffer assignment; --no-compile estimates instead."),
     top: int = Option(15, "--top", min=0, help="Rows in the buffer and op tables and JSON lists (0: all)."),
     as_json: bool = Option(False, "--json", help=JSON_HELP),
     format_: Optional[OutputFormat] = _format_option(),
