@@ -50,3 +50,24 @@ def test_preflight_model_takes_a_hugging_face_model_folder(tmp_path):
     empty.mkdir()
     result = run_cli("preflight", "--model", empty, "--tpu", "v6e-16", "--batch-per-chip", "1")
     assert result.returncode == 2 and "is a folder without a config.json" in result.stderr
+
+
+def test_sample_dumps_name_their_sources_relative_to_the_repository():
+    """The committed samples were made on some machine: their op metadata names files as a reader's checkout has
+    them (sample_profiles/models/conv18.py, tensorflow/python/...), never that machine's absolute paths."""
+    import re
+
+    from tpuprof.protos import hlo_pb2
+
+    absolute = re.compile(r'(?:^\d+ "|source_file=")/', re.MULTILINE)
+    names = set()
+    for folder in sorted(DUMPS.iterdir()):
+        for path in sorted(folder.glob("*.hlo.pb")):
+            module = hlo_pb2().HloProto.FromString(path.read_bytes()).hlo_module
+            found = {i.metadata.source_file for c in module.computations for i in c.instructions} | set(
+                module.stack_frame_index.file_names)
+            assert not [name for name in found if name.startswith("/")], path
+            names |= found
+        for path in sorted(folder.glob("*.txt")):
+            assert not absolute.search(path.read_text()), path
+    assert "sample_profiles/models/conv18.py" in names  # the user's model, as memory's source lines show it
