@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -125,6 +126,28 @@ def _compile(sample: Sample, dump_dir: Path | None):
     raise ValueError(sample.kind)
 
 
+def repo_relative_paths(folder: Path) -> None:
+    """Source paths in the dump's metadata as a reader's machine would see them, not this one's: files of this
+    checkout relative to its root (sample_profiles/models/conv18.py), library files from their package
+    (tensorflow/python/framework/ops.py). In the HLO text and in the HloProto (op metadata and stack frames)."""
+    from tpuprof.protos import hlo_pb2
+
+    prefix = re.compile(r"(?:/[^\s\"']*?/(?:site|dist)-packages/|" + re.escape(str(HERE.parent)) + "/)")
+    for path in sorted(folder.iterdir()):
+        if path.name.endswith(".hlo.pb"):
+            proto = hlo_pb2().HloProto.FromString(path.read_bytes())
+            module = proto.hlo_module
+            for computation in module.computations:
+                for instruction in computation.instructions:
+                    instruction.metadata.source_file = prefix.sub("", instruction.metadata.source_file)
+            files = module.stack_frame_index.file_names
+            files[:] = [prefix.sub("", name) for name in files]
+            path.write_bytes(proto.SerializeToString(deterministic=True))
+        elif path.suffix == ".txt":
+            text = path.read_text()
+            path.write_text(prefix.sub("", text))
+
+
 def generate(sample: Sample) -> Path:
     from tpuprof.sources import tpu_compile
 
@@ -164,6 +187,7 @@ def generate(sample: Sample) -> Path:
                 "required_bytes": result.required_bytes,
             })
             _write_json(staging / "sample.json", _sample_json(sample))
+        repo_relative_paths(staging)
         if final.exists():
             shutil.rmtree(final)
         staging.chmod(0o755)

@@ -49,11 +49,12 @@ def hlo_pb(name: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def profiler_job():
+def profiler_job(tmp_path_factory):
     """Start a training job of sample_profiles/jobs once per session: profiler_job("jax_job.py", "--slow-loader-ms", "20").
 
     Returns a jobs_helper.Job (its `.address` is localhost:PORT) that is READY and training; the same
-    script and arguments give the same running job to every test; all are stopped at session end.
+    script and arguments give the same running job to every test; all are stopped at session end. Every job
+    runs in its own folder (`job.cwd`), never the one tpuprof runs in, as on a TPU VM.
     """
     from jobs_helper import start_job
 
@@ -63,7 +64,9 @@ def profiler_job():
         key = (script, *args)
         job = running.get(key)
         if job is None or job.process.poll() is not None:
-            job = running[key] = start_job(script, *args)
+            folder = tmp_path_factory.mktemp("job")
+            job = running[key] = start_job(script, *args, cwd=str(folder))
+            job.cwd = folder
         return job
 
     yield get

@@ -62,13 +62,14 @@ class Job:
             pass
 
 
-def start_job(script: str, *args: str, seconds: float = 900, timeout: float = 180) -> Job:
-    """Launch sample_profiles/jobs/<script> on a free port and return once it printed READY."""
+def start_job(script: str, *args: str, seconds: float = 900, timeout: float = 180, cwd: str | None = None) -> Job:
+    """Launch sample_profiles/jobs/<script> on a free port, in the folder CWD (a job runs in its own folder, as on
+    a TPU VM), and return once it printed READY."""
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix=f"tpuprof-job-{port}-", suffix=".log", delete=False)
     command = [sys.executable, str(JOBS_DIR / script), "--port", str(port), "--seconds", str(seconds), *args]
     launched = time.monotonic()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=cwd)
     log.close()
     job = Job(script, tuple(args), port, process, log.name)
     wait_ready(job, timeout)

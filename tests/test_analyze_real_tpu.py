@@ -13,6 +13,7 @@ tests/real_data.py finds them and skips with the reason when they are not availa
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from conftest import run_cli
@@ -221,6 +222,19 @@ def test_pallas_kernel_gets_its_matmul_flops_where_xprof_shows_none(pallas, xpro
     assert report.rates(kernel).bound == "compute" and "f32" in report.rates(kernel).note
 
 
+def test_bandwidth_the_capture_does_not_give_is_not_measured_not_zero(pallas):
+    """The Pallas kernel has no bytes in the capture: its GB/s and the program's HBM GB/s are not measured (null,
+    'not measured'), never 0.0 GB/s."""
+    path, report = pallas
+    assert report.rates(device_op(report, "matmul_optimized.1")).bytes_per_s is None
+    assert report.roofline.hbm_bytes_per_step is None and report.roofline.hbm_bytes_per_s is None
+    document = json.loads(run_cli("analyze", path, "--json").stdout)
+    assert document["roofline"]["hbm_bytes_per_s"] is None
+    assert [o["bytes_per_s"] for o in document["top_ops"] if o["hlo_op"] == "matmul_optimized.1"] == [None]
+    text = run_cli("analyze", path).stdout
+    assert "HBM bandwidth not measured" in text and "0.0 GB/s" not in text
+
+
 def test_pallas_loop_waiting_on_each_call_is_host_overhead_bound_with_the_last_call_left_out(pallas):
     from tpuprof.protos import xplane_pb2
 
@@ -283,6 +297,14 @@ def test_report_page_shows_the_roofline_and_the_categories(offload, pallas, tmp_
     assert sorted(fusions["y"]) == pytest.approx(expected)
     bars, layout = figures["Ops that move bytes without FLOPs (copies, collectives): achieved bandwidth"]
     assert "copy-done.4 (host_transfer)" in bars[0]["y"] and layout["xaxis"]["title"]["text"] == "GB/s (log)"
+    # A log axis takes shapes, annotations and its range in log10 units: the HBM line at 1638 GB/s sits at
+    # x = log10(1638), and the axis spans the bars and the lines (not up to 10^1638).
+    lines = {a["text"]: a["x"] for a in layout["annotations"]}
+    hbm_line = next(x for text, x in lines.items() if text.startswith("HBM"))
+    assert hbm_line == pytest.approx(math.log10(1638)) and [s["x0"] for s in layout["shapes"]] == list(lines.values())
+    low, high = layout["xaxis"]["range"]
+    achieved = [math.log10(x) for x in bars[0]["x"]] + list(lines.values())
+    assert low < min(achieved) and max(achieved) < high and high - low < 6
     step_bars, _ = next(f for t, f in figures.items() if t.startswith("Step time per step, by category"))
     assert [t["name"] for t in step_bars] == ["compute", "waiting for input", "host transfers", "collectives",
                                               "host overhead", "compilation", "other"]

@@ -448,3 +448,40 @@ def test_idle_worker_is_reported_without_events(profiler_job, jax_job, tmp_path)
     events = {h["host"]: h["events"] for h in doc["hosts"]}
     assert events[f"localhost_{idle.port}"] == 0 and events[f"localhost_{jax_job.port}"] > 0
     assert doc["hosts_without_events"] == [idle.address]
+
+
+def test_a_relative_logdir_is_where_tpuprof_runs_not_where_the_job_runs(jax_job, tmp_path):
+    """The profiler server writes the trace itself, resolving the path in its own folder: `--logdir logs` (the
+    default) from another folder than the job's must still land in tpuprof's folder, and nothing in the job's."""
+    here = tmp_path / "here"
+    here.mkdir()
+    before = sorted(jax_job.cwd.rglob("*"))
+    result = subprocess.run([sys.executable, "-m", "tpuprof", "capture", "--service-addr", jax_job.address,
+                             "--logdir", "logs", "--duration", "500ms", "--json"], cwd=here, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    (run,) = run_dirs(here / "logs")
+    assert doc["run_dir"] == str(run) and doc["logdir"] == str(here / "logs") and doc["hosts_elsewhere"] == []
+    assert [Path(h["path"]).parent for h in doc["hosts"]] == [run] and list(run.glob("*.xplane.pb"))
+    assert sorted(jax_job.cwd.rglob("*")) == before, "the job's folder got files"
+    assert sorted(p.name for p in here.iterdir()) == ["logs"]
+
+
+def test_servers_on_this_machine_and_on_others():
+    from tpuprof.sources import capture
+
+    assert capture.on_this_machine("localhost:8466") and capture.on_this_machine("127.0.0.1:1")
+    assert capture.on_this_machine(f"{socket.gethostname()}:8466") and capture.on_this_machine("[::1]:8466")
+    assert not capture.on_this_machine("192.0.2.7:8466")  # TEST-NET-1: never a machine's own address
+    assert not capture.on_this_machine("no-such-host.invalid:8466")
+
+
+def test_a_worker_on_another_machine_is_told_where_its_trace_is_and_how_to_fetch_it():
+    from tpuprof.sources import capture
+
+    there = capture.where_elsewhere("10.0.0.3:8466", "/home/me/logs")
+    assert there.where == "10.0.0.3:/home/me/logs/plugins/profile"
+    assert there.fetch == "scp -r '10.0.0.3:/home/me/logs/plugins/profile/*' /home/me/logs/plugins/profile/"
+    bucket = capture.where_elsewhere("10.0.0.3:8466", "gs://b/logs")
+    assert bucket.where == "gs://b/logs/plugins/profile" and bucket.fetch == "tpuprof analyze gs://b/logs"

@@ -35,7 +35,6 @@ def _run_folder():
     ("gs://bucket/logs", "remote_profile", "steps"),
     (OOM, "oom_log", "oom"),
     (ROOT / "pyproject.toml", "oom_log", "oom"),  # any other text is a log the OOM triage searches
-    (ROOT / "tests" / "fixtures" / "memory" / "photo.jpg", "hlo_proto", "memory"),  # binary: HloProto reader says
 ])
 def test_identify_samples(path, kind, family):
     if path == "RUN":
@@ -44,6 +43,33 @@ def test_identify_samples(path, kind, family):
         path = next(_run_folder().glob("*.xplane.pb"))
     source = inputs.identify(path)
     assert (source.kind.name, source.family) == (kind, family)
+
+
+@pytest.mark.parametrize("command", ["analyze", "memory", "report", "diff"])
+def test_a_picture_is_said_to_be_a_picture(command, tmp_path):
+    """Binary that is no protobuf (no HloProto starts otherwise than with its field 1): what it is, and what
+    tpuprof reads; never "not a readable HloProto"."""
+    photo = ROOT / "tests" / "fixtures" / "memory" / "photo.jpg"
+    args = {"report": [photo, "-o", tmp_path / "r.html"], "diff": [photo, DUMP]}.get(command, [photo])
+    result = run_cli(command, *args)
+    assert result.returncode == 2 and result.stderr.startswith(f"tpuprof: {photo} is a JPEG image, not an input of "
+                                                                "tpuprof: it reads XLA dumps"), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("command", ["analyze", "memory", "trace"])
+def test_an_oom_log_given_to_another_command_points_at_oom(command, tmp_path):
+    log = tmp_path / "oom.txt"
+    shutil.copy(OOM, log)
+    result = run_cli(command, log, *(["-o", tmp_path / "t.pftrace"] if command == "trace" else []))
+    assert result.returncode == 2 and result.stderr.strip().endswith(f"`tpuprof oom {log}` explains it."), result.stderr
+
+
+def test_analyze_of_other_text_says_what_it_reads(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("step 1 loss 2.3\n")
+    result = run_cli("analyze", notes)
+    assert result.returncode == 2 and f"{notes} is a text file, not a profile: analyze reads a logdir" in result.stderr
 
 
 def test_identify_renamed_and_compressed_files(tmp_path):

@@ -300,7 +300,7 @@ def test_preflight_dump_still_on_disk_is_analysed_again(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["/no/such/dump"], "does not exist"),
     (["pyproject.toml"], "holds no TPU out-of-memory error"),
-    (["tests/fixtures/memory/photo.jpg"], "not a readable HloProto"),
+    (["tests/fixtures/memory/photo.jpg"], "is a JPEG image, not an input of tpuprof"),
 ])
 def test_bad_input_is_one_sentence_and_no_file(tmp_path, args, message):
     out = tmp_path / "never.html"

@@ -25,7 +25,7 @@ PathLike = Union[str, os.PathLike]
 
 
 def memory(path: PathLike, target: Optional[str] = None, module: Optional[str] = None, *, top: int = 15,
-           compile: Optional[bool] = None) -> MemoryResult:
+           compile: Optional[bool] = None, verbose: bool = False) -> MemoryResult:
     """Where HBM goes in a compiled XLA program: padded vs unpadded bytes per buffer and per framework op, the
     peak (equal to the compiler's and XProf's to the byte for TPU dumps), and the fixes.
 
@@ -37,14 +37,17 @@ def memory(path: PathLike, target: Optional[str] = None, module: Optional[str] =
     top: rows of the buffer and op lists in `to_dict()` (0: all); the result itself holds every buffer.
     compile: recompile a CPU/GPU/TF module proto with libtpu for `target` (exact TPU figures); None (default):
         whenever libtpu is installed, `target` is given and the dump has no TPU buffer assignment; False: estimate.
+    verbose: also show what JAX and libtpu print while recompiling (held back by default, as the CLI does).
 
         >>> result = tpuprof.memory("sample_profiles/dumps/conv18_f32_v5e")
         >>> result.peak_heap_bytes, result.module.padding_at_peak_bytes
         >>> [s.message for s in result.suggestions]
     """
+    from tpuprof import library_output
     from tpuprof.commands import memory as command
 
-    return command.result(Path(path), module, target, top, compile)
+    with library_output.held(verbose):
+        return command.result(Path(path), module, target, top, compile)
 
 
 def analyze(path: Union[PathLike, list], *, top: int = 10, workers: Optional[int] = None,
@@ -121,7 +124,7 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
               tokens_per_example: Optional[int] = None, price: Union[str, dict, None] = None,
               model: Optional[str] = None, seq: int = 2048, batch_per_chip: Optional[int] = None,
               global_batch: Optional[int] = None, remat: str = "full", dtype: str = "bf16",
-              mesh: Optional[str] = None) -> PreflightResult:
+              mesh: Optional[str] = None, verbose: bool = False) -> PreflightResult:
     """Will a training step fit in one TPU device's HBM, and the largest batch that does: compiled by libtpu
     for the target on this machine, no TPU needed (`pip install 'jax[tpu]'`).
 
@@ -149,10 +152,21 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
     mesh: also for a factory with a `mesh` parameter: the Mesh it receives has these axes over the slice.
     tokens_per_example: tokens in one example (sequence length), for tokens/s and the cost per 1M tokens.
     price: on-demand price per chip-hour overriding tpuprof's table: {"v6e": 2.70} or "v6e=2.70,v5e=1.2".
+    verbose: also show what TensorFlow, JAX and libtpu print while compiling (warnings, log lines): held back by
+        default, as the CLI does, and shown before an error that is not about the input.
 
         >>> result = tpuprof.preflight(jax.jit(step), params, x, y, tpu="v5e", max_batch=True)
         >>> result.fits, result.targets[0]["max_batch_size"]
     """
+    from tpuprof import library_output
+
+    with library_output.held(verbose):
+        return _preflight(fn_or_model, example_args, tpu, batch, max_batch, compare_bf16, top, cache, on_compile,
+                          tokens_per_example, price, model, seq, batch_per_chip, global_batch, remat, dtype, mesh)
+
+
+def _preflight(fn_or_model, example_args, tpu, batch, max_batch, compare_bf16, top, cache, on_compile,
+               tokens_per_example, price, model, seq, batch_per_chip, global_batch, remat, dtype, mesh):
     from tpuprof.commands import preflight as command
     from tpuprof.sources import tpu_compile
 
@@ -249,9 +263,10 @@ def diff(a: Union[PathLike, Result], b: Union[PathLike, Result], *, fail_if: Ite
 
 def report(inputs: Union[PathLike, Result, Iterable[Union[PathLike, Result]]],
            path: PathLike = "tpuprof-report.html", *, target: Optional[str] = None, top: int = 15,
-           title: Optional[str] = None) -> ReportResult:
+           title: Optional[str] = None, force: bool = False) -> ReportResult:
     """One self-contained HTML page (opens offline) from any mix of dumps, profiles, OOM logs, tpuprof
-    `--json` files and results of this API; written to `path` whole or not at all.
+    `--json` files and results of this API; written to `path` whole or not at all; an existing file is replaced
+    only with force (as `trace`).
 
         >>> tpuprof.report(["dump/", tpuprof.analyze("logs/")], "report.html")
     """
@@ -259,7 +274,7 @@ def report(inputs: Union[PathLike, Result, Iterable[Union[PathLike, Result]]],
 
     if isinstance(inputs, (str, os.PathLike, Result)):
         inputs = [inputs]
-    return command.result(list(inputs), Path(path), target, top, title)
+    return command.result(list(inputs), Path(path), target, top, title, force)
 
 
 def trace(path: PathLike, output: PathLike = "tpuprof-trace.pftrace", *, steps: Optional[str] = None,

@@ -11,6 +11,7 @@ internal error's traceback.
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from tpuprof import library_output, targets
-from tpuprof.cli_lazy import Argument, Commands, Option
+from tpuprof.cli_lazy import Argument, Commands, Option, UsageError
 from tpuprof.errors import UserError
 from tpuprof.renderers.csv import ANALYZE_TABLES, MEMORY_TABLES
 from tpuprof.renderers.formats import FORMATS
@@ -77,7 +78,9 @@ def _format_option():
 
 
 def _target_option(help_text: str):
-    return Option(None, "--target", metavar="GENERATION", help=f"{help_text} One of: {GENERATIONS} ({GENERATION_NAMES}).",
+    # --tpu as preflight names it; --target, the older name, stays an alias.
+    return Option(None, "--tpu", "--target", metavar="GENERATION",
+                  help=f"{help_text} One of: {GENERATIONS} ({GENERATION_NAMES}).",
                   callback=_check_generations, autocompletion=_complete_generation)
 
 
@@ -89,16 +92,16 @@ def _examples(*lines: str) -> str:
 @commands.command(epilog=_examples(
     "tpuprof memory sample_profiles/dumps/conv18_f32_v5e",
     "tpuprof memory DUMP_DIR --module train_step --top 30",
-    "tpuprof memory model.txt --target v5e             # HLO without TPU layouts: an estimate",
-    "tpuprof memory cpu_dump/ --target v5e --compile   # recompiled with libtpu: exact",
+    "tpuprof memory model.txt --tpu v5e             # HLO without TPU layouts: an estimate",
+    "tpuprof memory cpu_dump/ --tpu v5e --compile   # recompiled with libtpu: exact",
     "tpuprof memory DUMP_DIR --csv buffers > buffers.csv",
 ))
 def memory(
     path: Path = Argument(..., metavar="PATH", help="XLA dump folder, *.hlo.pb (HloProto), *-buffer-assignment.txt or HLO text."),
     module: Optional[str] = Option(None, "--module", "-m", help="Analyse only this module of a dump folder (name or substring)."),
     target: Optional[str] = _target_option("TPU generation for HLO without TPU layouts, and for the HBM capacity."),
-    compile_: Optional[bool] = Option(None, "--compile/--no-compile", help="Recompile the module proto (*.hlo.pb of a CPU/GPU/TF dump) with libtpu for --target: exact layouts and sizes. Default: recompile when libtpu is installed, --target is given and the dump has no TPU buffer assignment; --no-compile estimates instead."),
-    top: int = Option(15, "--top", help="Rows in the buffer and op tables and JSON lists (0: all)."),
+    compile_: Optional[bool] = Option(None, "--compile/--no-compile", help="Recompile the module proto (*.hlo.pb of a CPU/GPU/TF dump) with libtpu for --tpu: exact layouts and sizes. Default: recompile when libtpu is installed, --tpu is given and the dump has no TPU buffer assignment; --no-compile estimates instead."),
+    top: int = Option(15, "--top", min=0, help="Rows in the buffer and op tables and JSON lists (0: all)."),
     as_json: bool = Option(False, "--json", help=JSON_HELP),
     format_: Optional[OutputFormat] = _format_option(),
     csv: Optional[MemoryTable] = Option(None, "--csv", help="Print one table as CSV, every row."),
@@ -144,7 +147,7 @@ def oom(
 ))
 def analyze(
     paths: List[str] = Argument(..., metavar="PROFILE...", help="Profile logdir (its newest run), run folder (plugins/profile/<run>), <host>.xplane.pb, or a gs:// path; several hosts (or several paths) make one report."),
-    top: int = Option(10, "--top", help="Rows in the op and tf.data stage tables (0: all)."),
+    top: int = Option(10, "--top", min=0, help="Rows in the op and tf.data stage tables (0: all)."),
     as_json: bool = Option(False, "--json", help=JSON_HELP),
     format_: Optional[OutputFormat] = _format_option(),
     csv: Optional[AnalyzeTable] = Option(None, "--csv", help="Print one table as CSV, every row."),
@@ -201,8 +204,9 @@ def report(
     inputs: List[str] = Argument(..., metavar="INPUT...", help="Any mix of XLA dump folders/files, profiles (logdir, run, *.xplane.pb), OOM logs and tpuprof --json files."),
     output: Path = Option(Path("tpuprof-report.html"), "--output", "-o", help="The HTML file to write (self-contained, opens offline)."),
     target: Optional[str] = _target_option("TPU generation for inputs that do not say."),
-    top: int = Option(15, "--top", help="Rows in the buffer, op and allocation charts and tables."),
+    top: int = Option(15, "--top", min=0, help="Rows in the buffer, op and allocation charts and tables."),
     title: Optional[str] = Option(None, "--title", help="Page title."),
+    force: bool = Option(False, "--force", help="Replace the output file if it exists."),
     as_json: bool = Option(False, "--json", help="Print where the page went and what it was made from, as JSON."),
     verbose: bool = Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
@@ -210,7 +214,7 @@ def report(
     library_output.hold(verbose)
     from tpuprof.commands import report as command
 
-    command.run(inputs, output=output, target=target, top=top, title=title, as_json=as_json)
+    command.run(inputs, output=output, target=target, top=top, title=title, as_json=as_json, force=force)
 
 
 @commands.command(epilog=_examples(
@@ -224,7 +228,7 @@ def diff(
     fail_if: Optional[List[str]] = Option(None, "--fail-if", help="Exit 1 when B regresses, e.g. 'peak_heap_bytes>+5%', 'median_ms>+2', 'input_bound_percent>20'; repeatable."),
     batches: Optional[str] = Option(None, "--batches", help="Batch sizes of A and B, e.g. 64,128, for the per-example growth (default: sample.json, else the shapes)."),
     target: Optional[str] = _target_option("TPU generation for inputs that do not say."),
-    top: int = Option(10, "--top", help="Rows of buffers that appear, disappear or change."),
+    top: int = Option(10, "--top", min=0, help="Rows of buffers that appear, disappear or change."),
     as_json: bool = Option(False, "--json", help=JSON_HELP),
     format_: Optional[OutputFormat] = _format_option(),
     verbose: bool = Option(False, "--verbose", "-v", help=VERBOSE_HELP),
@@ -254,13 +258,13 @@ def preflight(
     batch: Optional[int] = Option(None, "--batch", help="Per-chip batch size to check."),
     max_batch: bool = Option(False, "--max-batch", help="Search the largest per-chip batch that fits."),
     compare_bf16: bool = Option(False, "--compare-bf16", help="Also compile in bfloat16 and compare."),
-    top: int = Option(10, "--top", help="Rows in the memory breakdown tables."),
+    top: int = Option(10, "--top", min=0, help="Rows in the memory breakdown tables."),
     tokens_per_example: Optional[int] = Option(None, "--tokens-per-example", metavar="N",
                                                      help="Tokens in one example (sequence length): adds tokens/s and cost per 1M tokens."),
     price: Optional[str] = Option(None, "--price", metavar="GEN=USD[,...]",
                                         help="On-demand price per chip-hour, overriding tpuprof's table (e.g. v6e=2.70)."),
     model: Optional[str] = Option(None, "--model", metavar="NAME|config.json",
-                                        help="An LLM's full train step instead of a SPEC: a built-in name (llama3.1-8b, qwen2.5-7b, mixtral-8x7b, ...) or a Hugging Face config.json."),
+                                        help="An LLM's full train step instead of a SPEC: a built-in name (llama3.1-8b, qwen2.5-7b, mixtral-8x7b, ...), a Hugging Face config.json or a model folder holding one."),
     seq: int = Option(2048, "--seq", help="--model: sequence length in tokens."),
     batch_per_chip: Optional[int] = Option(None, "--batch-per-chip", metavar="N", help="--model: sequences per chip."),
     global_batch: Optional[int] = Option(None, "--global-batch", metavar="N", help="--model: sequences per step over the whole slice (all slices)."),
@@ -317,6 +321,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# A full disk or quota (stdout redirected to a file, /dev/full, a temporary file): the environment, not a bug.
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
 # Commands that read files and run no user code (preflight runs the user's model, capture a live job).
 FILE_READING_COMMANDS = {"analyze", "memory", "oom", "diff", "report"}
 
@@ -326,18 +333,26 @@ def main(argv: Optional[List[str]] = None) -> None:
     --version and completion exit through SystemExit with click's own messages and codes (a pipe closed by
     `| head`: exit 0, see cli_lazy._closed_pipe_is_success). What reaches us is ours: a UserError (one sentence, exit 2), an interrupt, or a bug (one line,
     exit 1; TPUPROF_DEBUG=1 shows the traceback). What the libraries printed meanwhile is held back
-    (tpuprof/library_output.py) and shown only before an internal error.
+    (tpuprof/library_output.py) and shown only before an internal error. With --json, an error is also the one
+    JSON document on stdout ({"schema": "tpuprof.error/1", "error": {"kind", "message"}}): scripts never parse
+    stderr. Standard output that cannot be written (a full disk) is one sentence and exit 2.
     """
     internal_error = False
-    command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    args = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in args if not a.startswith("-")), None)
+    as_json = _asks_for_json(args)
     if command in FILE_READING_COMMANDS:
         # numpy's OpenBLAS starts a thread per core as it loads: about 0.07 s of a 0.3 s start on a busy 2-core
         # machine, for commands that do no BLAS work. Only this process; a value the user set wins.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
-        commands.run(sys.argv[1:] if argv is None else list(argv))
+        commands.run(args, usage_errors_raise=as_json)
+        sys.stdout.flush()  # a full disk or a closed descriptor is found here, not in the interpreter's exit
         if argv is None and command in FILE_READING_COMMANDS:
             _exit_now()
+    except UsageError as error:  # only with --json: click has printed it; the document says it too
+        _print_error_document("usage", str(error))
+        sys.exit(error.exit_code)
     except SystemExit as done:
         if done.code in (0, None):
             return  # success returns, so that main() can also be called in-process
@@ -346,18 +361,22 @@ def main(argv: Optional[List[str]] = None) -> None:
         raise
     except UserError as error:
         print(f"tpuprof: {error}", file=sys.stderr)
+        if as_json:
+            _print_error_document("input", str(error))
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         print("tpuprof: interrupted.", file=sys.stderr)
         sys.exit(130)
+    except OSError as error:
+        if error.errno not in _DISK_FULL and not _stdout_failed():
+            internal_error = True
+            _internal_error(error, as_json)
+        _silence_stdout()  # what is still buffered would fail again as the interpreter exits
+        print(f"tpuprof: cannot write the output: {error.strerror or error}.", file=sys.stderr)
+        sys.exit(UserError.exit_code)
     except Exception as error:  # noqa: BLE001 - the last line of defence against tracebacks
         internal_error = True
-        library_output.release(replay=True)  # what the libraries printed may explain it
-        if os.environ.get("TPUPROF_DEBUG"):
-            raise
-        print(f"tpuprof: internal error: {type(error).__name__}: {error} "
-              "(set TPUPROF_DEBUG=1 for the traceback).", file=sys.stderr)
-        sys.exit(1)
+        _internal_error(error, as_json)
     finally:
         if not internal_error:
             library_output.release(replay=False)
@@ -366,6 +385,52 @@ def main(argv: Optional[List[str]] = None) -> None:
             # walk every object left (15 ms of the 0.2 s of `analyze --json` on a 1 MB capture) to free memory the
             # system takes back anyway; atexit handlers still run, and tpuprof closes its files itself.
             gc.freeze()
+
+def _internal_error(error: Exception, as_json: bool) -> None:
+    """A bug: one line and exit 1 (TPUPROF_DEBUG=1 re-raises for the traceback)."""
+    library_output.release(replay=True)  # what the libraries printed may explain it
+    if os.environ.get("TPUPROF_DEBUG"):
+        raise error
+    message = f"internal error: {type(error).__name__}: {error}"
+    print(f"tpuprof: {message} (set TPUPROF_DEBUG=1 for the traceback).", file=sys.stderr)
+    if as_json:
+        _print_error_document("internal", message)
+    sys.exit(1)
+
+
+def _asks_for_json(args: list[str]) -> bool:
+    """--json or --format json: stdout is for one JSON document, an error's included."""
+    return "--json" in args or "--format=json" in args or any(
+        a == "--format" and b == "json" for a, b in zip(args, args[1:]))
+
+
+def _print_error_document(kind: str, message: str) -> None:
+    """The error as the one JSON document of --json (tpuprof/schemas/error.schema.json); stdout may be gone."""
+    from tpuprof import schemas
+    from tpuprof.renderers.output import print_json
+
+    try:
+        print_json({"schema": schemas.name("error"), "error": {"kind": kind, "message": message}})
+    except OSError:
+        _silence_stdout()
+
+
+def _stdout_failed() -> bool:
+    """Whether standard output cannot take what is written to it (a closed or read-only descriptor): what is
+    still buffered is written again."""
+    try:
+        sys.stdout.flush()
+        return False
+    except (OSError, ValueError):
+        return True
+
+
+def _silence_stdout() -> None:
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
 
 def _exit_now() -> None:
     """A file-reading command has printed its answer and closed its files: end the process without tearing down

@@ -77,6 +77,14 @@ def _for_typer(callback):
     return run
 
 
+class UsageError(Exception):
+    """A usage error click has printed, for a caller that reports it again (tpuprof's --json error document)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class _GiveUp(Exception):
     """The quick parse leaves this command line to typer."""
 
@@ -166,12 +174,26 @@ class Commands:
 
         return register
 
-    def run(self, args: list[str]) -> None:
+    def run(self, args: list[str], usage_errors_raise: bool = False) -> None:
         """Run the command line ARGS: quickly parsed when it is plain, else by typer in standalone mode (which
-        exits through SystemExit, with click's messages and codes for usage errors, help and completion)."""
+        exits through SystemExit, with click's messages and codes for usage errors, help and completion).
+        USAGE_ERRORS_RAISE: a usage error is raised as UsageError (its message for the caller to use too), after
+        click has printed it as in standalone mode."""
         parsed = self.quick_parse(args)
-        if parsed is None:
+        if parsed is None and not usage_errors_raise:
             self.typer_app()(args=args, prog_name=self.name)
+        elif parsed is None:
+            from typer._click import exceptions  # typer's own click (vendored), whose exceptions it raises
+
+            try:
+                code = self.typer_app()(args=args, prog_name=self.name, standalone_mode=False)
+            except exceptions.ClickException as error:
+                error.show()
+                raise UsageError(error.format_message(), error.exit_code) from None
+            except exceptions.Abort:
+                raise SystemExit(130) from None
+            if isinstance(code, int) and code != 0:  # typer.Exit (help is 0) and Ctrl-C (130), as standalone
+                raise SystemExit(code)
         else:
             callback, values = parsed
             callback(**values)

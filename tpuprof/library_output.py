@@ -9,11 +9,13 @@ descriptor 2 itself, which the libraries use, goes to a temporary file. Python w
 `logging` records from libraries go to that file too. `release` drops the file, or replays it on stderr
 when the command failed with an internal error (where the libraries' words may explain it).
 
-With --verbose descriptor 2 stays the terminal: every library line is shown as it comes.
+With --verbose descriptor 2 stays the terminal: every library line is shown as it comes. The Python API holds
+them the same way around a call (`held`; `verbose=True` shows them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -38,29 +40,39 @@ def _held_file():
     return tempfile.TemporaryFile(mode="w+", prefix="tpuprof-libraries-", encoding="utf-8", errors="replace")
 
 
-def hold(verbose: bool) -> None:
+def hold(verbose: bool, python_stderr: bool = True) -> None:
     """Split stderr before a command runs. Nothing happens when `sys.stderr` is not this process's fd 2
-    (a caller that captures output itself, such as pytest's capsys), or when already held."""
+    (a caller that captures output itself, such as pytest's capsys), or when already held.
+    PYTHON_STDERR=False (the Python API, `held`): `sys.stderr` is left as it is, whatever it is (a notebook's
+    stream), and only what goes to fd 2, Python warnings and logging is held."""
     global _state
-    try:
-        if _state is not None or sys.stderr.fileno() != 2:
-            return
-    except (AttributeError, OSError, ValueError):
+    if _state is not None:
         return
+    if python_stderr:
+        try:
+            if sys.stderr.fileno() != 2:
+                return
+        except (AttributeError, OSError, ValueError):
+            return
     import faulthandler
 
     sys.stderr.flush()
     _state = {"stderr": sys.stderr, "fd2": os.dup(2), "held": None, "showwarning": warnings.showwarning,
-              "handlers": logging.root.handlers[:], "last_resort": logging.lastResort, "faulthandler": False}
-    terminal = open(os.dup(2), "w", buffering=1, encoding=getattr(sys.stderr, "encoding", None) or "utf-8",
-                    errors="backslashreplace")
-    # Even with --verbose `sys.stderr` is split off fd 2, so that code which redirects fd 2 for a while
-    # (the capture client's log) keeps our progress display on the terminal.
-    sys.stderr = terminal
+              "handlers": logging.root.handlers[:], "last_resort": logging.lastResort, "faulthandler": False,
+              "environment": {}}
+    terminal = None
+    if python_stderr:
+        terminal = open(os.dup(2), "w", buffering=1, encoding=getattr(sys.stderr, "encoding", None) or "utf-8",
+                        errors="backslashreplace")
+        # Even with --verbose `sys.stderr` is split off fd 2, so that code which redirects fd 2 for a while
+        # (the capture client's log) keeps our progress display on the terminal.
+        sys.stderr = terminal
     if verbose:
         return
     for name, value in QUIET_ENVIRONMENT.items():
-        os.environ.setdefault(name, value)
+        if name not in os.environ:
+            _state["environment"][name] = value
+            os.environ[name] = value
     held = _state["held"] = _held_file()
     os.dup2(held.fileno(), 2)
 
@@ -76,7 +88,7 @@ def hold(verbose: bool) -> None:
     logging.lastResort = handler
     # A library that aborts the process (a failed CHECK in C++) takes the held file with it: show at least
     # where it died, on the terminal.
-    if not faulthandler.is_enabled():
+    if terminal is not None and not faulthandler.is_enabled():
         faulthandler.enable(file=terminal)
         _state["faulthandler"] = True
 
@@ -105,9 +117,39 @@ def release(replay: bool) -> None:
         logging.root.handlers = state["handlers"]
         logging.lastResort = state["last_resort"]
     sys.stderr.flush()
-    terminal, sys.stderr = sys.stderr, state["stderr"]
-    terminal.close()
+    if sys.stderr is not state["stderr"]:
+        terminal, sys.stderr = sys.stderr, state["stderr"]
+        terminal.close()
     os.dup2(state["fd2"], 2)
     os.close(state["fd2"])
     if held is not None:
         held.close()
+
+
+@contextlib.contextmanager
+def held(verbose: bool = False):
+    """The Python API's hold around one call (tpuprof.preflight(), tpuprof.memory()): what the libraries print
+    stays out of the notebook or the script's stderr unless VERBOSE, and is written to `sys.stderr` before an
+    error that is not the user's (it may explain it). The environment variables that quiet the libraries are
+    set only for the call. Inside a command (already held) nothing changes."""
+    if verbose or _state is not None:
+        yield
+        return
+    try:  # a script: `sys.stderr` is fd 2 and is split off it, so that the caller's own messages still show
+        script = sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):  # a notebook's stream: left as it is
+        script = False
+    hold(False, python_stderr=script)
+    environment = dict(_state["environment"]) if _state is not None else {}
+    failed = False
+    try:
+        yield
+    except BaseException as error:
+        from tpuprof.errors import UserError
+
+        failed = not isinstance(error, (UserError, KeyboardInterrupt))
+        raise
+    finally:
+        release(replay=failed)
+        for name in environment:
+            os.environ.pop(name, None)

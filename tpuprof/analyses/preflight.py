@@ -11,6 +11,7 @@ so a repeated run, or a max-batch search that revisits a batch, costs nothing. T
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -297,7 +298,10 @@ class Compiler:
         if folder is not None:
             try:
                 folder.parent.mkdir(parents=True, exist_ok=True)
-                staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent)) / "dump"
+                remove_stale_staging(folder.parent)
+                # The process id in the name: a later run removes the folder if this process dies (SIGKILL).
+                staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.{STAGING_MARK}{os.getpid()}.",
+                                                dir=folder.parent)) / "dump"
             except OSError as error:
                 from tpuprof.errors import UserError
 
@@ -305,18 +309,20 @@ class Compiler:
                                 "point XDG_CACHE_HOME at a writable folder.") from None
         self.compiles += 1
         try:
-            result = program.compile(self.target, staging)
-        except self._tpu_compile.CompileResourceExhausted as error:
+            with _terminate_as_exit():
+                result = program.compile(self.target, staging)
+        except BaseException as error:
+            # Ctrl-C, SIGTERM (a scheduler's time limit) or a failed compile: the half-written dump goes.
             if staging is not None:
                 shutil.rmtree(staging.parent, ignore_errors=True)
-            return Measurement(batch, False, None, oom_message=error.message)
-        except self._tpu_compile.CompileFailed as error:
-            if staging is not None:
-                shutil.rmtree(staging.parent, ignore_errors=True)
-            from tpuprof.errors import UserError
+            if isinstance(error, self._tpu_compile.CompileResourceExhausted):
+                return Measurement(batch, False, None, oom_message=error.message)
+            if isinstance(error, self._tpu_compile.CompileFailed):
+                from tpuprof.errors import UserError
 
-            raise UserError(f"libtpu could not compile {self.spec.text} at batch {batch} for "
-                            f"{self.target}: {str(error).strip().splitlines()[0]}") from None
+                raise UserError(f"libtpu could not compile {self.spec.text} at batch {batch} for "
+                                f"{self.target}: {str(error).strip().splitlines()[0]}") from None
+            raise
         dump_dir = None
         if staging is not None:
             shutil.rmtree(folder, ignore_errors=True)
@@ -325,6 +331,65 @@ class Compiler:
             dump_dir = str(folder)
         required = result.required_bytes
         return Measurement(batch, required <= self.capacity, required, result.memory_analysis(), dump_dir=dump_dir)
+
+STAGING_MARK = "staging-"  # .<key>.staging-<pid>.<random>: a compile's dump until it is complete
+STALE_UNKNOWN_OWNER_S = 24 * 3600  # a staging folder without a process id (older tpuprof) is stale after a day
+
+
+def remove_stale_staging(root: Path) -> None:
+    """Remove the staging folders that processes no longer running left in the cache (killed with SIGKILL, or a
+    crash of the machine); a staging folder of a running process is its compile in progress."""
+    import time
+
+    try:
+        entries = [p for p in root.iterdir() if p.name.startswith(".") and p.is_dir()]
+    except OSError:
+        return
+    for path in entries:
+        _, _, owner = path.name.partition(f".{STAGING_MARK}")
+        pid = owner.split(".", 1)[0]
+        if pid.isdigit():
+            if _running(int(pid)):
+                continue
+        else:
+            try:
+                if time.time() - path.stat().st_mtime < STALE_UNKNOWN_OWNER_S:
+                    continue
+            except OSError:
+                continue
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: running
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _terminate_as_exit():
+    """SIGTERM (a job scheduler's time limit, `kill`) as SystemExit(143) in the main thread while a compile runs,
+    so that its staging folder is removed as on Ctrl-C; the previous handler comes back afterwards. Python runs
+    the handler once libtpu's compile returns control to the interpreter."""
+    import signal
+    import threading
+
+    previous = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def _libtpu_version() -> str:

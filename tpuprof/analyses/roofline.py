@@ -78,18 +78,20 @@ def op_roofline(op: Op, roof: Roof) -> OpRoofline:
     if seconds <= 0 or (not op.flops and not op.bytes_accessed):
         return OpRoofline(None, None, None, None, None, None, "no time, FLOPs or bytes in the capture")
     flops_per_s = op.flops * op.count / seconds
-    bytes_per_s = op.bytes_accessed * op.count / seconds
+    # No bytes in the capture (a Pallas kernel, a custom call): a rate not measured, not 0 B/s.
+    bytes_per_s = op.bytes_accessed * op.count / seconds if op.bytes_accessed else None
     hbm = op.hbm_bytes if op.hbm_bytes is not None else op.bytes_accessed
-    hbm_per_s = hbm * op.count / seconds
+    hbm_per_s = hbm * op.count / seconds if hbm else None
     intensity = op.flops / hbm if hbm else None
     # A wait shorter than the bytes could take at the fastest memory's peak does not time the transfer: it
     # moved while other ops ran (an overlapped copy whose -done finds it finished). XProf divides anyway.
     fastest = max(filter(None, (roof.peak_hbm_bytes_per_s, roof.host_link_bytes_per_s)), default=None)
-    if op.category in ("host_transfer", "collective") and fastest and bytes_per_s > fastest:
+    if op.category in ("host_transfer", "collective") and fastest and bytes_per_s and bytes_per_s > fastest:
         return OpRoofline(None, None, None, intensity, None, None,
                           "finished while other ops ran (overlapped): its wait does not time the transfer")
     if op.category == "host_transfer":
-        percent = 100.0 * bytes_per_s / roof.host_link_bytes_per_s if roof.host_link_bytes_per_s else None
+        percent = 100.0 * bytes_per_s / roof.host_link_bytes_per_s if roof.host_link_bytes_per_s and bytes_per_s \
+            else None
         # FLOPs per HBM byte places compute on the HBM roofline; a copy over the host link has no place there.
         return OpRoofline(flops_per_s, bytes_per_s, hbm_per_s, None, "host link", percent,
                           f"judged against the host link ({roof.host_link})" if roof.host_link else
@@ -124,7 +126,7 @@ class ProgramRoofline:
     step_ms: float
     flops_per_step: float
     model_flops_per_step: float
-    hbm_bytes_per_step: float
+    hbm_bytes_per_step: float | None  # None: no op in the steps has bytes in the capture (not measured)
     host_transfer_bytes_per_step: float
 
     @property
@@ -133,7 +135,7 @@ class ProgramRoofline:
 
     @property
     def hbm_bytes_per_s(self) -> float | None:
-        return self.hbm_bytes_per_step / (self.step_ms / 1e3) if self.step_ms else None
+        return self.hbm_bytes_per_step / (self.step_ms / 1e3) if self.step_ms and self.hbm_bytes_per_step else None
 
     @property
     def mfu_percent(self) -> float | None:
@@ -155,4 +157,4 @@ def program_roofline(device_ops: list[Op], chip_steps: int, step_ms: float, roof
         if op.category == "host_transfer" and op.transfer and not op.async_start:
             host += op.bytes_accessed * op.step_count
     steps = max(chip_steps, 1)
-    return ProgramRoofline(roof, step_ms, flops / steps, model / steps, hbm / steps, host / steps)
+    return ProgramRoofline(roof, step_ms, flops / steps, model / steps, hbm / steps if hbm else None, host / steps)

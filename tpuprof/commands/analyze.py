@@ -69,7 +69,7 @@ def run(path, top: int, as_json: bool, csv: str | None = None, format_: str | No
     from tpuprof.renderers import analyze as render
     from tpuprof.renderers.formats import output_format, print_document
 
-    format_ = output_format(as_json, format_)
+    format_ = output_format(as_json, format_, csv)
     if csv is not None:
         from tpuprof.renderers import csv as render_csv
 

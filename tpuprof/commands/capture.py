@@ -95,7 +95,10 @@ def result(target: addressing.Target, logdir: str, options: capturing.TraceOptio
 
     run_ = capturing.capture(target.addresses, logdir, options, tpu_master=target.tpu_master, on_start=on_start)
     analysis, error = None, None
-    if analyze:
+    if analyze and not run_.hosts and run_.elsewhere and not capturing.is_remote(run_.logdir):
+        error = (f"the traces are on the other machines ({', '.join(h.address for h in run_.elsewhere)}): fetch "
+                 "them as shown, then run tpuprof analyze on the logdir.")
+    elif analyze:
         from tpuprof.commands import analyze as analyze_command
 
         try:

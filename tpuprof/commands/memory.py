@@ -130,7 +130,7 @@ def run(path: Path, module: str | None, target: str | None, compile_: bool | Non
     from tpuprof.renderers import memory as render
     from tpuprof.renderers.formats import output_format, print_document
 
-    format_ = output_format(as_json, format_)
+    format_ = output_format(as_json, format_, csv)
     if csv is not None:
         from tpuprof.renderers import csv as render_csv
 

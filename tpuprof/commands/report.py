@@ -188,11 +188,13 @@ def from_result(result, top: int = 15) -> Input:
                     "preflight results or their tpuprof results.")
 
 
-def result(inputs: list, output: Path, target: str | None = None, top: int = 15, title: str | None = None):
-    """The page over INPUTS (paths or results of the Python API), written to OUTPUT whole or not at all: the
-    typed result `tpuprof.report()` returns."""
+def result(inputs: list, output: Path, target: str | None = None, top: int = 15, title: str | None = None,
+           force: bool = False):
+    """The page over INPUTS (paths or results of the Python API), written to OUTPUT whole or not at all (an
+    existing file is replaced only with FORCE; a symlink's target is written): the typed result
+    `tpuprof.report()` returns."""
     from tpuprof.renderers import html
-    from tpuprof.renderers.output import write_atomically
+    from tpuprof.renderers.output import output_file, write_atomically
     from tpuprof.results import ReportResult, as_suggestion
 
     if not inputs:
@@ -202,11 +204,11 @@ def result(inputs: list, output: Path, target: str | None = None, top: int = 15,
 
         target = targets.get(target).name
     output = Path(output)
-    if output.is_dir():
-        raise UserError(f"{output} is a folder: give the HTML file to write, e.g. -o {output}/report.html.")
+    written = output_file(output, force, "report.html")
     loaded = [load(path, target, top) for path in inputs]
     page = html.render(loaded, top=top, title=title)
-    write_atomically(output, page)
+    output_file(output, force, "report.html")  # the path may have changed while the inputs were read
+    write_atomically(written, page)
     # The page's order: the fixes of what does not fit first, then by saving (memory), then step time.
     suggestions = [as_suggestion(s) for _, s in html.ranked_suggestions(loaded)] + \
         [as_suggestion(s) for item in loaded if item.kind == STEPS for s in _suggestions(item)]
@@ -224,8 +226,9 @@ def _suggestions(item: Input) -> list:
     return list(document.get("suggestions", []))
 
 
-def run(inputs: list[str], output: Path, target: str | None, top: int, title: str | None, as_json: bool) -> None:
-    page = result(inputs, output, target, top, title)
+def run(inputs: list[str], output: Path, target: str | None, top: int, title: str | None, as_json: bool,
+        force: bool = False) -> None:
+    page = result(inputs, output, target, top, title, force)
     if as_json:
         from tpuprof.renderers.output import print_json
 

@@ -95,17 +95,14 @@ def export(path: str, output: Path, steps: str | None = None, hosts: str | None 
     """The trace written to OUTPUT and what it holds, as a TraceResult (the --json document)."""
     from tpuprof.analyses import steps as analysis
     from tpuprof.results import TraceResult
-    from tpuprof.renderers.output import atomic_file
+    from tpuprof.renderers.output import atomic_file, output_file
     from tpuprof.renderers.perfetto import Writer
     from tpuprof.renderers.trace import HostTrace
     from tpuprof.sources import inputs, xplane
 
     output = Path(output)
     asked = parse_steps(steps)
-    if output.is_dir():
-        raise UserError(f"{output} is a folder: -o names the trace file to write, e.g. -o steps.pftrace.")
-    if output.exists() and not force:
-        raise UserError(f"{output} exists: give another -o, or --force to replace it.")
+    written = output_file(output, force, "steps.pftrace")  # a symlink's target; refused: not a regular file
     inputs.expect(path, inputs.STEPS)
     files, _ = xplane.find_capture(path)
     files = choose_hosts(files, hosts)
@@ -119,7 +116,8 @@ def export(path: str, output: Path, steps: str | None = None, hosts: str | None 
         raise UserError(f"--steps {steps}: the capture holds steps {numbers[0]} to {numbers[-1]}.")
     numbers = [s.number for s in chosen]
     events, spans = 0, []
-    with atomic_file(output) as handle:  # a temporary file beside OUTPUT, renamed when complete
+    output_file(output, force, "steps.pftrace")  # the path may have changed while the capture was read
+    with atomic_file(written) as handle:  # a temporary file beside OUTPUT, renamed when complete
         writer = Writer(handle)
         next_pid = 1
         for file, profile in zip(files, profiles):

@@ -291,8 +291,9 @@ def print_tables(report: Report, top: int) -> None:
     if roofline and roofline["flops_per_s"] is not None:
         peak = roofline["peak_flops_per_s"]
         out.print(f"Roofline ({escape(roofline['device_kind'])}, per chip): "
-                  f"{roofline['flops_per_s'] / 1e12:.2f} TFLOP/s and {roofline['hbm_bytes_per_s'] / 1e9:.1f} GB/s of "
-                  f"HBM per step" + (f" against {peak / 1e12:g} TFLOP/s and "
+                  f"{roofline['flops_per_s'] / 1e12:.2f} TFLOP/s" + (
+                      f" and {roofline['hbm_bytes_per_s'] / 1e9:.1f} GB/s of HBM per step" if roofline["hbm_bytes_per_s"]
+                      else " per step (HBM bandwidth not measured: no op has bytes in the capture)") + (f" against {peak / 1e12:g} TFLOP/s and "
                                      f"{roofline['peak_hbm_bytes_per_s'] / 1e9:g} GB/s peaks; MFU "
                                      f"{roofline['mfu_percent']:.2f}%" if peak else "") + ".")
 
@@ -314,7 +315,8 @@ def print_tables(report: Report, top: int) -> None:
                 bound = rates.bound + (f" {rates.percent_of_roof:.0f}%" if rates.percent_of_roof is not None else "")
             rows.append((escape(o.name), escape(o.hlo_op), o.category,
                          f"{per_step:.3f}" if per_step is not None else "",
-                         _fmt(rates and rates.flops_per_s, 1e12, 2), _fmt(rates and rates.bytes_per_s, 1e9, 1),
+                         _fmt(rates and rates.flops_per_s, 1e12, 2),
+                         _fmt(rates and rates.bytes_per_s, 1e9, 1) or ("not measured" if rates else ""),
                          _fmt(rates and rates.intensity, 1, 2), bound))
         columns = [tables.name("op", least=20), tables.name("HLO op", drop=4), tables.text("category", drop=3),
                    tables.number("ms/step"), tables.number("TFLOP/s", drop=2), tables.number("GB/s", drop=2),

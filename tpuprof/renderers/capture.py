@@ -18,8 +18,11 @@ VIEWER_PORT = 8791
 
 
 def next_commands(result: CaptureResult) -> list[str]:
+    fetch = list(dict.fromkeys(h.fetch for h in result.elsewhere if not h.fetch.startswith("tpuprof ")))
+    analyze = result.run_dir if result.run_dir and not fetch else result.logdir
     return [
-        f"tpuprof analyze {shlex.quote(result.run_dir)}",
+        *fetch,
+        f"tpuprof analyze {shlex.quote(analyze)}",
         f"xprof --logdir {shlex.quote(result.logdir)} --port {VIEWER_PORT}",
     ]
 
@@ -41,6 +44,7 @@ def to_json(result: CaptureResult, target: Target, options: TraceOptions) -> dic
             for h in result.hosts
         ],
         "hosts_without_events": result.silent,
+        "hosts_elsewhere": [{"address": h.address, "where": h.where, "fetch": h.fetch} for h in result.elsewhere],
         "next_commands": next_commands(result),
     }
 
@@ -60,7 +64,13 @@ def print_summary(result: CaptureResult, target: Target, options: TraceOptions) 
     from tpuprof.renderers.output import console
 
     out = console()
-    out.print(f"[bold]Captured run {escape(result.run)}[/bold] in {escape(result.run_dir)}.")
+    if result.run:
+        out.print(f"[bold]Captured run {escape(result.run)}[/bold] in {escape(result.run_dir)}.")
+    else:
+        out.print(f"[bold]Captured[/bold] into {escape(result.logdir)} on each host.")
+    for host in result.elsewhere:  # another machine: its profiler server wrote the file where it runs
+        out.print(f"{escape(host.address)} is another machine: its trace is in {escape(host.where)} "
+                  f"(the newest run); fetch it with: {escape(host.fetch)}")
     attempts = f"{result.attempts_used} attempt{'s' if result.attempts_used != 1 else ''}"
     out.print(f"Traced {options.duration_ms / 1000:g} s on {', '.join(result.addresses)} in {attempts} "
               f"({result.seconds:.1f} s in all).")
@@ -75,7 +85,7 @@ def print_summary(result: CaptureResult, target: Target, options: TraceOptions) 
     if result.silent:
         out.print(f"[bold yellow]No trace event came from {', '.join(result.silent)}[/]: that job was idle or "
                   "between steps, or never started its profiler server; capture again while every worker trains.")
-    analyze, viewer = next_commands(result)
+    *_, analyze, viewer = next_commands(result)
     out.print(f"To analyse the run: {escape(analyze)}")
     out.print(f"To browse it in XProf's viewer: {escape(viewer)}, then open http://localhost:{VIEWER_PORT}/")
 

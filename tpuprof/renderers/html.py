@@ -780,7 +780,8 @@ def _roofline(page: _Page, d: dict) -> None:
     page.add(f'<h3>Roofline ({esc(roof.get("device_kind"))}, per chip)</h3><p class="meta">Peaks: '
              f'{peak / 1e12:g} TFLOP/s, HBM {hbm / 1e9:g} GB/s ({esc(roof.get("peak_source"))}). Program: '
              f'{_num((roof.get("flops_per_s") or 0) / 1e12, 3)} TFLOP/s, '
-             f'{_num((roof.get("hbm_bytes_per_s") or 0) / 1e9, 1)} GB/s of HBM, MFU '
+             + (f'{_num(roof["hbm_bytes_per_s"] / 1e9, 1)} GB/s of HBM' if roof.get("hbm_bytes_per_s") else
+                'HBM bandwidth not measured (no op has bytes in the capture)') + ', MFU '
              f'{_num(roof.get("mfu_percent"), 3)}%. Op rates are FLOPs (bytes) over self time, as XProf measures them.'
              '</p>')
     for o in unplaced:
@@ -821,12 +822,18 @@ def _roofline(page: _Page, d: dict) -> None:
         fig.add_bar(y=labels, x=[o["bytes_per_s"] / 1e9 for o in transfers], orientation="h", name="achieved",
                     hovertemplate="%{y}: %{x:.3g} GB/s<extra></extra>",
                     marker_color=[CATEGORY_COLOURS.get(o.get("category"), "#333") for o in transfers])
-        fig.add_vline(x=hbm / 1e9, line_dash="dot", annotation_text=f"HBM {hbm / 1e9:g} GB/s")
+        # On a log axis plotly places shapes and annotations at log10 of the value (the axis range too), while
+        # traces take values: the reference lines go at log10(GB/s), and the range holds bars and lines.
+        references = [hbm / 1e9] + ([link / 1e9] if link else [])
+        fig.add_vline(x=math.log10(hbm / 1e9), line_dash="dot", annotation_text=f"HBM {hbm / 1e9:g} GB/s")
         if link:
-            fig.add_vline(x=link / 1e9, line_dash="dash", annotation_text=esc(f"host link {link / 1e9:g} GB/s"))
+            fig.add_vline(x=math.log10(link / 1e9), line_dash="dash",
+                          annotation_text=esc(f"host link {link / 1e9:g} GB/s"))
+        shown = [v for v in [o["bytes_per_s"] / 1e9 for o in transfers] + references if 0 < v < math.inf]
         fig.update_layout(title="Ops that move bytes without FLOPs (copies, collectives): achieved bandwidth",
-                          xaxis=dict(type="log", title="GB/s (log)"), yaxis=dict(autorange="reversed", automargin=True),
-                          showlegend=False)
+                          xaxis=dict(type="log", title="GB/s (log)",
+                                     range=[math.log10(min(shown) / 2), math.log10(max(shown) * 2)]),
+                          yaxis=dict(autorange="reversed", automargin=True), showlegend=False)
         page.figure(fig, height=max(300, 100 + 30 * len(transfers)))
 
 

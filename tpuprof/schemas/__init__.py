@@ -3,7 +3,8 @@
 Every document says what it is in its first field: `"schema": "tpuprof.<command>/<version>"` (memory, analyze,
 oom, preflight, capture, diff, report, trace). The version changes when a field is removed, renamed or changes type;
 new fields keep it. The JSON Schema (draft 2020-12) of each is `<command>.schema.json` beside this file, shipped
-in the package: `tpuprof.schemas.schema("memory")`. Documents written before the field existed still load
+in the package: `tpuprof.schemas.schema("memory")`. With --json, a command that fails prints "tpuprof.error/1"
+instead (kind: usage, input or internal; the message that stderr shows). Documents written before the field existed still load
 (`report` and `diff` then recognise them by their keys).
 """
 
@@ -12,7 +13,9 @@ from __future__ import annotations
 import json
 
 PREFIX = "tpuprof."
-VERSIONS = {"memory": 1, "analyze": 1, "oom": 1, "preflight": 1, "capture": 1, "diff": 1, "report": 1, "trace": 1}
+VERSIONS = {"memory": 1, "analyze": 1, "oom": 1, "preflight": 1, "capture": 1, "diff": 1, "report": 1, "trace": 1,
+            # Not a command: what any command prints on stdout with --json when it fails.
+            "error": 1}
 
 
 def name(command: str) -> str:

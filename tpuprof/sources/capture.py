@@ -70,6 +70,8 @@ class CaptureResult:
     seconds: float = 0.0
     # Addresses with no event in the run: the client succeeds as soon as one host sent a trace.
     silent: list[str] = field(default_factory=list)
+    # Servers on other machines (pod workers): each wrote its file where it runs; not read here.
+    elsewhere: list[ElsewhereHost] = field(default_factory=list)
 
 
 def parse_duration_ms(text: str, allow_zero: bool = False) -> int:
@@ -89,6 +91,40 @@ def parse_duration_ms(text: str, allow_zero: bool = False) -> int:
 
 def is_remote(logdir: str) -> bool:
     return "://" in logdir and not logdir.startswith("file://")
+
+
+def on_this_machine(address: str) -> bool:
+    """Whether the profiler server at ADDRESS runs on this machine, so that it writes to this machine's disk:
+    a loopback name, or an address this machine can bind (one of its own)."""
+    import ipaddress
+    import socket
+
+    from tpuprof.sources.addresses import split_host_port
+
+    host, _ = split_host_port(address)
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    for family, _, _, _, sockaddr in infos:
+        ip = sockaddr[0].split("%")[0]
+        if ipaddress.ip_address(ip).is_loopback:
+            return True
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((sockaddr[0], 0))
+                return True
+            except OSError:
+                continue
+    return False
+
+
+@dataclass
+class ElsewhereHost:
+    """A profiler server on another machine: it writes its trace to its own disk (or to a gs:// logdir itself)."""
+    address: str
+    where: str  # the folder on that host (or the bucket) that holds the run
+    fetch: str  # a command that brings it here
 
 
 # ----------------------------------------------------------------------------------------------
@@ -297,9 +333,18 @@ def _silent_hosts(addresses: list[str], hosts: list[HostFile]) -> list[str]:
 
 def capture(addresses: list[str], logdir: str, options: TraceOptions, tpu_master: Optional[str] = None,
             on_start: Optional[Callable[[tuple[int, int], str], None]] = None) -> CaptureResult:
-    """Trace every address in one client call (the hosts share one start time, so runs line up)."""
+    """Trace every address in one client call (the hosts share one start time, so runs line up).
+
+    Each profiler server writes its own trace, to the path the client passes, resolved in the server's working
+    directory and on the server's disk: the path is made absolute here (the job runs in another folder), and
+    servers on other machines are reported with where their file is and how to fetch it."""
     started = time.monotonic()
     remote = is_remote(logdir)
+    if not remote:
+        logdir = os.path.abspath(os.path.expanduser(logdir[len("file://"):] if logdir.startswith("file://") else logdir))
+    elsewhere = [a for a in addresses if not on_this_machine(a)]
+    if elsewhere:
+        return _capture_with_other_machines(addresses, elsewhere, logdir, options, tpu_master, on_start, started)
     if remote:
         _remote_fs(logdir)  # a missing gcsfs or a bad URL fails before the job is traced
         scratch_parent = None
@@ -314,22 +359,7 @@ def capture(addresses: list[str], logdir: str, options: TraceOptions, tpu_master
     log_path = os.path.join(scratch, "client.log")
     client_logdir = os.path.join(scratch, "logdir")
     try:
-        start_hook = (lambda saved: on_start(saved, log_path)) if on_start else None
-        try:
-            if tpu_master and len(addresses) > 1:
-                # A TPU Node's profiler service runs one session over all workers (XProf's way);
-                # servers started by a job (TPU VMs) answer UNIMPLEMENTED: then trace each directly.
-                try:
-                    run_client(tpu_master, ",".join(addresses), client_logdir, options, log_path, start_hook)
-                except RuntimeError as error:
-                    if "UNIMPLEMENTED" not in str(error):
-                        raise
-                    run_client(",".join(addresses), "", client_logdir, options, log_path, None)
-            else:
-                run_client(",".join(addresses), "", client_logdir, options, log_path, start_hook)
-        except RuntimeError as error:
-            log_text = Path(log_path).read_text(errors="replace") if os.path.exists(log_path) else ""
-            raise explain_failure(error, log_text, addresses, options) from None
+        _trace_all(addresses, client_logdir, options, tpu_master, log_path, on_start)
         wanted, run_folder = captured_run(client_logdir)
         hosts = describe_host_files(run_folder)  # also proves each file parses before it is published
         final_dir = place_remote(run_folder, wanted, logdir) if remote else place_local(run_folder, wanted, logdir)
@@ -345,5 +375,70 @@ def capture(addresses: list[str], logdir: str, options: TraceOptions, tpu_master
             seconds=time.monotonic() - started,
             silent=_silent_hosts(addresses, hosts),
         )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _trace_all(addresses: list[str], client_logdir: str, options: TraceOptions, tpu_master: Optional[str],
+               log_path: str, on_start: Optional[Callable]) -> None:
+    """The client call(s) that trace every address into CLIENT_LOGDIR; a failure is one sentence."""
+    start_hook = (lambda saved: on_start(saved, log_path)) if on_start else None
+    try:
+        if tpu_master and len(addresses) > 1:
+            # A TPU Node's profiler service runs one session over all workers (XProf's way);
+            # servers started by a job (TPU VMs) answer UNIMPLEMENTED: then trace each directly.
+            try:
+                run_client(tpu_master, ",".join(addresses), client_logdir, options, log_path, start_hook)
+            except RuntimeError as error:
+                if "UNIMPLEMENTED" not in str(error):
+                    raise
+                run_client(",".join(addresses), "", client_logdir, options, log_path, None)
+        else:
+            run_client(",".join(addresses), "", client_logdir, options, log_path, start_hook)
+    except RuntimeError as error:
+        log_text = Path(log_path).read_text(errors="replace") if os.path.exists(log_path) else ""
+        raise explain_failure(error, log_text, addresses, options) from None
+
+
+def where_elsewhere(address: str, logdir: str, tpu_master: Optional[str] = None) -> ElsewhereHost:
+    """Where a server on another machine put its trace, and the command that fetches it."""
+    from tpuprof.sources.addresses import split_host_port
+
+    profile = "/".join([logdir.rstrip("/"), *PROFILE_DIR])
+    if is_remote(logdir):
+        return ElsewhereHost(address, profile, f"tpuprof analyze {logdir}")
+    host, _ = split_host_port(address)
+    # scp takes IPv6 literals in brackets; the run folders of every capture come along (runs never clash).
+    remote = f"[{host}]" if ":" in host else host
+    return ElsewhereHost(address, f"{remote}:{profile}", f"scp -r '{remote}:{profile}/*' {profile}/")
+
+
+def _capture_with_other_machines(addresses: list[str], elsewhere: list[str], logdir: str, options: TraceOptions,
+                                 tpu_master: Optional[str], on_start: Optional[Callable],
+                                 started: float) -> CaptureResult:
+    """Servers on other machines write where they run: the run folder of a local LOGDIR on each host's own disk
+    (the same absolute path), or a gs:// LOGDIR that every host writes itself. The client is given the logdir
+    itself (no scratch folder: a host's scratch would be left on its disk). Files written here (servers on
+    this machine) are described; the others are listed with where they are and how to fetch them."""
+    scratch = tempfile.mkdtemp(prefix="tpuprof-capture-log-")
+    log_path = os.path.join(scratch, "client.log")
+    profile = Path(logdir, *PROFILE_DIR)
+    try:
+        before = set() if is_remote(logdir) or not profile.is_dir() else {p.name for p in profile.iterdir()}
+        _trace_all(addresses, logdir, options, tpu_master, log_path, on_start)
+        hosts, run_dir, run = [], logdir if is_remote(logdir) else "", ""
+        if not is_remote(logdir) and profile.is_dir():
+            new = sorted(p for p in profile.iterdir() if p.is_dir() and p.name not in before)
+            if new:
+                run_dir, run = str(new[-1]), new[-1].name
+                hosts = describe_host_files(new[-1])
+                for host in hosts:
+                    host.path = f"{run_dir}/{host.path}"
+        local = [a for a in addresses if a not in elsewhere]
+        return CaptureResult(
+            run=run, run_dir=run_dir, logdir=logdir, addresses=list(addresses), hosts=hosts,
+            attempts_used=max(1, attempts_started(log_path)), seconds=time.monotonic() - started,
+            silent=_silent_hosts(local, hosts) if local else [],
+            elsewhere=[where_elsewhere(a, logdir, tpu_master) for a in elsewhere])
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

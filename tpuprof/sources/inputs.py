@@ -104,6 +104,12 @@ def _folder_kind(path: Path) -> str:
     return "folder"
 
 
+# The first bytes of files people give by mistake, for the sentence that says what the file is.
+_FILE_MAGIC = ((b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+               (b"%PDF", "a PDF document"), (b"PK\x03\x04", "a zip archive"), (b"\x7fELF", "an executable (ELF)"),
+               (b"BZh", "a bzip2 archive"), (b"\xfd7zXZ", "an xz archive"), (b"\x28\xb5\x2f\xfd", "a zstd archive"))
+
+
 def _file_kind(path: Path) -> str:
     from tpuprof.sources import hlo_dump
 
@@ -123,8 +129,14 @@ def _file_kind(path: Path) -> str:
         return "oom_log"
     if head.lstrip().startswith(b"{") and b'"schema": "tpuprof.' in head:  # a --json document saved as *.txt...
         return "document"
-    if b"\0" in head:  # binary: an HloProto without the usual name
-        return "hlo_proto"
+    if b"\0" in head or head[:1] == b"\x0a":
+        # Binary: an HloProto (or HloModuleProto) without the usual name starts with field 1, length-delimited.
+        if head[:1] == b"\x0a":
+            return "hlo_proto"
+        what = next((name for magic, name in _FILE_MAGIC if head.startswith(magic)), "a binary file")
+        raise UserError(f"{path} is {what}, not an input of tpuprof: it reads XLA dumps (folders, HloProto, HLO or "
+                        "buffer-assignment text), profiles (logdirs, *.xplane.pb), OOM logs and tpuprof --json "
+                        "files.")
     text = head.decode("utf-8", "replace").lstrip()
     if text.startswith("BufferAssignment") or "\nallocation 0: size" in text:
         return "buffer_assignment"
@@ -140,10 +152,34 @@ def expect(path: str | Path, family: str) -> Source | None:
     command's own reader, which says what it expected."""
     source = identify(path)
     other = source.family
+    if source.kind.name == "oom_log" and family != OOM:
+        if _holds_an_oom_error(source.path):
+            raise UserError(f"{path} is a log with an out-of-memory error, not {FAMILY_NOUNS[family]}: "
+                            f"`tpuprof oom {path}` explains it.")
+        if family == STEPS:
+            raise UserError(f"{path} is a text file, not a profile: analyze reads a logdir, a run folder "
+                            "(plugins/profile/<run>) or a <host>.xplane.pb.")
     if other == family or source.kind.name in ("folder", "oom_log", "document"):
         return source
     raise UserError(f"{path} is {source.kind.label}, not {FAMILY_NOUNS[family]}: "
                     f"`tpuprof {COMMANDS[other]} {path}` reads it.")
+
+
+def _holds_an_oom_error(path: str) -> bool:
+    """Whether the text file holds an out-of-memory message (oom's own scan: GB/s, stops at the first)."""
+    from tpuprof.sources import oom_log
+
+    try:
+        stream, opened = oom_log.open_input(path)
+    except UserError:
+        return False
+    try:
+        return next(oom_log.iter_oom_blocks(stream), None) is not None
+    except OSError:
+        return False
+    finally:
+        if opened:
+            stream.close()
 
 
 # ---------------------------------------------------------------- tpuprof --json documents

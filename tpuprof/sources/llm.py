@@ -144,9 +144,15 @@ def builtin_names() -> list[str]:
 
 
 def load_config(text: str) -> tuple[ModelConfig, str]:
-    """`llama3.1-8b` (a built-in config, tpuprof/llm_configs/) or `path/to/config.json` (Hugging Face format)
-    -> (config, source). Both go through the same parser."""
+    """`llama3.1-8b` (a built-in config, tpuprof/llm_configs/), `path/to/config.json` (Hugging Face format) or a
+    model folder holding one -> (config, source). Both go through the same parser."""
     path = Path(text).expanduser()
+    if path.is_dir():  # a Hugging Face model folder (a checkout, a snapshot): its config.json
+        if not (path / "config.json").is_file():
+            raise UserError(f"{text} is a folder without a config.json: give a Hugging Face model folder or its "
+                            "config.json.")
+        path = path.resolve() / "config.json"
+        text = str(path)
     if text.endswith(".json") or path.is_file():
         if not path.is_file():
             raise UserError(f"{text} does not exist." if not path.exists() else f"{text} is not a file.")
