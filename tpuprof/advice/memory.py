@@ -250,22 +250,32 @@ def _remat(result: ModuleMemory, job) -> Suggestion | None:
         code=code, source_line=max(kept, key=lambda b: b.size_bytes).source_line)
 
 
-def donation(argument_bytes: int, output_bytes: int, alias_bytes: int, job, peak: int = 0) -> Suggestion | None:
+def donation(argument_bytes: int, output_bytes: int, alias_bytes: int, job, peak: int = 0,
+             alias_pairs: int | None = None, where: str = "the buffer assignment") -> Suggestion | None:
     """A train step's new state has the old state's shapes: when its outputs reuse none of its arguments'
-    buffers, donating the state frees up to the smaller of the two."""
-    if job.training is not True or not output_bytes or not argument_bytes or alias_bytes >= 0.5 * output_bytes:
+    buffers, donating the state frees up to the smaller of the two.
+
+    Precondition: a training step whose outputs alias (almost) no argument: ALIAS_BYTES (outputs held in argument
+    buffers, from WHERE) under half the outputs, and ALIAS_PAIRS (the module's input_output_alias) none. A step
+    jitted with donate_argnums has both."""
+    if job.training is not True or not output_bytes or not argument_bytes:
         return None
+    if alias_pairs or alias_bytes >= 0.5 * output_bytes:
+        return None  # already donated: the outputs are written over the arguments
     saving = min(output_bytes, argument_bytes) - alias_bytes
     code = calls.call("donation", job.framework)
-    if saving <= 0 or not code:
+    if saving <= max(MIN_PADDING_BYTES, 0.01 * peak) or not code:
         return None
+    pairs = ("the module declares no input_output_alias" if alias_pairs == 0
+             else "the input does not carry the module's input_output_alias")
     return Suggestion(
         kind="donation", saving_bytes=saving, confidence="estimated", framework=job.framework, code=code,
         message=(f"Outputs ({fmt_bytes(output_bytes)}) reuse {fmt_bytes(alias_bytes)} of the arguments' "
                  f"{fmt_bytes(argument_bytes)}: donate the step's state so the new state is written over the old "
                  f"one; up to {fmt_bytes(saving)} less HBM."),
-        evidence=f"arguments {fmt_bytes(argument_bytes)}, outputs {fmt_bytes(output_bytes)}, aliased "
-                 f"{fmt_bytes(alias_bytes)}; the saving is exact when every output has an argument of its shape")
+        evidence=f"{where}: arguments {fmt_bytes(argument_bytes)}, outputs {fmt_bytes(output_bytes)}, outputs in "
+                 f"argument buffers {fmt_bytes(alias_bytes)}; {pairs}; the saving is exact when every output has an "
+                 "argument of its shape")
 
 
 def add_donation(module: ModuleMemory, stats: dict) -> None:
@@ -273,7 +283,8 @@ def add_donation(module: ModuleMemory, stats: dict) -> None:
     job = frameworks.from_module(module.name, (b.op_name for b in module.buffers),
                                  (b.source_line for b in module.buffers))
     hint = donation(int(stats.get("argument_size_in_bytes") or 0), int(stats.get("output_size_in_bytes") or 0),
-                    int(stats.get("alias_size_in_bytes") or 0), job)
+                    int(stats.get("alias_size_in_bytes") or 0), job, module.peak_heap_bytes or 0,
+                    module.alias_pairs, "the compile's memory_analysis()")
     # The compile's own aliasing replaces the buffer assignment's guess, also when it finds nothing to donate.
     peak = module.peak_heap_bytes or 0
     capacity = module.hbm_capacity_bytes
@@ -282,9 +293,11 @@ def add_donation(module: ModuleMemory, stats: dict) -> None:
 
 
 def _donation(result: ModuleMemory, job) -> Suggestion | None:
-    # In a buffer assignment an output that reuses a parameter's buffer is counted as the parameter, so the
-    # outputs counted apart are the ones that did not reuse any.
-    return donation(result.argument_bytes, result.output_bytes, 0, job)
+    # A buffer assignment counts an output written into a parameter's buffer in both the arguments and the
+    # outputs (aliased_bytes); the HLO's input_output_alias says what the program declared.
+    return donation(result.argument_bytes, result.output_bytes, result.aliased_bytes, job,
+                    result.peak_heap_bytes or 0, result.alias_pairs,
+                    "the buffer assignment" if not result.estimated else "the liveness estimate")
 
 
 def _bf16(result: ModuleMemory, job) -> Suggestion | None:

@@ -27,10 +27,23 @@ HBM = 0  # memory color of HBM in TPU buffer assignments
 
 
 def analyze_path(path: Path, module: str | None = None, target: str | None = None) -> list[ModuleMemory]:
-    """Analyse every module under PATH (or the one named), largest first."""
-    results = []
-    for file in hlo_dump.discover(path, module):
-        results.append(analyze_file(file, target))
+    """Analyse every module under PATH (or the one named), largest peak first. A module that cannot be read is
+    left out and named in a note of the first result; when none can, the first module's reason is the error."""
+    files = hlo_dump.discover(path, module)
+    results, dropped = [], []
+    for file in files:
+        try:
+            results.append(analyze_file(file, target))
+        except UserError as error:
+            if len(files) == 1:
+                raise
+            dropped.append((file, error))
+    if not results:
+        raise UserError(f"none of the {len(files)} modules in {path} could be read: {dropped[0][1]}")
+    results.sort(key=lambda r: -(r.peak_heap_bytes or 0))
+    if dropped:
+        results[0].notes.append(f"Left out ({len(dropped)} of {len(files)} modules): "
+                                + "; ".join(f"{file.path.name} ({error})" for file, error in dropped))
     return results
 
 
@@ -237,6 +250,8 @@ def from_hlo_proto(proto, source: str, whole_module: bool = True) -> ModuleMemor
             result.argument_bytes += size
         if allocation.maybe_live_out:
             result.output_bytes += size
+            if allocation.is_entry_computation_parameter:
+                result.aliased_bytes += size
         if not allocation.indefinite:
             result.temp_bytes += size
             continue

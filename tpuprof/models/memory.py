@@ -81,6 +81,12 @@ class ModuleMemory:
     peak_unpadded_heap_bytes: int | None = None
     argument_bytes: int = 0
     output_bytes: int = 0
+    # Outputs written into an argument's buffer (donated, or aliased by the module's input_output_alias): counted in
+    # argument_bytes and output_bytes both, as buffer assignments do.
+    aliased_bytes: int = 0
+    # How many (output, parameter) pairs the module's input_output_alias declares; None where the input does not
+    # say (a buffer-assignment text, a proto read without its header).
+    alias_pairs: int | None = None
     temp_bytes: int = 0
     hbm_capacity_bytes: int | None = None
     other_memory_spaces: dict[int, int] = field(default_factory=dict)  # memory space -> bytes
