@@ -98,23 +98,44 @@ def _subshape_dims(text: str) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(d) for d in match.group(1).split(",") if d) for match in _SUBSHAPE.finditer(text))
 
 
-def padding_fix(buffer: Buffer, batch: int | None = None, classes: frozenset[int] = frozenset()) -> str:
+def convolutional(result: ModuleMemory) -> bool:
+    """Whether the module convolves: its rank-4 arrays are then images, activations (NHWC) and kernels (HWIO)."""
+    return any(b.opcode == "convolution" or padding_advice.CONV.search(b.op_name or "") for b in result.buffers)
+
+
+def _one_hot(buffer: Buffer) -> bool:
+    return any(word in (buffer.op_name or "").lower() for word in ("one_hot", "onehot"))
+
+
+def padding_fixes(buffer: Buffer, batch: int | None = None, classes: frozenset[int] = frozenset(),
+                  convolutional: bool = False) -> list[padding_advice.Fix]:
+    """The sizes the user can choose for BUFFER's padded dimensions, largest saving first (tpuprof.advice.padding)."""
+    if not buffer.padded_dims or buffer.opcode == "constant":
+        return []  # a constant's length is the program's, not a size the user picked
+    found = padding_advice.roles(_dims(buffer) or tuple(range(len(buffer.minor_to_major))), buffer.padded_dims,
+                                 buffer.minor_to_major, buffer.op_name, batch, classes, convolutional)
+    return padding_advice.fixes(found, lambda d: _tile_dim_for(buffer, d.index) or 8, buffer.size_bytes)
+
+
+def padding_fix(buffer: Buffer, batch: int | None = None, classes: frozenset[int] = frozenset(),
+                convolutional: bool = False) -> str:
     """Which tensor and dimension is padded from what to what, and what to choose, in the user's terms."""
     head = f"{buffer.instruction} {buffer.shape}: "
     if not buffer.padded_dims:
         return head + f"{fmt_bytes(buffer.padding_bytes)} of padding."
-    if any(word in (buffer.op_name or "").lower() for word in ("one_hot", "onehot")):
+    if _one_hot(buffer):
         dims = _dims(buffer)
         _, classes, padded = next((d for d in buffer.padded_dims if d[1] > 1), buffer.padded_dims[0])
         return head + (f"the one-hot of {classes} classes is padded {classes} -> {padded} "
                        f"({padded / classes:.1f}x), {fmt_bytes(buffer.padding_bytes)} of padding: pass integer labels with a sparse loss (sparse_categorical_crossentropy, "
                        "optax.softmax_cross_entropy_with_integer_labels) instead of materialising the one-hot"
                        + (f" ({'x'.join(map(str, dims))})" if dims else "") + ".")
-    found = padding_advice.roles(_dims(buffer) or tuple(range(len(buffer.minor_to_major))), buffer.padded_dims,
-                                 buffer.minor_to_major, buffer.op_name, batch, classes)
-    texts = [padding_advice.fix_text(d, _tile_dim_for(buffer, d.index) or 8, buffer.padding_bytes if i == 0 else 0)
-             for i, d in enumerate(found)]
-    return head + "; ".join(dict.fromkeys(texts)) + "."
+    found = padding_fixes(buffer, batch, classes, convolutional)
+    if found:
+        return head + "; or ".join(f.text for f in found) + "."
+    dims = padding_advice.roles(_dims(buffer) or tuple(range(len(buffer.minor_to_major))), buffer.padded_dims,
+                                buffer.minor_to_major, buffer.op_name, batch, classes, convolutional)
+    return head + "; ".join(padding_advice.describe(d) for d in dims) + ": no size to change."
 
 
 def suggest(result: ModuleMemory) -> list[Suggestion]:
@@ -141,12 +162,15 @@ def suggest(result: ModuleMemory) -> list[Suggestion]:
 
 
 def _padding(result: ModuleMemory, peak: int) -> list[Suggestion]:
+    """Precondition: a dimension the user picks (features, channels, heads, sequence, a size-1 dimension), a size
+    that holds no more data than now, and fewer bytes recomputed at that size (tpuprof.advice.padding.fixes)."""
     # The biggest wasters first; prefer buffers live at the peak (they decide fitting).
     floor = max(MIN_PADDING_BYTES, MIN_PADDING_SHARE * peak)
     candidates = sorted((b for b in result.buffers if b.padding_bytes >= floor),
                         key=lambda b: (not b.live_at_peak, -b.padding_bytes))
     batch = batch_dimension(result)
     classes = class_counts(result, batch)
+    convolves = convolutional(result)
     out: list[Suggestion] = []
     seen_ops: set[str] = set()
     for buffer in candidates:
@@ -154,16 +178,27 @@ def _padding(result: ModuleMemory, peak: int) -> list[Suggestion]:
         if key in seen_ops:
             continue
         seen_ops.add(key)
-        kind = "one_hot" if any(w in (buffer.op_name or "").lower() for w in ("one_hot", "onehot")) else "padding"
         where = " live at the peak" if buffer.live_at_peak else ""
-        out.append(Suggestion(
-            kind=kind, saving_bytes=buffer.padding_bytes if buffer.live_at_peak else None, confidence="exact",
-            message=f"{fmt_bytes(buffer.padding_bytes)} of padding{where} ({buffer.expansion:.1f}x)"
-                    + (f" from {buffer.op_name}" if buffer.op_name else "") + ": " + padding_fix(buffer, batch, classes),
-            evidence=f"{buffer.instruction} {buffer.shape}: {fmt_bytes(buffer.size_bytes)} for "
-                     f"{fmt_bytes(buffer.unpadded_bytes)} of data"
-                     + ("" if buffer.live_at_peak else "; not live at the peak, so the peak does not shrink"),
-            source_line=buffer.source_line))
+        head = (f"{fmt_bytes(buffer.padding_bytes)} of padding{where} ({buffer.expansion:.1f}x)"
+                + (f" from {buffer.op_name}" if buffer.op_name else "") + ": ")
+        data = f"{buffer.instruction} {buffer.shape}: {fmt_bytes(buffer.size_bytes)} for " \
+               f"{fmt_bytes(buffer.unpadded_bytes)} of data"
+        not_at_peak = "" if buffer.live_at_peak else "; not live at the peak, so the peak does not shrink"
+        if _one_hot(buffer):
+            out.append(Suggestion(
+                kind="one_hot", saving_bytes=buffer.padding_bytes if buffer.live_at_peak else None,
+                confidence="estimated", message=head + padding_fix(buffer, batch, classes, convolves),
+                evidence=data + "; integer labels need no one-hot buffer: at least its padding is freed" + not_at_peak,
+                source_line=buffer.source_line))
+        else:
+            found = padding_fixes(buffer, batch, classes, convolves)
+            if not found:
+                continue  # padded in a dimension the user does not choose (batch, classes, image size, constant)
+            out.append(Suggestion(
+                kind="padding", saving_bytes=found[0].saving_bytes if buffer.live_at_peak else None,
+                confidence="estimated",
+                message=head + f"{buffer.instruction} {buffer.shape}: " + "; or ".join(f.text for f in found) + ".",
+                evidence=data + "; " + found[0].evidence + not_at_peak, source_line=buffer.source_line))
         if len(out) >= MAX_PADDING_SUGGESTIONS:
             break
     return out

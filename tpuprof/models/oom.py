@@ -146,6 +146,7 @@ class BatchEstimate:
     batch_dim_share: float | None = None  # fraction of the listed allocation bytes with that dim
     current_batch: int | None = None
     fitting_batch: int | None = None
+    batch_source: str | None = None  # where current_batch comes from: "--batch", or the log's own line
 
     def to_json(self) -> dict:
         out = {
@@ -158,5 +159,6 @@ class BatchEstimate:
             "batch_dim_share": None if self.batch_dim_share is None else round(self.batch_dim_share, 3),
             "current_batch": self.current_batch,
             "fitting_batch": self.fitting_batch,
+            "batch_source": self.batch_source,
         }
         return {k: v for k, v in out.items() if v is not None}
