@@ -461,9 +461,16 @@ def _live_buffers(report: OomReport, missing: int | None) -> Suggestion:
         message += " Free memory exceeds the request, so it is fragmented: allocate the large arrays first."
     if report.kind == RESERVATION and report.currently_allocated_bytes is not None:
         message += f" {fmt(report.currently_allocated_bytes)} was allocated when the program was loaded."
-    return Suggestion(kind="live_buffers", severity="blocking", saving_bytes=missing, confidence="exact",
-                      message=message, evidence=f"requested {fmt(want)}" + (f", free {fmt(free)}" if free is not None else ""),
-                      code=_code("live_buffers", report.framework))
+    if missing:
+        message += f" {fmt(missing)} more must be free for this allocation."
+    code = _code("live_buffers", report.framework)
+    if report.failed_in == "xm.mark_step" and report.framework == "pytorch_xla":
+        code = _code("live_buffers", "pytorch_xla_in_mark_step")
+    # The shortfall is what is missing, not a measured saving: no saving_bytes (and no "enough to fit").
+    return Suggestion(kind="live_buffers", severity="blocking", confidence="exact",
+                      message=message, evidence=f"requested {fmt(want)}" + (f", free {fmt(free)}" if free is not None else "")
+                      + (f"; the traceback fails inside {report.failed_in}" if report.failed_in else ""),
+                      code=code)
 
 
 def _host_memory(report: OomReport, listed: list[OomAllocation]) -> Suggestion:

@@ -484,6 +484,17 @@ def _detail_score(report: OomReport) -> int:
     return fields + 2 * len(report.allocations)
 
 
+# The last frames of a Python traceback before the error: where the framework call that failed is named.
+_MARK_STEP_FRAME = re.compile(r"in mark_step\b|_xla_step_marker|xm\.mark_step\(\)\s*$")
+
+
+def failed_in(context: str) -> str | None:
+    """"xm.mark_step" when the traceback just before the message ends inside PyTorch/XLA's mark_step (which runs the
+    step's graph), else None."""
+    frames = [line for line in context.splitlines()[-8:] if line.strip()]
+    return "xm.mark_step" if any(_MARK_STEP_FRAME.search(line) for line in frames) else None
+
+
 def find_in_stream(stream: BinaryIO, target: str | None = None) -> OomReport | None:
     """The most detailed OOM message of a log (the first one among equals), analysed."""
     best: OomReport | None = None
@@ -517,6 +528,7 @@ def find_in_stream(stream: BinaryIO, target: str | None = None) -> OomReport | N
             report.line_number = block.line_number
             job = framework.from_text(surroundings + "\n" + block.evidence)
             report.framework, report.training = job.framework, job.training
+            report.failed_in = failed_in(block.context)
             best = report
     if best is None and other is not None:
         return other  # only another device's out-of-memory error: the caller says so

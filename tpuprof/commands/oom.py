@@ -103,6 +103,8 @@ def explain(path: str | None, dump: Path | None = None, batch: int | None = None
                                        dump_batch_arguments=joined["batch_argument_bytes"] if joined else 0)
     if estimate.current_batch:
         estimate.batch_source = batch_source
+    elif batch_source == "--batch":
+        raise UserError(f"--batch is not used for this error: {estimate.reason}.")
     suggestions = advice.suggest(report, estimate)
     if joined:  # the dump is the detail the advice would otherwise ask for
         suggestions = [s for s in suggestions if "--xla_dump_to" not in s["message"]]

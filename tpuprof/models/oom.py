@@ -107,6 +107,7 @@ class OomReport:
     training: bool | None = None  # True: a training step; False: inference/serving; None: cannot tell
     device: str | None = None  # for NOT_TPU: the device the log names ("GTX 1080", "GPU")
     line_number: int | None = None  # where the message starts in the log (1-based)
+    failed_in: str | None = None  # the framework call the traceback ends in, when the log shows it ("xm.mark_step")
     messages_found: int = 1  # out-of-memory messages in the whole log
     notes: list[str] = field(default_factory=list)
 
