@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from tpuprof.advice import calls, padding as padding_advice
+from tpuprof.advice import calls, padding as padding_advice, preconditions
 from tpuprof.analyses import framework as frameworks
 from tpuprof.models.memory import Buffer, ModuleMemory
 from tpuprof.models.suggestion import Suggestion, rank
@@ -24,7 +24,6 @@ MiB = 1 << 20
 MIN_PADDING_BYTES = 1 * MiB
 MIN_PADDING_SHARE = 0.005
 MAX_PADDING_SUGGESTIONS = 5
-_ATTENTION = re.compile(r"attention|attn|hqk|bhqk|qhd,|khd->|softmax|scores", re.I)
 # Layer indices in op names: Flax "layers_3", "layer_3", "h_3", ".../blocks/3/...", "block3".
 _LAYER = re.compile(r"(?:layers?|blocks?|\bh)[_./]?(\d{1,6})\b")  # a layer index, not any run of digits
 _FORWARD = re.compile(r"jvp\(")
@@ -210,7 +209,10 @@ def _layer_count(buffers) -> int | None:
 
 
 def _attention(result: ModuleMemory, job) -> Suggestion | None:
-    scores = [b for b in result.buffers if b.live_at_peak and b.allocation_type == "temp" and _scores_shape(b)]
+    """Precondition: score tensors, by shape (queries x keys) and by name where the shape alone could be an image."""
+    convolves = convolutional(result)
+    scores = [b for b in result.buffers if b.live_at_peak and b.allocation_type == "temp"
+              and _scores_shape(b, convolves)]
     total = sum(b.size_bytes for b in scores)
     peak = result.peak_heap_bytes or 0
     if not scores or total < max(MIN_PADDING_BYTES, 0.1 * peak):
@@ -243,14 +245,16 @@ def _repeats(buffers) -> int | None:
     return len(max(groups.values(), key=sum)) if groups else None
 
 
-def _scores_shape(buffer: Buffer) -> bool:
+def _scores_shape(buffer: Buffer, convolves: bool = False) -> bool:
     """Attention scores or probabilities: [batch, heads, queries, keys] with as many keys as queries (self
     attention), or [batch*heads, queries, keys] from an op named for attention. Their op names are often
-    only the softmax's pieces (sub, exp, convert), so the shape decides."""
+    only the softmax's pieces (sub, exp, convert), so the shape decides, except in a program that convolves: there
+    a rank-4 array with two equal minor sizes is as likely an image, and the op name must say attention."""
     dims = _dims(buffer)
     if len(dims) < 3 or dims[-1] != dims[-2] or dims[-1] < 128:
         return False
-    return len(dims) == 4 or bool(_ATTENTION.search(buffer.op_name or ""))
+    named = bool(preconditions.ATTENTION_OP.search(buffer.op_name or ""))
+    return named or (len(dims) == 4 and not convolves)
 
 
 def _remat(result: ModuleMemory, job) -> Suggestion | None:
@@ -259,6 +263,9 @@ def _remat(result: ModuleMemory, job) -> Suggestion | None:
     time."""
     if job.training is not True:
         return None  # inference keeps no activations for a backward pass
+    already = preconditions.rematerialised(b.op_name for b in result.buffers)
+    if already:
+        return None  # jax.checkpoint / nn.remat (or XLA's rematerialisation) recomputes already
     kept = [b for b in result.buffers if b.live_at_peak and b.allocation_type == "temp"
             and _FORWARD.search(b.op_name or "") and not _BACKWARD.search(b.op_name or "")]
     total = sum(b.size_bytes for b in kept)
@@ -281,7 +288,8 @@ def _remat(result: ModuleMemory, job) -> Suggestion | None:
         kind="remat", saving_bytes=point, saving_bytes_range=(low, high), confidence="estimated",
         message=(f"{fmt_bytes(total)} of the {fmt_bytes(peak)} peak are forward activations kept for the backward "
                  "pass: recompute them instead (rematerialisation)."),
-        evidence=f"{len(kept)} temporaries of the forward pass live at the peak; {how}",
+        evidence=f"{len(kept)} temporaries of the forward pass live at the peak; {how}; no op name shows "
+                 "rematerialisation (checkpoint, rematted_computation, .remat)",
         code=code, source_line=max(kept, key=lambda b: b.size_bytes).source_line)
 
 
@@ -337,19 +345,26 @@ def _donation(result: ModuleMemory, job) -> Suggestion | None:
 
 def _bf16(result: ModuleMemory, job) -> Suggestion | None:
     # Precision: f32 arrays at the peak could be halved with bfloat16.
+    """Precondition: float32 is the program's choice. A program with 16-bit arrays anywhere in it (weights,
+    activations, inputs: a quarter of its bytes or more) computes in 16 bits and keeps its f32 on purpose (loss cast,
+    softmax, optimizer state); an XLA:CPU/GPU module upcasts bf16 arithmetic to f32, so its f32 says nothing."""
     at_peak = [b for b in result.buffers if b.live_at_peak]
     peak_f32 = sum(b.size_bytes for b in at_peak if b.dtype == "f32" and b.allocation_type == "temp")
-    peak_16bit = sum(b.size_bytes for b in at_peak if b.dtype in ("bf16", "f16"))
-    # A model that already computes in 16 bits keeps some f32 on purpose (softmax, loss, optimizer state).
+    peak_16bit = sum(b.size_bytes for b in at_peak if b.dtype in preconditions.SIXTEEN_BIT)
+    all_16bit = sum(b.size_bytes for b in result.buffers if b.dtype in preconditions.SIXTEEN_BIT)
     if not result.peak_heap_bytes or peak_16bit >= peak_f32 \
             or peak_f32 < max(MIN_PADDING_BYTES, 0.25 * result.peak_heap_bytes):
+        return None
+    if preconditions.in_16_bits(all_16bit, sum(b.size_bytes for b in result.buffers)) or all_16bit >= peak_f32:
         return None
     return Suggestion(
         kind="bf16", saving_bytes=peak_f32 // 2, saving_bytes_range=(peak_f32 // 4, peak_f32 // 2),
         confidence="estimated",
         message=f"{fmt_bytes(peak_f32)} of the peak is float32 temporaries (activations, gradients): computing in "
                 "bfloat16 roughly halves them.",
-        evidence="float32 temporaries live at the peak; some (softmax, loss, optimizer) stay float32, hence the range",
+        evidence=f"float32 temporaries live at the peak ({fmt_bytes(peak_f32)}), 16-bit arrays in the whole program "
+                 f"{fmt_bytes(all_16bit)}: float32 is the program's choice; some (softmax, loss, optimizer) stay "
+                 "float32, hence the range",
         code=calls.call("bf16", job.framework) or "")
 
 
@@ -380,3 +395,26 @@ def _capacity(result: ModuleMemory, framework: str | None, shortfall: int | None
             f"The peak uses {use:.0%} of HBM: there is room for a larger per-chip batch (better MXU utilisation); "
             "`tpuprof preflight --max-batch` finds the largest that fits."))]
     return []
+
+
+# tpuprof's built-in LLM step (preflight --model): its code is tpuprof's, so a fix is one of the options that build
+# it. Padding, attention and one-hot fixes would edit that code; donation is done (the step donates its state).
+BUILTIN_LEVERS = "--remat, --dtype, --mesh and the batch (--batch-per-chip / --global-batch)"
+
+
+def for_builtin_step(module: ModuleMemory, remat: str, dtype: str) -> None:
+    """Precondition of framework code: the user wrote the program. For tpuprof's own step the suggestions become its
+    options: remat only when the step runs without it (--remat none), bf16 never (its matmuls already take bf16 or
+    fp8; weights and optimizer state stay fp32 on purpose), the batch and the capacity as they are."""
+    kept = []
+    for item in module.suggestions:
+        if item.kind == "remat" and remat == "none":
+            item.code, item.framework = "--remat full (or --remat dots: keeps the matmul outputs)", None
+        elif item.kind == "batch_size":
+            item.code, item.framework = "--batch-per-chip N (--max-batch finds the largest that fits)", None
+        else:
+            continue
+        item.evidence = (item.evidence + "; " if item.evidence else "") + \
+            f"tpuprof's built-in step (remat={remat}, dtype={dtype}): the levers are {BUILTIN_LEVERS}"
+        kept.append(item)
+    module.suggestions = kept

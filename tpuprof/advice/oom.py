@@ -26,7 +26,6 @@ MAX_GUESSED_BATCH = 65536
 # A sharding estimate spreads what does not scale with the batch over the chips of one TPU VM host.
 SHARDING_DEVICES = 8
 # Attention scores: [batch, heads, queries, keys] with queries == keys (or [b*h, q, k]).
-_ATTENTION_OP = re.compile(r"attention|attn|hqk|bhqk|qk->|softmax|scores", re.I)
 _LAYER = re.compile(r"/(?:layers?|h|blocks?|encoder_layer|decoder_layer)[/_.](\d{1,6})/")  # a layer index, not any digits
 
 
@@ -284,7 +283,7 @@ def _remat(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
 
 def _attention(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
     scores = [a for a in listed if len(a.dims) >= 3 and a.dims[-1] == a.dims[-2] and a.dims[-1] >= 128
-              and _ATTENTION_OP.search((a.op_name or "") + " " + (a.xla_label or ""))]
+              and preconditions.ATTENTION_OP.search((a.op_name or "") + " " + (a.xla_label or ""))]
     if not scores:
         return None
     total = sum(_size(a) for a in scores)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tpuprof.advice import preconditions
 from tpuprof.units import fmt_bytes
 
 _ONE_HOT = re.compile(r"one_?hot", re.I)
 CONV = re.compile(r"conv", re.I)
-_ATTENTION = re.compile(r"attention|attn|hqk|bhqk|qhd|khd|softmax|scores", re.I)
 _CLASSES = re.compile(r"logits|softmax_cross|cross_entropy|sparse_categorical|classifier|\bhead\b|/dense_?\d*/|loss",
                       re.I)
 
@@ -73,7 +73,7 @@ def _role(dims, index: int, size: int, op_name: str, batch: int | None, classes:
         return {0: "batch", 1: "spatial", 2: "spatial", 3: "channels"}[index]
     if batch and size == batch and index == 0:
         return "batch"
-    if _ATTENTION.search(op_name) and len(dims) == 4:
+    if preconditions.ATTENTION_OP.search(op_name) and len(dims) == 4:
         if dims[-1] == dims[-2] and index >= 2:
             return "sequence"
         if index == 1:

@@ -95,6 +95,11 @@ def analyze_file(file: hlo_dump.DumpFile, target: str | None = None) -> ModuleMe
     elif file.kind == "buffer_assignment":
         from tpuprof.analyses import buffer_assignment_text
 
+        platform = hlo_dump.non_tpu_platform(file.path)
+        if platform is not None:
+            raise UserError(f"{file.path.name} is XLA:{platform}'s buffer assignment, not TPU memory: give the dump "
+                            "folder (or the module's *.after_optimizations.txt) with --target to estimate it for a TPU.")
+
         result = buffer_assignment_text.analyze(file.path)
     else:
         from tpuprof.analyses import hlo_estimate

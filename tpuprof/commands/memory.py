@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from tpuprof import targets
@@ -125,6 +126,21 @@ def _module_protos(path: Path, module: str | None) -> list[Path]:
 
 
 RECOMPILE_CACHE_FORMAT = 1
+_TILED = 3  # OpSharding.OTHER: an array split over a tile assignment of devices
+
+
+def sharded_devices(module) -> int:
+    """Over how many devices an HloModuleProto's entry computation splits its arrays (1: not sharded), from its
+    instructions' OpSharding tile assignments."""
+    entry = next((c for c in module.computations if c.id == module.entry_computation_id), None)
+    most = 1
+    for instruction in entry.instructions if entry is not None else ():
+        if not instruction.HasField("sharding"):
+            continue
+        for sharding in [instruction.sharding, *instruction.sharding.tuple_shardings]:
+            if sharding.type == _TILED:
+                most = max(most, math.prod(sharding.tile_assignment_dimensions))
+    return most
 
 
 def recompile_cache(module_bytes: bytes, target: str) -> Path:
@@ -151,10 +167,12 @@ def _recompiled(path: Path, target: str) -> list[ModuleMemory]:
     import shutil
     import tempfile
 
-    from tpuprof.models.memory import METHOD_RECOMPILED
+    from tpuprof.models.memory import METHOD_RECOMPILED, METHOD_RECOMPILED_ONE_DEVICE
     from tpuprof.sources import hlo_dump, tpu_compile
 
-    module_bytes = hlo_dump.read_hlo_proto(path).hlo_module.SerializeToString()
+    module = hlo_dump.read_hlo_proto(path).hlo_module
+    devices = sharded_devices(module)
+    module_bytes = module.SerializeToString()
     folder = recompile_cache(module_bytes, target)
     cached = folder.is_dir()
     if not cached:
@@ -176,7 +194,10 @@ def _recompiled(path: Path, target: str) -> list[ModuleMemory]:
             shutil.rmtree(staging, ignore_errors=True)
     results = analysis.analyze_path(folder, None, target)
     for result in results:
-        result.method = METHOD_RECOMPILED
+        result.method = METHOD_RECOMPILED_ONE_DEVICE if devices > 1 else METHOD_RECOMPILED
+        if devices > 1:
+            result.notes.append(f"The module is sharded over {devices} devices; recompiled on one device its figures "
+                                "are the whole program's, not one device's share.")
         result.source = str(path)  # the dump in the cache is tpuprof's: name the module the user gave
         result.notes.append(f"Compiled from {path} with libtpu for {target}"
                             + (" (cached compile)." if cached else "."))

@@ -437,6 +437,10 @@ def _model_target(config, source, name, seq, batch_per_chip, global_batch, max_b
     label = f"{name} {config.name} remat={remat}"
     main = _run_dtype(spec, name, None, batch, max_batch, top, use_cache,
                       lambda _label, b: report_progress(label, b))
+    if main.get("memory") is not None:  # tpuprof's own step: the options that build it, not edits of its code
+        from tpuprof.advice.memory import for_builtin_step
+
+        for_builtin_step(main["memory"], remat, dtype)
     result.update(main)
     if max_batch:
         result["max_batch_per_chip"] = (main["max_batch_size"] * per_chip if main.get("max_batch_size") else None)

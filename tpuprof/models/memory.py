@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 # How a module's figures were obtained ("method" in --json).
 METHOD_BUFFER_ASSIGNMENT = "buffer_assignment"  # the compiler's TPU buffer assignment, read as is: exact
 METHOD_RECOMPILED = "recompiled"  # recompiled with libtpu here, then its buffer assignment: exact
+# A sharded (SPMD) module recompiled here on one device: exact for the whole program on one chip, not per device.
+METHOD_RECOMPILED_ONE_DEVICE = "recompiled_one_device"
 METHOD_HLO_LIVENESS = "hlo_liveness"  # liveness over scheduled HLO with TPU layouts: an estimate
 METHOD_UNSCHEDULED_BOUND = "unscheduled_bound"  # no TPU schedule or layouts: an estimate within a range
 ESTIMATED_METHODS = (METHOD_HLO_LIVENESS, METHOD_UNSCHEDULED_BOUND)

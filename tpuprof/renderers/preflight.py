@@ -217,6 +217,8 @@ def _curve(r: dict) -> str:
     fit = r.get("curve_fit")
     if not fit:
         return "-"
+    if fit["fixed_bytes"] < 0:  # the compiles do not lie on a line: no fixed part to state
+        return f"≈{fmt_bytes(fit['per_example_bytes'])}/example (not linear)"
     return f"{fmt_bytes(fit['fixed_bytes'])} + {fmt_bytes(fit['per_example_bytes'])}/example"
 
 
