@@ -123,7 +123,7 @@ def print_tables(results: list[ModuleMemory], top: int) -> None:
             summary.add_row("padding live at the peak", fmt_bytes(m.padding_at_peak_bytes), "")
         summary.add_row("arguments", fmt_bytes(m.argument_bytes), "")
         summary.add_row("outputs", fmt_bytes(m.output_bytes), "")
-        summary.add_row("temporaries", fmt_bytes(m.temp_bytes), "")
+        summary.add_row("temporaries", fmt_bytes(m.temp_bytes), "HBM temporaries of the buffer assignment")
         for space, size in sorted(m.other_memory_spaces.items()):
             summary.add_row(f"memory space S({space})", fmt_bytes(size), "not HBM (VMEM/SMEM...)")
         out.print(summary)
