@@ -15,7 +15,7 @@ from tpuprof.advice import preconditions
 from tpuprof.units import fmt_bytes
 
 _ONE_HOT = re.compile(r"one_?hot", re.I)
-CONV = re.compile(r"conv", re.I)
+CONV = re.compile(r"conv(?!ert)", re.I)  # Conv2D, conv_general_dilated, convolution; not convert
 _CLASSES = re.compile(r"logits|softmax_cross|cross_entropy|sparse_categorical|classifier|\bhead\b|/dense_?\d*/|loss",
                       re.I)
 
@@ -97,7 +97,7 @@ def fixes(dimensions: list[PaddedDimension], tile_of, size_bytes: int, tensor: s
         tile = 128 if dimension.lanes else tile_of(dimension)
         size, padded = dimension.size, dimension.padded
         of = f" of {tensor}" if tensor else ""
-        if dimension.role == "size-1" or (dimension.lanes and size < 64):
+        if dimension.role == "size-1" or (dimension.role == "features" and dimension.lanes and size < 64):
             # Removing the dimension (or merging it into its neighbour) leaves the data dense: the padding goes.
             saving = size_bytes - size_bytes * size // padded
             what = ("a size-1 dimension" if dimension.role == "size-1" else f"the last dimension{of}, {size} wide,")
