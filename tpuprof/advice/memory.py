@@ -418,3 +418,23 @@ def for_builtin_step(module: ModuleMemory, remat: str, dtype: str) -> None:
             f"tpuprof's built-in step (remat={remat}, dtype={dtype}): the levers are {BUILTIN_LEVERS}"
         kept.append(item)
     module.suggestions = kept
+
+
+def measure_bf16(module: ModuleMemory, bf16_peak: int | None, batch: int) -> None:
+    """preflight --bf16 compiled the same step in bfloat16 at the same batch: the bf16 suggestion's saving is then
+    the two peaks' difference, measured, not the estimate; dropped when bfloat16 frees nothing."""
+    if bf16_peak is None or module.peak_heap_bytes is None:
+        return
+    saving = module.peak_heap_bytes - bf16_peak
+    kept = []
+    for item in module.suggestions:
+        if item.kind == "bf16":
+            if saving <= 0:
+                continue
+            item.saving_bytes, item.saving_bytes_range, item.confidence = saving, None, "measured"
+            item.evidence = (f"measured: compiled in bfloat16 at batch {batch}, the peak goes "
+                             f"{fmt_bytes(module.peak_heap_bytes)} -> {fmt_bytes(bf16_peak)}")
+        kept.append(item)
+    capacity = module.hbm_capacity_bytes
+    peak = module.peak_heap_bytes
+    module.suggestions = rank(kept, shortfall_bytes=peak - capacity if capacity and peak > capacity else None)

@@ -192,6 +192,10 @@ def _target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_p
             "verdict")
             if k in bf16}
         result["compiles"] += bf16["compiles"]
+        if main.get("memory") is not None and bf16.get("batch_size") == main.get("batch_size"):
+            from tpuprof.advice.memory import measure_bf16
+
+            measure_bf16(main["memory"], bf16.get("peak_heap_bytes"), main["batch_size"])
     result["cache"] = str(preflight.cache_root())
     return result
 
