@@ -20,10 +20,10 @@ from conftest import run_cli
 
 from tpuprof import targets
 from tpuprof.errors import UserError
+from tpuprof.sources import tpu_compile
 
 ROOT = Path(__file__).resolve().parent.parent
-needs_libtpu = pytest.mark.skipif(
-    not __import__("tpuprof.sources.tpu_compile", fromlist=["x"]).jax_available(), reason="libtpu not installed")
+needs_libtpu = pytest.mark.skipif(not tpu_compile.jax_available(), reason="libtpu not installed")
 
 # A user's JAX training script: RNG seeding and splitting, initialisers, a cast, the train step: 8 modules on XLA:CPU,
 # the random initialiser's proto larger than the train step's.
@@ -232,3 +232,11 @@ def test_builtin_model_is_advised_through_its_options(tmp_path):
     for s in suggestions:  # no Flax/JAX edits of tpuprof's code (a fused attention kernel, dtype=jnp.bfloat16)
         assert s.get("code", "").startswith("--") and "framework" not in s, s
         assert "jnp." not in s.get("code", "") and "splash_attention" not in s.get("code", "")
+    # `report` on the document reads the compile's dump again: the advice stays the document's (no donation for
+    # the step that donates, no framework code).
+    from tpuprof.commands import report
+
+    saved = tmp_path / "preflight.json"
+    saved.write_text(result.stdout)
+    reloaded = report._load_json(saved).document["targets"][0]["memory"]
+    assert "timeline" in reloaded and reloaded["suggestions"] == suggestions

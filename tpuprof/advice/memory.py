@@ -55,15 +55,17 @@ def _dims_of_text(text: str) -> tuple[int, ...]:
 
 def batch_dimension(result: ModuleMemory) -> int | None:
     """The per-chip batch: the leading dimension of most of the temporaries' bytes at the peak (activations
-    lead with the batch), when it carries at least 40% of them."""
+    lead with the batch), when it carries at least 40% of them. A size that some described buffer has in another
+    position is a feature size (a hidden or vocabulary size, heads, a sequence), never the batch."""
     weights: dict[int, int] = {}
     total = 0
+    features = {d for buffer in result.buffers if buffer.shape for d in _dims(buffer)[1:]}
     for buffer in result.buffers:
         if buffer.allocation_type != "temp" or not buffer.live_at_peak or not buffer.shape:
             continue
         dims = _dims(buffer)
         total += buffer.size_bytes
-        if len(dims) >= 2 and dims[0] > 1:
+        if len(dims) >= 2 and dims[0] > 1 and dims[0] not in features:
             weights[dims[0]] = weights.get(dims[0], 0) + buffer.size_bytes
     if not weights or not total:
         return None
