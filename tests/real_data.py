@@ -163,3 +163,19 @@ LLAMA3_8B_TRAIN_STEP_V6E_8_HLO = Artefact(
     "vlasenkoalexey/tpu_performance_autoresearch_wiki", "c5e3f7aacc7deb4fa8a9b1b416638b969e0fc75f",
     "raw/profiles/2026-04-27-jax-hlodump-exp28b/module_0262.jit_train_step.cl_854318611.after_optimizations.hlo",
     "8ef5ade50b1a27898639a592e5c6afe2b11c0830416efe0a3d3ee062210410ab")
+
+
+def shared_folder() -> Path | None:
+    """The real-data folder itself ($TPUPROF_REAL_DATA, else shared/real_data beside the clone or above it)."""
+    folders = [Path(os.environ["TPUPROF_REAL_DATA"])] if os.environ.get("TPUPROF_REAL_DATA") else []
+    folders += [parent / "shared" / "real_data" for parent in _ancestors()[1:]]
+    return next((folder for folder in folders if folder.is_dir()), None)
+
+
+def discovered() -> list[Path]:
+    """Every artefact file in the real-data folder (its README aside), whatever it is: the advice audit runs each
+    through the commands that read it, so a file added to the folder joins the audit without a test change."""
+    folder = shared_folder()
+    if folder is None:
+        return []
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "README.md")

@@ -199,10 +199,10 @@ def test_channels_fix_names_the_multiples():
                     op_name="jit(f)/conv_general_dilated")
     fill_shape_details(buffer, shape)
     message = padding_fix(buffer)
-    assert "18 channels are padded to 24: use 16 or 24 channels" in message
-    # the batch the compiler put on the lanes: batch advice the user can act on, not "transpose"
-    assert "the per-chip batch of 64 is the minor-most dimension" in message and "batch of 128" in message
-    assert "transpose" not in message
+    # 16 channels pad to 16: 64x32x32x16 on 128 lanes; 24 would hold more data in the same bytes: not advised
+    assert "18 channels are padded to 24: use 16; frees 4.00 MiB" in message
+    # the batch on the lanes is not a padding fix (a larger batch adds data): no "batch of 128", no "transpose"
+    assert "batch of 128" not in message and "transpose" not in message
 
 
 def test_tensorflow_hlo_without_tpu_layouts_is_an_estimate(cli):
@@ -229,7 +229,7 @@ def test_conv_with_18_channels_gets_the_channel_fix_from_a_real_dump(cli):
     assert out.returncode == 0, out.stderr
     module = json.loads(out.stdout)["modules"][0]
     padding = [s for s in module["suggestions"] if s["kind"] == "padding"]
-    assert padding and "18 channels are padded to 24: use 16 or 24 channels" in padding[0]["message"]
+    assert padding and "18 channels are padded to 24: use 16; frees 32.00 MiB" in padding[0]["message"]
     assert padding[0]["saving_bytes"] >= 1 << 20
     assert "bf16" in {s["kind"] for s in module["suggestions"]}  # an f32 model: bf16 is worth saying
 

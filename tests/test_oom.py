@@ -317,9 +317,9 @@ def test_padding_fix_per_shape_with_the_dimension_to_change():
     assert len(tips) == 1 and tips[0]["saving_bytes"] == 2 * 3 << 30  # both 4.00G buffers, 3.00G each
     assert "dim 1 is 1, tiled to 4" in tips[0]["evidence"] and "1 more listed buffer" in tips[0]["message"]
     assert "size-1 dimension" in tips[0]["message"] and "squeeze" in tips[0]["message"]
+    # 64 channels on the 128 lanes: no smaller size pads less, and 128 channels would add data: no padding fix.
     report = report_of(FIXTURES / "tensorflow_30803_untiled_layouts.txt")
-    tips = [t for t in advice.suggest(report, analysis.estimate_batch(report)) if t["kind"] == "padding"]
-    assert len(tips) == 1 and "dim 3 is 64, tiled to 128" in tips[0]["evidence"]
+    assert not [t for t in advice.suggest(report, analysis.estimate_batch(report)) if t["kind"] == "padding"]
 
 
 def test_disagreement_between_log_and_tiling_is_flagged():

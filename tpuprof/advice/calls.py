@@ -78,6 +78,10 @@ CALLS: dict[str, dict[str | None, str]] = {
         "tf1": "one graph and one session per process; the TPU system is shared by every session",
         "pytorch_xla": "call xm.mark_step() once per step (after optimizer.step()) so the graph and its "
                        "tensors do not grow, del tensors no longer needed, check xm.get_memory_info(device)",
+        # The allocation failed while xm.mark_step() ran the step's graph: that call is already there.
+        "pytorch_xla_in_mark_step": "the step's graph failed at xm.mark_step(), which runs it: del tensors no longer "
+                                    "needed before it (old batches, outputs kept for logging), move .item()/print of "
+                                    "device tensors after it, check xm.get_memory_info(device)",
         "vllm": "lower --gpu-memory-utilization (the share of HBM vLLM takes for the KV cache) or "
                 "--max-model-len",
         None: "free arrays no longer needed and load weights sharded instead of onto one device",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from tpuprof.advice import calls, padding as padding_advice
+from tpuprof.advice import calls, padding as padding_advice, preconditions
 from tpuprof.analyses import framework as frameworks
 from tpuprof.models.memory import Buffer, ModuleMemory
 from tpuprof.models.suggestion import Suggestion, rank
@@ -24,7 +24,6 @@ MiB = 1 << 20
 MIN_PADDING_BYTES = 1 * MiB
 MIN_PADDING_SHARE = 0.005
 MAX_PADDING_SUGGESTIONS = 5
-_ATTENTION = re.compile(r"attention|attn|hqk|bhqk|qhd,|khd->|softmax|scores", re.I)
 # Layer indices in op names: Flax "layers_3", "layer_3", "h_3", ".../blocks/3/...", "block3".
 _LAYER = re.compile(r"(?:layers?|blocks?|\bh)[_./]?(\d{1,6})\b")  # a layer index, not any run of digits
 _FORWARD = re.compile(r"jvp\(")
@@ -56,15 +55,17 @@ def _dims_of_text(text: str) -> tuple[int, ...]:
 
 def batch_dimension(result: ModuleMemory) -> int | None:
     """The per-chip batch: the leading dimension of most of the temporaries' bytes at the peak (activations
-    lead with the batch), when it carries at least 40% of them."""
+    lead with the batch), when it carries at least 40% of them. A size that some described buffer has in another
+    position is a feature size (a hidden or vocabulary size, heads, a sequence), never the batch."""
     weights: dict[int, int] = {}
     total = 0
+    features = {d for buffer in result.buffers if buffer.shape for d in _dims(buffer)[1:]}
     for buffer in result.buffers:
         if buffer.allocation_type != "temp" or not buffer.live_at_peak or not buffer.shape:
             continue
         dims = _dims(buffer)
         total += buffer.size_bytes
-        if len(dims) >= 2 and dims[0] > 1:
+        if len(dims) >= 2 and dims[0] > 1 and dims[0] not in features:
             weights[dims[0]] = weights.get(dims[0], 0) + buffer.size_bytes
     if not weights or not total:
         return None
@@ -98,23 +99,44 @@ def _subshape_dims(text: str) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(d) for d in match.group(1).split(",") if d) for match in _SUBSHAPE.finditer(text))
 
 
-def padding_fix(buffer: Buffer, batch: int | None = None, classes: frozenset[int] = frozenset()) -> str:
+def convolutional(result: ModuleMemory) -> bool:
+    """Whether the module convolves: its rank-4 arrays are then images, activations (NHWC) and kernels (HWIO)."""
+    return any(b.opcode == "convolution" or padding_advice.CONV.search(b.op_name or "") for b in result.buffers)
+
+
+def _one_hot(buffer: Buffer) -> bool:
+    return any(word in (buffer.op_name or "").lower() for word in ("one_hot", "onehot"))
+
+
+def padding_fixes(buffer: Buffer, batch: int | None = None, classes: frozenset[int] = frozenset(),
+                  convolutional: bool = False) -> list[padding_advice.Fix]:
+    """The sizes the user can choose for BUFFER's padded dimensions, largest saving first (tpuprof.advice.padding)."""
+    if not buffer.padded_dims or buffer.opcode == "constant":
+        return []  # a constant's length is the program's, not a size the user picked
+    found = padding_advice.roles(_dims(buffer) or tuple(range(len(buffer.minor_to_major))), buffer.padded_dims,
+                                 buffer.minor_to_major, buffer.op_name, batch, classes, convolutional)
+    return padding_advice.fixes(found, lambda d: _tile_dim_for(buffer, d.index) or 8, buffer.size_bytes)
+
+
+def padding_fix(buffer: Buffer, batch: int | None = None, classes: frozenset[int] = frozenset(),
+                convolutional: bool = False) -> str:
     """Which tensor and dimension is padded from what to what, and what to choose, in the user's terms."""
     head = f"{buffer.instruction} {buffer.shape}: "
     if not buffer.padded_dims:
         return head + f"{fmt_bytes(buffer.padding_bytes)} of padding."
-    if any(word in (buffer.op_name or "").lower() for word in ("one_hot", "onehot")):
+    if _one_hot(buffer):
         dims = _dims(buffer)
         _, classes, padded = next((d for d in buffer.padded_dims if d[1] > 1), buffer.padded_dims[0])
         return head + (f"the one-hot of {classes} classes is padded {classes} -> {padded} "
                        f"({padded / classes:.1f}x), {fmt_bytes(buffer.padding_bytes)} of padding: pass integer labels with a sparse loss (sparse_categorical_crossentropy, "
                        "optax.softmax_cross_entropy_with_integer_labels) instead of materialising the one-hot"
                        + (f" ({'x'.join(map(str, dims))})" if dims else "") + ".")
-    found = padding_advice.roles(_dims(buffer) or tuple(range(len(buffer.minor_to_major))), buffer.padded_dims,
-                                 buffer.minor_to_major, buffer.op_name, batch, classes)
-    texts = [padding_advice.fix_text(d, _tile_dim_for(buffer, d.index) or 8, buffer.padding_bytes if i == 0 else 0)
-             for i, d in enumerate(found)]
-    return head + "; ".join(dict.fromkeys(texts)) + "."
+    found = padding_fixes(buffer, batch, classes, convolutional)
+    if found:
+        return head + "; or ".join(f.text for f in found) + "."
+    dims = padding_advice.roles(_dims(buffer) or tuple(range(len(buffer.minor_to_major))), buffer.padded_dims,
+                                buffer.minor_to_major, buffer.op_name, batch, classes, convolutional)
+    return head + "; ".join(padding_advice.describe(d) for d in dims) + ": no size to change."
 
 
 def suggest(result: ModuleMemory) -> list[Suggestion]:
@@ -141,12 +163,15 @@ def suggest(result: ModuleMemory) -> list[Suggestion]:
 
 
 def _padding(result: ModuleMemory, peak: int) -> list[Suggestion]:
+    """Precondition: a dimension the user picks (features, channels, heads, sequence, a size-1 dimension), a size
+    that holds no more data than now, and fewer bytes recomputed at that size (tpuprof.advice.padding.fixes)."""
     # The biggest wasters first; prefer buffers live at the peak (they decide fitting).
     floor = max(MIN_PADDING_BYTES, MIN_PADDING_SHARE * peak)
     candidates = sorted((b for b in result.buffers if b.padding_bytes >= floor),
                         key=lambda b: (not b.live_at_peak, -b.padding_bytes))
     batch = batch_dimension(result)
     classes = class_counts(result, batch)
+    convolves = convolutional(result)
     out: list[Suggestion] = []
     seen_ops: set[str] = set()
     for buffer in candidates:
@@ -154,16 +179,27 @@ def _padding(result: ModuleMemory, peak: int) -> list[Suggestion]:
         if key in seen_ops:
             continue
         seen_ops.add(key)
-        kind = "one_hot" if any(w in (buffer.op_name or "").lower() for w in ("one_hot", "onehot")) else "padding"
         where = " live at the peak" if buffer.live_at_peak else ""
-        out.append(Suggestion(
-            kind=kind, saving_bytes=buffer.padding_bytes if buffer.live_at_peak else None, confidence="exact",
-            message=f"{fmt_bytes(buffer.padding_bytes)} of padding{where} ({buffer.expansion:.1f}x)"
-                    + (f" from {buffer.op_name}" if buffer.op_name else "") + ": " + padding_fix(buffer, batch, classes),
-            evidence=f"{buffer.instruction} {buffer.shape}: {fmt_bytes(buffer.size_bytes)} for "
-                     f"{fmt_bytes(buffer.unpadded_bytes)} of data"
-                     + ("" if buffer.live_at_peak else "; not live at the peak, so the peak does not shrink"),
-            source_line=buffer.source_line))
+        head = (f"{fmt_bytes(buffer.padding_bytes)} of padding{where} ({buffer.expansion:.1f}x)"
+                + (f" from {buffer.op_name}" if buffer.op_name else "") + ": ")
+        data = f"{buffer.instruction} {buffer.shape}: {fmt_bytes(buffer.size_bytes)} for " \
+               f"{fmt_bytes(buffer.unpadded_bytes)} of data"
+        not_at_peak = "" if buffer.live_at_peak else "; not live at the peak, so the peak does not shrink"
+        if _one_hot(buffer):
+            out.append(Suggestion(
+                kind="one_hot", saving_bytes=buffer.padding_bytes if buffer.live_at_peak else None,
+                confidence="estimated", message=head + padding_fix(buffer, batch, classes, convolves),
+                evidence=data + "; integer labels need no one-hot buffer: at least its padding is freed" + not_at_peak,
+                source_line=buffer.source_line))
+        else:
+            found = padding_fixes(buffer, batch, classes, convolves)
+            if not found:
+                continue  # padded in a dimension the user does not choose (batch, classes, image size, constant)
+            out.append(Suggestion(
+                kind="padding", saving_bytes=found[0].saving_bytes if buffer.live_at_peak else None,
+                confidence="estimated",
+                message=head + f"{buffer.instruction} {buffer.shape}: " + "; or ".join(f.text for f in found) + ".",
+                evidence=data + "; " + found[0].evidence + not_at_peak, source_line=buffer.source_line))
         if len(out) >= MAX_PADDING_SUGGESTIONS:
             break
     return out
@@ -175,7 +211,10 @@ def _layer_count(buffers) -> int | None:
 
 
 def _attention(result: ModuleMemory, job) -> Suggestion | None:
-    scores = [b for b in result.buffers if b.live_at_peak and b.allocation_type == "temp" and _scores_shape(b)]
+    """Precondition: score tensors, by shape (queries x keys) and by name where the shape alone could be an image."""
+    convolves = convolutional(result)
+    scores = [b for b in result.buffers if b.live_at_peak and b.allocation_type == "temp"
+              and _scores_shape(b, convolves)]
     total = sum(b.size_bytes for b in scores)
     peak = result.peak_heap_bytes or 0
     if not scores or total < max(MIN_PADDING_BYTES, 0.1 * peak):
@@ -208,14 +247,16 @@ def _repeats(buffers) -> int | None:
     return len(max(groups.values(), key=sum)) if groups else None
 
 
-def _scores_shape(buffer: Buffer) -> bool:
+def _scores_shape(buffer: Buffer, convolves: bool = False) -> bool:
     """Attention scores or probabilities: [batch, heads, queries, keys] with as many keys as queries (self
     attention), or [batch*heads, queries, keys] from an op named for attention. Their op names are often
-    only the softmax's pieces (sub, exp, convert), so the shape decides."""
+    only the softmax's pieces (sub, exp, convert), so the shape decides, except in a program that convolves: there
+    a rank-4 array with two equal minor sizes is as likely an image, and the op name must say attention."""
     dims = _dims(buffer)
     if len(dims) < 3 or dims[-1] != dims[-2] or dims[-1] < 128:
         return False
-    return len(dims) == 4 or bool(_ATTENTION.search(buffer.op_name or ""))
+    named = bool(preconditions.ATTENTION_OP.search(buffer.op_name or ""))
+    return named or (len(dims) == 4 and not convolves)
 
 
 def _remat(result: ModuleMemory, job) -> Suggestion | None:
@@ -224,6 +265,9 @@ def _remat(result: ModuleMemory, job) -> Suggestion | None:
     time."""
     if job.training is not True:
         return None  # inference keeps no activations for a backward pass
+    already = preconditions.rematerialised(b.op_name for b in result.buffers)
+    if already:
+        return None  # jax.checkpoint / nn.remat (or XLA's rematerialisation) recomputes already
     kept = [b for b in result.buffers if b.live_at_peak and b.allocation_type == "temp"
             and _FORWARD.search(b.op_name or "") and not _BACKWARD.search(b.op_name or "")]
     total = sum(b.size_bytes for b in kept)
@@ -246,26 +290,37 @@ def _remat(result: ModuleMemory, job) -> Suggestion | None:
         kind="remat", saving_bytes=point, saving_bytes_range=(low, high), confidence="estimated",
         message=(f"{fmt_bytes(total)} of the {fmt_bytes(peak)} peak are forward activations kept for the backward "
                  "pass: recompute them instead (rematerialisation)."),
-        evidence=f"{len(kept)} temporaries of the forward pass live at the peak; {how}",
+        evidence=f"{len(kept)} temporaries of the forward pass live at the peak; {how}; no op name shows "
+                 "rematerialisation (checkpoint, rematted_computation, .remat)",
         code=code, source_line=max(kept, key=lambda b: b.size_bytes).source_line)
 
 
-def donation(argument_bytes: int, output_bytes: int, alias_bytes: int, job, peak: int = 0) -> Suggestion | None:
+def donation(argument_bytes: int, output_bytes: int, alias_bytes: int, job, peak: int = 0,
+             alias_pairs: int | None = None, where: str = "the buffer assignment") -> Suggestion | None:
     """A train step's new state has the old state's shapes: when its outputs reuse none of its arguments'
-    buffers, donating the state frees up to the smaller of the two."""
-    if job.training is not True or not output_bytes or not argument_bytes or alias_bytes >= 0.5 * output_bytes:
+    buffers, donating the state frees up to the smaller of the two.
+
+    Precondition: a training step whose outputs alias (almost) no argument: ALIAS_BYTES (outputs held in argument
+    buffers, from WHERE) under half the outputs, and ALIAS_PAIRS (the module's input_output_alias) none. A step
+    jitted with donate_argnums has both."""
+    if job.training is not True or not output_bytes or not argument_bytes:
         return None
+    if alias_pairs or alias_bytes >= 0.5 * output_bytes:
+        return None  # already donated: the outputs are written over the arguments
     saving = min(output_bytes, argument_bytes) - alias_bytes
     code = calls.call("donation", job.framework)
-    if saving <= 0 or not code:
+    if saving <= max(MIN_PADDING_BYTES, 0.01 * peak) or not code:
         return None
+    pairs = ("the module declares no input_output_alias" if alias_pairs == 0
+             else "the input does not carry the module's input_output_alias")
     return Suggestion(
         kind="donation", saving_bytes=saving, confidence="estimated", framework=job.framework, code=code,
         message=(f"Outputs ({fmt_bytes(output_bytes)}) reuse {fmt_bytes(alias_bytes)} of the arguments' "
                  f"{fmt_bytes(argument_bytes)}: donate the step's state so the new state is written over the old "
                  f"one; up to {fmt_bytes(saving)} less HBM."),
-        evidence=f"arguments {fmt_bytes(argument_bytes)}, outputs {fmt_bytes(output_bytes)}, aliased "
-                 f"{fmt_bytes(alias_bytes)}; the saving is exact when every output has an argument of its shape")
+        evidence=f"{where}: arguments {fmt_bytes(argument_bytes)}, outputs {fmt_bytes(output_bytes)}, outputs in "
+                 f"argument buffers {fmt_bytes(alias_bytes)}; {pairs}; the saving is exact when every output has an "
+                 "argument of its shape")
 
 
 def add_donation(module: ModuleMemory, stats: dict) -> None:
@@ -273,7 +328,8 @@ def add_donation(module: ModuleMemory, stats: dict) -> None:
     job = frameworks.from_module(module.name, (b.op_name for b in module.buffers),
                                  (b.source_line for b in module.buffers))
     hint = donation(int(stats.get("argument_size_in_bytes") or 0), int(stats.get("output_size_in_bytes") or 0),
-                    int(stats.get("alias_size_in_bytes") or 0), job)
+                    int(stats.get("alias_size_in_bytes") or 0), job, module.peak_heap_bytes or 0,
+                    module.alias_pairs, "the compile's memory_analysis()")
     # The compile's own aliasing replaces the buffer assignment's guess, also when it finds nothing to donate.
     peak = module.peak_heap_bytes or 0
     capacity = module.hbm_capacity_bytes
@@ -282,26 +338,35 @@ def add_donation(module: ModuleMemory, stats: dict) -> None:
 
 
 def _donation(result: ModuleMemory, job) -> Suggestion | None:
-    # In a buffer assignment an output that reuses a parameter's buffer is counted as the parameter, so the
-    # outputs counted apart are the ones that did not reuse any.
-    return donation(result.argument_bytes, result.output_bytes, 0, job)
+    # A buffer assignment counts an output written into a parameter's buffer in both the arguments and the
+    # outputs (aliased_bytes); the HLO's input_output_alias says what the program declared.
+    return donation(result.argument_bytes, result.output_bytes, result.aliased_bytes, job,
+                    result.peak_heap_bytes or 0, result.alias_pairs,
+                    "the buffer assignment" if not result.estimated else "the liveness estimate")
 
 
 def _bf16(result: ModuleMemory, job) -> Suggestion | None:
     # Precision: f32 arrays at the peak could be halved with bfloat16.
+    """Precondition: float32 is the program's choice. A program with 16-bit arrays anywhere in it (weights,
+    activations, inputs: a quarter of its bytes or more) computes in 16 bits and keeps its f32 on purpose (loss cast,
+    softmax, optimizer state); an XLA:CPU/GPU module upcasts bf16 arithmetic to f32, so its f32 says nothing."""
     at_peak = [b for b in result.buffers if b.live_at_peak]
     peak_f32 = sum(b.size_bytes for b in at_peak if b.dtype == "f32" and b.allocation_type == "temp")
-    peak_16bit = sum(b.size_bytes for b in at_peak if b.dtype in ("bf16", "f16"))
-    # A model that already computes in 16 bits keeps some f32 on purpose (softmax, loss, optimizer state).
+    peak_16bit = sum(b.size_bytes for b in at_peak if b.dtype in preconditions.SIXTEEN_BIT)
+    all_16bit = sum(b.size_bytes for b in result.buffers if b.dtype in preconditions.SIXTEEN_BIT)
     if not result.peak_heap_bytes or peak_16bit >= peak_f32 \
             or peak_f32 < max(MIN_PADDING_BYTES, 0.25 * result.peak_heap_bytes):
+        return None
+    if preconditions.in_16_bits(all_16bit, sum(b.size_bytes for b in result.buffers)) or all_16bit >= peak_f32:
         return None
     return Suggestion(
         kind="bf16", saving_bytes=peak_f32 // 2, saving_bytes_range=(peak_f32 // 4, peak_f32 // 2),
         confidence="estimated",
         message=f"{fmt_bytes(peak_f32)} of the peak is float32 temporaries (activations, gradients): computing in "
                 "bfloat16 roughly halves them.",
-        evidence="float32 temporaries live at the peak; some (softmax, loss, optimizer) stay float32, hence the range",
+        evidence=f"float32 temporaries live at the peak ({fmt_bytes(peak_f32)}), 16-bit arrays in the whole program "
+                 f"{fmt_bytes(all_16bit)}: float32 is the program's choice; some (softmax, loss, optimizer) stay "
+                 "float32, hence the range",
         code=calls.call("bf16", job.framework) or "")
 
 
@@ -332,3 +397,46 @@ def _capacity(result: ModuleMemory, framework: str | None, shortfall: int | None
             f"The peak uses {use:.0%} of HBM: there is room for a larger per-chip batch (better MXU utilisation); "
             "`tpuprof preflight --max-batch` finds the largest that fits."))]
     return []
+
+
+# tpuprof's built-in LLM step (preflight --model): its code is tpuprof's, so a fix is one of the options that build
+# it. Padding, attention and one-hot fixes would edit that code; donation is done (the step donates its state).
+BUILTIN_LEVERS = "--remat, --dtype, --mesh and the batch (--batch-per-chip / --global-batch)"
+
+
+def for_builtin_step(module: ModuleMemory, remat: str, dtype: str) -> None:
+    """Precondition of framework code: the user wrote the program. For tpuprof's own step the suggestions become its
+    options: remat only when the step runs without it (--remat none), bf16 never (its matmuls already take bf16 or
+    fp8; weights and optimizer state stay fp32 on purpose), the batch and the capacity as they are."""
+    kept = []
+    for item in module.suggestions:
+        if item.kind == "remat" and remat == "none":
+            item.code, item.framework = "--remat full (or --remat dots: keeps the matmul outputs)", None
+        elif item.kind == "batch_size":
+            item.code, item.framework = "--batch-per-chip N (--max-batch finds the largest that fits)", None
+        else:
+            continue
+        item.evidence = (item.evidence + "; " if item.evidence else "") + \
+            f"tpuprof's built-in step (remat={remat}, dtype={dtype}): the levers are {BUILTIN_LEVERS}"
+        kept.append(item)
+    module.suggestions = kept
+
+
+def measure_bf16(module: ModuleMemory, bf16_peak: int | None, batch: int) -> None:
+    """preflight --bf16 compiled the same step in bfloat16 at the same batch: the bf16 suggestion's saving is then
+    the two peaks' difference, measured, not the estimate; dropped when bfloat16 frees nothing."""
+    if bf16_peak is None or module.peak_heap_bytes is None:
+        return
+    saving = module.peak_heap_bytes - bf16_peak
+    kept = []
+    for item in module.suggestions:
+        if item.kind == "bf16":
+            if saving <= 0:
+                continue
+            item.saving_bytes, item.saving_bytes_range, item.confidence = saving, None, "measured"
+            item.evidence = (f"measured: compiled in bfloat16 at batch {batch}, the peak goes "
+                             f"{fmt_bytes(module.peak_heap_bytes)} -> {fmt_bytes(bf16_peak)}")
+        kept.append(item)
+    capacity = module.hbm_capacity_bytes
+    peak = module.peak_heap_bytes
+    module.suggestions = rank(kept, shortfall_bytes=peak - capacity if capacity and peak > capacity else None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from tpuprof.advice import calls, padding as padding_advice
+from tpuprof.advice import calls, padding as padding_advice, preconditions
 from tpuprof.analyses.oom import format_bytes as fmt
 from tpuprof.models import shape as shapes
 from tpuprof.models.oom import (
@@ -26,7 +26,6 @@ MAX_GUESSED_BATCH = 65536
 # A sharding estimate spreads what does not scale with the batch over the chips of one TPU VM host.
 SHARDING_DEVICES = 8
 # Attention scores: [batch, heads, queries, keys] with queries == keys (or [b*h, q, k]).
-_ATTENTION_OP = re.compile(r"attention|attn|hqk|bhqk|qk->|softmax|scores", re.I)
 _LAYER = re.compile(r"/(?:layers?|h|blocks?|encoder_layer|decoder_layer)[/_.](\d{1,6})/")  # a layer index, not any digits
 
 
@@ -124,11 +123,14 @@ def _op_label(entry: OomAllocation) -> str:
 
 
 def _padding(report: OomReport, capacity: int | None, estimate: BatchEstimate) -> list[Suggestion]:
+    """Precondition: as memory's (tpuprof.advice.padding.fixes): a dimension the user picks, a size that holds no
+    more data, fewer bytes at that size; a one-hot is replaced by integer labels."""
     out: list[Suggestion] = []
     by_shape: dict[str, Suggestion] = {}  # buffers of one shape share the fix: one suggestion, savings summed
     listed = sum(a.size_bytes or 0 for a in report.allocations)
     threshold = 0.01 * capacity if capacity else 0.01 * listed  # smaller wastes are not worth the user's time
     batch = estimate.current_batch or estimate.batch_dim
+    convolves = any(padding_advice.CONV.search(a.op_name or "") for a in report.allocations)
     for entry in report.allocations:
         exact = entry.recomputed_padded_bytes is not None and not entry.disagreements
         size = entry.recomputed_padded_bytes if exact else entry.size_bytes
@@ -140,18 +142,24 @@ def _padding(report: OomReport, capacity: int | None, estimate: BatchEstimate) -
             continue
         if entry.shape in by_shape:
             item = by_shape[entry.shape]
-            item.saving_bytes += waste
+            item.saving_bytes += item.extra["per_buffer"]
             item.extra["buffers"] += 1
             continue
+        fix, saving, how = _padding_fix(entry, size, batch, convolves)
+        if fix is None:
+            continue  # padded only in dimensions the user does not choose
+        one_hot = entry.op_type == "OneHot" or "one_hot" in (entry.op_name or "").lower()
         by_shape[entry.shape] = Suggestion(
-            kind="padding", saving_bytes=waste, confidence="exact" if exact else "estimated",
-            message=f"{_op_label(entry)}: {_padding_fix(entry, waste, batch)}.",
+            # A one-hot's padding is freed with the buffer: the log's own figure. A new size is another program.
+            kind="padding", saving_bytes=saving, confidence="exact" if one_hot and exact else "estimated",
+            message=f"{_op_label(entry)}: {fix}.",
             evidence=f"{entry.shape} takes {fmt(size)} for {fmt(unpadded)} of data ({size / unpadded:.1f}x): "
                      + ("; ".join(f"dim {d} is {n}, tiled to {p}" for d, n, p in entry.padded_dims)
-                        or "the tiled dims"),
-            source_line=entry.source or "", extra={"buffers": 1})
+                        or "the tiled dims") + (f"; {how}" if how else ""),
+            source_line=entry.source or "", extra={"buffers": 1, "per_buffer": saving})
     for item in by_shape.values():
         more = item.extra["buffers"] - 1
+        del item.extra["per_buffer"]
         if more:
             item.message += f" {more} more listed buffer{'s' if more > 1 else ''} of this shape: same fix."
         out.append(item)
@@ -159,7 +167,7 @@ def _padding(report: OomReport, capacity: int | None, estimate: BatchEstimate) -
             and report.padded_bytes - report.unpadded_bytes >= threshold \
             and report.unpadded_bytes < 0.75 * report.padded_bytes:
         waste = report.padded_bytes - report.unpadded_bytes
-        out.append(Suggestion(kind="padding", saving_bytes=waste, confidence="exact", message=(
+        out.append(Suggestion(kind="padding", severity="info", confidence="exact", message=(
             f"{fmt(waste)} of the temporaries is tile padding ({report.utilization}% utilisation: "
             f"{fmt(report.unpadded_bytes)} of data in {fmt(report.padded_bytes)}), spread over buffers the log does "
             "not list: run `tpuprof memory` on an XLA dump to see which dimension of which tensor to change."),
@@ -167,25 +175,33 @@ def _padding(report: OomReport, capacity: int | None, estimate: BatchEstimate) -
     return out
 
 
-def _padding_fix(entry: OomAllocation, waste: int, batch: int | None) -> str:
+def _padding_fix(entry: OomAllocation, size: int, batch: int | None,
+                 convolves: bool) -> tuple[str | None, int, str]:
+    """(the fix, what it frees in this buffer, how that was found), or (None, 0, "") when there is none."""
     if entry.op_type == "OneHot" or "one_hot" in (entry.op_name or "").lower():
-        return (f"the one-hot of {entry.shape} wastes {fmt(waste)} on tile padding: do not materialise it, pass "
-                "integer labels with a sparse loss (sparse_categorical_crossentropy, "
-                "optax.softmax_cross_entropy_with_integer_labels) or gather the logits at the label index")
+        return ((f"the one-hot of {entry.shape} takes {fmt(size)}: do not materialise it, pass integer labels "
+                 "with a sparse loss (sparse_categorical_crossentropy, optax.softmax_cross_entropy_with_integer_labels)"
+                 " or gather the logits at the label index"), size - (entry.recomputed_unpadded_bytes
+                                                                 or entry.unpadded_bytes or size),
+                "integer labels need no one-hot buffer: at least its padding is freed")
+    if "constant" in (entry.op_name or entry.xla_label or "").lower():
+        return None, 0, ""  # a constant's length is the program's, not a size the user picked
     try:
         shape = shapes.parse_shape(entry.shape)
     except Exception:  # a cut or foreign shape: the dims the log printed are all there is
         shape = None
     minor_to_major = shape.layout.minor_to_major if shape is not None and shape.layout else ()
-    found = padding_advice.roles(entry.dims, entry.padded_dims, minor_to_major, entry.op_name or "", batch)
-    if not found:
-        return f"{entry.shape} wastes {fmt(waste)} on tile padding"
+    found = padding_advice.roles(entry.dims, entry.padded_dims, minor_to_major, entry.op_name or "", batch,
+                                 convolutional=convolves)
     tiles = shape.layout.tiles if shape is not None and shape.layout else ()
     if tiles and len(tiles[0]) >= 2:
         tile = tiles[0][-2]  # the second-minor tile the layout prints: T(4,128) pads to 4
     else:
         tile = 16 if entry.dtype in ("bf16", "f16") else 32 if entry.dtype in ("s8", "u8", "pred") else 8
-    return "; ".join(padding_advice.fix_text(d, tile, waste if i == 0 else 0) for i, d in enumerate(found))
+    fixes = padding_advice.fixes(found, lambda d: tile, size)
+    if not fixes:
+        return None, 0, ""
+    return "; or ".join(f.text for f in fixes), fixes[0].saving_bytes, fixes[0].evidence
 
 
 def _fragmentation(report: OomReport, missing: int | None) -> list[Suggestion]:
@@ -210,11 +226,19 @@ def _fragmentation(report: OomReport, missing: int | None) -> list[Suggestion]:
                        code=_code("fragmentation", report.framework))]
 
 
+def _dtype(entry: OomAllocation) -> str:
+    return entry.dtype or (entry.shape or "").split("[")[0]
+
+
 def _bf16(report: OomReport, listed: list[OomAllocation], estimate, capacity) -> Suggestion | None:
-    f32 = [a for a in listed if a.dtype == "f32" or (a.shape or "").startswith("f32[")]
+    """Precondition: float32 is the program's choice: the listed buffers are not mostly 16-bit already (then the
+    float32 left is a loss cast, softmax or optimizer state kept on purpose)."""
+    f32 = [a for a in listed if _dtype(a) == "f32"]
     total = sum(_size(a) for a in listed)
     f32_bytes = sum(_size(a) for a in f32)
     if not total or f32_bytes < 0.4 * total or (capacity and f32_bytes < 0.05 * capacity):
+        return None
+    if preconditions.in_16_bits(sum(_size(a) for a in listed if _dtype(a) in preconditions.SIXTEEN_BIT), total):
         return None
     low = f32_bytes // 2
     # The listed buffers are the largest; the unlisted temporaries are f32 in the same share at most.
@@ -237,6 +261,9 @@ def _remat(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
     temp = report.hlo_temp_bytes
     if report.training is False or report.kind != COMPILE or not temp or not used:
         return None
+    # Precondition: not rematerialised already (jax.checkpoint in the op names, XLA's ".remat" in the labels).
+    if preconditions.rematerialised(name for a in report.allocations for name in (a.op_name, a.xla_label)):
+        return None
     if report.memory_space != "hbm" or temp < 0.5 * used:
         return None
     code = _code("remat", report.framework)
@@ -252,18 +279,16 @@ def _remat(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
     else:
         point, low, high = int(temp * 0.5), int(temp * 0.3), int(temp * 0.7)
         how = "layer count unknown: 30-70% of the temporaries, as for a model of a few repeated blocks"
-    already = any(".remat" in (a.xla_label or "") for a in report.allocations)
     message = (f"Temporaries are {fmt(temp)} of {fmt(used)}: recompute activations in the backward pass instead "
                "of keeping them for every layer.")
-    if already:
-        message += " XLA already rematerialises some (\".remat\" in the labels): choose what to save explicitly."
+    how += "; no op name or label shows rematerialisation (checkpoint, .remat)"
     return Suggestion(kind="remat", saving_bytes=point, saving_bytes_range=(low, high), confidence="rough",
                       message=message, evidence=how, code=code)
 
 
 def _attention(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
     scores = [a for a in listed if len(a.dims) >= 3 and a.dims[-1] == a.dims[-2] and a.dims[-1] >= 128
-              and _ATTENTION_OP.search((a.op_name or "") + " " + (a.xla_label or ""))]
+              and preconditions.ATTENTION_OP.search((a.op_name or "") + " " + (a.xla_label or ""))]
     if not scores:
         return None
     total = sum(_size(a) for a in scores)
@@ -440,9 +465,16 @@ def _live_buffers(report: OomReport, missing: int | None) -> Suggestion:
         message += " Free memory exceeds the request, so it is fragmented: allocate the large arrays first."
     if report.kind == RESERVATION and report.currently_allocated_bytes is not None:
         message += f" {fmt(report.currently_allocated_bytes)} was allocated when the program was loaded."
-    return Suggestion(kind="live_buffers", severity="blocking", saving_bytes=missing, confidence="exact",
-                      message=message, evidence=f"requested {fmt(want)}" + (f", free {fmt(free)}" if free is not None else ""),
-                      code=_code("live_buffers", report.framework))
+    if missing:
+        message += f" {fmt(missing)} more must be free for this allocation."
+    code = _code("live_buffers", report.framework)
+    if report.failed_in == "xm.mark_step" and report.framework == "pytorch_xla":
+        code = _code("live_buffers", "pytorch_xla_in_mark_step")
+    # The shortfall is what is missing, not a measured saving: no saving_bytes (and no "enough to fit").
+    return Suggestion(kind="live_buffers", severity="blocking", confidence="exact",
+                      message=message, evidence=f"requested {fmt(want)}" + (f", free {fmt(free)}" if free is not None else "")
+                      + (f"; the traceback fails inside {report.failed_in}" if report.failed_in else ""),
+                      code=code)
 
 
 def _host_memory(report: OomReport, listed: list[OomAllocation]) -> Suggestion:

@@ -59,6 +59,7 @@ def analyze(path: Path) -> ModuleMemory:
                 result.argument_bytes += size
                 if "maybe-live-out" in attributes:
                     result.output_bytes += size
+                    result.aliased_bytes += size
             elif kind == OUTPUT:
                 result.output_bytes += size
             elif kind in (TEMP,):

@@ -224,6 +224,11 @@ def per_example(a: dict, b: dict, batch_a: int, batch_b: int, evidence: str,
     unpadded_a, unpadded_b = a.get("peak_unpadded_heap_bytes"), b.get("peak_unpadded_heap_bytes")
     if unpadded_a is not None and unpadded_b is not None:
         out["per_example_unpadded_bytes"] = int(round((unpadded_b - unpadded_a) / (batch_b - batch_a)))
+    if fixed < 0:
+        # Memory does not grow linearly between the two points (padding steps, a different schedule): a line through
+        # them is no answer, and no batch is extrapolated from it.
+        out["not_linear"] = True
+        return out
     capacity = b.get("hbm_capacity_bytes") or a.get("hbm_capacity_bytes")
     if capacity and slope > 0:
         out["hbm_capacity_bytes"] = capacity

@@ -443,8 +443,10 @@ def estimate(module: hlo_text.TextModule, source: str, kind: str, target: str | 
         raise UserError(f"{source} has no entry computation with instructions.")
     tiled = any(_has_tpu_tiles(i.shape) for i in entry)
     if not tiled and target is None:
+        from tpuprof import targets
+
         raise UserError(f"{source} has no TPU layouts (CPU/GPU/TensorFlow HLO): pass --target "
-                        "v2|v3|v4|v5e|v5p|v6e to estimate it with libtpu's default tiling.")
+                        f"{'|'.join(targets.TARGETS)} to estimate it with libtpu's default tiling.")
     flow = _Dataflow(module, target, tiled)
     entry_instance, root = flow.run(module.entry, None, None, 0, 0)
     outputs = _flatten(root)
@@ -468,6 +470,7 @@ def estimate(module: hlo_text.TextModule, source: str, kind: str, target: str | 
     if _pack_into_outputs(flow, sets):
         sets = _buffer_sets(flow, outputs)
     result = ModuleMemory(name=module.name, source=source, source_kind=kind, target=target, estimated=True)
+    result.alias_pairs = len(module.input_output_alias)
     scheduled = module.scheduled and tiled
     result.method = METHOD_HLO_LIVENESS if scheduled else METHOD_UNSCHEDULED_BOUND
     _peak(flow, sets, result, entry_instance)
@@ -657,6 +660,8 @@ def _peak(flow: _Dataflow, sets: dict[int, _Set], result: ModuleMemory, entry_in
                 result.argument_bytes += entry.size
             if entry.live_out:  # a donated parameter holding an output counts in both, as in buffer assignments
                 result.output_bytes += entry.size
+                if entry.kind == PARAMETER:
+                    result.aliased_bytes += entry.size
         else:
             result.temp_bytes += entry.size
             if entry.start is not None:

@@ -27,10 +27,23 @@ HBM = 0  # memory color of HBM in TPU buffer assignments
 
 
 def analyze_path(path: Path, module: str | None = None, target: str | None = None) -> list[ModuleMemory]:
-    """Analyse every module under PATH (or the one named), largest first."""
-    results = []
-    for file in hlo_dump.discover(path, module):
-        results.append(analyze_file(file, target))
+    """Analyse every module under PATH (or the one named), largest peak first. A module that cannot be read is
+    left out and named in a note of the first result; when none can, the first module's reason is the error."""
+    files = hlo_dump.discover(path, module)
+    results, dropped = [], []
+    for file in files:
+        try:
+            results.append(analyze_file(file, target))
+        except UserError as error:
+            if len(files) == 1:
+                raise
+            dropped.append((file, error))
+    if not results:
+        raise UserError(f"none of the {len(files)} modules in {path} could be read: {dropped[0][1]}")
+    results.sort(key=lambda r: -(r.peak_heap_bytes or 0))
+    if dropped:
+        results[0].notes.append(f"Left out ({len(dropped)} of {len(files)} modules): "
+                                + "; ".join(f"{file.path.name} ({error})" for file, error in dropped))
     return results
 
 
@@ -81,6 +94,11 @@ def analyze_file(file: hlo_dump.DumpFile, target: str | None = None) -> ModuleMe
             result = _from_whole_proto(file.path, target)
     elif file.kind == "buffer_assignment":
         from tpuprof.analyses import buffer_assignment_text
+
+        platform = hlo_dump.non_tpu_platform(file.path)
+        if platform is not None:
+            raise UserError(f"{file.path.name} is XLA:{platform}'s buffer assignment, not TPU memory: give the dump "
+                            "folder (or the module's *.after_optimizations.txt) with --target to estimate it for a TPU.")
 
         result = buffer_assignment_text.analyze(file.path)
     else:
@@ -237,6 +255,8 @@ def from_hlo_proto(proto, source: str, whole_module: bool = True) -> ModuleMemor
             result.argument_bytes += size
         if allocation.maybe_live_out:
             result.output_bytes += size
+            if allocation.is_entry_computation_parameter:
+                result.aliased_bytes += size
         if not allocation.indefinite:
             result.temp_bytes += size
             continue

@@ -488,6 +488,17 @@ def _detail_score(report: OomReport) -> int:
     return fields + 2 * len(report.allocations)
 
 
+# The last frames of a Python traceback before the error: where the framework call that failed is named.
+_MARK_STEP_FRAME = re.compile(r"in mark_step\b|_xla_step_marker|xm\.mark_step\(\)\s*$")
+
+
+def failed_in(context: str) -> str | None:
+    """"xm.mark_step" when the traceback just before the message ends inside PyTorch/XLA's mark_step (which runs the
+    step's graph), else None."""
+    frames = [line for line in context.splitlines()[-8:] if line.strip()]
+    return "xm.mark_step" if any(_MARK_STEP_FRAME.search(line) for line in frames) else None
+
+
 def find_in_stream(stream: BinaryIO, target: str | None = None) -> OomReport | None:
     """The most detailed OOM message of a log (the first one among equals), analysed."""
     best: OomReport | None = None
@@ -521,6 +532,7 @@ def find_in_stream(stream: BinaryIO, target: str | None = None) -> OomReport | N
             report.line_number = block.line_number
             job = framework.from_text(surroundings + "\n" + block.evidence)
             report.framework, report.training = job.framework, job.training
+            report.failed_in = failed_in(block.context)
             best, best_block = report, block
     if best is None and other is not None:
         return other  # only another device's out-of-memory error: the caller says so
@@ -611,14 +623,32 @@ def check_totals(report: OomReport) -> None:
 _NOT_BATCH_OPS = re.compile(r"embed|lm_head|vocab|wte\b|XLA_Args|param|weight|kernel\b|/w\d?\b", re.I)
 
 
+# A job's own statement of its per-device batch in its log (its config or start-up line): `per_chip_batch=1`
+# (the Qwen3 XPK job), MaxText's `per_device_batch_size: 4`, Hugging Face's `per_device_train_batch_size=8`. A
+# global batch is not the per-chip one, and a fractional MaxText batch is not a number of examples per chip.
+_DECLARED_BATCH = re.compile(
+    r"\b(per_chip_batch(?:_size)?|batch_per_chip|per_device_(?:train_|eval_)?batch_size|per_core_batch_size)"
+    r"['\"]?\s*[=:]\s*(\d+)(?:\.0)?(?![\d.])")
+
+
+def declared_batch(text: str) -> tuple[int, str] | None:
+    """(the per-chip batch, the text that says so) from a log's own lines, or None."""
+    match = _DECLARED_BATCH.search(text)
+    if match is None or int(match.group(2)) < 1:
+        return None
+    return int(match.group(2)), match.group(0)
+
+
 def shared_dimension(allocations: Iterable[OomAllocation], batch: int | None = None) -> tuple[int | None, float]:
     """The batch dimension of the listed buffers and the share of their bytes that carry it.
 
-    Activations lead with the batch (`f32[32,4096,4096]`, `bf16[8,512,2048]`), so only leading dimensions are
-    candidates. A size that is also some buffer's minor-most dimension is a feature size (a vocabulary of
-    151936 in logits `[B, S, 151936]` and in the embedding table `[151936, H]`, a hidden size), and buffers of
-    embeddings, weights and arguments lead with their own sizes: neither is the batch. With --batch, that
-    size is the batch wherever it appears.
+    Activations lead with the batch (`f32[32,4096,4096]`, `bf16[8,512,2048]`), so only leading dimensions of
+    arrays of rank 3 or more are candidates: a rank-2 array is a weight (`f32[4096,151936]`, the LM head: hidden x
+    vocabulary) or a batch flattened with the sequence (`[8192,12288]`), neither a per-chip batch. A size that is
+    also another dimension of some listed buffer is a feature size (a vocabulary of 151936 in logits
+    `[B, S, 151936]` and in the embedding table, a hidden size), and buffers of embeddings, weights and arguments
+    lead with their own sizes: neither is the batch. With --batch (or the log's own statement), that size is the
+    batch wherever it appears.
     """
     entries = []
     for entry in allocations:
@@ -632,14 +662,15 @@ def shared_dimension(allocations: Iterable[OomAllocation], batch: int | None = N
         carrying = sum(size for entry, size in entries if batch in entry.dims)
         if carrying:
             return batch, carrying / total
-    minor_sizes = {entry.dims[-1] for entry, _ in entries if len(entry.dims) >= 2}
+    # Sizes seen anywhere but in the leading position: features, heads, sequence, vocabulary.
+    feature_sizes = {d for entry, _ in entries for d in entry.dims[1:]}
     weights: dict[int, int] = {}
     for entry, size in entries:
-        if len(entry.dims) < 2 or _NOT_BATCH_OPS.search(entry.op_name or "") \
+        if len(entry.dims) < 3 or _NOT_BATCH_OPS.search(entry.op_name or "") \
                 or (entry.allocation_type or "").lower().startswith(("parameter", "argument")):
             continue
         lead = entry.dims[0]
-        if lead > 1 and lead not in minor_sizes:
+        if lead > 1 and lead not in feature_sizes:
             weights[lead] = weights.get(lead, 0) + size
     if not weights:
         return None, 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from tpuprof import targets
@@ -67,53 +68,139 @@ def describe_and_advise(result: ModuleMemory, top: int) -> None:
 
 
 def compile_with_libtpu(path, module: str | None, target: str) -> list[ModuleMemory]:
-    """--compile: recompile an HLO module proto with libtpu for TARGET, then analyse the real dump.
+    """--compile: recompile every HLO module proto under PATH with libtpu for TARGET, then analyse the real dumps,
+    largest peak first. A module libtpu refuses is left out and named in a note of the first result.
 
     HLO text cannot be turned back into a module without XLA's parser (no Python package ships it), so
     this takes the `*.before_optimizations.hlo.pb` (or any HloModuleProto/HloProto) of a CPU/GPU/TF dump.
+    Each compile is cached by the module's bytes, the target and libtpu's version (recompile_cache).
     """
-    import tempfile
-    from pathlib import Path
+    from tpuprof.sources import tpu_compile
 
-    from tpuprof.sources import hlo_dump, tpu_compile
+    protos = _module_protos(Path(path), module)
+    if not tpu_compile.jax_available():
+        raise UserError(tpu_compile.INSTALL_HINT)
+    results: list[ModuleMemory] = []
+    dropped: list[str] = []
+    for proto_path in protos:
+        try:
+            results += _recompiled(proto_path, target)
+        except UserError as error:
+            if len(protos) == 1:
+                raise
+            dropped.append(f"{proto_path.name} ({error})")
+    if not results:
+        raise UserError(f"libtpu compiled none of the {len(protos)} modules in {path}: " + "; ".join(dropped))
+    results.sort(key=lambda r: -(r.peak_heap_bytes or 0))
+    if dropped:
+        results[0].notes.append(f"Left out ({len(dropped)} of {len(protos)} modules, libtpu refused them): "
+                                + "; ".join(dropped) + ".")
+    return results
 
-    path = Path(path)
+
+def _module_protos(path: Path, module: str | None) -> list[Path]:
+    """The HLO module protos to recompile: one per module of a dump folder (before optimizations preferred), or
+    the file given (a CPU/GPU proto after optimizations is swapped for its module before them)."""
+    from tpuprof.sources import hlo_dump
+
     if path.is_dir():
-        protos = sorted(path.glob("*before_optimizations.hlo.pb")) or sorted(path.glob("*.hlo.pb"))
-        if module:
-            protos = [p for p in protos if module in p.name]
+        modules: dict[str, Path] = {}
+        for proto in sorted(path.glob("*.hlo.pb")):
+            key = hlo_dump._module_key(proto.name)
+            if key not in modules or proto.name.endswith("before_optimizations.hlo.pb"):
+                modules[key] = proto
+        protos = [p for key, p in modules.items() if not module or module == key or module in p.name]
         if not protos:
             raise UserError(f"--compile needs an HLO module proto in {path}: dump with "
                             "XLA_FLAGS='--xla_dump_to=DIR --xla_dump_hlo_as_proto' (HLO text cannot be recompiled).")
-        path = max(protos, key=lambda p: p.stat().st_size)
-    elif path.name.endswith(hlo_dump.PROTO_SUFFIXES) and any(m in path.name for m in hlo_dump.NON_TPU_MARKERS):
+        return protos
+    if path.name.endswith(hlo_dump.PROTO_SUFFIXES) and any(m in path.name for m in hlo_dump.NON_TPU_MARKERS):
         # A CPU/GPU HloProto after optimization: its module as it was before is the one to give libtpu.
         marker = next(m for m in hlo_dump.NON_TPU_MARKERS if m in path.name)
         before = path.with_name(path.name.split("." + marker)[0] + ".before_optimizations.hlo.pb")
-        if before.exists():
-            path = before
-    elif not path.name.endswith(hlo_dump.PROTO_SUFFIXES):
+        return [before if before.exists() else path]
+    if not path.name.endswith(hlo_dump.PROTO_SUFFIXES):
         raise UserError("--compile takes an HLO module proto (*.hlo.pb from --xla_dump_hlo_as_proto): "
                         "HLO text cannot be recompiled.")
-    if not tpu_compile.jax_available():
-        raise UserError(tpu_compile.INSTALL_HINT)
-    proto = hlo_dump.read_hlo_proto(path)
-    with tempfile.TemporaryDirectory(prefix="tpuprof-compile-") as folder:  # the dump is read, then removed
-        dump_dir = Path(folder)
+    return [path]
+
+
+RECOMPILE_CACHE_FORMAT = 1
+_TILED = 3  # OpSharding.OTHER: an array split over a tile assignment of devices
+
+
+def sharded_devices(module) -> int:
+    """Over how many devices an HloModuleProto's entry computation splits its arrays (1: not sharded), from its
+    instructions' OpSharding tile assignments."""
+    entry = next((c for c in module.computations if c.id == module.entry_computation_id), None)
+    most = 1
+    for instruction in entry.instructions if entry is not None else ():
+        if not instruction.HasField("sharding"):
+            continue
+        for sharding in [instruction.sharding, *instruction.sharding.tuple_shardings]:
+            if sharding.type == _TILED:
+                most = max(most, math.prod(sharding.tile_assignment_dimensions))
+    return most
+
+
+def recompile_cache(module_bytes: bytes, target: str) -> Path:
+    """Where the recompile of one module for one target is kept: under preflight's compile cache, keyed by the
+    module's bytes, the target and the versions of libtpu and jaxlib (another compiler gives other figures)."""
+    import hashlib
+    from importlib import metadata
+
+    from tpuprof.analyses import preflight
+
+    versions = []
+    for package in ("libtpu", "jaxlib"):
         try:
-            tpu_compile.compile_hlo_module(proto.hlo_module.SerializeToString(), target, dump_dir)
+            versions.append(metadata.version(package))
+        except metadata.PackageNotFoundError:
+            versions.append("")
+    digest = hashlib.sha256(module_bytes)
+    digest.update(repr((RECOMPILE_CACHE_FORMAT, target, versions)).encode())
+    return preflight.cache_root() / "recompiled" / digest.hexdigest()[:32]
+
+
+def _recompiled(path: Path, target: str) -> list[ModuleMemory]:
+    """One module proto recompiled for TARGET (or found in the cache) and analysed."""
+    import shutil
+    import tempfile
+
+    from tpuprof.models.memory import METHOD_RECOMPILED, METHOD_RECOMPILED_ONE_DEVICE
+    from tpuprof.sources import hlo_dump, tpu_compile
+
+    module = hlo_dump.read_hlo_proto(path).hlo_module
+    devices = sharded_devices(module)
+    module_bytes = module.SerializeToString()
+    folder = recompile_cache(module_bytes, target)
+    cached = folder.is_dir()
+    if not cached:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        # Compiled into a staging folder renamed when complete: a failed or interrupted compile leaves no entry.
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        try:
+            tpu_compile.compile_hlo_module(module_bytes, target, staging / "dump")
+            (staging / "dump").rename(folder)
         except tpu_compile.CompileResourceExhausted as error:
             raise UserError(f"libtpu ran out of memory compiling {path.name} for {target}; run "
                             f"`tpuprof oom` on its message: {error.message.splitlines()[0]}") from None
         except tpu_compile.CompileFailed as error:
             raise UserError(f"libtpu could not compile {path.name} for {target}: {error}") from None
-        results = analysis.analyze_path(dump_dir, None, target)
-    from tpuprof.models.memory import METHOD_RECOMPILED
-
+        except OSError:
+            if not folder.is_dir():  # another run renamed its own copy first: use that one
+                raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    results = analysis.analyze_path(folder, None, target)
     for result in results:
-        result.method = METHOD_RECOMPILED
-        result.source = str(path)  # the temporary dump is gone: name the module the user gave
-        result.notes.append(f"Compiled from {path} with libtpu for {target}.")
+        result.method = METHOD_RECOMPILED_ONE_DEVICE if devices > 1 else METHOD_RECOMPILED
+        if devices > 1:
+            result.notes.append(f"The module is sharded over {devices} devices; recompiled on one device its figures "
+                                "are the whole program's, not one device's share.")
+        result.source = str(path)  # the dump in the cache is tpuprof's: name the module the user gave
+        result.notes.append(f"Compiled from {path} with libtpu for {target}"
+                            + (" (cached compile)." if cached else "."))
     return results
 
 

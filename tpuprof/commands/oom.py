@@ -11,7 +11,24 @@ from pathlib import Path
 
 from tpuprof.analyses.oom_dump import join_dump
 from tpuprof.errors import UserError
-from tpuprof.models.oom import NOT_TPU
+from tpuprof.models.oom import COMPILE, NOT_TPU
+
+# The start of a log, kept while it is scanned: a job prints its configuration (its per-chip batch) there.
+HEAD_BYTES = 1 << 16
+
+
+class _HeadKept:
+    """A binary stream that keeps its first HEAD_BYTES as they are read."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.head = b""
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self.stream.read(size)
+        if len(self.head) < HEAD_BYTES:
+            self.head += chunk[:HEAD_BYTES - len(self.head)]
+        return chunk
 
 
 def run(path: str | None, dump: Path | None = None, batch: int | None = None, target: str | None = None,
@@ -59,8 +76,9 @@ def explain(path: str | None, dump: Path | None = None, batch: int | None = None
         stream, opened = io.BytesIO(text.encode() if isinstance(text, str) else text), True
     else:
         stream, opened = oom_log.open_input(path)
+    kept = _HeadKept(stream)
     try:
-        report = analysis.find_in_stream(stream, target)
+        report = analysis.find_in_stream(kept, target)
     finally:
         if opened:
             stream.close()
@@ -72,10 +90,21 @@ def explain(path: str | None, dump: Path | None = None, batch: int | None = None
                         "not a TPU out-of-memory error: tpuprof explains TPU memory only.")
     if report.capacity_bytes is None and capacity is not None and report.memory_space in ("hbm", None):
         report.notes.append(f"capacity taken from --target {target}: {analysis.format_bytes(capacity)}")
+    batch_source = "--batch" if batch else None
+    declared = analysis.declared_batch(kept.head.decode("utf-8", "replace")) if report.kind == COMPILE else None
+    if declared and batch is None:
+        batch, batch_source = declared[0], f"the log: {declared[1]}"
+        report.notes.append(f"per-chip batch {batch} taken from the log's own line \"{declared[1]}\"")
+    elif declared and declared[0] != batch:
+        report.notes.append(f"--batch {batch} is used; the log says \"{declared[1]}\"")
     joined = join_dump(report, dump, target, batch) if dump else None
     arguments = joined["argument_bytes"] - joined["batch_argument_bytes"] if joined else None
     estimate = analysis.estimate_batch(report, batch, capacity, dump_arguments=arguments,
                                        dump_batch_arguments=joined["batch_argument_bytes"] if joined else 0)
+    if estimate.current_batch:
+        estimate.batch_source = batch_source
+    elif batch_source == "--batch":
+        raise UserError(f"--batch is not used for this error: {estimate.reason}.")
     suggestions = advice.suggest(report, estimate)
     if joined:  # the dump is the detail the advice would otherwise ask for
         suggestions = [s for s in suggestions if "--xla_dump_to" not in s["message"]]

@@ -192,6 +192,10 @@ def _target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_p
             "verdict")
             if k in bf16}
         result["compiles"] += bf16["compiles"]
+        if main.get("memory") is not None and bf16.get("batch_size") == main.get("batch_size"):
+            from tpuprof.advice.memory import measure_bf16
+
+            measure_bf16(main["memory"], bf16.get("peak_heap_bytes"), main["batch_size"])
     result["cache"] = str(preflight.cache_root())
     return result
 
@@ -437,6 +441,10 @@ def _model_target(config, source, name, seq, batch_per_chip, global_batch, max_b
     label = f"{name} {config.name} remat={remat}"
     main = _run_dtype(spec, name, None, batch, max_batch, top, use_cache,
                       lambda _label, b: report_progress(label, b))
+    if main.get("memory") is not None:  # tpuprof's own step: the options that build it, not edits of its code
+        from tpuprof.advice.memory import for_builtin_step
+
+        for_builtin_step(main["memory"], remat, dtype)
     result.update(main)
     if max_batch:
         result["max_batch_per_chip"] = (main["max_batch_size"] * per_chip if main.get("max_batch_size") else None)

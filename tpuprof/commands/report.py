@@ -63,6 +63,9 @@ def _reload_preflight_dumps(document: dict) -> None:
             continue  # the JSON's own figures stay
         same = [m for m in modules if m.get("name") == target["memory"].get("name")]
         if same:
+            # The document's advice was made with what only preflight knew (the compile's aliased bytes, the bf16
+            # compile's measured peak, the built-in step's options): it stays; the dump adds the curve and fixes.
+            same[0]["suggestions"] = target["memory"].get("suggestions", same[0]["suggestions"])
             target["memory"] = same[0]
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 # How a module's figures were obtained ("method" in --json).
 METHOD_BUFFER_ASSIGNMENT = "buffer_assignment"  # the compiler's TPU buffer assignment, read as is: exact
 METHOD_RECOMPILED = "recompiled"  # recompiled with libtpu here, then its buffer assignment: exact
+# A sharded (SPMD) module recompiled here on one device: exact for the whole program on one chip, not per device.
+METHOD_RECOMPILED_ONE_DEVICE = "recompiled_one_device"
 METHOD_HLO_LIVENESS = "hlo_liveness"  # liveness over scheduled HLO with TPU layouts: an estimate
 METHOD_UNSCHEDULED_BOUND = "unscheduled_bound"  # no TPU schedule or layouts: an estimate within a range
 ESTIMATED_METHODS = (METHOD_HLO_LIVENESS, METHOD_UNSCHEDULED_BOUND)
@@ -81,6 +83,12 @@ class ModuleMemory:
     peak_unpadded_heap_bytes: int | None = None
     argument_bytes: int = 0
     output_bytes: int = 0
+    # Outputs written into an argument's buffer (donated, or aliased by the module's input_output_alias): counted in
+    # argument_bytes and output_bytes both, as buffer assignments do.
+    aliased_bytes: int = 0
+    # How many (output, parameter) pairs the module's input_output_alias declares; None where the input does not
+    # say (a buffer-assignment text, a proto read without its header).
+    alias_pairs: int | None = None
     temp_bytes: int = 0
     hbm_capacity_bytes: int | None = None
     other_memory_spaces: dict[int, int] = field(default_factory=dict)  # memory space -> bytes

@@ -108,6 +108,7 @@ class OomReport:
     training: bool | None = None  # True: a training step; False: inference/serving; None: cannot tell
     device: str | None = None  # for NOT_TPU: the device the log names ("GTX 1080", "GPU")
     line_number: int | None = None  # where the message starts in the log (1-based)
+    failed_in: str | None = None  # the framework call the traceback ends in, when the log shows it ("xm.mark_step")
     messages_found: int = 1  # out-of-memory messages in the whole log
     notes: list[str] = field(default_factory=list)
     serving: "ServingFailure | None" = None  # a serving engine's start-up failure: its cause and the server's settings
@@ -170,6 +171,7 @@ class BatchEstimate:
     batch_dim_share: float | None = None  # fraction of the listed allocation bytes with that dim
     current_batch: int | None = None
     fitting_batch: int | None = None
+    batch_source: str | None = None  # where current_batch comes from: "--batch", or the log's own line
 
     def to_json(self) -> dict:
         out = {
@@ -182,5 +184,6 @@ class BatchEstimate:
             "batch_dim_share": None if self.batch_dim_share is None else round(self.batch_dim_share, 3),
             "current_batch": self.current_batch,
             "fitting_batch": self.fitting_batch,
+            "batch_source": self.batch_source,
         }
         return {k: v for k, v in out.items() if v is not None}

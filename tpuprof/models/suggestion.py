@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 SEVERITIES = ("blocking", "improve", "info")
 
 # How a saving was obtained: "exact" (the compiler's own figure or arithmetic on it), "estimated" (a model of
-# how the bytes or time scale, with a range), "rough" (an order of magnitude).
-CONFIDENCES = ("exact", "estimated", "rough")
+# how the bytes or time scale, with a range), "rough" (an order of magnitude), "measured" (the changed program
+# compiled here: its peak against this one's).
+CONFIDENCES = ("exact", "estimated", "rough", "measured")
 
 # How each kind is titled for people (renderers): never the internal label.
 KIND_TITLES = {

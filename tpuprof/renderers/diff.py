@@ -124,7 +124,9 @@ def print_tables(result: dict) -> None:
             measure = "peak HBM" if growth.get("measure", "peak_heap_bytes") == "peak_heap_bytes" else "required HBM"
             line = (f"Per example: {fmt_change(growth['per_example_bytes'], 'bytes')} of {measure} per example "
                     f"(batch {growth['batch_a']} -> {growth['batch_b']}, {escape(growth['evidence'])}); "
-                    f"fixed part {fmt_bytes(growth['fixed_bytes'])}")
+                    + ("not linear: a line through the two batches has a negative fixed part, so no batch is "
+                       "extrapolated from it" if growth.get("not_linear")
+                       else f"fixed part {fmt_bytes(growth['fixed_bytes'])}"))
             if "largest_batch_if_linear" in growth:
                 line += (f"; at this rate batch {growth['largest_batch_if_linear']} is the largest that fits "
                          f"{fmt_bytes(growth['hbm_capacity_bytes'])} (linear estimate: confirm with preflight)")

@@ -311,7 +311,10 @@ def _diff(document: dict, top: int) -> list[str]:
         if isinstance(verdict, dict) and verdict.get("a") != verdict.get("b"):
             out += [f"Verdict: {cell(verdict.get('a'))} → **{cell(verdict.get('b'))}**.", ""]
         per_example = group.get("per_example") or {}
-        if per_example.get("per_example_bytes") is not None:
+        if per_example.get("not_linear"):
+            out += [f"Per example: about {fmt_bytes(per_example['per_example_bytes'])}; not linear (a line through "
+                    "the two batches has a negative fixed part), so no batch is extrapolated.", ""]
+        elif per_example.get("per_example_bytes") is not None:
             out += [f"Per example: {fmt_bytes(per_example['per_example_bytes'])}, fixed "
                     f"{fmt_bytes(per_example.get('fixed_bytes'))}; largest batch if linear: "
                     f"{per_example.get('largest_batch_if_linear')}.", ""]

@@ -69,6 +69,9 @@ def method_words(method: str | None, target: str | None, error_percent: float | 
     tpu = target or "the TPU"
     if method == "recompiled":
         return f"Exact: recompiled with libtpu for {tpu}; figures from its buffer assignment."
+    if method == "recompiled_one_device":
+        return (f"Not per device: the module is sharded, recompiled here on one {tpu} device, so these are the whole "
+                "program's figures on one chip; `tpuprof preflight` compiles it over the slice for per-device ones.")
     if method == "hlo_liveness":
         within = f", expected within {error_percent:g}% of the compiler's peak" if error_percent is not None else ""
         return (f"Estimate{within}: liveness over the scheduled HLO text (no buffer assignment); "
@@ -120,7 +123,7 @@ def print_tables(results: list[ModuleMemory], top: int) -> None:
             summary.add_row("padding live at the peak", fmt_bytes(m.padding_at_peak_bytes), "")
         summary.add_row("arguments", fmt_bytes(m.argument_bytes), "")
         summary.add_row("outputs", fmt_bytes(m.output_bytes), "")
-        summary.add_row("temporaries", fmt_bytes(m.temp_bytes), "")
+        summary.add_row("temporaries", fmt_bytes(m.temp_bytes), "HBM temporaries of the buffer assignment")
         for space, size in sorted(m.other_memory_spaces.items()):
             summary.add_row(f"memory space S({space})", fmt_bytes(size), "not HBM (VMEM/SMEM...)")
         out.print(summary)

@@ -101,6 +101,15 @@ def bound_words(r: dict) -> str:
     return {"hbm": "HBM", "batch_limit": "the search limit", None: "-"}.get(bound, str(bound))
 
 
+def _parameters(count: int) -> str:
+    """A parameter count for people: 8.03B, 45.2M, 1,024 (a tiny model is not "0.00B")."""
+    if count >= 10**9:
+        return f"{count / 1e9:.2f}B"
+    if count >= 10**6:
+        return f"{count / 1e6:.1f}M"
+    return f"{count:,}"
+
+
 def print_report(spec: str, results: list[dict], top: int) -> None:
     from rich.markup import escape
 
@@ -127,7 +136,7 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     row("mesh", lambda r: " ".join(f"{axis}={size}" for axis, size in r["mesh"].items() if size > 1) or "1 device"
         if r.get("mesh") else "-")
     if sharded:
-        row("model", lambda r: (f"{r['model']['name']}: {r['model']['parameters'] / 1e9:.2f}B parameters, "
+        row("model", lambda r: (f"{r['model']['name']}: {_parameters(r['model']['parameters'])} parameters, "
                                 f"seq {r['seq_len']}, remat {r['model']['remat']}, {r['model']['dtype']}")
             if r.get("model") else "-")
         row("weights + AdamW state per chip", size("state_bytes_per_chip"))
@@ -142,7 +151,9 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     row("  arguments", size("argument_bytes"))
     row("  outputs", size("output_bytes"))
     row("  aliased (donated)", size("alias_bytes"))
-    row("  temporaries", size("temp_bytes"))
+    # memory_analysis() counts every temporary allocation of the program; the breakdown below counts the
+    # buffer assignment's HBM temporaries only: the two differ, so each says which it is.
+    row("  temporaries (memory_analysis())", size("temp_bytes"))
     row("  generated code", size("generated_code_bytes"))
     if any(r.get("host_bytes") for r in results):
         row("host memory (offloaded, not HBM)", _host)
@@ -171,7 +182,8 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     if any(r.get("estimate") for r in results):
         _estimate_rows(row)
     row("compiles (this run)", lambda r: str(r["compiles"]))
-    columns = [tables.text("")] + [tables.text(f"{target_label(r)} ({r['topology']}, {r['device']['description']})", justify="right")
+    columns = [tables.text("")] + [tables.text(f"{target_label(r)} ({r['topology']}; per device = "
+                                               f"{r['device']['description']})", justify="right")
                                    for r in results]
     out.print(tables.table(columns, rows, out.width))
 
@@ -217,6 +229,8 @@ def _curve(r: dict) -> str:
     fit = r.get("curve_fit")
     if not fit:
         return "-"
+    if fit["fixed_bytes"] < 0:  # the compiles do not lie on a line: no fixed part to state
+        return f"≈{fmt_bytes(fit['per_example_bytes'])}/example (not linear)"
     return f"{fmt_bytes(fit['fixed_bytes'])} + {fmt_bytes(fit['per_example_bytes'])}/example"
 
 

@@ -52,10 +52,12 @@ def classify(path: Path) -> tuple[str, int] | None:
             return "hlo_proto", 0
         return "hlo_proto", 1 if "after_buffer_assignment" in name else 2
     if name.endswith(BUFFER_ASSIGNMENT_SUFFIX):
+        if any(marker in name for marker in NON_TPU_MARKERS):
+            return None  # XLA:CPU/GPU's buffer assignment is not TPU memory: the module's HLO text is estimated
         return "buffer_assignment", 3
     if name.endswith(("-memory-usage-report.txt", "-live-range.txt", "-buffer-assignment-values.txt")):
         return None
-    if name.endswith(".after_optimizations.txt"):
+    if name.endswith((".after_optimizations.txt", ".cpu_after_optimizations.txt", ".gpu_after_optimizations.txt")):
         return "hlo_text", 4
     if name.endswith((".txt", ".hlo")) and "optimizations" not in name and "codegen" not in name:
         # Dump folders hold many other .txt files (flags, configs): only HLO modules count.

@@ -1,0 +1,45 @@
+"""The facts a suggestion rests on, read from the user's own program or log, in one place for every command.
+
+Each suggestion kind is given only when its precondition holds on the input (docs/advice.md lists them):
+a step already rematerialised is not told to rematerialise, a program already in bfloat16 is not told to use it
+for the float32 it keeps on purpose, a dimension is called the batch only where the input says it is.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+# Rematerialisation already in the program: JAX's `checkpoint` (jax.checkpoint / nn.remat) in op names and its
+# `rematted_computation` / `checkpoint` computations, XLA's own rematerialisation pass (`fusion.12.remat2`).
+# JAX names the recomputed ops ".../checkpoint/rematted_computation/tanh" and the barrier ".../remat2".
+_REMATERIALISED = re.compile(r"\bcheckpoint\b|rematted_computation|\bremat\d*\(|/remat\d*\b|\.remat\d*\b")
+
+
+def rematerialised(names: Iterable[str]) -> str | None:
+    """The first op name or label that shows the program already recomputes activations, or None."""
+    for name in names:
+        if name:
+            match = _REMATERIALISED.search(name)
+            if match:
+                return match.group(0)
+    return None
+
+
+# A program that computes in 16 bits keeps some float32 on purpose (a loss cast, softmax, optimizer state, master
+# weights), and XLA:CPU upcasts bf16 arithmetic to f32: its remaining float32 is not the user's dtype choice.
+SIXTEEN_BIT = ("bf16", "f16")
+SIXTEEN_BIT_SHARE = 0.25
+
+
+def in_16_bits(sixteen_bit_bytes: int, total_bytes: int) -> bool:
+    """Whether a program computes in 16 bits: 16-bit arrays hold a quarter of the bytes looked at or more."""
+    return bool(total_bytes) and sixteen_bit_bytes >= SIXTEEN_BIT_SHARE * total_bytes
+
+
+# Attention scores by the op that made them, in every framework's names: einsum equations of Flax/JAX
+# ("bqhd,bkhd->bhqk", MaxText's "btnh,bsnh->bnts"), Keras' MultiHeadAttention ("aecd,abcd->acbe"), PyTorch's
+# scaled_dot_product_attention and baddbmm, and any op named for attention or its softmax. The shape decides too
+# (queries x keys, tpuprof.advice.memory._scores_shape).
+ATTENTION_OP = re.compile(r"attention|attn|hqk|bhqk|qk->|qhd|khd|bnts|bnqk|aecd,abcd->acbe|scaled_dot_product|"
+                          r"baddbmm|softmax|scores", re.I)
