@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT, SAMPLES
-from real_data import REAL_TPU_CAPTURES, real_artefact
+from helpers.real_data import REAL_TPU_CAPTURES, real_artefact
 from test_capture import gcs_emulator  # noqa: F401 - the module's fixture: a real GCS emulator on loopback
 
 from tpuprof.protos import xplane_pb2

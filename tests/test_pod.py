@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from real_data import TPU_HOST_OFFLOAD_V6E_4, real_artefact
+from helpers.real_data import TPU_HOST_OFFLOAD_V6E_4, real_artefact
 from test_schemas import validate
 from tpuprof.analyses import pod as pod_view
 from tpuprof.commands import analyze as command
@@ -241,7 +241,7 @@ def test_ray_asked_for_but_not_installed_is_one_sentence(pod16):
 def test_the_host_the_all_reduce_waits_for_is_ranked_by_its_delay(tmp_path):
     """Lock-step TPU hosts (schema-built XSpaces): every host's step takes as long, the slow host's matmul is longer
     and the others wait for it in the all-reduce; its delay per step is the matmul's extra time."""
-    from synthetic_xspace import Layout, tpu_xspace, write_run
+    from helpers.synthetic_xspace import Layout, tpu_xspace, write_run
 
     extra, shifts_ns = 1.5, [0, 3_000_000, -2_000_000, 7_000_000]  # clocks 3 ms ahead, 2 ms behind...
     spaces = {}

@@ -256,7 +256,7 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 def test_xprof_oracles_and_commands_leave_the_sample_folders_as_they_were(tmp_path):
     """XProf writes ALL_HOSTS.op_stats_v2.pb and <module>.hlo_proto.pb beside what it reads: the oracles give it
     copies, and no command writes beside its inputs."""
-    from xprof_oracle import memory_viewer, tool_data
+    from helpers.xprof_oracle import memory_viewer, tool_data
 
     samples = ROOT / "sample_profiles"
     before = _snapshot(samples)

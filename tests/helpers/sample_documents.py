@@ -12,7 +12,8 @@ import functools
 import json
 import tempfile
 
-from conftest import DUMPS, ROOT, SAMPLES, run_cli
+from helpers.cli import run_cli
+from helpers.paths import DUMPS, ROOT, SAMPLES
 
 CAPTURES = SAMPLES / "captures"
 OOM_LOGS = SAMPLES / "oom"
