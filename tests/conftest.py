@@ -22,6 +22,16 @@ for _former, _module in FORMER_NAMES.items():
     sys.modules.setdefault(_former, importlib.import_module(_module))
 
 
+def pytest_collection_modifyitems(items):
+    """Tests that use the session's compile cache compile with libtpu, those that use a training job start one:
+    marked so (pyproject.toml registers the markers) without each test saying it again."""
+    for item in items:
+        if "compile_cache" in item.fixturenames or "[preflight/" in item.nodeid:  # or a preflight sample's document
+            item.add_marker(pytest.mark.compile)
+        if "profiler_job" in item.fixturenames:
+            item.add_marker(pytest.mark.jobs)
+
+
 @pytest.fixture(scope="session")
 def cli():
     return run_cli

@@ -212,10 +212,10 @@ def test_trace_is_the_cli_json_and_writes_the_same_trace(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory, monkeypatch_module):
-    cache = tmp_path_factory.mktemp("xdg-cache")
-    monkeypatch_module.setenv("XDG_CACHE_HOME", str(cache))
-    return cache
+def api_compile_cache(compile_cache, monkeypatch_module):
+    """The session's compile cache, for the API's compiles as for the CLI's."""
+    monkeypatch_module.setenv("XDG_CACHE_HOME", str(compile_cache))
+    return compile_cache
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +229,8 @@ def _without_cache_paths(document: dict) -> dict:
                                     for t in document["targets"]]}
 
 
-def test_preflight_of_a_jax_function_and_its_arguments_matches_the_cli(compile_cache):
+@pytest.mark.slow
+def test_preflight_of_a_jax_function_and_its_arguments_matches_the_cli(api_compile_cache):
     """A notebook's jitted step and arguments compile to the same program as the CLI's file.py:factory: the
     same bytes at the arguments' batch, and at another batch (inputs resized, parameters kept)."""
     sys.path.insert(0, str(MODELS))
@@ -238,7 +239,7 @@ def test_preflight_of_a_jax_function_and_its_arguments_matches_the_cli(compile_c
     finally:
         sys.path.remove(str(MODELS))
     spec = f"{MODELS / 'mlp.py'}:factory"
-    env = {"XDG_CACHE_HOME": str(compile_cache)}
+    env = {"XDG_CACHE_HOME": str(api_compile_cache)}
     at_64 = cli_json("preflight", spec, "--tpu", "v5e", "--batch", "64", env=env)["targets"][0]
     at_128 = cli_json("preflight", spec, "--tpu", "v5e", "--batch", "128", env=env)["targets"][0]
 
@@ -265,14 +266,14 @@ def test_preflight_of_a_jax_function_and_its_arguments_matches_the_cli(compile_c
     assert priced.to_dict()["targets"][0]["estimate"]["price_per_chip_hour"] == 1.5
 
 
-def test_preflight_of_a_keras_model_matches_the_cli(compile_cache):
+def test_preflight_of_a_keras_model_matches_the_cli(api_compile_cache):
     sys.path.insert(0, str(MODELS))
     try:
         import keras_mlp
     finally:
         sys.path.remove(str(MODELS))
     cli_target = cli_json("preflight", f"{MODELS / 'keras_mlp.py'}:factory", "--tpu", "v5e", "--batch", "64",
-                          env={"XDG_CACHE_HOME": str(compile_cache)})["targets"][0]
+                          env={"XDG_CACHE_HOME": str(api_compile_cache)})["targets"][0]
     model, x_spec, y_spec = keras_mlp.factory(64)
     mine = tpuprof.preflight(model, x_spec, y_spec, tpu="v5e").to_dict()["targets"][0]
     for key in ("batch_size", "fits", "required_bytes", "argument_bytes", "temp_bytes", "peak_heap_bytes"):

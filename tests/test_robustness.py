@@ -117,6 +117,7 @@ def targets():
     return loaded
 
 
+@pytest.mark.slow
 def test_short_fuzz_run_finds_no_crash_hang_or_memory_blowup(targets):
     """A few seconds per parser with a fixed seed, in a worker process with the time and memory limits of
     `make fuzz`: what a long campaign found and was fixed must not come back."""
@@ -176,6 +177,7 @@ def silent_host():
     server.close()
 
 
+@pytest.mark.slow
 def test_a_remote_path_that_never_answers_says_so_then_fails_within_30_s(silent_host):
     import subprocess
     import threading

@@ -8,8 +8,10 @@ second each) with a compile cache of this process's own.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
+import shutil
 import tempfile
 
 from helpers.cli import run_cli
@@ -52,7 +54,11 @@ def commands() -> list[tuple[str, list[str], int]]:
 
 @functools.lru_cache(maxsize=None)
 def _compile_cache() -> str:
-    return tempfile.mkdtemp(prefix="tpuprof-samples-xdg-")
+    """A compile cache of the samples' own, not the session's: their golden documents hold how many compiles a
+    first run makes, which another test's compile of the same program would change."""
+    folder = tempfile.mkdtemp(prefix="tpuprof-samples-xdg-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 @functools.lru_cache(maxsize=None)
