@@ -21,8 +21,10 @@ demo: $(STAMP)
 		--title "tpuprof demo: the sample profiles" -o $(CURDIR)/out/report.html >/dev/null
 	@echo "Report: $(CURDIR)/out/report.html"
 
+# Every test, then the 25 slowest. `pytest -m "not compile and not jobs"` leaves out libtpu compiles and training jobs
+# (markers: pyproject.toml).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_memory.py

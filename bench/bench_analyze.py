@@ -40,7 +40,7 @@ def large_capture(min_mb: float) -> Path:
     existing = sorted(CACHE.rglob("*.xplane.pb"))
     if existing and existing[-1].stat().st_size >= min_mb * 1e6:
         return existing[-1]
-    from jobs_helper import start_job
+    from helpers.jobs import start_job
 
     from tpuprof.sources.capture import TraceOptions, capture
 

@@ -41,7 +41,7 @@ assert data, "no output"
 def source(name: str, scratch: Path) -> Path:
     if name == "keras":
         return next((ROOT / "sample_profiles" / "captures" / "tf_tiny_spe64").rglob("*.xplane.pb"))
-    from real_data import REAL_TPU_CAPTURES, real_artefact
+    from helpers.real_data import REAL_TPU_CAPTURES, real_artefact
 
     return real_artefact(REAL_TPU_CAPTURES["v6e_4_host_offload"], scratch / "real")
 

@@ -42,7 +42,7 @@ sys.stdout.write(data if isinstance(data, str) else data.decode())
 
 def captures(scratch: Path) -> list[tuple[str, Path]]:
     import pytest
-    from real_data import REAL_TPU_CAPTURES, real_artefact
+    from helpers.real_data import REAL_TPU_CAPTURES, real_artefact
 
     found = []
     for name, artefact in REAL_TPU_CAPTURES.items():

@@ -1,35 +1,35 @@
-"""Shared test helpers: paths to the committed samples and a runner for the real CLI process."""
+"""Shared fixtures: the committed samples, the CLI runner, one compile cache per session, training jobs.
+
+The helpers live in tests/helpers/ (a package); tests import them as `helpers.<module>`.
+"""
 
 from __future__ import annotations
 
-import os
-import subprocess
+import importlib
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = ROOT / "sample_profiles"
-DUMPS = SAMPLES / "dumps"
+from helpers.cli import CliResult, run_cli, run_cli_process  # noqa: F401 - imported from here by the tests
+from helpers.paths import DUMPS, ROOT, SAMPLES  # noqa: F401 - imported from here by the tests
+
+# Tests written before tests/helpers/ existed import these modules by their former top-level names.
+FORMER_NAMES = {"browser": "helpers.browser", "golden": "helpers.golden", "jobs_helper": "helpers.jobs",
+                "perfetto_reader": "helpers.perfetto_reader", "real_data": "helpers.real_data",
+                "sample_documents": "helpers.sample_documents", "synthetic_xspace": "helpers.synthetic_xspace",
+                "xprof_oracle": "helpers.xprof_oracle"}
+for _former, _module in FORMER_NAMES.items():
+    sys.modules.setdefault(_former, importlib.import_module(_module))
 
 
-@dataclass
-class CliResult:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def run_cli(*args: str, stdin: str | None = None, timeout: float = 300, env: dict | None = None) -> CliResult:
-    """Run `tpuprof ARGS` as users do: a separate process, exit code and both streams."""
-    merged = {**os.environ, "COLUMNS": "200", **(env or {})}
-    process = subprocess.run(
-        [sys.executable, "-m", "tpuprof", *map(str, args)],
-        input=stdin, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=merged,
-    )
-    return CliResult(process.returncode, process.stdout, process.stderr)
+def pytest_collection_modifyitems(items):
+    """Tests that use the session's compile cache compile with libtpu, those that use a training job start one:
+    marked so (pyproject.toml registers the markers) without each test saying it again."""
+    for item in items:
+        if "compile_cache" in item.fixturenames or "[preflight/" in item.nodeid:  # or a preflight sample's document
+            item.add_marker(pytest.mark.compile)
+        if "profiler_job" in item.fixturenames:
+            item.add_marker(pytest.mark.jobs)
 
 
 @pytest.fixture(scope="session")
@@ -37,14 +37,21 @@ def cli():
     return run_cli
 
 
-def sample_dump(name: str) -> Path:
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory):
+    """The session's preflight compile cache (its XDG_CACHE_HOME): a program compiled by one test is a cache hit
+    for every other. Tests about the cache itself (what it holds, what a first run compiles) use their own."""
+    return tmp_path_factory.mktemp("compile-cache")
+
+
+def sample_dump(name: str):
     folder = DUMPS / name
     if not folder.is_dir():
         pytest.fail(f"sample dump {name} is missing: run `make samples`")
     return folder
 
 
-def hlo_pb(name: str) -> Path:
+def hlo_pb(name: str):
     return next(sample_dump(name).glob("*.after_optimizations.hlo.pb"))
 
 
@@ -52,11 +59,11 @@ def hlo_pb(name: str) -> Path:
 def profiler_job(tmp_path_factory):
     """Start a training job of sample_profiles/jobs once per session: profiler_job("jax_job.py", "--slow-loader-ms", "20").
 
-    Returns a jobs_helper.Job (its `.address` is localhost:PORT) that is READY and training; the same
+    Returns a helpers.jobs.Job (its `.address` is localhost:PORT) that is READY and training; the same
     script and arguments give the same running job to every test; all are stopped at session end. Every job
     runs in its own folder (`job.cwd`), never the one tpuprof runs in, as on a TPU VM.
     """
-    from jobs_helper import start_job
+    from helpers.jobs import start_job
 
     running = {}
 

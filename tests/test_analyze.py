@@ -16,7 +16,7 @@ import sys
 
 import pytest
 from conftest import ROOT, SAMPLES
-from synthetic_xspace import Layout, tpu_xspace, write_run
+from helpers.synthetic_xspace import Layout, tpu_xspace, write_run
 
 from tpuprof import cli
 from tpuprof.commands import analyze as command

@@ -17,8 +17,8 @@ import math
 
 import pytest
 from conftest import run_cli
-from real_data import TPU_HOST_OFFLOAD_MANGLED, TPU_HOST_OFFLOAD_V6E_4, TPU_PALLAS_MATMUL_V6E_1, real_artefact
-from xprof_oracle import roofline_rows, tool_data
+from helpers.real_data import TPU_HOST_OFFLOAD_MANGLED, TPU_HOST_OFFLOAD_V6E_4, TPU_PALLAS_MATMUL_V6E_1, real_artefact
+from helpers.xprof_oracle import roofline_rows, tool_data
 
 from tpuprof.commands import analyze as command
 from tpuprof.renderers import analyze as render

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT, SAMPLES
-from real_data import REAL_TPU_CAPTURES, real_artefact
+from helpers.real_data import REAL_TPU_CAPTURES, real_artefact
 from test_capture import gcs_emulator  # noqa: F401 - the module's fixture: a real GCS emulator on loopback
 
 from tpuprof.protos import xplane_pb2
@@ -127,6 +127,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.subprocess
 def test_truncated_or_damaged_deep_inside_is_one_sentence_and_exit_2(tmp_path, v6e):
     """A file cut short (the last plane's record runs past the end), and one whose damage sits inside an event of
     its last TPU plane, found only while streaming: one sentence on stderr, exit 2."""

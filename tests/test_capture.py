@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_cli
-from jobs_helper import free_port
+from helpers.jobs import free_port
 from tpuprof.errors import UserError
 from tpuprof.protos import xplane_pb2
 from tpuprof.sources import addresses

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-import golden
+from helpers import golden
 from tpuprof import caveats
 from tpuprof.units import fmt_bytes
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, run_cli_process
 from tpuprof import __version__, targets
 
 COMMANDS = ("memory", "oom", "analyze", "capture", "report", "diff", "preflight", "trace", "guide")
@@ -43,6 +43,7 @@ def test_usage_error_is_the_usage_line_and_one_sentence(args, message):
     assert lines[0].startswith("Usage: tpuprof") and len(lines) <= 4, result.stderr
 
 
+@pytest.mark.subprocess
 def test_the_installed_console_script():
     """`tpuprof` as pip installs it (the console script beside this Python; in a fresh clone's .venv it runs
     the checkout): a usage error, the help and the version, as in the tests above."""
@@ -105,6 +106,7 @@ def test_version():
     assert (result.returncode, result.stdout, result.stderr) == (0, f"tpuprof {__version__}\n", "")
 
 
+@pytest.mark.subprocess
 def test_internal_error_is_one_line_without_traceback(tmp_path):
     """A bug (here: a sitecustomize that breaks the memory command's module) is one line and exit 1."""
     (tmp_path / "sitecustomize.py").write_text(
@@ -139,6 +141,7 @@ def _bash(script: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60)
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 def test_bash_completion_offers_commands_generations_and_tables(shell_env):
     """The real thing: bash sources `tpuprof --show-completion` (the shell is detected) and calls the
@@ -162,6 +165,7 @@ def test_bash_completion_offers_commands_generations_and_tables(shell_env):
     assert "--install-completion" in complete("--")
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 def test_install_completion_writes_the_script_for_the_detected_shell(shell_env):
     result = _bash("tpuprof --install-completion", shell_env)
@@ -172,6 +176,7 @@ def test_install_completion_writes_the_script_for_the_detected_shell(shell_env):
     assert f"source '{home}/.bash_completions/tpuprof.sh'" in open(f"{home}/.bashrc").read()
 
 
+@pytest.mark.subprocess
 def test_zsh_and_fish_completion(shell_env):
     """zsh and fish are not installed here: their scripts, and the answers the scripts ask `tpuprof` for
     (the same environment variables the scripts set)."""
@@ -214,6 +219,7 @@ def _command_that_prints_on_fd2(tmp_path, then: str):
     return {"PYTHONPATH": str(tmp_path)}
 
 
+@pytest.mark.subprocess
 def test_library_lines_are_held_back(tmp_path):
     env = _command_that_prints_on_fd2(tmp_path, "raise UserError('bad input.')")
     result = run_cli("memory", "x", env=env)
@@ -223,6 +229,7 @@ def test_library_lines_are_held_back(tmp_path):
     assert "failed call to cuInit" in verbose.stderr and "a library warning" in verbose.stderr
 
 
+@pytest.mark.subprocess
 def test_library_lines_are_replayed_before_an_internal_error(tmp_path):
     env = _command_that_prints_on_fd2(tmp_path, "raise ZeroDivisionError('simulated bug')")
     result = run_cli("memory", "x", env=env)
@@ -238,19 +245,24 @@ def _library_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.strip() and not line.startswith("tpuprof:")]
 
 
-def test_keras_preflight_prints_no_library_line(tmp_path):
-    """TensorFlow, absl and CUDA print about ten lines while Keras loads and compiles; none reach stderr."""
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.compile
+def test_keras_preflight_prints_no_library_line(compile_cache):
+    """TensorFlow, absl and CUDA print about ten lines while Keras loads and compiles; none reach stderr. A
+    process of its own: they print as the libraries load."""
     args = ["preflight", f"{ROOT / 'sample_profiles' / 'models' / 'keras_mlp.py'}:factory", "--tpu", "v5e",
             "--batch", "32"]
-    env = {"XDG_CACHE_HOME": str(tmp_path)}
-    result = run_cli(*args, env=env, timeout=600)
+    env = {"XDG_CACHE_HOME": str(compile_cache)}
+    result = run_cli_process(*args, env=env, timeout=600)
     assert result.returncode == 0, result.stderr
     assert result.stderr == "" and "fits" in result.stdout
     # The same run with --verbose shows them: the check above is not vacuous here.
-    verbose = run_cli(*args, "--verbose", "--no-cache", env=env, timeout=600)
+    verbose = run_cli_process(*args, "--verbose", "--no-cache", env=env, timeout=600)
     assert verbose.returncode == 0 and _library_lines(verbose.stderr), verbose.stderr
 
 
+@pytest.mark.subprocess
 def test_capture_of_a_tpu_name_without_credentials_prints_one_sentence():
     """TensorClusterResolver loads TensorFlow (CUDA and absl lines) before it fails for want of credentials."""
     from test_capture import free_port
@@ -270,6 +282,7 @@ def test_capture_of_a_tpu_name_without_credentials_prints_one_sentence():
 @pytest.mark.parametrize("args", [("memory", "sample_profiles/dumps/transformer_bf16_v6e", "--top", "0"),
                                   ("memory", "sample_profiles/dumps/transformer_bf16_v6e", "--json"),
                                   ("memory", "sample_profiles/dumps/transformer_bf16_v6e", "--csv", "buffers")])
+@pytest.mark.subprocess
 def test_a_reader_that_closes_the_pipe_is_success(args):
     """`tpuprof ... | head`: the pipe is closed before anything is written, so every write fails; that is
     exit 0 with nothing on stderr (a `set -o pipefail` script must not fail on it)."""

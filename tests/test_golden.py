@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-import golden
-from sample_documents import commands, document
+from helpers import golden
+from helpers.sample_documents import commands, document
 
 
 @pytest.mark.parametrize("sample", commands(), ids=lambda c: c[0])

@@ -22,9 +22,11 @@ VALUES = {"blocking"}
 
 
 def cli_options() -> dict[str, set[str]]:
-    """Command name -> its options, read from the click command typer builds."""
+    """Command name -> its options (both names of a flag pair such as --compile/--no-compile), read from the click
+    command typer builds."""
     group = typer.main.get_command(app)
-    return {name: {opt for param in command.params for opt in param.opts if opt.startswith("--")} | {"--help"}
+    return {name: {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)
+                   if opt.startswith("--")} | {"--help"}
             for name, command in group.commands.items()}
 
 

@@ -122,6 +122,7 @@ def test_cpu_dump_is_never_passed_off_as_tpu_memory(program, cli):
     assert bare.returncode == 2 and "--target" in bare.stderr
 
 
+@pytest.mark.compile
 def test_cpu_dump_is_recompiled_exactly_by_default(cli):
     """libtpu is installed and the target known: the module proto is recompiled; the figures are exact."""
     pytest.importorskip("libtpu")

@@ -15,7 +15,7 @@ programs themselves and from what their repository says about them:
 from __future__ import annotations
 
 import pytest
-from real_data import LLAMA3_8B_TRAIN_STEP_V6E_8_HLO, QWEN3_8B_TRAIN_STEP_V6E_8_HLO, real_artefact
+from helpers.real_data import LLAMA3_8B_TRAIN_STEP_V6E_8_HLO, QWEN3_8B_TRAIN_STEP_V6E_8_HLO, real_artefact
 
 from tpuprof.analyses import hlo_estimate
 from tpuprof.sources import hlo_text

@@ -8,6 +8,8 @@ import pytest
 
 from tpuprof.sources import llm
 
+pytestmark = pytest.mark.compile  # libtpu compiles in this process
+
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
@@ -51,6 +53,7 @@ def test_the_loss_is_cut_so_that_one_piece_of_fp32_logits_stays_within_the_budge
         assert fewer is None or batch * (seq // fewer) * vocab * 4 > llm.LOSS_CHUNK_BYTES
 
 
+@pytest.mark.slow
 def test_the_compiled_step_never_holds_the_whole_logits(monkeypatch):
     """A 2-layer model with a large vocabulary on v6e-4 (libtpu, compile-only): the fp32 logits of the whole
     sequence would be 256 MiB per chip. In one piece the compiler's temporaries exceed that; in 16 pieces of

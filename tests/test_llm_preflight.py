@@ -24,8 +24,8 @@ TINY = {"model_type": "llama", "vocab_size": 1024, "hidden_size": 256, "intermed
 
 
 @pytest.fixture(scope="session")
-def llm_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("llm-cache")
+def llm_cache(compile_cache):
+    return compile_cache
 
 
 def preflight(cache, *args):
@@ -51,6 +51,7 @@ def tiny(tiny_document):
     return {t["slice"]["name"] + ("x2" if t["slice"].get("num_slices") else ""): t for t in tiny_document["targets"]}
 
 
+@pytest.mark.slow
 def test_a_sharded_compile_over_64_devices(tiny):
     big = tiny["v6e-64"]
     assert big["slice"] == {"name": "v6e-64", "topology": "v6e:8x8", "chips": 64, "devices": 64}
@@ -96,6 +97,7 @@ def test_the_report_compares_the_slices_per_chip(tiny_document, tiny, tmp_path):
     assert fmt_bytes(tiny["v6e-64"]["required_bytes"]) in comparison  # memory per chip (a v6e device is a chip)
 
 
+@pytest.mark.slow
 def test_offloaded_activations_are_the_hosts_memory_not_hbm(llm_cache, tmp_path):
     """--remat offload (each layer's input and q/k/v to host memory) compiled by libtpu: the host memory it
     reports is exactly those activations, bf16, for every layer of this device's sequences, and is checked
@@ -124,6 +126,7 @@ def test_offloaded_activations_are_the_hosts_memory_not_hbm(llm_cache, tmp_path)
     assert "v6e-16: host memory (offloaded, not HBM) 3.00 MiB (of 128.00 GiB a device may hold, fits)." in markdown.stdout
 
 
+@pytest.mark.slow
 def test_max_batch_with_offload_is_bound_by_the_hosts_memory(llm_cache, tmp_path):
     """--remat offload --max-batch on v5e-4: each sequence offloads every layer's input and q/k/v in bf16, and a
     v5e device may hold 64 GiB of host memory (the host's 512 GiB DRAM over 8 chips; libtpu alone would allow 128).
@@ -160,6 +163,7 @@ def test_max_batch_with_offload_is_bound_by_the_hosts_memory(llm_cache, tmp_path
     assert f'{expected} <span class="meta">(host)</span>' in page.read_text()  # the report's table says so too
 
 
+@pytest.mark.slow
 def test_splash_tiles_follow_the_generation(llm_cache, tmp_path):
     """The published recipes' splash tiles (2,048-token blocks, fused backward kernel) are v6e's: on a v4 chip,
     with 16 MiB of VMEM, that kernel asks for 30.8 MiB and libtpu refuses every batch ("Ran out of memory in

@@ -7,7 +7,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from conftest import run_cli
-from sample_documents import commands, document
+from helpers.sample_documents import commands, document
 from tpuprof.renderers import markdown
 from tpuprof.renderers.diff import fmt_change, fmt_value
 from tpuprof.units import fmt_bytes

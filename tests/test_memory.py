@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 from conftest import DUMPS, ROOT, hlo_pb, sample_dump
-from xprof_oracle import memory_viewer
+from helpers.xprof_oracle import memory_viewer
 
 from tpuprof.analyses import memory as analysis
 from tpuprof.commands import memory as command

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from real_data import TPU_HOST_OFFLOAD_V6E_4, real_artefact
+from helpers.real_data import TPU_HOST_OFFLOAD_V6E_4, real_artefact
 from test_schemas import validate
 from tpuprof.analyses import pod as pod_view
 from tpuprof.commands import analyze as command
@@ -142,6 +142,7 @@ def ray_cluster():
         del os.environ[RAY_LOOPBACK]
 
 
+@pytest.mark.subprocess
 def test_ray_tasks_give_the_same_json_as_local_processes(ray_cluster, pod16, pod16_json):
     # The CLI in its own process connects to the cluster as a second driver, through TPUPROF_RAY_ADDRESS (with
     # the token authentication that ray.init put in this process's environment).
@@ -152,6 +153,7 @@ def test_ray_tasks_give_the_same_json_as_local_processes(ray_cluster, pod16, pod
     assert json.loads(done.stdout) == pod16_json
 
 
+@pytest.mark.subprocess
 def test_the_local_path_does_not_import_ray(pod16):
     code = ("import sys; from tpuprof import cli\n"
             "try: cli.main(['analyze', sys.argv[1], '--json'])\n"
@@ -180,6 +182,7 @@ def test_the_report_draws_a_host_by_step_heat_map(pod16, tmp_path, source_report
     assert "Holds up the pod" in page and f"host_{SLOW_HOST:03d}" in page
 
 
+@pytest.mark.subprocess
 def test_a_damaged_host_file_on_ray_is_the_same_one_sentence(ray_cluster, pod16, tmp_path):
     run = tmp_path / "plugins" / "profile" / "2026_01_01_00_00_00"
     run.mkdir(parents=True)
@@ -213,6 +216,8 @@ def test_an_address_where_nothing_listens_is_said_at_once(pod16):
     assert time.monotonic() - started < 15  # not Ray's 20 s to 2 min of retries
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_loopback_cluster_reached_without_loopback_mode_is_one_sentence_that_says_so(ray_cluster, pod16):
     """The cluster listens on loopback only; a driver without Ray's loopback switch turns 127.0.0.1 into this
     machine's address, where nothing listens. Ray's retries are shortened here (about 35 s instead of 2 min)."""
@@ -227,6 +232,7 @@ def test_a_loopback_cluster_reached_without_loopback_mode_is_one_sentence_that_s
     assert f"{RAY_LOOPBACK}=0 listens on loopback only and needs it set here too" in sentence
 
 
+@pytest.mark.subprocess
 def test_ray_asked_for_but_not_installed_is_one_sentence(pod16):
     code = ("import sys; sys.modules['ray'] = None  # as if Ray were not installed\n"
             "from tpuprof import cli\n"
@@ -241,7 +247,7 @@ def test_ray_asked_for_but_not_installed_is_one_sentence(pod16):
 def test_the_host_the_all_reduce_waits_for_is_ranked_by_its_delay(tmp_path):
     """Lock-step TPU hosts (schema-built XSpaces): every host's step takes as long, the slow host's matmul is longer
     and the others wait for it in the all-reduce; its delay per step is the matmul's extra time."""
-    from synthetic_xspace import Layout, tpu_xspace, write_run
+    from helpers.synthetic_xspace import Layout, tpu_xspace, write_run
 
     extra, shifts_ns = 1.5, [0, 3_000_000, -2_000_000, 7_000_000]  # clocks 3 ms ahead, 2 ms behind...
     spaces = {}

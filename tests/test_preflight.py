@@ -18,8 +18,8 @@ V5E = 16911433728  # the 15.75G libtpu offers one v5e chip (tpuprof.targets)
 
 
 @pytest.fixture(scope="session")
-def preflight_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("xdg-cache")
+def preflight_cache(compile_cache):
+    return compile_cache
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +53,7 @@ def _fits(result) -> bool:
     return result.required_bytes <= V5E
 
 
+@pytest.mark.slow
 def test_jax_max_batch_is_the_boundary(jax_search):
     """An independent compile at the max batch fits, and one at the next multiple of 8 does not."""
     import mlp
@@ -89,6 +90,7 @@ def test_jax_report_carries_the_memory_breakdown_of_the_compile(jax_search):
     assert str(jax_search["batch_size"]) in memory["buffers"][0]["shape"]
 
 
+@pytest.mark.slow
 def test_keras_max_batch_is_the_boundary(keras_search):
     import keras_mlp
 
@@ -129,6 +131,7 @@ def test_too_large_for_any_batch(preflight):
     assert target["oom"]["report"]["capacity_bytes"] == V5E
 
 
+@pytest.mark.slow
 def test_two_generations_side_by_side_with_bf16(preflight):
     result, document = preflight(f"{MODELS / 'mlp.py'}:factory", "--tpu", "v5e,v6e", "--batch", "256",
                                  "--compare-bf16")

@@ -11,12 +11,12 @@ import json
 
 import pytest
 from conftest import run_cli
-from real_data import (
+from helpers.real_data import (
     GPU_DEMO_CAPTURE, OOM_LIST_TAIL, OOM_QWEN3_CUT_LIST, OOM_QWEN3_JOB_LOG, OOM_TF1_DETECTION,
     TPU_PALLAS_MATMUL_HLO_PROTO, real_artefact,
 )
 from test_oom import b, report_of
-from xprof_oracle import memory_viewer
+from helpers.xprof_oracle import memory_viewer
 
 from tpuprof.advice import oom as advice
 from tpuprof.analyses import memory

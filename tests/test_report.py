@@ -10,7 +10,7 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
-import browser
+from helpers import browser
 import pytest
 from conftest import DUMPS, ROOT, SAMPLES, run_cli
 
@@ -139,7 +139,7 @@ def test_memory_curve_peak_and_padding_match_the_memory_command(every_sample_rep
 @pytest.mark.parametrize("name", sorted(p.parent.name for p in DUMPS.glob("*/*.after_optimizations.hlo.pb")))
 def test_memory_curve_is_xprof_memory_viewers(every_sample_report, name, tmp_path):
     """XProf's memory viewer plots heapSizes/unpaddedHeapSizes over program order: the page draws the same."""
-    from xprof_oracle import memory_viewer
+    from helpers.xprof_oracle import memory_viewer
 
     xprof = memory_viewer(next((DUMPS / name).glob("*.after_optimizations.hlo.pb")), tmp_path)
     _, _, page = every_sample_report

@@ -117,6 +117,7 @@ def targets():
     return loaded
 
 
+@pytest.mark.slow
 def test_short_fuzz_run_finds_no_crash_hang_or_memory_blowup(targets):
     """A few seconds per parser with a fixed seed, in a worker process with the time and memory limits of
     `make fuzz`: what a long campaign found and was fixed must not come back."""
@@ -176,6 +177,7 @@ def silent_host():
     server.close()
 
 
+@pytest.mark.slow
 def test_a_remote_path_that_never_answers_says_so_then_fails_within_30_s(silent_host):
     import subprocess
     import threading
@@ -256,7 +258,7 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 def test_xprof_oracles_and_commands_leave_the_sample_folders_as_they_were(tmp_path):
     """XProf writes ALL_HOSTS.op_stats_v2.pb and <module>.hlo_proto.pb beside what it reads: the oracles give it
     copies, and no command writes beside its inputs."""
-    from xprof_oracle import memory_viewer, tool_data
+    from helpers.xprof_oracle import memory_viewer, tool_data
 
     samples = ROOT / "sample_profiles"
     before = _snapshot(samples)

@@ -11,7 +11,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
 from conftest import DUMPS, SAMPLES, run_cli
-from sample_documents import commands, document as sample_document
+from helpers.sample_documents import commands, document as sample_document
 
 from tpuprof import schemas
 

@@ -16,6 +16,8 @@ import pytest
 
 from tpuprof.analyses import step_estimate
 
+pytestmark = pytest.mark.compile  # libtpu compiles in this process
+
 B, H, S, D = 2, 4, 1024, 128
 BLOCK = 256
 
@@ -120,6 +122,7 @@ def reference_flops(tmp_path_factory):
 
 @pytest.mark.parametrize("which,causal,layers", [("flash", True, 0), ("splash", True, 0), ("flash", False, 0),
                                                  ("splash", True, 2), ("splash-fused", True, 0)])
+@pytest.mark.slow
 def test_kernel_flops_equal_the_matmuls_of_the_blocks_they_run(which, causal, layers, reference_flops, tmp_path):
     pytest.importorskip("libtpu")
     cost = compiled_cost(kernels(which, causal, layers), 3, tmp_path)

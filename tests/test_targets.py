@@ -147,9 +147,9 @@ def test_roofline_peaks_are_per_capture_plane():
     assert roof_for("v3").peak_flops_per_s == 123e12 / 2
 
 
-def test_the_readme_table_is_the_one_in_targets():
-    """README's generations table shows tpuprof.targets' figures (so the two cannot drift apart)."""
-    readme = (ROOT / "README.md").read_text().split("## TPU generations", 1)[1]
+def test_the_documented_table_is_the_one_in_targets():
+    """docs/tpu-generations.md's table shows tpuprof.targets' figures (so the two cannot drift apart)."""
+    readme = (ROOT / "docs" / "tpu-generations.md").read_text().split("# TPU generations", 1)[1]
     rows = [line.strip("|").split("|") for line in readme.splitlines() if re.match(r"\| (v\d|tpu7x)", line)]
     assert [row[0].split()[0] for row in rows] == list(targets.TARGETS)
     for name, kind, cores, per_chip, offered, published, peak, bandwidth in ([c.strip() for c in row] for row in rows):
@@ -163,14 +163,15 @@ def test_the_readme_table_is_the_one_in_targets():
 
 # --- every command that takes a generation -----------------------------------------------------------------
 
-def test_preflight_v4_and_tpu7x(tmp_path):
+@pytest.mark.compile
+def test_preflight_v4_and_tpu7x(compile_cache):
     """preflight on a sample SPEC: v4 against the megacore compiler, TPU7x by its common name."""
     from jsonschema import Draft202012Validator
 
     from tpuprof import schemas
 
     result = run_cli("preflight", SAMPLES / "models" / "int8_matmul.py:factory", "--tpu", "v4,v7x", "--batch", "1000", "--json",
-                     env={"XDG_CACHE_HOME": str(tmp_path)}, timeout=600)
+                     env={"XDG_CACHE_HOME": str(compile_cache)}, timeout=600)
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert not list(Draft202012Validator(schemas.schema("preflight")).iter_errors(document))

@@ -14,6 +14,8 @@ import pytest
 
 from conftest import DUMPS, ROOT, SAMPLES
 
+pytestmark = pytest.mark.subprocess  # each command in a process of its own, with a fresh TMPDIR
+
 LIBTPU_LOGS = Path("/tmp/tpu_logs")  # libtpu's folder when TPU_LOG_DIR is not set
 
 
@@ -33,6 +35,7 @@ def run_in_fresh_tmpdir(tmp_path: Path, *args: str, env: dict | None = None) -> 
     return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
 
 
+@pytest.mark.compile
 def test_memory_recompile_of_a_cpu_module_leaves_nothing(tmp_path):
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
@@ -45,6 +48,7 @@ def test_memory_recompile_of_a_cpu_module_leaves_nothing(tmp_path):
     assert "recompiled with libtpu" in done.stdout  # the recompile ran: the path that wrote temporaries
 
 
+@pytest.mark.compile
 def test_preflight_leaves_nothing(tmp_path):
     pytest.importorskip("jax")
     run_in_fresh_tmpdir(tmp_path, "preflight", f"{SAMPLES / 'models' / 'int8_matmul.py'}:factory", "--tpu", "v5e",

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import DUMPS, SAMPLES, sample_dump
 
+pytestmark = pytest.mark.compile  # libtpu compiles in this process
+
 sys.path.insert(0, str(SAMPLES / "models"))
 
 V5E_HBM = "15.75G"  # what libtpu 0.0.42.1 states as available HBM for one v5e chip
@@ -22,6 +24,7 @@ def tpu_compile():
     return tpu_compile
 
 
+@pytest.mark.slow
 def test_jax_compile_dumps_only_the_main_module_and_matches_the_committed_sample(tpu_compile, tmp_path):
     """Recompiling the conv18 sample gives the compiler's same figures as the committed memory_analysis.json
     (the sample is reproducible), and the dump folder keeps just the files tpuprof reads."""
@@ -73,6 +76,7 @@ def test_resource_exhausted_is_its_own_exception_with_the_compiler_text(tpu_comp
     assert committed[1] == caught.value.message.strip()
 
 
+@pytest.mark.slow
 def test_tf_function_compiles_through_hlo_to_libtpu(tpu_compile, tmp_path):
     """TF -> HloModuleProto -> StableHLO -> libtpu: the 18-channel TF conv net gets real TPU layouts,
     while the committed tf_hlo_cpu sample (TF's own HLO text) has none."""
@@ -118,6 +122,7 @@ def test_import_costs_nothing():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_compiler_options_reach_libtpu(tpu_compile):
     """The LLM step's splash attention on v6e (blocks of llm.SPLASH_BLOCK["v6e"], fused backward kernel) at 3
     sequences of 8,192 tokens and Llama 3.1 8B's heads needs 36 MiB of scoped VMEM: libtpu's default limit (32

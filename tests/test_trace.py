@@ -9,9 +9,9 @@ import statistics
 
 import pytest
 
-import perfetto_reader
+from helpers import perfetto_reader
 from conftest import SAMPLES, run_cli
-from real_data import TPU_HOST_OFFLOAD_V6E_4, TPU_PALLAS_MATMUL_V6E_1, real_artefact
+from helpers.real_data import TPU_HOST_OFFLOAD_V6E_4, TPU_PALLAS_MATMUL_V6E_1, real_artefact
 
 CAPTURES = SAMPLES / "captures"
 

@@ -93,10 +93,12 @@ def test_long_names_keep_both_ends():
     assert re.search(r"jit\(train_\S*…\S*conv_general_dilated", ops), ops
 
 
-def test_preflight_table_fits(tmp_path):
+@pytest.mark.slow
+@pytest.mark.compile
+def test_preflight_table_fits(compile_cache):
     """Two generations side by side, compiled with libtpu (one small compile each, cached for the 2nd width)."""
     args = ["preflight", f"{SAMPLES / 'models' / 'conv18.py'}:factory", "--tpu", "v5e,v6e", "--batch", "8"]
-    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    env = {"XDG_CACHE_HOME": str(compile_cache)}
     reference = run_cli(*args, env={**env, "COLUMNS": "200"}, timeout=600)
     assert reference.returncode == 0, reference.stderr
     for width in (80, 100):

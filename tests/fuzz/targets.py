@@ -259,7 +259,7 @@ class XPlane(ProtoTarget):
         import sys
 
         sys.path.insert(0, str(ROOT / "tests"))
-        from synthetic_xspace import Layout, tpu_xspace
+        from helpers.synthetic_xspace import Layout, tpu_xspace
 
         layouts = [Layout(steps=4), Layout(steps=3, cores=2, infeed_ms=1.0, host_waits_in_idle=True),
                    Layout(steps=3, host_loader_in_idle=True, with_host=True, host_compiles_in_idle=True),

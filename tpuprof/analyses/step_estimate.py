@@ -128,10 +128,6 @@ class ProgramCost:
     def hbm_bytes(self) -> float:
         return sum(op.hbm_bytes * op.count for op in self.ops)
 
-    @property
-    def has_compiler_cycles(self) -> bool:
-        return any(op.compiler_cycles is not None for op in self.ops)
-
 
 # --- reading ------------------------------------------------------------------------------------------
 

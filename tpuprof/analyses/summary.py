@@ -139,10 +139,6 @@ def _slow_chips(hosts: list[HostProfile]) -> list[SlowChip]:
     return found
 
 
-def _gbps(byte_count: float, ms: float) -> str:
-    return f"{byte_count / (ms / 1e3) / 1e9:.1f} GB/s" if ms else "n/a"
-
-
 def _shape_list(ops: list[Op]) -> str:
     shapes: dict[str, int] = {}
     for op in ops:

@@ -15,9 +15,9 @@ import re
 import tempfile
 from pathlib import Path
 
-from conftest import ROOT
+from helpers.paths import ROOT
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = ROOT / "tests" / "golden"
 UPDATE = os.environ.get("TPUPROF_UPDATE_GOLDEN") == "1"
 
 # Keys whose values say how or where a document was made, not what tpuprof found.

@@ -8,11 +8,14 @@ second each) with a compile cache of this process's own.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
+import shutil
 import tempfile
 
-from conftest import DUMPS, ROOT, SAMPLES, run_cli
+from helpers.cli import run_cli, run_cli_process
+from helpers.paths import DUMPS, ROOT, SAMPLES
 
 CAPTURES = SAMPLES / "captures"
 OOM_LOGS = SAMPLES / "oom"
@@ -51,12 +54,19 @@ def commands() -> list[tuple[str, list[str], int]]:
 
 @functools.lru_cache(maxsize=None)
 def _compile_cache() -> str:
-    return tempfile.mkdtemp(prefix="tpuprof-samples-xdg-")
+    """A compile cache of the samples' own, not the session's: their golden documents hold how many compiles a
+    first run makes, which another test's compile of the same program would change."""
+    folder = tempfile.mkdtemp(prefix="tpuprof-samples-xdg-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 @functools.lru_cache(maxsize=None)
 def _run(args: tuple[str, ...], exit_code: int) -> str:
-    result = run_cli(*args, "--json", timeout=600, env={"XDG_CACHE_HOME": _compile_cache()})
+    # preflight in a process of its own, as users run it: its dump's file names number the process's compiles
+    # (module_0000...), and the document's memory source names that file.
+    run = run_cli_process if args[0] == "preflight" else run_cli
+    result = run(*args, "--json", timeout=600, env={"XDG_CACHE_HOME": _compile_cache()})
     if result.returncode != exit_code:
         raise AssertionError(f"tpuprof {' '.join(args)} exited {result.returncode}: {result.stderr}")
     return result.stdout

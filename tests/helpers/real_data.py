@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers.paths import ROOT
 
 
 @dataclass(frozen=True)

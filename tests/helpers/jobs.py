@@ -17,7 +17,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-JOBS_DIR = Path(__file__).resolve().parent.parent / "sample_profiles" / "jobs"
+from helpers.paths import SAMPLES
+
+JOBS_DIR = SAMPLES / "jobs"
 
 
 def free_port() -> int:
