@@ -354,4 +354,11 @@ def _threshold_change(check: dict) -> str:
     return fmt_change(check.get("change"), _unit(check.get("metric")))
 
 
-RENDERERS = {"memory": _memory, "oom": _oom, "analyze": _analyze, "preflight": _preflight, "diff": _diff}
+def _serve(document: dict, top: int) -> list[str]:
+    from tpuprof.renderers.serve import markdown
+
+    return markdown(document, top)
+
+
+RENDERERS = {"memory": _memory, "oom": _oom, "analyze": _analyze, "preflight": _preflight, "diff": _diff,
+             "serve": _serve}

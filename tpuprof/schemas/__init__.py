@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 
 PREFIX = "tpuprof."
-VERSIONS = {"memory": 1, "analyze": 1, "oom": 1, "preflight": 1, "capture": 1, "diff": 1, "report": 1, "trace": 1}
+VERSIONS = {"memory": 1, "analyze": 1, "oom": 1, "preflight": 1, "capture": 1, "diff": 1, "report": 1, "trace": 1,
+            "serve": 1}
 
 
 def name(command: str) -> str:
