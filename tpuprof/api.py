@@ -201,7 +201,7 @@ def serve(model: str, tpu: Union[str, Iterable[str]], *, engine: str = "vllm", m
           max_num_seqs: Optional[int] = None, max_num_batched_tokens: Optional[int] = None,
           tensor_parallel_size: Optional[int] = None, enable_expert_parallel: bool = False,
           kv_cache_dtype: str = "auto", quantization: str = "bf16", gpu_memory_utilization: Optional[float] = None,
-          block_size: Optional[int] = None, input_len: int = 1024, output_len: int = 256,
+          block_size: Optional[int] = None, input_len: Optional[int] = None, output_len: Optional[int] = None,
           concurrency: Optional[int] = None, prices: Union[str, dict, None] = None, compile: bool = True,
           on_compile: Optional[Callable[[Any], None]] = None) -> ServeResult:
     """Will an LLM serve on each TPU slice with a serving engine's settings (vLLM TPU by default), how many requests

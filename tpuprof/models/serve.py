@@ -13,6 +13,7 @@ from tpuprof.errors import UserError
 ENGINES = ("vllm", "sglang-jax", "jetstream")
 KV_CACHE_DTYPES = ("auto", "fp8")
 QUANTIZATIONS = ("bf16", "fp8", "int8")
+DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = 1024, 256
 
 # The Python keyword of each option and the command-line flag that sets it: errors name the one the caller used.
 FLAGS = {
@@ -31,10 +32,11 @@ class OptionError(UserError):
 
     def __init__(self, option: str, template: str):
         self.option, self.template = option, template
-        super().__init__(template.format(option=option))
+        super().__init__(template.format(option=option, **{name: name for name in FLAGS}))
 
     def for_flags(self) -> UserError:
-        return UserError(self.template.format(option=FLAGS.get(self.option, self.option)))
+        """The same sentence naming flags: `{option}` is this option, `{output_len}` (any field) names another."""
+        return UserError(self.template.format(option=FLAGS.get(self.option, self.option), **FLAGS))
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,8 @@ class ServeOptions:
     quantization: str = "bf16"
     gpu_memory_utilization: float | None = None  # None: tpuprof recommends one
     block_size: int | None = None  # None: the engine's page size rule
-    input_len: int = 1024
-    output_len: int = 256
+    input_len: int | None = None  # None: 1024, at most half the max model length
+    output_len: int | None = None  # None: 256, at most what the max model length leaves
     concurrency: int | None = None  # None: max_num_seqs, as far as the KV cache holds them
     prices: Mapping = field(default_factory=dict)  # generation -> tpuprof.prices.Price overriding the table
     compile: bool = True  # False: weights from shapes, no programs (no JAX)
@@ -65,8 +67,8 @@ def serve_options(model: str, tpu: str | list | tuple, *, engine: str = "vllm", 
                   max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                   tensor_parallel_size: int | None = None, enable_expert_parallel: bool = False,
                   kv_cache_dtype: str = "auto", quantization: str = "bf16",
-                  gpu_memory_utilization: float | None = None, block_size: int | None = None, input_len: int = 1024,
-                  output_len: int = 256, concurrency: int | None = None, prices: Any = None,
+                  gpu_memory_utilization: float | None = None, block_size: int | None = None,
+                  input_len: int | None = None, output_len: int | None = None, concurrency: int | None = None, prices: Any = None,
                   compile: bool = True) -> ServeOptions:
     """The one validation of a serving question; raises OptionError naming the keyword at fault."""
     from tpuprof import prices as price_table, slices
@@ -114,9 +116,14 @@ def serve_options(model: str, tpu: str | list | tuple, *, engine: str = "vllm", 
     if max_model_len is None and not limit:
         raise OptionError("max_model_len", f"{config.name}'s config gives no max_position_embeddings: give {{option}}.")
     length = max_model_len or limit
+    if input_len is not None and output_len is not None and input_len + output_len > length:
+        raise OptionError("input_len", f"{{option}} {input_len} plus {{output_len}} {output_len} exceed the max "
+                                       f"model length {length}.")
+    input_len = input_len or min(DEFAULT_INPUT_LEN, length // 2)
+    output_len = output_len or min(DEFAULT_OUTPUT_LEN, length - input_len)
     if input_len + output_len > length:
-        raise OptionError("input_len", f"{{option}} {input_len} plus output_len {output_len} exceed the max model "
-                                       f"length {length}.")
+        raise OptionError("input_len", f"{{option}} {input_len} plus {{output_len}} {output_len} exceed the max "
+                                       f"model length {length}.")
     if enable_expert_parallel and not config.moe:
         raise OptionError("enable_expert_parallel", f"{{option}}: {config.name} has no experts.")
     if isinstance(prices, Mapping):
