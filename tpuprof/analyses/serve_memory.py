@@ -27,7 +27,9 @@ from tpuprof.models.serve import Capacity, EngineRules, KvLayout
 MiB = 1 << 20
 SMEM_BYTES = 1 * MiB  # per core on v4 and later (jax _src/pallas/mosaic/tpu_info.py)
 SMEM_PAGE_TABLE_SHARE = 2  # vLLM keeps the page table within half of SMEM (get_min_page_size)
-DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default
+# vLLM TPU's utilization when --gpu-memory-utilization is not given: 0.92 of the limit in public start-up logs
+# (tests/fixtures/serving: "total_hbm_limit_cap_gb=14.49GiB" of 15.75 on v5e, 28.74 of 31.24 on v6e).
+DEFAULT_UTILIZATION = 0.92
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default for `vllm serve`
 # `vllm serve` on TPU (vllm/engine/arg_utils.py, default_max_num_batched_tokens_tpu, OPENAI_API_SERVER): per chip
 # generation; other generations take vLLM's general default.
@@ -87,28 +89,44 @@ def kv_heads_per_device(kv_heads: int, tp: int) -> tuple[int, bool]:
     return kv_heads // tp, False
 
 
-def page_size(max_model_len: int, block_size: int | None, engine: str) -> tuple[int, str]:
-    """(tokens per page, how it was chosen)."""
+def min_page_size(max_model_len: int, max_num_seqs: int) -> int:
+    """vLLM get_min_page_size: the smallest power-of-two page whose page table fits half of SMEM."""
+    pages_per_request = SMEM_BYTES // SMEM_PAGE_TABLE_SHARE // max_num_seqs // 4
+    least = -(-max_model_len // max(pages_per_request, 1))
+    return 1 << (least - 1).bit_length()
+
+
+def page_size(max_model_len: int, block_size: int | None, engine: str, max_num_seqs: int = 1) -> tuple[int, str]:
+    """(tokens per page, how it was chosen). vLLM raises any page size (--block-size included) to get_min_page_size
+    ("Increase the page size ... to make sure there's no SMEM OOM", its TPU platform's check_and_update_config)."""
+    if engine == "vllm":
+        if block_size is not None:
+            size, rule = block_size, "--block-size"
+        elif max_model_len > 8192:
+            size, rule = 16, "vLLM get_page_size: 16 when max_model_len > 8192"
+        else:
+            size = max(min(max(1 << (max_model_len - 1).bit_length(), 16 * 16) // 16, 256), 16)
+            rule = "vLLM get_page_size: next_pow2(max_model_len)/16 within [16, 256]"
+        least = min_page_size(max_model_len, max_num_seqs)
+        if least > size:
+            return least, (f"{rule} ({size}), raised by vLLM to get_min_page_size {least} so that the page table of "
+                           f"{max_num_seqs} requests fits half of SMEM")
+        return size, rule
     if block_size is not None:
         return block_size, "--block-size"
-    if engine == "vllm":
-        if max_model_len > 8192:
-            return 16, "vLLM get_page_size: 16 when max_model_len > 8192"
-        size = min(max(1 << (max_model_len - 1).bit_length(), 16 * 16) // 16, 256)
-        return max(size, 16), "vLLM get_page_size: next_pow2(max_model_len)/16 within [16, 256]"
     if engine == "sglang-jax":
         return 128, "SGLang-JAX recipes' --page-size 128"
     return 1, "MaxText: contiguous per-slot cache (no pages)"
 
 
 def kv_layout(config, engine: str, tp: int, kv_cache_dtype: str, max_model_len: int,
-              block_size: int | None) -> KvLayout:
+              block_size: int | None, max_num_seqs: int = 1) -> KvLayout:
     dtype = kv_dtype(kv_cache_dtype)
     hd = padded_head_dim(config.head_dim, engine)
     per_device, replicated = kv_heads_per_device(config.num_key_value_heads, tp)
     packing = 32 // (8 * DTYPE_BYTES[dtype]) if engine == "vllm" else 1
     slots = -(-2 * per_device // packing) * packing
-    page, rule = page_size(max_model_len, block_size, engine)
+    page, rule = page_size(max_model_len, block_size, engine, max_num_seqs)
     page_bytes = page * slots * hd * DTYPE_BYTES[dtype]
     layers = config.num_hidden_layers
     return KvLayout(config.head_dim, hd, config.num_key_value_heads, per_device, replicated, packing, slots, dtype,

@@ -54,7 +54,8 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
     # The concurrency asked for is the number of requests to schedule together when --max-num-seqs is not given.
     max_num_seqs = options.max_num_seqs or options.concurrency or serve_memory.DEFAULT_MAX_NUM_SEQS
     batched = options.max_num_batched_tokens or serve_memory.default_max_num_batched_tokens(slice_.generation)
-    kv = serve_memory.kv_layout(config, options.engine, tp, options.kv_cache_dtype, max_model_len, options.block_size)
+    kv = serve_memory.kv_layout(config, options.engine, tp, options.kv_cache_dtype, max_model_len, options.block_size,
+                               max_num_seqs)
     limit = slice_.target.compiler_hbm_bytes
     margin = int(limit * serve_programs.MARGIN_FRACTION)
     programs = None
