@@ -41,6 +41,7 @@ HEADERS = ["slice", "TP", "fits", "weights/dev", "KV/token/dev", "KV tokens", "m
 
 def print_table(document: dict) -> None:
     from rich.markup import escape
+    from rich.text import Text
 
     from tpuprof.renderers import tables
     from tpuprof.renderers.output import console
@@ -48,24 +49,26 @@ def print_table(document: dict) -> None:
     out = console()
     model = document["model"]
     workload = document["workload"]
-    out.print(f"[bold]serve[/bold] {escape(model['name'])} ({model['parameters'] / 1e9:.1f}B parameters), "
-              f"{workload['input_len']} in / {workload['output_len']} out tokens per request")
+    out.print(tables.wrap(Text(f"serve {model['name']} ({model['parameters'] / 1e9:.1f}B parameters), "
+                               f"{workload['input_len']} in / {workload['output_len']} out tokens per request"),
+                          out.width))
     columns = [tables.name("slice"), tables.number("TP"), tables.text("fits"), tables.number("weights/dev"),
                tables.number("KV/token/dev", drop=3), tables.number("KV tokens"), tables.number("max conc.", drop=4),
                tables.number("utilization", drop=5), tables.number("TPOT"), tables.number("TTFT", drop=2),
                tables.number("out tok/s"), tables.number("$/1M out", drop=1)]
     out.print(tables.table(columns, [[escape(c) for c in row] for row in rows(document)], out.width))
     for t in document["targets"]:
-        out.print(f"[bold]{escape(t['slice']['name'])}[/bold] ({escape(t['engine']['name'])} rules of "
-                  f"{escape(t['engine']['version'])}): {escape(t['verdict'])}")
+        out.print(tables.wrap(Text(f"{t['slice']['name']} ({t['engine']['name']} rules of {t['engine']['version']}): "
+                                   f"{t['verdict']}"), out.width))
         for line in details(t):
-            out.print(f"  {escape(line)}")
+            out.print(tables.wrap(Text("  " + line), out.width))
         for problem in t["problems"][1:]:
-            out.print(f"  [red]{escape(problem)}[/red]")
-        out.print(f"  [bold]launch:[/bold] {escape(t['command'])}")
+            out.print(tables.wrap(Text("  " + problem, style="red"), out.width))
+        out.print(tables.wrap(Text("  launch: " + t["command"]), out.width))
     ranking = document["ranking"]
     if len(document["targets"]) > 1 and ranking["speed"]:
-        out.print(f"fastest first: {', '.join(ranking['speed'])}; cheapest first: {', '.join(ranking['cost']) or 'n/a'}")
+        out.print(tables.wrap(Text(f"fastest first: {', '.join(ranking['speed'])}; cheapest first: "
+                                   f"{', '.join(ranking['cost']) or 'n/a'}"), out.width))
 
 
 def details(t: dict) -> list[str]:
@@ -98,26 +101,4 @@ def details(t: dict) -> list[str]:
                      f"{_ms(e['ttft_ms'])}, {e['output_tokens_per_s']:,.0f} output tokens/s "
                      f"({e['output_tokens_per_s_per_chip']:,.0f} per chip), {_usd(e['cost_per_million_output_tokens'])} "
                      "per 1M output tokens (estimated)")
-    return lines
-
-
-def markdown(document: dict, top: int = 5) -> list[str]:
-    from tpuprof.renderers.markdown import code, table
-
-    model = document["model"]
-    lines = [f"## tpuprof serve: {model['name']}", ""]
-    for t in document["targets"]:
-        mark = "✅" if t["fits"] else "❌"
-        lines += [f"- {mark} **{t['slice']['name']}**: {t['verdict']}"]
-    lines.append("")
-    lines += table(HEADERS, rows(document), right={1, 3, 4, 5, 6, 8, 9, 10, 11})
-    for t in document["targets"]:
-        lines += [f"### {t['slice']['name']}", ""]
-        lines += [f"- {line}" for line in details(t)]
-        lines += [f"- ❌ {p}" for p in t["problems"]]
-        lines += ["", "```sh", t["command"], "```", ""]
-    ranking = document["ranking"]
-    if len(document["targets"]) > 1 and ranking["speed"]:
-        lines += [f"Fastest first: {', '.join(code(n) for n in ranking['speed'])}. Cheapest first: "
-                  f"{', '.join(code(n) for n in ranking['cost']) or 'n/a'}.", ""]
     return lines
