@@ -158,8 +158,9 @@ def smallest_page_for(max_num_seqs: int, max_model_len: int) -> int | None:
 
 
 def capacity(kv: KvLayout, bytes_limit: int, utilization: float, weights: int, state: int, max_model_len: int,
-             concurrency: int, engine: str) -> Capacity:
-    """The KV cache at UTILIZATION: the engine's budget, whole pages, tokens and concurrency."""
+             concurrency: int, engine: str, position_limit: int = 0) -> Capacity:
+    """The KV cache at UTILIZATION: the engine's budget, whole pages, tokens and concurrency; the longest request
+    the cache holds CONCURRENCY of (at most POSITION_LIMIT, the model's positions, when known)."""
     budget = int(bytes_limit * utilization) - weights - state
     if engine == "jetstream":  # contiguous: whole slots of max_model_len tokens
         per_slot = kv.kv_bytes_per_token_per_device * max_model_len
@@ -171,7 +172,7 @@ def capacity(kv: KvLayout, bytes_limit: int, utilization: float, weights: int, s
         tokens = pages * kv.page_size
     longest = tokens // max(concurrency, 1) // kv.page_size * kv.page_size
     return Capacity(bytes_limit, utilization, weights, state, budget, pages, tokens, tokens / max_model_len,
-                    min(longest, max_model_len * 64))
+                    min(longest, position_limit) if position_limit else longest)
 
 
 def token_paddings(max_num_batched_tokens: int) -> tuple[int, ...]:

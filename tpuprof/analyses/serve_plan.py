@@ -72,7 +72,7 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
         min(safe, MAX_RECOMMENDED_UTILIZATION) if safe is not None else serve_memory.DEFAULT_UTILIZATION)
     wanted = options.concurrency or max_num_seqs
     cap = serve_memory.capacity(kv, limit, utilization, weights, STATE_BYTES_PER_DEVICE, max_model_len, wanted,
-                                options.engine)
+                                options.engine, config.max_position_embeddings)
     problems = []
     if cap.kv_budget_bytes_per_device <= 0:
         problems.append(f"the weights ({_gib(weights)} per device) leave no KV cache within {_gib(limit)} x "
