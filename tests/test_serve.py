@@ -203,3 +203,25 @@ def test_api_errors_name_the_keyword_not_the_flag():
         tpuprof.serve("llama3.1-70b", "v6e-8", max_model_len=200000, compile=False)
     with pytest.raises(tpuprof.UserError, match=r"^input_len 8000 plus output_len 500 exceed"):
         tpuprof.serve("llama3.1-70b", "v6e-8", max_model_len=8192, input_len=8000, output_len=500, compile=False)
+
+
+def test_vllm_raises_the_page_size_so_the_page_table_fits_half_of_smem():
+    config = tpuprof.serve("llama3.1-70b", "v6e-8", compile=False).answer.options.model
+    # 131072 tokens: get_page_size says 16, but 256 requests x 8192 pages x 4 B would be 8 MiB of SMEM.
+    layout = serve_memory.kv_layout(config, "vllm", 8, "auto", 131072, None, 256)
+    assert layout.page_size == 256 and "get_min_page_size" in layout.page_size_rule
+    assert serve_memory.smem_page_table_bytes(256, 131072, 256) <= serve_memory.smem_limit_bytes()
+    assert serve_memory.kv_layout(config, "vllm", 8, "auto", 131072, None, 8).page_size == 16
+    assert serve_memory.kv_layout(config, "vllm", 8, "auto", 2048, None, 256).page_size == 128
+
+
+def test_other_engines_follow_their_own_rules_and_flags():
+    sglang = tpuprof.serve("qwen3-8b", "v6e-4", engine="sglang-jax", max_model_len=8192, kv_cache_dtype="fp8",
+                           compile=False).to_dict()["targets"][0]
+    # SGLang-JAX: no packing, so fp8 with 2 KV heads per device is 2 x 128 x 1 B x 36 layers per token.
+    assert sglang["kv_bytes_per_token_per_device"] == 2 * 2 * 128 * 36
+    assert sglang["command"].startswith("python -m sgl_jax.launch_server") and "--mem-fraction-static" in sglang["command"]
+    jetstream = tpuprof.serve("qwen3-8b", "v6e-4", engine="jetstream", max_model_len=8192,
+                              compile=False).to_dict()["targets"][0]
+    assert jetstream["kv_cache_tokens"] % 8192 == 0  # whole slots of max_target_length
+    assert "ici_tensor_parallelism=4" in jetstream["command"]

@@ -80,8 +80,15 @@ def target(t: ServeTarget) -> dict:
 def _programs(programs) -> dict | None:
     if programs is None:
         return None
+    from tpuprof.analyses.serve_programs import LAYER_SCALING_ERROR, MARGIN_FRACTION
+
     largest = programs.largest
     return {
+        "caveats": [f"Temporaries and code of the whole model are scaled from 1- and 2-layer compiles; measured "
+                    f"error: {LAYER_SCALING_ERROR}. The safe utilization keeps a margin of {MARGIN_FRACTION:.0%} of "
+                    "the limit on top of the largest program.",
+                    "Programs as tpuprof builds them with JAX's ragged paged attention kernel; the engine's own "
+                    "differ in detail (its kernel, fused KV update, sampler)."],
         "count": programs.engine_count,
         "count_rule": programs.engine_count_rule,
         "compiled": len(programs.records),
@@ -111,6 +118,10 @@ def _estimate(e: ServeEstimate | None) -> dict | None:
     if e is None:
         return None
     return {
+        "caveats": ["Estimated: a roofline of the decode step and prefill chunks at stated efficiencies (docs/serve.md); "
+                    "bench/bench_serve.py compares it with published TPU serving runs.",
+                    "Not modelled: speculative decoding, prefix caching, queueing, sampling, host overhead between "
+                    "steps, sliding-window attention."],
         "concurrency": e.concurrency,
         "context_tokens": round(e.context_tokens, 1),
         "tpot_ms": round(e.tpot_ms.point, 3), "tpot_ms_low": round(e.tpot_ms.low, 3),
