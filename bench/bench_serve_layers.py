@@ -1,5 +1,6 @@
-"""The error of `tpuprof serve`'s layer scaling: a backbone program compiled whole (every decoder layer) against the
-1-layer program plus (layers - 1) x the growth from 1 to 2 layers, the way tpuprof serve sizes temporaries + code.
+"""Why `tpuprof serve` compiles every backbone whole: a backbone program compiled with every decoder layer against
+the 1-layer program plus (layers - 1) x the growth from 1 to 2 layers (a cheaper scaling it does not use: the
+compiler sometimes outlines identical layers into one body, so code and temporaries are not linear in layers).
 
     .venv/bin/python bench/bench_serve_layers.py [--model qwen2.5-0.5b] [--tpu v6e-1] [--tokens 16,256]
 
@@ -35,10 +36,10 @@ def main() -> None:
     tp = chosen.devices
     kv = serve_memory.kv_layout(config, "vllm", tp, "auto", args.max_model_len, None, 8)
     for tokens in (int(t) for t in args.tokens.split(",")):
-        backbones, _, _ = serve_programs.programs(config, kv, tp=tp, max_num_seqs=8, max_model_len=args.max_model_len,
+        backbones, _ = serve_programs.programs(config, kv, tp=tp, max_num_seqs=8, max_model_len=args.max_model_len,
                                                   max_num_batched_tokens=tokens, quantization="bf16",
                                                   expert_parallel=False, generation=chosen.generation)
-        one = backbones[-1]
+        one = replace(backbones[-1], layers=1)
         figures = {}
         for layers in (1, 2, config.num_hidden_layers):
             start = time.perf_counter()

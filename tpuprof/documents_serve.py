@@ -80,13 +80,13 @@ def target(t: ServeTarget) -> dict:
 def _programs(programs) -> dict | None:
     if programs is None:
         return None
-    from tpuprof.analyses.serve_programs import LAYER_SCALING_ERROR, MARGIN_FRACTION
+    from tpuprof.analyses.serve_programs import MARGIN_FRACTION
 
     largest = programs.largest
     return {
-        "caveats": [f"Temporaries and code of the whole model are scaled from 1- and 2-layer compiles; measured "
-                    f"error: {LAYER_SCALING_ERROR}. The safe utilization keeps a margin of {MARGIN_FRACTION:.0%} of "
-                    "the limit on top of the largest program.",
+        "caveats": [f"The safe utilization keeps a margin of {MARGIN_FRACTION:.0%} of the limit on top of the largest "
+                    "program's temporaries + code (fragmentation); whether the runtime's reservation equals them "
+                    "exactly is not verified on a TPU.",
                     "Programs as tpuprof builds them with JAX's ragged paged attention kernel; the engine's own "
                     "differ in detail (its kernel, fused KV update, sampler)."],
         "count": programs.engine_count,

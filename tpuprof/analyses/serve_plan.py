@@ -90,7 +90,7 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
                         f"fail (XLA error 0101, 'Attempting to reserve ... at the bottom of memory'): use {safe:.2f}.")
     table = serve_memory.smem_page_table_bytes(max_num_seqs, max_model_len, kv.page_size)
     if options.engine == "vllm" and table > serve_memory.smem_limit_bytes():
-        fix = serve_programs._fix("smem", kv, max_num_seqs, max_model_len)
+        fix = serve_programs.fix_for("smem", kv, max_num_seqs, max_model_len)
         problems.append(f"the page table ({max_num_seqs} requests x {-(-max_model_len // kv.page_size)} pages x 4 B "
                         f"= {table // 1024} KiB) exceeds half of the 1 MiB SMEM the engine allows it: use {fix}.")
     for record in (programs.failures if programs else []):

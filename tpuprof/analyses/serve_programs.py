@@ -3,17 +3,16 @@ through an on-disk cache keyed by content; and what their figures say about the 
 headroom the programs need.
 
 Which programs (vLLM TPU): a backbone per token padding, attention metadata `max_num_seqs` wide, and the logits +
-sampling step per request padding (tpuprof/sources/llm_serve.py builds them). tpuprof compiles each backbone with one
-decoder layer and the largest one again with two: arguments add up by layer (weights per device are then exact), and
-temporaries and code grow by layer; the whole model's figure is the 1-layer program's plus (layers - 1) times the
-per-layer growth measured on the largest backbone (docs/serve.md gives the error measured on a model compiled whole).
+sampling step per request padding (tpuprof/sources/llm_serve.py builds them). Every backbone is compiled whole, all
+decoder layers: scaling 1- and 2-layer compiles by the layer count is not safe, because the compiler sometimes
+outlines identical layers into one body (Llama-3.1-8B at 2048 tokens: 10 MB of code for 32 layers, 11 MB for 2) and
+sometimes does not (at 512 tokens on 4 devices: 161 MB for 32 layers, linear); bench/bench_serve_layers.py shows it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil  # noqa: F401 - kept for cache maintenance by callers
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,11 +27,6 @@ QUERIES_PER_BLOCK = 32
 # v5e/v6e 128 MiB, v5p/TPU7x 64 MiB per core).
 VMEM_PER_CORE = {"v2": 16, "v3": 16, "v4": 16, "v5e": 128, "v5p": 64, "v6e": 128, "tpu7x": 64}
 MARGIN_FRACTION = 0.02  # of bytes_limit, on top of the largest program: fragmentation (error 0101), stated
-# The layer scaling's error against programs compiled whole (bench/bench_serve_layers.py, libtpu 0.0.42.1):
-# qwen2.5-0.5b on v6e-1 (24 layers): code -2.1% at 16 tokens, -1.0% at 256; llama3.1-8b on v6e-4 (32 layers) at
-# 512 tokens: +7.3%. None of them has HBM temporaries at those sizes, so the temporaries' scaling is not measured.
-LAYER_SCALING_ERROR = ("code -2.1% to +7.3% against models compiled whole (qwen2.5-0.5b 24 layers, llama3.1-8b 32 "
-                       "layers); temporaries' scaling not measured")
 
 
 def cache_root() -> Path:
@@ -53,23 +47,23 @@ def compiled_head_dim(kv: KvLayout) -> int:
 
 def programs(config, kv: KvLayout, *, tp: int, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int,
              quantization: str, expert_parallel: bool, generation: str):
-    """(backbones at 1 layer by token padding, the largest backbone at 2 layers, logits programs) to compile."""
+    """(backbones by token padding, every decoder layer; logits programs by request padding) to compile."""
     from tpuprof.sources.llm_serve import ServeProgram
 
     tokens = serve_memory.token_paddings(max_num_batched_tokens)
     requests = serve_memory.request_paddings(max_num_seqs)
     pages_per_request = -(-max_model_len // kv.page_size)
     base = ServeProgram(
-        kind="backbone", tokens=tokens[0], requests=max_num_seqs, layers=1, pages_per_request=pages_per_request,
+        kind="backbone", tokens=tokens[0], requests=max_num_seqs, layers=config.num_hidden_layers,
+        pages_per_request=pages_per_request,
         page_size=kv.page_size, kv_pages=KV_PAGES_COMPILED, combined_kv_heads=kv.cache_slots,
         head_dim=compiled_head_dim(kv), kv_dtype=kv.dtype, weight_dtype=quantization, tensor_parallel_size=tp,
         expert_parallel=expert_parallel,
         num_kv_pages_per_block=max(1, min(pages_per_request, KV_TOKENS_PER_BLOCK // kv.page_size)),
         num_queries_per_block=QUERIES_PER_BLOCK, vmem_limit_bytes=vmem_limit_bytes(generation))
     backbones = [replace(base, tokens=t, num_queries_per_block=min(QUERIES_PER_BLOCK, t)) for t in tokens]
-    two_layers = replace(backbones[-1], layers=2)
     logits = [replace(base, kind="logits", tokens=0, requests=r, layers=0) for r in requests]
-    return backbones, two_layers, logits
+    return backbones, logits
 
 
 def compile_cached(config, program, slice_name: str, topology: str, use_cache: bool = True,
@@ -108,7 +102,7 @@ def metadata_bytes(program) -> int:
     return sum(-(-4 * n // 512) * 512 for n in sizes)
 
 
-def _fix(space: str | None, kv: KvLayout, max_num_seqs: int, max_model_len: int) -> str:
+def fix_for(space: str | None, kv: KvLayout, max_num_seqs: int, max_model_len: int) -> str:
     if space == "smem":
         seqs = serve_memory.largest_max_num_seqs(max_model_len, kv.page_size)
         page = serve_memory.smallest_page_for(max_num_seqs, max_model_len)
@@ -122,65 +116,43 @@ def _fix(space: str | None, kv: KvLayout, max_num_seqs: int, max_model_len: int)
 def compile_all(config, kv: KvLayout, slice_, *, tp: int, max_num_seqs: int, max_model_len: int,
                 max_num_batched_tokens: int, quantization: str, expert_parallel: bool, use_cache: bool = True,
                 on_compile=None) -> ProgramSet:
+    """Every backbone compiled whole (all decoder layers) and every logits program: exact figures per device."""
     from tpuprof import slices as slice_names
 
-    backbones, two_layers, logits = programs(
+    backbones, logits = programs(
         config, kv, tp=tp, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
         max_num_batched_tokens=max_num_batched_tokens, quantization=quantization, expert_parallel=expert_parallel,
         generation=slice_.generation)
     label = slice_names.compile_label(slice_.name)
     run = {p: compile_cached(config, p, slice_.name, label, use_cache, on_compile)
-           for p in [*reversed(backbones), two_layers, *logits]}
+           for p in [*reversed(backbones), *logits]}
     layers = config.num_hidden_layers
-    largest, doubled = run[backbones[-1]], run[two_layers]
-    failures = [p for p, r in run.items() if "failure" in r]
-    per_layer = None
-    if "failure" not in largest and "failure" not in doubled:
-        per_layer = {k: doubled[k] - largest[k] for k in ("argument_bytes", "alias_bytes", "temp_bytes", "code_bytes")}
     records = []
-    for program in backbones:
+    for program in [*backbones, *logits]:
         figures = run[program]
+        kind, tokens = program.kind, program.tokens if program.kind == "backbone" else 0
         if "failure" in figures:
-            records.append(ProgramRecord("backbone", program.tokens, program.requests, None, None, "refused",
+            records.append(ProgramRecord(kind, tokens, program.requests, None, None, "refused by the compiler",
                                          figures["space"], figures["failure"][:400],
-                                         _fix(figures["space"], kv, max_num_seqs, max_model_len), (1,),
-                                         figures.get("seconds", 0.0), figures.get("cached", False)))
+                                         fix_for(figures["space"], kv, max_num_seqs, max_model_len),
+                                         (program.layers,), figures.get("seconds", 0.0), figures.get("cached", False)))
             continue
-        if per_layer is None:
-            temp, code, how = figures["temp_bytes"], figures["code_bytes"], "1 layer compiled (no per-layer growth known)"
-        else:
-            temp = figures["temp_bytes"] + (layers - 1) * max(per_layer["temp_bytes"], 0)
-            code = figures["code_bytes"] + (layers - 1) * max(per_layer["code_bytes"], 0)
-            how = (f"compiled at 1 layer; + {layers - 1} x the per-layer growth of the {backbones[-1].tokens}-token "
-                   "program (compiled at 1 and 2 layers)")
-        records.append(ProgramRecord("backbone", program.tokens, program.requests, temp, code, how,
-                                     compiled_layers=(1, 2) if program == backbones[-1] else (1,),
-                                     seconds=figures.get("seconds", 0.0) + (
-                                         doubled.get("seconds", 0.0) if program == backbones[-1] else 0.0),
-                                     cached=figures.get("cached", False)))
-    for program in logits:
-        figures = run[program]
-        if "failure" in figures:
-            records.append(ProgramRecord("logits", 0, program.requests, None, None, "refused", figures["space"],
-                                         figures["failure"][:400],
-                                         _fix(figures["space"], kv, max_num_seqs, max_model_len)))
-            continue
-        records.append(ProgramRecord("logits", 0, program.requests, figures["temp_bytes"], figures["code_bytes"],
-                                     "compiled", seconds=figures.get("seconds", 0.0),
+        how = f"compiled whole ({layers} layers)" if kind == "backbone" else "compiled"
+        records.append(ProgramRecord(kind, tokens, program.requests, figures["temp_bytes"], figures["code_bytes"], how,
+                                     compiled_layers=(program.layers,), seconds=figures.get("seconds", 0.0),
                                      cached=figures.get("cached", False)))
     weights, page_bytes, how = None, None, "not compiled"
-    first = run[backbones[0]]
+    body = next((run[p] for p in reversed(backbones) if "failure" not in run[p]), None)
     head = run[logits[0]]
-    if per_layer is not None and "failure" not in first and "failure" not in head:
-        layer_weights = per_layer["argument_bytes"] - per_layer["alias_bytes"]
-        outside = largest["argument_bytes"] - largest["alias_bytes"] - metadata_bytes(backbones[-1]) - layer_weights
+    if body is not None and "failure" not in head:
+        program = next(p for p in reversed(backbones) if run[p] is body)
         head_bytes = head["argument_bytes"] - logits[0].requests * config.hidden_size * 2
         if config.tie_word_embeddings:
             head_bytes -= config.vocab_size * config.hidden_size * 2 // tp  # the LM head is the embedding
-        weights = outside + layers * layer_weights + head_bytes
-        page_bytes = largest["alias_bytes"] // KV_PAGES_COMPILED
-        how = ("compiled argument bytes: 1- and 2-layer backbones (per-layer weights exact by difference) and the "
-               "logits program (LM head); KV pages (aliased arguments) and step inputs subtracted")
+        weights = body["argument_bytes"] - body["alias_bytes"] - metadata_bytes(program) + head_bytes
+        page_bytes = body["alias_bytes"] // (KV_PAGES_COMPILED * layers)
+        how = ("compiled argument bytes of the backbone (all layers) and of the logits program (LM head), the KV "
+               "pages (aliased arguments) and the step's inputs taken out")
     tokens = tuple(p.tokens for p in backbones)
     requests = tuple(p.requests for p in logits)
     count, rule = serve_memory.engine_program_count(tokens, requests)

@@ -225,7 +225,6 @@ class ProgramSet:
     weights_bytes_per_device: int | None  # compiled argument bytes of the weights (None without a compile)
     weights_how: str
     kv_page_bytes_per_layer: int | None  # the compiled cache's bytes per page and layer (aliased arguments)
-    layer_scaling_error_percent: float | None = None  # measured on a model compiled whole (see docs/serve.md)
 
     @property
     def largest(self) -> ProgramRecord | None:
@@ -292,8 +291,7 @@ class ServeTarget:
 
 @dataclass
 class ServeAnswer:
-    """Everything `tpuprof serve` answers, in the order of the slices given, plus the ranking."""
+    """Everything `tpuprof serve` answers, in the order of the slices given (the document ranks them)."""
 
     options: ServeOptions
     targets: list
-    ranking: dict = field(default_factory=dict)  # "cost" / "speed" -> slice names, best first

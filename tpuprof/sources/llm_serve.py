@@ -18,9 +18,7 @@ one array `[pages, page_size, combined_heads, head_dim]` per device, combined (K
 the dtype's packing and head_dim padded as the engine pads it (tpuprof.analyses.serve_memory says how), donated so
 the program updates it in place.
 
-Compiled for a few layers (COMPILED_LAYERS): arguments add up by layer, so weights per device are exact from two
-compiles (1 and 2 layers); the temporaries of unrolled layers reuse one layer's buffers, so the 2-layer program's
-temporaries stand for the whole model's (tpuprof/analyses/serve_programs.py states and measures that).
+The layers are unrolled, as the engine runs them; `layers` compiles fewer (bench/bench_serve_layers.py).
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ from pathlib import Path
 from tpuprof.sources.llm import ModelConfig
 
 IMPLEMENTATION = "tpuprof compact JAX serving step (tpuprof/sources/llm_serve.py)"
-COMPILED_LAYERS = (1, 2)
 DTYPES = {"bf16": "bfloat16", "fp8": "float8_e4m3fn", "int8": "int8"}
 
 
