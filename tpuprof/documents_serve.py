@@ -97,6 +97,8 @@ def _programs(programs) -> dict | None:
         "largest_temp_bytes": largest.temp_bytes if largest else None,
         "largest_code_bytes": largest.code_bytes if largest else None,
         "largest_reserve_bytes": largest.reserve_bytes if largest else None,
+        # Loaded programs keep their code resident: all of it, for a reader who wants the sum as well as the largest.
+        "all_code_bytes": sum(r.code_bytes or 0 for r in programs.records),
         "largest": {"kind": largest.kind, "tokens": largest.tokens, "requests": largest.requests} if largest else None,
         "failures": len(programs.failures),
         "compile_seconds": round(sum(r.seconds for r in programs.records), 1),
