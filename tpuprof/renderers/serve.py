@@ -61,10 +61,10 @@ def print_table(document: dict) -> None:
         out.print(tables.wrap(Text(f"{t['slice']['name']} ({t['engine']['name']} rules of {t['engine']['version']}): "
                                    f"{t['verdict']}"), out.width))
         for line in details(t):
-            out.print(tables.wrap(Text("  " + line), out.width))
+            out.print(tables.wrap(Text("- " + line), out.width))
         for problem in t["problems"][1:]:
-            out.print(tables.wrap(Text("  " + problem, style="red"), out.width))
-        out.print(tables.wrap(Text("  launch: " + t["command"]), out.width))
+            out.print(tables.wrap(Text("- " + problem, style="red"), out.width))
+        out.print(tables.wrap(Text("- launch: " + t["command"]), out.width))
     ranking = document["ranking"]
     if len(document["targets"]) > 1 and ranking["speed"]:
         out.print(tables.wrap(Text(f"fastest first: {', '.join(ranking['speed'])}; cheapest first: "
