@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, run_cli, run_cli_process
 from tpuprof import __version__, targets
 
-COMMANDS = ("memory", "oom", "analyze", "capture", "report", "diff", "preflight", "trace", "guide")
+COMMANDS = ("memory", "oom", "analyze", "capture", "report", "diff", "preflight", "serve", "trace", "guide")
 
 # (arguments, exit code, what stderr must say): every usage error of issue #10 and a few more.
 USAGE_ERRORS = [

@@ -37,6 +37,9 @@ ACCEPTED = [
     ["capture", "--tpu", "my-tpu", "--zone", "z", "--duration", "5s", "--analyze", "--host-tracer-level", "3"],
     ["capture", "--service-addr", "localhost:9012", "--logdir", "gs://b/logs", "--port", "9012", "--delay", "1s"],
     ["guide"],
+    ["serve", "--model", "llama3.1-70b", "--tpu", "v6e-8,v5p-16", "--max-model-len", "8192", "--concurrency", "64",
+     "--gpu-memory-utilization", "0.9", "--engine", "sglang-jax", "--kv-cache-dtype", "fp8", "--no-compile",
+     "--enable-expert-parallel", "--quantization", "int8", "--block-size", "32", "--input-len", "100"],
 ]
 
 # Command lines the quick parse must leave to typer: help, errors, anything click reads in its own way.

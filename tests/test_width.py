@@ -107,6 +107,18 @@ def test_preflight_table_fits(compile_cache):
         check_width(result.stdout, width, reference.stdout)
 
 
+def test_serve_table_fits():
+    """Three slices side by side and their prose (the KV arithmetic alone: no compile)."""
+    args = ["serve", "--model", "llama3.1-70b", "--tpu", "v6e-8,v5p-16,v5e-8", "--max-model-len", "8192",
+            "--concurrency", "64", "--no-compile"]
+    reference = run_cli(*args, env={"COLUMNS": "200"})
+    assert reference.returncode == 0, reference.stderr
+    for width in (80, 100):
+        result = run_cli(*args, env={"COLUMNS": str(width)})
+        assert result.returncode == 0, result.stderr
+        check_width(result.stdout, width, reference.stdout)
+
+
 def test_capture_summary_fits(profiler_job, tmp_path):
     job = profiler_job("jax_job.py", "--slow-loader-ms", "20")  # the same job test_capture.py uses
     for width in (80, 100):

@@ -12,21 +12,22 @@ document), `.to_json()`, `.suggestions` and a notebook view:
     tpuprof.diff("before/", "after/")            # DiffResult
     tpuprof.report(["dump/", "logs/"], "report.html")                # ReportResult
     tpuprof.trace("logs/", "steps.pftrace", steps="10:13")           # TraceResult
+    tpuprof.serve("llama3.1-70b", "v6e-8", max_model_len=8192)      # ServeResult
 
 Bad input raises `tpuprof.UserError` with the sentence the CLI prints. Importing tpuprof is light: TensorFlow
 and JAX are imported only by the functions that need them.
 """
 
 from tpuprof.version import __version__
-from tpuprof.api import analyze, capture, diff, memory, oom, preflight, report, trace
+from tpuprof.api import analyze, capture, diff, memory, oom, preflight, report, serve, trace
 from tpuprof.errors import UserError
 from tpuprof.results import (
     AnalyzeResult, CaptureResult, DiffResult, MemoryResult, OomResult, PreflightResult, ReportResult, Result,
-    TraceResult,
+    ServeResult, TraceResult,
 )
 
 __all__ = [
-    "analyze", "capture", "diff", "memory", "oom", "preflight", "report", "trace", "UserError",
+    "analyze", "capture", "diff", "memory", "oom", "preflight", "report", "serve", "trace", "UserError",
     "AnalyzeResult", "CaptureResult", "DiffResult", "MemoryResult", "OomResult", "PreflightResult", "ReportResult",
-    "Result", "TraceResult", "__version__",
+    "Result", "ServeResult", "TraceResult", "__version__",
 ]

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 from tpuprof.errors import UserError
 from tpuprof.results import (
     AnalyzeResult, CaptureResult, DiffResult, MemoryResult, OomResult, PreflightResult, ReportResult, Result,
-    TraceResult, as_suggestion,
+    ServeResult, TraceResult, as_suggestion,
 )
 
 PathLike = Union[str, os.PathLike]
@@ -209,6 +209,34 @@ def _preflight(fn_or_model, example_args, tpu, batch, max_batch, compare_bf16, t
     spec.mesh_text = mesh
     return command.result(spec, names, batch, max_batch, compare_bf16, top, cache, on_compile,
                           tokens_per_example=tokens_per_example, price_overrides=_price_overrides(price))
+
+
+def serve(model: str, tpu: Union[str, Iterable[str]], *, engine: str = "vllm", max_model_len: Optional[int] = None,
+          max_num_seqs: Optional[int] = None, max_num_batched_tokens: Optional[int] = None,
+          tensor_parallel_size: Optional[int] = None, enable_expert_parallel: bool = False,
+          kv_cache_dtype: str = "auto", quantization: str = "bf16", gpu_memory_utilization: Optional[float] = None,
+          block_size: Optional[int] = None, input_len: Optional[int] = None, output_len: Optional[int] = None,
+          concurrency: Optional[int] = None, prices: Union[str, dict, None] = None, compile: bool = True,
+          on_compile: Optional[Callable[[Any], None]] = None) -> ServeResult:
+    """Will an LLM serve on each TPU slice with a serving engine's settings (vLLM TPU by default), how many requests
+    at once, the largest safe gpu_memory_utilization, how fast and at what cost, and the command to launch it. The
+    engine's programs are compiled by libtpu for the slice on this machine (`compile=False`: the KV arithmetic with
+    weights from the shapes, no JAX). Keywords are the engine's option names; a bad value raises UserError naming
+    the keyword.
+
+        >>> result = tpuprof.serve("llama3.1-70b", "v6e-8", max_model_len=8192, concurrency=64)
+        >>> result.targets[0].capacity.tokens, result.to_dict()["targets"][0]["safe_gpu_memory_utilization"]
+    """
+    from tpuprof.commands import serve as command
+    from tpuprof.models.serve import serve_options
+
+    options = serve_options(model, tpu, engine=engine, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                            max_num_batched_tokens=max_num_batched_tokens, tensor_parallel_size=tensor_parallel_size,
+                            enable_expert_parallel=enable_expert_parallel, kv_cache_dtype=kv_cache_dtype,
+                            quantization=quantization, gpu_memory_utilization=gpu_memory_utilization,
+                            block_size=block_size, input_len=input_len, output_len=output_len,
+                            concurrency=concurrency, prices=prices, compile=compile)
+    return command.result(options, on_compile=on_compile)
 
 
 def _price_overrides(price: Union[str, dict, None]) -> dict:

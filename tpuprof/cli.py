@@ -286,6 +286,54 @@ def preflight(
                 global_batch=global_batch, remat=remat, dtype=dtype, mesh=mesh)
 
 
+# serve's closed sets, from the one place that knows them (tpuprof.models.serve).
+ServeEngine = Enum("ServeEngine", {name: name for name in ("vllm", "sglang-jax", "jetstream")}, type=str)
+KvCacheDtype = Enum("KvCacheDtype", {name: name for name in ("auto", "fp8")}, type=str)
+Quantization = Enum("Quantization", {name: name for name in ("bf16", "fp8", "int8")}, type=str)
+
+
+@commands.command(epilog=_examples(
+    "tpuprof serve --model llama3.1-70b --tpu v6e-8 --max-model-len 8192 --concurrency 64",
+    "tpuprof serve --model llama3.1-8b --tpu v5e-4,v6e-1,v6e-4 --input-len 1800 --output-len 256   # ranked",
+    "tpuprof serve --model config.json --tpu tpu7x-8 --kv-cache-dtype fp8 --json",
+    "tpuprof serve --model qwen3-30b-a3b --tpu v6e-8 --no-compile       # the KV arithmetic alone, no JAX",
+))
+def serve(
+    model: str = Option(..., "--model", metavar="NAME|config.json", help="A built-in LLM (llama3.1-70b, qwen3-32b, ...) or a Hugging Face config.json."),
+    tpu: str = Option(..., "--tpu", metavar="SLICE[,...]", help="TPU slice(s) such as v6e-8, v5p-16, tpu7x-8; a comma list ranks them.",
+                      callback=_check_generations, autocompletion=_complete_generation),
+    engine: ServeEngine = Option(ServeEngine("vllm"), "--engine", help="The serving engine whose rules apply: vllm (tpu-inference), sglang-jax, jetstream (MaxText)."),
+    max_model_len: Optional[int] = Option(None, "--max-model-len", help="Longest request in tokens (default: the model's max_position_embeddings)."),
+    max_num_seqs: Optional[int] = Option(None, "--max-num-seqs", help="Requests the engine schedules at once (default: --concurrency, else 256)."),
+    max_num_batched_tokens: Optional[int] = Option(None, "--max-num-batched-tokens", help="Tokens per step (default: vLLM's for the chip: v6e 1024, v5e 512, v5p 256)."),
+    tensor_parallel_size: Optional[int] = Option(None, "--tensor-parallel-size", help="Devices one engine spans (default: every device of the slice the heads allow)."),
+    enable_expert_parallel: bool = Option(False, "--enable-expert-parallel", help="Shard a mixture of experts by expert instead of by width."),
+    kv_cache_dtype: KvCacheDtype = Option(KvCacheDtype("auto"), "--kv-cache-dtype", help="auto (bf16) or fp8."),
+    quantization: Quantization = Option(Quantization("bf16"), "--quantization", help="Weights: bf16, fp8 or int8."),
+    gpu_memory_utilization: Optional[float] = Option(None, "--gpu-memory-utilization", help="Fraction of HBM the engine takes (default: the largest safe one tpuprof finds)."),
+    block_size: Optional[int] = Option(None, "--block-size", help="Tokens per KV page (default: the engine's rule)."),
+    input_len: Optional[int] = Option(None, "--input-len", help="Prompt tokens per request, for speed and cost (default 1024, at most half of --max-model-len)."),
+    output_len: Optional[int] = Option(None, "--output-len", help="Generated tokens per request, for speed and cost (default 256)."),
+    concurrency: Optional[int] = Option(None, "--concurrency", help="Requests in flight (default: --max-num-seqs, as far as the KV cache holds them)."),
+    price: Optional[str] = Option(None, "--price", metavar="GEN=USD[,...]", help="On-demand price per chip-hour, overriding tpuprof's table (e.g. v6e=2.70)."),
+    compile_: bool = Option(True, "--compile/--no-compile", help="Compile the engine's programs with libtpu (default); --no-compile: weights from shapes, no headroom."),
+    as_json: bool = Option(False, "--json", help=JSON_HELP),
+    format_: Optional[OutputFormat] = _format_option(),
+    verbose: bool = Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+) -> None:
+    """Will an LLM serve on a TPU slice, how many requests at once, with which settings, how fast and at what cost: compiled, no TPU needed."""
+    library_output.hold(verbose)
+    from tpuprof.commands import serve as command
+
+    command.run(model, tpu, as_json=as_json, format_=format_.value if format_ else None, compile_=compile_,
+                engine=engine.value, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens, tensor_parallel_size=tensor_parallel_size,
+                enable_expert_parallel=enable_expert_parallel, kv_cache_dtype=kv_cache_dtype.value,
+                quantization=quantization.value, gpu_memory_utilization=gpu_memory_utilization,
+                block_size=block_size, input_len=input_len, output_len=output_len, concurrency=concurrency,
+                prices=price)
+
+
 @commands.command(epilog=_examples(
     "tpuprof trace sample_profiles/captures/jax_compute -o steps.pftrace",
     "tpuprof trace LOGDIR -o steps.pftrace --steps 10:13 --hosts worker0,worker1",

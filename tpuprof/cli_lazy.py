@@ -103,7 +103,7 @@ class _Param:
             (kind,) = [arg for arg in typing.get_args(kind) if arg is not type(None)]
         if typing.get_origin(kind) is list:
             self.multiple, (kind,) = True, typing.get_args(kind)
-        if kind not in (str, int, bool, Path) and not (isinstance(kind, type) and issubclass(kind, Enum)):
+        if kind not in (str, int, float, bool, Path) and not (isinstance(kind, type) and issubclass(kind, Enum)):
             raise _GiveUp
         self.kind = kind
         # Flags: "--json" (True), "--compile/--no-compile" (True / False).

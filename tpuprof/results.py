@@ -300,6 +300,36 @@ class ReportResult(Result):
 
 
 @dataclass(repr=False)
+class ServeResult(Result):
+    """`tpuprof.serve()`: per slice, whether the model serves as asked, the KV cache, the compiled programs' headroom
+    (the largest safe gpu_memory_utilization), speed and cost, and the launch command."""
+
+    command = "serve"
+
+    answer: Any  # tpuprof.models.serve.ServeAnswer
+    suggestions: list = field(default_factory=list)
+
+    @property
+    def targets(self) -> list:
+        """tpuprof.models.serve.ServeTarget, one per slice, in the order given."""
+        return self.answer.targets
+
+    @property
+    def fits(self) -> bool:
+        return all(t.fits for t in self.targets)
+
+    def _document(self) -> dict:
+        from tpuprof.documents_serve import document
+
+        return document(self.answer)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{t.slice.name}: {'serves' if t.fits else 'does not serve'}, "
+                          f"{t.capacity.tokens} KV tokens" for t in self.targets)
+        return f"ServeResult({self.answer.options.model.name!r}: {parts})"
+
+
+@dataclass(repr=False)
 class TraceResult(Result):
     """`tpuprof.trace()`: the Perfetto trace written and what it holds."""
 

@@ -86,7 +86,9 @@ def middle_ellipsis(value: Text, width: int) -> Text:
 
 # A figure and its unit ("15.74 GiB", "3.2 ms", "+1.3 pts") are one word for wrapping; so is any run of
 # non-blank characters.
-_WORD = re.compile(r"[-+≈~]?\d[\d.,]*\s(?:[KMGT]i?B|B|ms|s|pts|%|x)(?=\W|$)|\S+")
+# A figure with its unit is one word, with the punctuation that follows it ("31.25 GiB:", "19.6 ms,"): wrapping
+# never parts them, and never puts a space before the punctuation.
+_WORD = re.compile(r"[-+≈~]?\d[\d.,]*\s(?:[KMGT]i?B|B|ms|s|pts|%|x)(?=\W|$)\S*|\S+")
 
 
 def wrap(value: Text, width: int) -> Text:

@@ -14,6 +14,7 @@ import json
 
 PREFIX = "tpuprof."
 VERSIONS = {"memory": 1, "analyze": 1, "oom": 1, "preflight": 1, "capture": 1, "diff": 1, "report": 1, "trace": 1,
+            "serve": 1,
             # Not a command: what any command prints on stdout with --json when it fails.
             "error": 1}
 

@@ -114,6 +114,7 @@ class ModelConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
+    max_position_embeddings: int = 0  # 0: the config does not say (serve's default max model length)
 
     @property
     def moe(self) -> bool:
@@ -134,7 +135,8 @@ class ModelConfig:
         return self.num_hidden_layers * layer + embeddings + d
 
     def digest(self) -> str:
-        fields = {k: v for k, v in self.__dict__.items() if k != "name"}
+        # The shapes' fields only: the name and the positions trained for change no program.
+        fields = {k: v for k, v in self.__dict__.items() if k not in ("name", "max_position_embeddings")}
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
@@ -211,6 +213,7 @@ def parse_config(data: Any, name: str, where: str) -> ModelConfig:
         moe_intermediate_size=(number("moe_intermediate_size", default=number("intermediate_size", default=4 * hidden))
                                if experts else 0),
         shared_expert_intermediate_size=number("shared_expert_intermediate_size", default=0) if experts else 0,
+        max_position_embeddings=number("max_position_embeddings", "n_positions", default=0),
     )
     if config.num_attention_heads % config.num_key_value_heads:
         raise UserError(f"{where}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads "

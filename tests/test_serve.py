@@ -1,0 +1,227 @@
+"""`tpuprof serve`: the engine's KV rules and real libtpu compiles of its programs, checked against public vLLM TPU
+start-up logs (tests/fixtures/serving, each with its source URL), and the command line's contract.
+
+Compiles are small (1- and 2-layer programs at the 16-token padding, 8 requests) and cached on disk, shared by the
+tests through session fixtures."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+
+import tpuprof
+from tpuprof.analyses import serve_memory
+from tpuprof.sources import tpu_compile
+
+SERVING = Path(__file__).parent / "fixtures" / "serving"
+GEMMA3_1B = SERVING / "gemma-3-1b-it.config.json"
+GiB = 1 << 30
+needs_libtpu = pytest.mark.skipif(not tpu_compile.jax_available(), reason="needs jax[tpu] (libtpu)")
+SMALL = {"max_num_seqs": 8, "max_num_batched_tokens": 16}  # one backbone padding, one request padding
+
+
+def log_figures(name: str) -> dict:
+    """The engine's own figures in a fixture log: KV tokens, concurrency, the HBM in use and the cap."""
+    text = (SERVING / name).read_text()
+    assert text.startswith("# source: https://"), "every fixture names its public source"
+    figures = {"kv_tokens": int(re.search(r"GPU KV cache size: ([\d,]+) tokens", text).group(1).replace(",", "")),
+               "concurrency": float(re.search(r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x",
+                                              text).group(1))}
+    used = re.search(r"total_hbm_limit_gb=([\d.]+)GiB \| total_hbm_limit_cap_gb=([\d.]+)GiB \| "
+                     r"total_hbm_used_gb=([\d.]+)GiB", text)
+    if used:
+        figures.update(limit=float(used.group(1)), cap=float(used.group(2)), used=float(used.group(3)))
+    init = re.findall(r"hbm=\[\(([\d.]+), ([\d.]+)\)", text)
+    figures["hbm_steps"] = [float(a) for a, _ in init]
+    return figures
+
+
+@pytest.fixture(scope="session")
+def gemma3_1b_v5e():
+    """Gemma 3 1B on v5e-1 as the Keras guide's vLLM log ran it: max_model_len 512, block 32, utilization capped at
+    14.49 of 15.75 GiB (0.92)."""
+    return tpuprof.serve(str(GEMMA3_1B), "v5e-1", max_model_len=512, block_size=32, gpu_memory_utilization=0.92,
+                         **SMALL)
+
+
+@pytest.fixture(scope="session")
+def llama8b_v6e4():
+    """The shape of tpu-inference PR 145's log (32 layers, 8 KV heads, head_dim 128: Llama-3.1-8B) on v6e, TP 4,
+    max_model_len 4096."""
+    return tpuprof.serve("llama3.1-8b", "v6e-4", max_model_len=4096, **SMALL)
+
+
+@needs_libtpu
+def test_weights_and_kv_cache_equal_the_vllm_log_of_gemma3_1b_on_v5e(gemma3_1b_v5e):
+    log = log_figures("keras_io_gemma3_1b_v5e1_tp1.txt")
+    target = gemma3_1b_v5e.targets[0]
+    # The log prints the HBM in use after the weights load to 0.01 GiB: the compiled weights per device agree.
+    assert abs(target.capacity.weights_bytes_per_device / GiB - log["used"]) <= 0.005
+    assert target.capacity.bytes_limit / GiB == pytest.approx(log["limit"], abs=0.005)
+    # One page: 32 tokens x (K, V) of 1 head x 256 x 2 B = 32 KiB per layer, as the log's shape (32, 1, 2, 256).
+    assert target.kv.page_bytes_per_layer == target.programs.kv_page_bytes_per_layer == 32 * 1024
+    # The engine's KV tokens and concurrency from those weights at its cap: within the log's 0.01 GiB rounding.
+    assert target.capacity.tokens == pytest.approx(log["kv_tokens"], rel=2e-4)
+    assert target.capacity.max_concurrency == pytest.approx(log["concurrency"], rel=2e-4)
+
+
+@needs_libtpu
+def test_weights_and_kv_pages_equal_the_vllm_log_of_tp4_on_v6e(llama8b_v6e4):
+    log = log_figures("tpu_inference_145_v6e4_tp4.txt")
+    target = llama8b_v6e4.targets[0]
+    weights, after_kv = log["hbm_steps"][0], log["hbm_steps"][-1]
+    assert abs(target.capacity.weights_bytes_per_device / GiB - weights) <= 0.005
+    # max_model_len 4096 -> the page-size rule's 256 tokens; 8 KV heads over TP 4 -> 2 per device (4 cache slots).
+    assert target.kv.page_size == 256 and target.kv.cache_slots == 4
+    assert target.programs.kv_page_bytes_per_layer == target.kv.page_bytes_per_layer == 256 * 4 * 128 * 2
+    # The log's 3168 pages of every layer on a device, by our page bytes, are the HBM it shows after the KV cache.
+    pages = log["kv_tokens"] // target.kv.page_size
+    assert (pages * target.kv.page_bytes + target.capacity.weights_bytes_per_device) / GiB == pytest.approx(
+        after_kv, abs=0.005)
+    assert log["kv_tokens"] / target.max_model_len == pytest.approx(log["concurrency"])
+
+
+def test_kv_heads_are_replicated_when_tp_exceeds_them_and_fp8_packs_four_slots():
+    config = tpuprof.serve("qwen2.5-7b", "v6e-8", max_model_len=8192, compile=False).answer.options.model
+    assert config.num_key_value_heads == 4
+    replicated = serve_memory.kv_layout(config, "vllm", 8, "auto", 8192, None, 256)
+    split = serve_memory.kv_layout(config, "vllm", 4, "auto", 8192, None, 256)
+    assert replicated.replicated and replicated.kv_heads_per_device == 1 and not split.replicated
+    # Replication: 8 devices each hold one of 4 heads, as much per device as TP 4 with one head each.
+    assert replicated.kv_bytes_per_token_per_device == split.kv_bytes_per_token_per_device
+    fp8 = serve_memory.kv_layout(config, "vllm", 8, "fp8", 8192, None, 256)
+    # fp8 packs 4 values per 32-bit word: one head's K and V fill 2 of 4 slots, so fp8 saves nothing here ...
+    assert fp8.cache_slots == 4 and fp8.kv_bytes_per_token_per_device == replicated.kv_bytes_per_token_per_device
+    # ... while with 2 heads per device (TP 2) it halves the cache.
+    assert serve_memory.kv_layout(config, "vllm", 2, "fp8", 8192, None, 256).kv_bytes_per_token_per_device * 2 == \
+        serve_memory.kv_layout(config, "vllm", 2, "auto", 8192, None, 256).kv_bytes_per_token_per_device
+    # The naive count (2 x heads x head_dim x bytes x layers / TP) misses both: 4 times too small.
+    assert fp8.kv_bytes_per_token_per_device == 4 * naive_fp8_tp8(config)
+
+
+def naive_fp8_tp8(config) -> int:
+    return 2 * config.num_key_value_heads * config.head_dim * 1 * config.num_hidden_layers // 8
+
+
+@needs_libtpu
+def test_the_compiled_fp8_cache_holds_the_packed_slots():
+    result = tpuprof.serve("llama3.1-8b", "v6e-8", max_model_len=2048, kv_cache_dtype="fp8", **SMALL)
+    target = result.targets[0]
+    assert target.kv.kv_heads_per_device == 1 and target.kv.cache_slots == 4
+    assert target.programs.kv_page_bytes_per_layer == target.kv.page_bytes_per_layer == target.kv.page_size * 4 * 128
+
+
+@needs_libtpu
+def test_an_smem_failure_is_found_at_compile_time_with_the_setting_that_avoids_it():
+    """SGLang-JAX takes the page size it is given: 256 requests x 2048 pages of 16 tokens overflow SMEM when the
+    attention kernel prefetches the page table, which the compiler says; the fix it names compiles."""
+    asked = dict(engine="sglang-jax", max_model_len=32768, block_size=16, max_num_batched_tokens=16)
+    failed = tpuprof.serve("qwen2.5-0.5b", "v6e-1", max_num_seqs=256, **asked).targets[0]
+    refused = [r for r in failed.programs.records if r.failure_space == "smem"]
+    assert refused and not failed.fits
+    assert "--max-num-seqs 64" in refused[0].fix and "--block-size 64" in refused[0].fix
+    assert any("smem" in p for p in failed.problems)
+    fixed = tpuprof.serve("qwen2.5-0.5b", "v6e-1", max_num_seqs=64, **asked).targets[0]
+    assert not fixed.programs.failures
+
+
+@needs_libtpu
+def test_the_safe_utilization_lies_below_one_whose_headroom_the_largest_program_does_not_fit(gemma3_1b_v5e):
+    target = gemma3_1b_v5e.targets[0]
+    largest = target.programs.largest
+    assert largest.code_bytes > 0  # the compiler's own figures
+    limit = target.capacity.bytes_limit
+    # A utilization whose headroom below the KV cache is smaller than that program's temporaries + code.
+    too_high = 1 - (largest.reserve_bytes * 0.9) / limit
+    assert target.safe_gpu_memory_utilization < too_high
+    risky = tpuprof.serve(str(GEMMA3_1B), "v5e-1", max_model_len=512, block_size=32,
+                          gpu_memory_utilization=round(too_high, 4), **SMALL).targets[0]
+    assert not risky.fits and "error 0101" in risky.problems[0]
+    safe = tpuprof.serve(str(GEMMA3_1B), "v5e-1", max_model_len=512, block_size=32,
+                         gpu_memory_utilization=target.safe_gpu_memory_utilization, **SMALL).targets[0]
+    assert safe.fits
+    assert (1 - safe.capacity.gpu_memory_utilization) * limit >= largest.reserve_bytes + target.margin_bytes - limit / 100
+
+
+@needs_libtpu
+def test_the_json_document_follows_its_schema_and_markdown_renders_it(gemma3_1b_v5e):
+    from test_schemas import validate
+
+    from tpuprof.renderers.markdown import render
+
+    document = gemma3_1b_v5e.to_dict()
+    assert validate(document) == "serve"
+    target = document["targets"][0]
+    for key in ("weights_bytes_per_device", "kv_bytes_per_token_per_device", "kv_cache_tokens", "max_concurrency",
+                "safe_gpu_memory_utilization"):
+        assert target[key] is not None
+    assert target["estimate"]["tpot_ms_low"] <= target["estimate"]["tpot_ms"] <= target["estimate"]["tpot_ms_high"]
+    assert target["command"].startswith("vllm serve ")
+    text = render(document)
+    assert "tpuprof serve" in text and "vllm serve" in text
+
+
+def test_the_cli_plans_without_jax_ranks_slices_and_prints_the_launch_command():
+    code = ("import sys; from tpuprof import cli\n"
+            "cli.main(['serve', '--model', 'llama3.1-70b', '--tpu', 'v6e-8,v5p-16,v5e-8', '--max-model-len', '8192',"
+            " '--concurrency', '64', '--no-compile', '--json'])\n"
+            "assert 'jax' not in sys.modules, 'jax imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    from test_schemas import validate
+
+    document = json.loads(done.stdout)
+    assert validate(document) == "serve"
+    by_name = {t["slice"]["name"]: t for t in document["targets"]}
+    assert not by_name["v5litepod-8"]["fits"]  # 70B in bf16 over 8 x 16 GiB leaves no KV cache
+    assert set(document["ranking"]["speed"]) == {"v6e-8", "v5p-16"}
+    assert "--tensor-parallel-size 8" in by_name["v6e-8"]["command"]
+    assert "--max-num-seqs 64" in by_name["v6e-8"]["command"]
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--tpu", "v6e-8", "--tensor-parallel-size", "3"], "--tensor-parallel-size 3 does not divide the 8 devices"),
+    (["--tpu", "v6e-8", "--max-model-len", "200000"], "--max-model-len 200000 is beyond the 131072 positions"),
+    (["--tpu", "v6e-8", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+    (["--tpu", "v6e-8", "--engine", "tgi"], "tgi"),
+])
+def test_bad_input_is_one_sentence_and_exit_2(args, flag):
+    result = run_cli("serve", "--model", "llama3.1-70b", "--no-compile", *args)
+    assert result.returncode == 2 and flag in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_api_errors_name_the_keyword_not_the_flag():
+    with pytest.raises(tpuprof.UserError, match=r"^max_model_len 200000 is beyond"):
+        tpuprof.serve("llama3.1-70b", "v6e-8", max_model_len=200000, compile=False)
+    with pytest.raises(tpuprof.UserError, match=r"^input_len 8000 plus output_len 500 exceed"):
+        tpuprof.serve("llama3.1-70b", "v6e-8", max_model_len=8192, input_len=8000, output_len=500, compile=False)
+
+
+def test_vllm_raises_the_page_size_so_the_page_table_fits_half_of_smem():
+    config = tpuprof.serve("llama3.1-70b", "v6e-8", compile=False).answer.options.model
+    # 131072 tokens: get_page_size says 16, but 256 requests x 8192 pages x 4 B would be 8 MiB of SMEM.
+    layout = serve_memory.kv_layout(config, "vllm", 8, "auto", 131072, None, 256)
+    assert layout.page_size == 256 and "get_min_page_size" in layout.page_size_rule
+    assert serve_memory.smem_page_table_bytes(256, 131072, 256) <= serve_memory.smem_limit_bytes()
+    assert serve_memory.kv_layout(config, "vllm", 8, "auto", 131072, None, 8).page_size == 16
+    assert serve_memory.kv_layout(config, "vllm", 8, "auto", 2048, None, 256).page_size == 128
+
+
+def test_other_engines_follow_their_own_rules_and_flags():
+    sglang = tpuprof.serve("qwen3-8b", "v6e-4", engine="sglang-jax", max_model_len=8192, kv_cache_dtype="fp8",
+                           compile=False).to_dict()["targets"][0]
+    # SGLang-JAX: no packing, so fp8 with 2 KV heads per device is 2 x 128 x 1 B x 36 layers per token.
+    assert sglang["kv_bytes_per_token_per_device"] == 2 * 2 * 128 * 36
+    assert sglang["command"].startswith("python -m sgl_jax.launch_server") and "--mem-fraction-static" in sglang["command"]
+    jetstream = tpuprof.serve("qwen3-8b", "v6e-4", engine="jetstream", max_model_len=8192,
+                              compile=False).to_dict()["targets"][0]
+    assert jetstream["kv_cache_tokens"] % 8192 == 0  # whole slots of max_target_length
+    assert "ici_tensor_parallelism=4" in jetstream["command"]

@@ -1,0 +1,236 @@
+"""How a serving engine sizes its KV cache on TPU, and which programs it compiles: the engines' own rules, each keyed
+to the engine version it was read from (the one place tpuprof knows them). Pure functions on typed inputs.
+
+vLLM TPU = vllm-project/tpu-inference 0.32.0 (see ../shared/reference/serving-facts.md for line numbers):
+- KV cache shape, RPA v3 `get_kv_cache_shape`: `(pages, page_size, align(2 x kv_heads_per_device, packing) / packing,
+  packing, padded head_dim)`, packing = 32 / dtype bits (bf16 2, fp8 4); `get_padded_head_dim`: head_dim 64 stays,
+  others round up to 128; `get_num_kv_heads_by_tp`: KV heads are replicated up to TP when TP exceeds them.
+- page size, `flash_attn.get_page_size`: 16 when max_model_len > 8192, else next_pow2(max_model_len) / 16 clamped
+  to [16, 256]; `--block-size` overrides it. SMEM: the int32 page table `[max_num_seqs, ceil(L / page)]` must fit
+  half of the 1 MiB SMEM (`get_min_page_size`, `get_max_num_seqs`).
+- budget, `tpu_worker.determine_available_memory`: bytes_limit x gpu_memory_utilization - bytes in use (the weights)
+  after the weights load, before any compile; no profiling run. `num_blocks = avail // (layers x page bytes)`.
+- buckets: token paddings double from 16 to max_num_batched_tokens (`runner/utils.get_token_paddings`), request
+  paddings from 8 (`MIN_NUM_SEQS`) to max_num_seqs.
+SGLang-JAX (`model_runner_kv_cache_mixin.py` @ cddbf6f1): per token `kv_heads_per_device x align128(head_dim) x 2 x
+layers x bytes`, no page packing; budget `available - total x (1 - mem_fraction_static)`.
+JetStream / MaxText (`kvcache.py` @ 01739beb): a contiguous cache per slot, `batch x max_target_length` tokens
+preallocated, heads over the tensor axis.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tpuprof.models.serve import Capacity, EngineRules, KvLayout
+
+MiB = 1 << 20
+SMEM_BYTES = 1 * MiB  # per core on v4 and later (jax _src/pallas/mosaic/tpu_info.py)
+SMEM_PAGE_TABLE_SHARE = 2  # vLLM keeps the page table within half of SMEM (get_min_page_size)
+# vLLM TPU's utilization when --gpu-memory-utilization is not given: 0.92 of the limit in public start-up logs
+# (tests/fixtures/serving: "total_hbm_limit_cap_gb=14.49GiB" of 15.75 on v5e, 28.74 of 31.24 on v6e).
+DEFAULT_UTILIZATION = 0.92
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default for `vllm serve`
+# `vllm serve` on TPU (vllm/engine/arg_utils.py, default_max_num_batched_tokens_tpu, OPENAI_API_SERVER): per chip
+# generation; other generations take vLLM's general default.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = {"v6e": 1024, "v5e": 512, "v5p": 256}
+GENERAL_MAX_NUM_BATCHED_TOKENS = 2048
+MIN_TOKEN_BUCKET = 16  # tpu_inference envs.py MIN_TOKEN_BUCKET
+MIN_NUM_SEQS = 8  # tpu_runner.py MIN_NUM_SEQS
+
+ENGINES = {
+    "vllm": EngineRules(
+        "vllm", "tpu-inference 0.32.0",
+        "vllm-project/tpu-inference: runner/kv_cache.py get_attention_page_size_bytes, kernels/ragged_paged_attention/"
+        "v3/kernel.py get_kv_cache_shape, utils.py get_padded_head_dim/get_num_kv_heads_by_tp, layers/vllm/backends/"
+        "flash_attn.py get_page_size/get_min_page_size, worker/tpu_worker.py determine_available_memory, "
+        "runner/compilation_manager.py capture_model",
+        {"tensor_parallel_size": "--tensor-parallel-size", "max_model_len": "--max-model-len",
+         "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
+         "gpu_memory_utilization": "--gpu-memory-utilization", "kv_cache_dtype": "--kv-cache-dtype",
+         "block_size": "--block-size", "quantization": "--quantization",
+         "enable_expert_parallel": "--enable-expert-parallel"}),
+    "sglang-jax": EngineRules(
+        "sglang-jax", "sgl-project/sglang-jax cddbf6f1",
+        "python/sgl_jax/srt/model_executor/model_runner_kv_cache_mixin.py (_compute_cell_size, "
+        "_profile_available_bytes)",
+        {"tensor_parallel_size": "--tp-size", "max_model_len": "--context-length",
+         "max_num_seqs": "--max-running-requests", "max_num_batched_tokens": "--chunked-prefill-size",
+         "gpu_memory_utilization": "--mem-fraction-static", "kv_cache_dtype": "--kv-cache-dtype",
+         "block_size": "--page-size", "quantization": "--quantization"}),
+    "jetstream": EngineRules(
+        "jetstream", "AI-Hypercomputer/maxtext 01739beb",
+        "src/MaxText/inference/kvcache.py (contiguous prefill + AR cache per slot)",
+        {"tensor_parallel_size": "ici_tensor_parallelism", "max_model_len": "max_target_length",
+         "max_num_seqs": "per_device_batch_size", "quantization": "quantization",
+         "kv_cache_dtype": "quantize_kvcache"}),
+}
+
+DTYPE_BYTES = {"bf16": 2, "fp8": 1}
+
+
+def kv_dtype(kv_cache_dtype: str) -> str:
+    """--kv-cache-dtype auto is the model's dtype (bf16 here); fp8 stores e4m3."""
+    return "fp8" if kv_cache_dtype == "fp8" else "bf16"
+
+
+def padded_head_dim(head_dim: int, engine: str) -> int:
+    """vLLM: 64 stays (it has its own kernel), anything else rounds up to 128; SGLang-JAX: align 128; MaxText keeps
+    the model's (the TPU tile pads the minor dimension to 128 in memory)."""
+    if engine == "vllm" and head_dim == 64:
+        return 64
+    return -(-head_dim // 128) * 128
+
+
+def kv_heads_per_device(kv_heads: int, tp: int) -> tuple[int, bool]:
+    """(heads per device, replicated): replicated up to TP when TP exceeds the model's KV heads."""
+    if tp > kv_heads:
+        return 1, True
+    return kv_heads // tp, False
+
+
+def min_page_size(max_model_len: int, max_num_seqs: int) -> int:
+    """vLLM get_min_page_size: the smallest power-of-two page whose page table fits half of SMEM."""
+    pages_per_request = SMEM_BYTES // SMEM_PAGE_TABLE_SHARE // max_num_seqs // 4
+    least = -(-max_model_len // max(pages_per_request, 1))
+    return 1 << (least - 1).bit_length()
+
+
+def page_size(max_model_len: int, block_size: int | None, engine: str, max_num_seqs: int = 1) -> tuple[int, str]:
+    """(tokens per page, how it was chosen). vLLM raises any page size (--block-size included) to get_min_page_size
+    ("Increase the page size ... to make sure there's no SMEM OOM", its TPU platform's check_and_update_config)."""
+    if engine == "vllm":
+        if block_size is not None:
+            size, rule = block_size, "--block-size"
+        elif max_model_len > 8192:
+            size, rule = 16, "vLLM get_page_size: 16 when max_model_len > 8192"
+        else:
+            size = max(min(max(1 << (max_model_len - 1).bit_length(), 16 * 16) // 16, 256), 16)
+            rule = "vLLM get_page_size: next_pow2(max_model_len)/16 within [16, 256]"
+        least = min_page_size(max_model_len, max_num_seqs)
+        if least > size:
+            return least, (f"{rule} ({size}), raised by vLLM to get_min_page_size {least} so that the page table of "
+                           f"{max_num_seqs} requests fits half of SMEM")
+        return size, rule
+    if block_size is not None:
+        return block_size, "--block-size"
+    if engine == "sglang-jax":
+        return 128, "SGLang-JAX recipes' --page-size 128"
+    return 1, "MaxText: contiguous per-slot cache (no pages)"
+
+
+def kv_layout(config, engine: str, tp: int, kv_cache_dtype: str, max_model_len: int,
+              block_size: int | None, max_num_seqs: int = 1) -> KvLayout:
+    dtype = kv_dtype(kv_cache_dtype)
+    hd = padded_head_dim(config.head_dim, engine)
+    per_device, replicated = kv_heads_per_device(config.num_key_value_heads, tp)
+    packing = 32 // (8 * DTYPE_BYTES[dtype]) if engine == "vllm" else 1
+    slots = -(-2 * per_device // packing) * packing
+    page, rule = page_size(max_model_len, block_size, engine, max_num_seqs)
+    page_bytes = page * slots * hd * DTYPE_BYTES[dtype]
+    layers = config.num_hidden_layers
+    return KvLayout(config.head_dim, hd, config.num_key_value_heads, per_device, replicated, packing, slots, dtype,
+                    DTYPE_BYTES[dtype], page, rule, page_bytes, layers, page_bytes * layers // page)
+
+
+def smem_page_table_bytes(max_num_seqs: int, max_model_len: int, page: int) -> int:
+    """The int32 page table `[max_num_seqs, ceil(max_model_len / page)]` the attention kernel prefetches to SMEM."""
+    return max_num_seqs * -(-max_model_len // page) * 4
+
+
+def smem_limit_bytes() -> int:
+    return SMEM_BYTES // SMEM_PAGE_TABLE_SHARE
+
+
+def largest_max_num_seqs(max_model_len: int, page: int) -> int:
+    """vLLM get_max_num_seqs: the most requests whose page table fits the SMEM share."""
+    return max(smem_limit_bytes() // (4 * -(-max_model_len // page)), 0)
+
+
+def smallest_page_for(max_num_seqs: int, max_model_len: int) -> int | None:
+    """The smallest power-of-two page size whose page table fits the SMEM share (None: none up to 256... 4096)."""
+    page = 16
+    while page <= 4096:
+        if smem_page_table_bytes(max_num_seqs, max_model_len, page) <= smem_limit_bytes():
+            return page
+        page *= 2
+    return None
+
+
+def capacity(kv: KvLayout, bytes_limit: int, utilization: float, weights: int, state: int, max_model_len: int,
+             concurrency: int, engine: str, position_limit: int = 0) -> Capacity:
+    """The KV cache at UTILIZATION: the engine's budget, whole pages, tokens and concurrency; the longest request
+    the cache holds CONCURRENCY of (at most POSITION_LIMIT, the model's positions, when known)."""
+    budget = int(bytes_limit * utilization) - weights - state
+    if engine == "jetstream":  # contiguous: whole slots of max_model_len tokens
+        per_slot = kv.kv_bytes_per_token_per_device * max_model_len
+        slots = max(budget, 0) // per_slot if per_slot else 0
+        tokens = slots * max_model_len
+        pages = slots
+    else:
+        pages = max(budget, 0) // kv.page_bytes if kv.page_bytes else 0
+        tokens = pages * kv.page_size
+    longest = tokens // max(concurrency, 1) // kv.page_size * kv.page_size
+    return Capacity(bytes_limit, utilization, weights, state, budget, pages, tokens, tokens / max_model_len,
+                    min(longest, position_limit) if position_limit else longest)
+
+
+def token_paddings(max_num_batched_tokens: int) -> tuple[int, ...]:
+    """tpu-inference get_token_paddings: 16, 32, ... doubling until max_num_batched_tokens is covered."""
+    out, size = [], MIN_TOKEN_BUCKET
+    while True:
+        out.append(size)
+        if size >= max_num_batched_tokens:
+            return tuple(out)
+        size *= 2
+
+
+def request_paddings(max_num_seqs: int) -> tuple[int, ...]:
+    """8, 16, ... doubling until max_num_seqs is covered."""
+    out, size = [], MIN_NUM_SEQS
+    while True:
+        out.append(min(size, max(max_num_seqs, MIN_NUM_SEQS)) if size >= max_num_seqs else size)
+        if size >= max_num_seqs:
+            return tuple(dict.fromkeys(out))
+        size *= 2
+
+
+def engine_program_count(tokens: tuple, requests: tuple) -> tuple[int, str]:
+    """How many programs vLLM TPU compiles at start-up (capture_model, text-only model, greedy and random sampling,
+    no speculative decoding or structured output): a backbone per token padding, select_from_array per (tokens,
+    requests) pair with requests <= tokens, then per request padding compute_logits, sampling and gather_logprobs."""
+    pairs = sum(1 for t in tokens for r in requests if r <= t)
+    count = len(tokens) + pairs + 3 * len(requests)
+    rule = (f"{len(tokens)} backbone (one per token padding) + {pairs} select_from_array + {len(requests)} x "
+            "(compute_logits, sampling, gather_logprobs), as tpu-inference's compilation_manager.capture_model")
+    return count, rule
+
+
+def default_max_num_batched_tokens(generation: str) -> int:
+    return DEFAULT_MAX_NUM_BATCHED_TOKENS.get(generation, GENERAL_MAX_NUM_BATCHED_TOKENS)
+
+
+def safe_utilization(bytes_limit: int, largest_reserve: int, margin: int) -> float:
+    """XLA error 0101: each loaded program reserves temporaries + code contiguously below the KV cache, so
+    (1 - u) x limit must hold the largest of them plus a margin for fragmentation. Rounded down to 0.01."""
+    return math.floor((1 - (largest_reserve + margin) / bytes_limit) * 100) / 100
+
+
+def shape_weights_bytes_per_device(config, tp: int, quantization: str, expert_parallel: bool) -> int:
+    """Weights per device from the shapes and the engine's sharding (no compile): q/o over TP, k/v over TP with
+    replication, MLP over TP, vocabulary over TP; norms replicated. Unpadded (the compile gives the padded figure)."""
+    d, h, hd, kv = config.hidden_size, config.num_attention_heads, config.head_dim, config.num_key_value_heads
+    w = {"bf16": 2, "fp8": 1, "int8": 1}[quantization]
+    per_kv, _ = kv_heads_per_device(kv, tp)
+    attention = (2 * d * h * hd // tp + 2 * d * per_kv * hd) * w
+    if quantization != "bf16":
+        attention += (h * hd // tp * 2 + 2 * per_kv * hd + d) * 2
+    if config.moe:
+        mlp = config.num_experts * 3 * d * config.moe_intermediate_size * w // tp + d * config.num_experts * 2
+        if config.shared_expert_intermediate_size:
+            mlp += 3 * d * config.shared_expert_intermediate_size * w // tp + 2 * d
+    else:
+        mlp = 3 * d * config.intermediate_size * w // tp
+    layer = attention + mlp + 2 * d * 2
+    vocab = config.vocab_size * d * 2 * (1 if config.tie_word_embeddings else 2) // tp
+    return config.num_hidden_layers * layer + vocab + d * 2

@@ -1,0 +1,160 @@
+"""One slice's serving answer from the validated options: the engine's settings resolved, the KV cache it allocates,
+the programs it compiles (compiled), the largest safe utilization, what stops it and the launch command.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from tpuprof.analyses import serve_estimate, serve_memory, serve_programs
+from tpuprof.models.serve import OptionError, ServeAnswer, ServeOptions, ServeTarget
+
+STATE_BYTES_PER_DEVICE = 0  # in use after the weights load besides them (see docs/serve.md: checked on public logs)
+MAX_RECOMMENDED_UTILIZATION = 0.98
+
+# Hugging Face ids of the built-in configs (tpuprof/llm_configs), for the command line to paste.
+HF_IDS = {
+    "llama3.1-8b": "meta-llama/Llama-3.1-8B-Instruct", "llama3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "llama3.1-405b": "meta-llama/Llama-3.1-405B-Instruct", "llama3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
+    "llama3-70b": "meta-llama/Meta-Llama-3-70B-Instruct", "llama2-7b": "meta-llama/Llama-2-7b-chat-hf",
+    "llama2-13b": "meta-llama/Llama-2-13b-chat-hf", "llama2-70b": "meta-llama/Llama-2-70b-chat-hf",
+    "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.3", "mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1",
+    "mixtral-8x22b": "mistralai/Mixtral-8x22B-Instruct-v0.1", "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B-Instruct",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct", "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct", "qwen3-8b": "Qwen/Qwen3-8B",
+    "qwen3-32b": "Qwen/Qwen3-32B", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B", "qwen1.5-moe-a2.7b": "Qwen/Qwen1.5-MoE-A2.7B",
+    "gemma2-9b": "google/gemma-2-9b-it", "gemma2-27b": "google/gemma-2-27b-it", "gemma3-12b": "google/gemma-3-12b-it",
+    "gemma3-27b": "google/gemma-3-27b-it",
+}
+
+
+def tensor_parallel_size(options: ServeOptions, slice_) -> int:
+    """The TP degree: the one given, else the most devices of the slice that the model's heads allow (vLLM needs TP
+    to divide the attention heads, and the KV heads to divide TP or TP to divide them)."""
+    config = options.model
+    given = options.tensor_parallel_size
+    candidates = [given] if given else [tp for tp in range(slice_.devices, 0, -1) if slice_.devices % tp == 0]
+    for tp in candidates:
+        kv = config.num_key_value_heads
+        if config.num_attention_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0):
+            return tp
+    raise OptionError("tensor_parallel_size", f"{{option}} {given} does not divide {config.name}'s "
+                                              f"{config.num_attention_heads} attention heads (or its "
+                                              f"{config.num_key_value_heads} KV heads).")
+
+
+def plan(options: ServeOptions, on_compile=None) -> ServeAnswer:
+    return ServeAnswer(options, [target(options, s, on_compile) for s in options.slices])
+
+
+def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
+    config, engine = options.model, serve_memory.ENGINES[options.engine]
+    tp = tensor_parallel_size(options, slice_)
+    replicas = slice_.total_devices // tp
+    max_model_len = options.max_model_len or config.max_position_embeddings
+    # The concurrency asked for is the number of requests to schedule together when --max-num-seqs is not given.
+    max_num_seqs = options.max_num_seqs or options.concurrency or serve_memory.DEFAULT_MAX_NUM_SEQS
+    batched = options.max_num_batched_tokens or serve_memory.default_max_num_batched_tokens(slice_.generation)
+    kv = serve_memory.kv_layout(config, options.engine, tp, options.kv_cache_dtype, max_model_len, options.block_size,
+                               max_num_seqs)
+    limit = slice_.target.compiler_hbm_bytes
+    margin = int(limit * serve_programs.MARGIN_FRACTION)
+    programs = None
+    if options.compile:
+        programs = serve_programs.compile_all(
+            config, kv, slice_, tp=tp, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+            max_num_batched_tokens=batched, quantization=options.quantization,
+            expert_parallel=options.enable_expert_parallel, on_compile=on_compile)
+    weights = programs.weights_bytes_per_device if programs and programs.weights_bytes_per_device else \
+        serve_memory.shape_weights_bytes_per_device(config, tp, options.quantization, options.enable_expert_parallel)
+    largest = programs.largest if programs else None
+    safe = serve_memory.safe_utilization(limit, largest.reserve_bytes, margin) if largest else None
+    utilization = options.gpu_memory_utilization or (
+        min(safe, MAX_RECOMMENDED_UTILIZATION) if safe is not None else serve_memory.DEFAULT_UTILIZATION)
+    wanted = options.concurrency or max_num_seqs
+    cap = serve_memory.capacity(kv, limit, utilization, weights, STATE_BYTES_PER_DEVICE, max_model_len, wanted,
+                                options.engine, config.max_position_embeddings)
+    problems = []
+    if cap.kv_budget_bytes_per_device <= 0:
+        problems.append(f"the weights ({_gib(weights)} per device) leave no KV cache within {_gib(limit)} x "
+                        f"{utilization:.2f}: use more devices (a larger slice or --tensor-parallel-size) or "
+                        f"--quantization fp8.")
+    elif cap.tokens < max_model_len:
+        longest = cap.tokens // kv.page_size * kv.page_size
+        problems.append(f"the KV cache holds {cap.tokens} tokens, fewer than one request of --max-model-len "
+                        f"{max_model_len} (the engine refuses to start): use --max-model-len {longest} or fewer, "
+                        f"--kv-cache-dtype fp8, or more devices.")
+    if safe is not None and options.gpu_memory_utilization and options.gpu_memory_utilization > safe:
+        problems.append(f"--gpu-memory-utilization {options.gpu_memory_utilization:g} leaves "
+                        f"{_gib(limit * (1 - options.gpu_memory_utilization))} below the KV cache, less than the "
+                        f"largest program's {_gib(largest.reserve_bytes)} plus a {_gib(margin)} margin: loading it can "
+                        f"fail (XLA error 0101, 'Attempting to reserve ... at the bottom of memory'): use {safe:.2f}.")
+    table = serve_memory.smem_page_table_bytes(max_num_seqs, max_model_len, kv.page_size)
+    if options.engine == "vllm" and table > serve_memory.smem_limit_bytes():
+        fix = serve_programs.fix_for("smem", kv, max_num_seqs, max_model_len)
+        problems.append(f"the page table ({max_num_seqs} requests x {-(-max_model_len // kv.page_size)} pages x 4 B "
+                        f"= {table // 1024} KiB) exceeds half of the 1 MiB SMEM the engine allows it: use {fix}.")
+    for record in (programs.failures if programs else []):
+        problems.append(f"the {record.tokens or record.requests}-{'token' if record.kind == 'backbone' else 'request'} "
+                        f"{record.kind} program does not compile: out of {record.failure_space or 'memory'} "
+                        f"({record.failure[:160]}): use {record.fix}.")
+    fits = not problems
+    concurrency = serve_estimate.concurrency_for(options.concurrency, max_num_seqs, cap.tokens, options.input_len,
+                                                 options.output_len)
+    estimate = None
+    if concurrency > 0 and cap.kv_budget_bytes_per_device > 0:
+        from tpuprof import prices
+
+        estimate = serve_estimate.estimate(config, slice_, tp, replicas, weights, kv.kv_bytes_per_token_per_device,
+                                           concurrency, options.input_len, options.output_len, batched,
+                                           prices.price_for(slice_.generation, dict(options.prices)))
+    verdict = (f"serves: {cap.tokens:,} KV tokens per engine, {cap.max_concurrency:.1f} requests of "
+               f"{max_model_len} tokens at once" if fits else "does not serve as asked: " + problems[0])
+    return ServeTarget(
+        slice=slice_, engine=engine, tensor_parallel_size=tp, replicas=replicas, max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=batched, kv=kv, capacity=cap,
+        utilization_given=options.gpu_memory_utilization is not None, safe_gpu_memory_utilization=safe,
+        margin_bytes=margin, programs=programs, fits=fits, verdict=verdict, problems=tuple(problems),
+        estimate=estimate,
+        command=launch_command(options, slice_, tp, replicas, max_model_len, max_num_seqs, utilization, kv),
+        smem_page_table_bytes=table, smem_limit_bytes=serve_memory.smem_limit_bytes())
+
+
+def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_model_len: int, max_num_seqs: int,
+                   utilization: float, kv) -> str:
+    config = options.model
+    name = HF_IDS.get(config.name, options.model_source) if options.model_source.startswith("built-in:") else \
+        options.model_source.rsplit("/config.json", 1)[0]
+    if options.engine == "vllm":
+        parts = ["vllm", "serve", name, "--tensor-parallel-size", str(tp), "--max-model-len", str(max_model_len),
+                 "--max-num-seqs", str(max_num_seqs), "--gpu-memory-utilization", f"{utilization:.2f}"]
+        if replicas > 1 and slice_.num_slices == 1:
+            parts += ["--data-parallel-size", str(replicas)]
+        if options.max_num_batched_tokens:
+            parts += ["--max-num-batched-tokens", str(options.max_num_batched_tokens)]
+        if options.kv_cache_dtype == "fp8":
+            parts += ["--kv-cache-dtype", "fp8"]
+        if options.block_size:
+            parts += ["--block-size", str(options.block_size)]
+        if options.quantization != "bf16":
+            parts += ["--quantization", options.quantization]
+        if options.enable_expert_parallel:
+            parts += ["--enable-expert-parallel"]
+        return shlex.join(parts)
+    if options.engine == "sglang-jax":
+        parts = ["python", "-m", "sgl_jax.launch_server", "--model-path", name, "--tp-size", str(tp),
+                 "--context-length", str(max_model_len), "--max-running-requests", str(max_num_seqs),
+                 "--mem-fraction-static", f"{utilization:.2f}", "--page-size", str(kv.page_size)]
+        if options.kv_cache_dtype == "fp8":
+            parts += ["--kv-cache-dtype", "fp8_e4m3"]
+        return shlex.join(parts)
+    per_device = max(max_num_seqs // max(tp, 1), 1)
+    return shlex.join(["python", "-m", "MaxText.maxengine_server", "MaxText/configs/base.yml",
+                       f"tokenizer_path={name}", f"ici_tensor_parallelism={tp}", f"max_target_length={max_model_len}",
+                       f"max_prefill_predict_length={options.input_len}", f"per_device_batch_size={per_device}"]
+                      + ([f"quantization={options.quantization}"] if options.quantization != "bf16" else []))
+
+
+def _gib(value: float) -> str:
+    from tpuprof.units import fmt_bytes
+
+    return fmt_bytes(int(value))

@@ -1,0 +1,52 @@
+"""`tpuprof serve --model NAME --tpu SLICE[,SLICE...]`: will a model serve on each slice with a serving engine's
+settings, how many requests at once, which --gpu-memory-utilization is safe, how fast and at what cost, and the
+command to launch it. It plans; it never starts a server. Wiring only: options (tpuprof.models.serve), analyses
+(tpuprof.analyses.serve_plan), document (tpuprof.documents_serve), renderers (tpuprof.renderers.serve).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tpuprof.errors import UserError
+
+
+def result(options, on_compile=None):
+    """The typed result `tpuprof.serve()` returns and the CLI prints."""
+    from tpuprof.analyses import serve_plan
+    from tpuprof.results import ServeResult
+    from tpuprof.sources import tpu_compile
+
+    if options.compile and not tpu_compile.jax_available():
+        raise UserError(tpu_compile.INSTALL_HINT + " (or give --no-compile for the KV arithmetic alone)")
+    return ServeResult(serve_plan.plan(options, on_compile=on_compile))
+
+
+def run(model: str, tpu: str, *, as_json: bool = False, format_: str | None = None, compile_: bool = True,
+        **settings) -> None:
+    from tpuprof.models.serve import OptionError, serve_options
+    from tpuprof.renderers.formats import output_format, print_document
+
+    format_ = output_format(as_json, format_)
+    try:
+        options = serve_options(model, tpu, compile=compile_, **settings)
+        answer = result(options, on_compile=_progress(format_))
+    except OptionError as error:
+        raise error.for_flags() from None
+    if not print_document(answer, format_):
+        from tpuprof.renderers.serve import print_table
+
+        print_table(answer.to_dict())
+
+
+def _progress(format_: str):
+    """One line on stderr per compile when a person watches (a terminal), nothing otherwise."""
+    if format_ != "table" or not sys.stderr.isatty():
+        return None
+
+    def report(program) -> None:
+        what = (f"{program.tokens}-token backbone, {program.layers} layer(s)" if program.kind == "backbone"
+                else f"logits for {program.requests} requests")
+        print(f"tpuprof serve: compiling the {what} with libtpu", file=sys.stderr, flush=True)
+
+    return report

@@ -1,0 +1,297 @@
+"""`tpuprof serve`: what the user asked (ServeOptions, validated once by `serve_options`) and what tpuprof answers
+per slice (ServeTarget with its KV layout, compiled programs and estimate). Plain dataclasses: the analyses
+(tpuprof/analyses/serve_*.py) fill them, tpuprof/documents_serve.py turns them into the `tpuprof.serve/1` document.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from tpuprof.errors import UserError
+
+ENGINES = ("vllm", "sglang-jax", "jetstream")
+KV_CACHE_DTYPES = ("auto", "fp8")
+QUANTIZATIONS = ("bf16", "fp8", "int8")
+DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = 1024, 256
+
+# The Python keyword of each option and the command-line flag that sets it: errors name the one the caller used.
+FLAGS = {
+    "model": "--model", "tpu": "--tpu", "engine": "--engine", "max_model_len": "--max-model-len",
+    "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
+    "tensor_parallel_size": "--tensor-parallel-size", "enable_expert_parallel": "--enable-expert-parallel",
+    "kv_cache_dtype": "--kv-cache-dtype", "quantization": "--quantization",
+    "gpu_memory_utilization": "--gpu-memory-utilization", "block_size": "--block-size", "input_len": "--input-len",
+    "output_len": "--output-len", "concurrency": "--concurrency", "prices": "--price",
+}
+
+
+class OptionError(UserError):
+    """A bad option value. The sentence names the option by its Python keyword (`max_model_len`); the command line
+    re-raises it with the flag (`--max-model-len`) through `for_flags`."""
+
+    def __init__(self, option: str, template: str):
+        self.option, self.template = option, template
+        super().__init__(template.format(option=option, **{name: name for name in FLAGS}))
+
+    def for_flags(self) -> UserError:
+        """The same sentence naming flags: `{option}` is this option, `{output_len}` (any field) names another."""
+        return UserError(self.template.format(option=FLAGS.get(self.option, self.option), **FLAGS))
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """One serving question, validated: the model, the slices, the engine's settings and the workload."""
+
+    model: Any  # tpuprof.sources.llm.ModelConfig
+    model_source: str  # built-in:NAME or the config.json path
+    slices: tuple  # tpuprof.slices.Slice, in the order given
+    engine: str = "vllm"
+    max_model_len: int | None = None  # None: the model's max_position_embeddings (the engine's default)
+    max_num_seqs: int | None = None  # None: the engine's default
+    max_num_batched_tokens: int | None = None  # None: the engine's default for the generation
+    tensor_parallel_size: int | None = None  # None: every device of the slice
+    enable_expert_parallel: bool = False
+    kv_cache_dtype: str = "auto"
+    quantization: str = "bf16"
+    gpu_memory_utilization: float | None = None  # None: tpuprof recommends one
+    block_size: int | None = None  # None: the engine's page size rule
+    input_len: int | None = None  # None: 1024, at most half the max model length
+    output_len: int | None = None  # None: 256, at most what the max model length leaves
+    concurrency: int | None = None  # None: max_num_seqs, as far as the KV cache holds them
+    prices: Mapping = field(default_factory=dict)  # generation -> tpuprof.prices.Price overriding the table
+    compile: bool = True  # False: weights from shapes, no programs (no JAX)
+
+
+def serve_options(model: str, tpu: str | list | tuple, *, engine: str = "vllm", max_model_len: int | None = None,
+                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                  tensor_parallel_size: int | None = None, enable_expert_parallel: bool = False,
+                  kv_cache_dtype: str = "auto", quantization: str = "bf16",
+                  gpu_memory_utilization: float | None = None, block_size: int | None = None,
+                  input_len: int | None = None, output_len: int | None = None, concurrency: int | None = None, prices: Any = None,
+                  compile: bool = True) -> ServeOptions:
+    """The one validation of a serving question; raises OptionError naming the keyword at fault."""
+    from tpuprof import prices as price_table, slices
+    from tpuprof.sources.llm import load_config
+
+    if engine not in ENGINES:
+        raise OptionError("engine", f"{{option}} {engine!r} is not an engine tpuprof knows: use one of {', '.join(ENGINES)}.")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise OptionError("kv_cache_dtype", f"{{option}} {kv_cache_dtype!r}: use auto (the model's bf16) or fp8.")
+    if quantization not in QUANTIZATIONS:
+        raise OptionError("quantization", f"{{option}} {quantization!r}: use one of {', '.join(QUANTIZATIONS)} "
+                                          "(int4 weights are not modelled).")
+    for option, value, least in (("max_model_len", max_model_len, 16), ("max_num_seqs", max_num_seqs, 1),
+                                 ("max_num_batched_tokens", max_num_batched_tokens, 16),
+                                 ("tensor_parallel_size", tensor_parallel_size, 1), ("block_size", block_size, 1),
+                                 ("input_len", input_len, 1), ("output_len", output_len, 1),
+                                 ("concurrency", concurrency, 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise OptionError(option, f"{{option}} must be a whole number of at least {least}, not {value!r}.")
+    if block_size is not None and block_size & (block_size - 1):
+        raise OptionError("block_size", f"{{option}} must be a power of two (the engine's page size), not {block_size}.")
+    if gpu_memory_utilization is not None and not (isinstance(gpu_memory_utilization, (int, float))
+                                                   and 0 < gpu_memory_utilization <= 1):
+        raise OptionError("gpu_memory_utilization", "{option} is the fraction of HBM the engine may use: a number "
+                                                    f"above 0 and at most 1, not {gpu_memory_utilization!r}.")
+    names = [t.strip() for t in (tpu.split(",") if isinstance(tpu, str) else tpu) if str(t).strip()]
+    if not names:
+        raise OptionError("tpu", "{option} needs a slice such as v6e-8 (or several: v6e-8,v5p-8).")
+    try:
+        parsed = tuple(dict.fromkeys(slices.parse(name) for name in names))
+    except UserError as error:
+        raise OptionError("tpu", "{option}: " + str(error)) from None
+    for chosen in parsed:
+        if tensor_parallel_size is not None and chosen.devices % tensor_parallel_size:
+            raise OptionError("tensor_parallel_size", f"{{option}} {tensor_parallel_size} does not divide the "
+                                                      f"{chosen.devices} devices of {chosen.name}.")
+    try:
+        config, source = load_config(model)
+    except UserError as error:
+        raise OptionError("model", "{option}: " + str(error)) from None
+    limit = config.max_position_embeddings
+    if max_model_len is not None and limit and max_model_len > limit:
+        raise OptionError("max_model_len", f"{{option}} {max_model_len} is beyond the {limit} positions "
+                                           f"{config.name} was trained for (max_position_embeddings).")
+    if max_model_len is None and not limit:
+        raise OptionError("max_model_len", f"{config.name}'s config gives no max_position_embeddings: give {{option}}.")
+    length = max_model_len or limit
+    if input_len is not None and output_len is not None and input_len + output_len > length:
+        raise OptionError("input_len", f"{{option}} {input_len} plus {{output_len}} {output_len} exceed the max "
+                                       f"model length {length}.")
+    input_len = input_len or min(DEFAULT_INPUT_LEN, length // 2)
+    output_len = output_len or min(DEFAULT_OUTPUT_LEN, length - input_len)
+    if input_len + output_len > length:
+        raise OptionError("input_len", f"{{option}} {input_len} plus {{output_len}} {output_len} exceed the max "
+                                       f"model length {length}.")
+    if enable_expert_parallel and not config.moe:
+        raise OptionError("enable_expert_parallel", f"{{option}}: {config.name} has no experts.")
+    if isinstance(prices, Mapping):
+        prices = ",".join(f"{name}={value}" for name, value in prices.items())
+    try:
+        overrides = price_table.parse_overrides(prices)
+    except UserError as error:
+        raise OptionError("prices", str(error).replace("--price", "{option}")) from None
+    return ServeOptions(config, source, parsed, engine, max_model_len, max_num_seqs, max_num_batched_tokens,
+                        tensor_parallel_size, bool(enable_expert_parallel), kv_cache_dtype, quantization,
+                        None if gpu_memory_utilization is None else float(gpu_memory_utilization), block_size,
+                        input_len, output_len, concurrency, overrides, bool(compile))
+
+
+# --- results -----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EngineRules:
+    """An engine's sizing rules and the version of its code they were read from."""
+
+    name: str  # vllm | sglang-jax | jetstream
+    version: str  # the release or commit the rules follow
+    source: str  # where in the engine's code they are
+    option_names: Mapping  # tpuprof field -> the engine's own flag (for the command line to paste)
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    """How one token's K and V sit in one device's cache, by the engine's rules."""
+
+    head_dim: int  # the model's
+    padded_head_dim: int  # as the engine stores it
+    kv_heads: int  # the model's
+    kv_heads_per_device: int  # after tensor parallelism (replicated up to TP when fewer)
+    replicated: bool  # TP exceeds the KV heads: each device holds a copy of one
+    packing: int  # values per 32-bit word of the KV dtype (bf16 2, fp8 4): combined heads pad to it
+    cache_slots: int  # K and V heads per device as stored (2 x heads, padded to the packing)
+    dtype: str  # bf16 | fp8
+    dtype_bytes: int
+    page_size: int  # tokens per page (block size)
+    page_size_rule: str  # how the page size was chosen
+    page_bytes_per_layer: int  # one page of one layer on one device
+    layers: int
+    kv_bytes_per_token_per_device: int  # all layers
+
+    @property
+    def page_bytes(self) -> int:
+        """One page of every layer on one device."""
+        return self.page_bytes_per_layer * self.layers
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The KV cache the engine allocates at a utilization, per device, and what it holds."""
+
+    bytes_limit: int  # what the runtime lets one device use
+    gpu_memory_utilization: float
+    weights_bytes_per_device: int
+    state_bytes_per_device: int  # besides the weights, in use before the cache is sized
+    kv_budget_bytes_per_device: int  # limit x u - weights - state (negative: nothing left)
+    pages: int
+    tokens: int
+    max_concurrency: float  # full-length requests at once (tokens / max_model_len)
+    largest_max_model_len: int  # for the requested concurrency (0: not even one page each)
+
+
+@dataclass(frozen=True)
+class ProgramRecord:
+    """One program the engine compiles at start-up, as tpuprof compiled it for one device."""
+
+    kind: str  # backbone | logits
+    tokens: int  # the token padding (backbone)
+    requests: int  # the request padding (logits) or the metadata's width (backbone)
+    temp_bytes: int | None  # for the whole model (scaled from the compiled layers: see `how`)
+    code_bytes: int | None
+    how: str  # "compiled" | "compiled at 1 and 2 layers, linear in layers" | "1 layer compiled, per-layer ..."
+    failure_space: str | None = None  # "smem" / "vmem" / "hbm": the compiler refused it
+    failure: str | None = None  # the compiler's sentence
+    fix: str | None = None  # the setting that avoids it
+    compiled_layers: tuple = ()
+    seconds: float = 0.0  # compile time here (0 when cached)
+    cached: bool = False
+
+    @property
+    def reserve_bytes(self) -> int:
+        """What the runtime reserves to load it: temporaries + code (XLA error 0101)."""
+        return (self.temp_bytes or 0) + (self.code_bytes or 0)
+
+
+@dataclass(frozen=True)
+class ProgramSet:
+    """The programs the engine compiles at start-up and what tpuprof compiled of them."""
+
+    token_paddings: tuple
+    request_paddings: tuple
+    engine_count: int  # how many programs the engine compiles (its helpers included)
+    engine_count_rule: str
+    records: tuple  # ProgramRecord, compiled by tpuprof
+    weights_bytes_per_device: int | None  # compiled argument bytes of the weights (None without a compile)
+    weights_how: str
+    kv_page_bytes_per_layer: int | None  # the compiled cache's bytes per page and layer (aliased arguments)
+
+    @property
+    def largest(self) -> ProgramRecord | None:
+        ok = [r for r in self.records if r.failure is None and r.temp_bytes is not None]
+        return max(ok, key=lambda r: r.reserve_bytes) if ok else None
+
+    @property
+    def failures(self) -> list:
+        return [r for r in self.records if r.failure is not None]
+
+
+@dataclass(frozen=True)
+class Band:
+    point: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class ServeEstimate:
+    """Speed and cost at the workload, per engine replica and per chip."""
+
+    concurrency: int  # requests decoded together
+    context_tokens: float  # mean context a decode step attends over
+    decode_step_ms: Band
+    prefill_ms: Band  # one request's input_len tokens, in chunks of max_num_batched_tokens
+    tpot_ms: Band
+    ttft_ms: float
+    output_tokens_per_s: float  # whole slice (every replica)
+    output_tokens_per_s_per_chip: float
+    cost_per_million_output_tokens: float | None
+    price_usd_per_chip_hour: float | None
+    price_source: str | None
+    bound: str  # what sets the decode step: "hbm", "compute" or "ici"
+    decode_breakdown_ms: Mapping  # hbm, compute, ici (per step)
+    how: str
+
+
+@dataclass(frozen=True)
+class ServeTarget:
+    """One slice's answer."""
+
+    slice: Any  # tpuprof.slices.Slice
+    engine: EngineRules
+    tensor_parallel_size: int
+    replicas: int  # engine copies over the slice's devices (devices / TP)
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv: KvLayout
+    capacity: Capacity  # at the utilization used
+    utilization_given: bool  # the user set --gpu-memory-utilization
+    safe_gpu_memory_utilization: float | None  # 1 - (largest temp + code + margin) / limit
+    margin_bytes: int
+    programs: ProgramSet | None
+    fits: bool
+    verdict: str
+    problems: tuple = ()  # sentences: what stops it, each with the setting that avoids it
+    estimate: ServeEstimate | None = None
+    command: str = ""  # the engine's launch command, ready to paste
+    smem_page_table_bytes: int = 0
+    smem_limit_bytes: int = 0
+
+
+@dataclass
+class ServeAnswer:
+    """Everything `tpuprof serve` answers, in the order of the slices given (the document ranks them)."""
+
+    options: ServeOptions
+    targets: list

@@ -1,0 +1,311 @@
+"""An LLM serving engine's programs, built from a Hugging Face config and shapes alone (no weights), tensor-parallel
+over a TPU slice's compile-only devices: what `tpuprof serve` compiles.
+
+The programs are those vLLM TPU (tpu-inference) compiles at start-up
+(`tpu_inference/runner/compilation_manager.py`, `capture_model`):
+- the *backbone*, one program per token padding (`num_tokens_paddings`): token embedding, the decoder layers, each
+  RMSNorm -> q/k/v projections -> RoPE -> new K/V written into the paged cache -> the Pallas ragged paged attention
+  kernel (`jax.experimental.pallas.ops.tpu.ragged_paged_attention`, the kernel vLLM's TPU backends are built on)
+  over the pages of up to `max_num_seqs` requests -> output projection -> RMSNorm -> gated MLP (or routed experts);
+  the attention metadata is `max_num_seqs` wide in every backbone program, as the engine passes it;
+- the *logits and sampling* step, one program per request padding (`num_reqs_paddings`): the final norm, the
+  vocabulary-parallel LM head and a greedy pick over the gathered logits.
+
+Tensor parallelism is Megatron's, as vLLM shards: q heads, KV heads, MLP width and vocabulary over the `tensor` axis
+of `tensor_parallel_size` devices, an all-reduce after the attention output and the MLP down projection; KV heads are
+replicated up to the TP degree when there are fewer of them (`get_num_kv_heads_by_tp`). The KV cache of each layer is
+one array `[pages, page_size, combined_heads, head_dim]` per device, combined (K and V interleaved) heads padded to
+the dtype's packing and head_dim padded as the engine pads it (tpuprof.analyses.serve_memory says how), donated so
+the program updates it in place.
+
+The layers are unrolled, as the engine runs them; `layers` compiles fewer (bench/bench_serve_layers.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tpuprof.sources.llm import ModelConfig
+
+IMPLEMENTATION = "tpuprof compact JAX serving step (tpuprof/sources/llm_serve.py)"
+DTYPES = {"bf16": "bfloat16", "fp8": "float8_e4m3fn", "int8": "int8"}
+
+
+@dataclass(frozen=True)
+class ServeProgram:
+    """One program the engine compiles, as tpuprof builds it (everything its shapes depend on)."""
+
+    kind: str  # "backbone" (the forward over `tokens` tokens) or "logits" (LM head + sampling for `requests`)
+    tokens: int  # token padding (backbone) ; 0 for logits
+    requests: int  # the attention metadata's width (max_num_seqs) for the backbone; the request padding for logits
+    layers: int  # decoder layers compiled
+    pages_per_request: int  # ceil(max_model_len / page_size)
+    page_size: int
+    kv_pages: int  # pages per layer passed in (their bytes are known exactly; the count is nominal)
+    combined_kv_heads: int  # per device, K and V interleaved, padded to the KV dtype's packing
+    head_dim: int  # as the engine pads it
+    kv_dtype: str  # bf16 | fp8
+    weight_dtype: str  # bf16 | fp8 | int8
+    tensor_parallel_size: int
+    expert_parallel: bool
+    num_kv_pages_per_block: int
+    num_queries_per_block: int
+    vmem_limit_bytes: int
+
+    def key(self, config: ModelConfig, topology: str) -> str:
+        source = Path(__file__).read_bytes()
+        parts = [config.digest(), topology, asdict(self), hashlib.sha256(source).hexdigest()[:16]]
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def build(config: ModelConfig, program: ServeProgram, devices):
+    """(jitted function, arguments as sharded ShapeDtypeStructs, donated argument numbers, mesh)."""
+    if program.kind == "logits":
+        return _logits_program(config, program, devices)
+    return _backbone(config, program, devices)
+
+
+def _mesh(devices, tp: int):
+    import numpy as np
+    from jax.sharding import Mesh
+
+    return Mesh(np.array(list(devices)[:tp]), ("tensor",))
+
+
+def _weight(shape, spec, dtype_name, mesh):
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    return jax.ShapeDtypeStruct(shape, jnp.dtype(DTYPES[dtype_name]), sharding=NamedSharding(mesh, P(*spec)))
+
+
+def _layer_shapes(config: ModelConfig, program: ServeProgram) -> dict[str, tuple[tuple, tuple, str]]:
+    """name -> (global shape, partition spec, dtype) of one decoder layer's weights. KV projections carry
+    `kv_per_device x TP` heads: the replicated heads each device holds when TP exceeds the model's KV heads."""
+    d, h, hd = config.hidden_size, config.num_attention_heads, config.head_dim
+    tp = program.tensor_parallel_size
+    kv_global = max(config.num_key_value_heads, tp)
+    w = program.weight_dtype
+    shapes = {
+        "attn_norm": ((d,), (None,), "bf16"),
+        "mlp_norm": ((d,), (None,), "bf16"),
+        "wq": ((d, h * hd), (None, "tensor"), w),
+        "wk": ((d, kv_global * hd), (None, "tensor"), w),
+        "wv": ((d, kv_global * hd), (None, "tensor"), w),
+        "wo": ((h * hd, d), ("tensor", None), w),
+    }
+    if config.moe:
+        e, f = config.num_experts, config.moe_intermediate_size
+        expert_axis = ("tensor", None, None) if program.expert_parallel else (None, None, "tensor")
+        down_axis = ("tensor", None, None) if program.expert_parallel else (None, "tensor", None)
+        shapes.update({
+            "router": ((d, e), (None, None), "bf16"),
+            "we_gate": ((e, d, f), expert_axis, w),
+            "we_up": ((e, d, f), expert_axis, w),
+            "we_down": ((e, f, d), down_axis, w),
+        })
+        if config.shared_expert_intermediate_size:
+            s = config.shared_expert_intermediate_size
+            shapes.update({"ws_gate": ((d, s), (None, "tensor"), w), "ws_up": ((d, s), (None, "tensor"), w),
+                           "ws_down": ((s, d), ("tensor", None), w), "ws_router": ((d, 1), (None, None), "bf16")})
+    else:
+        i = config.intermediate_size
+        shapes.update({"w_gate": ((d, i), (None, "tensor"), w), "w_up": ((d, i), (None, "tensor"), w),
+                       "w_down": ((i, d), ("tensor", None), w)})
+    if config.attention_bias:
+        shapes.update({"bq": ((h * hd,), ("tensor",), "bf16"), "bk": ((kv_global * hd,), ("tensor",), "bf16"),
+                       "bv": ((kv_global * hd,), ("tensor",), "bf16")})
+    if w != "bf16":  # per-output-channel scales of the quantized 2-D weights
+        shapes.update({f"{n}_scale": ((shape[1],), (spec[1],), "bf16") for n, (shape, spec, dtype) in list(shapes.items())
+                       if dtype == w and len(shape) == 2})
+    return shapes
+
+
+def _backbone(config: ModelConfig, program: ServeProgram, devices):
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    tp = program.tensor_parallel_size
+    mesh = _mesh(devices, tp)
+    d, h, hd = config.hidden_size, config.num_attention_heads, config.head_dim
+    hd_pad, combined = program.head_dim, program.combined_kv_heads
+    kv_per_device = max(config.num_key_value_heads // tp, 1)
+    q_per_device = h // tp
+    kv_dtype = jnp.dtype(DTYPES[program.kv_dtype])
+    tokens, requests = program.tokens, program.requests
+    shapes = _layer_shapes(config, program)
+    layers = [{name: _weight(shape, spec, dtype, mesh) for name, (shape, spec, dtype) in shapes.items()}
+              for _ in range(program.layers)]
+    embed = _weight((config.vocab_size, d), ("tensor", None), "bf16", mesh)
+    cache = jax.ShapeDtypeStruct((program.kv_pages, program.page_size, combined * tp, hd_pad), kv_dtype,
+                                 sharding=NamedSharding(mesh, P(None, None, "tensor", None)))
+    caches = [cache] * program.layers
+
+    def replicated(shape, dtype=jnp.int32):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P()))
+
+    metadata = {"input_ids": replicated((tokens,)), "positions": replicated((tokens,)),
+                "slots": replicated((tokens,)), "kv_lens": replicated((requests,)),
+                "page_indices": replicated((requests, program.pages_per_request)),
+                "cu_q_lens": replicated((requests + 1,)), "num_seqs": replicated((1,))}
+    vocab_per_device = config.vocab_size // tp
+
+    def matmul(x, weights, name):
+        w = weights[name]
+        if program.weight_dtype != "bf16":
+            return (x @ w.astype(jnp.bfloat16)) * weights[f"{name}_scale"].astype(jnp.bfloat16)
+        return x @ w
+
+    def norm(x, weight):
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + config.rms_norm_eps)
+        return (x32 * weight.astype(jnp.float32)).astype(jnp.bfloat16)
+
+    def act(x):
+        return jax.nn.gelu(x, approximate=True) if "gelu" in config.hidden_act else jax.nn.silu(x)
+
+    def rope(x, positions):
+        half = x.shape[-1] // 2
+        frequencies = 1.0 / (config.rope_theta ** (jnp.arange(0, half, dtype=jnp.float32) / half))
+        angles = positions.astype(jnp.float32)[:, None] * frequencies[None, :]
+        sin, cos = jnp.sin(angles)[:, None, :], jnp.cos(angles)[:, None, :]
+        x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+        return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(jnp.bfloat16)
+
+    def pad_head(x):
+        return x if hd_pad == hd else jnp.pad(x, ((0, 0), (0, 0), (0, hd_pad - hd)))
+
+    def experts(y, w):
+        # Every expert's slice on this device over every token, weighted by the top-k routing (zero elsewhere): the
+        # shapes of a dense MoE step, not a grouped-matmul kernel's (its FLOPs are the experts' count over top-k).
+        logits = (y @ w["router"]).astype(jnp.float32)
+        weights, chosen = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), config.num_experts_per_tok)
+        local = w["we_gate"].shape[0]
+        first = jax.lax.axis_index("tensor") * local if program.expert_parallel else 0
+        combine = jnp.sum(jax.nn.one_hot(chosen - first, local, dtype=jnp.float32) * weights[..., None], axis=1)
+        gate = jnp.einsum("td,edf->tef", y, w["we_gate"].astype(jnp.bfloat16))
+        up = jnp.einsum("td,edf->tef", y, w["we_up"].astype(jnp.bfloat16))
+        hidden = act(gate) * up * combine.astype(jnp.bfloat16)[..., None]
+        out = jnp.einsum("tef,efd->td", hidden, w["we_down"].astype(jnp.bfloat16))
+        if config.shared_expert_intermediate_size:
+            shared = matmul(act(matmul(y, w, "ws_gate")) * matmul(y, w, "ws_up"), w, "ws_down")
+            out = out + jax.nn.sigmoid((y @ w["ws_router"]).astype(jnp.float32)).astype(jnp.bfloat16) * shared
+        return out
+
+    def local_step(embed, layers, caches, meta):
+        ids = meta["input_ids"]
+        first = jax.lax.axis_index("tensor") * vocab_per_device
+        inside = (ids >= first) & (ids < first + vocab_per_device)
+        x = jnp.where(inside[:, None], jnp.take(embed, jnp.clip(ids - first, 0, vocab_per_device - 1), axis=0), 0)
+        x = jax.lax.psum(x, "tensor")
+        new_caches = []
+        for w, kv_cache in zip(layers, caches):
+            y = norm(x, w["attn_norm"])
+            q, k, v = matmul(y, w, "wq"), matmul(y, w, "wk"), matmul(y, w, "wv")
+            if config.attention_bias:
+                q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
+            q = rope(q.reshape(tokens, q_per_device, hd), meta["positions"]) * (hd ** -0.5)
+            k = rope(k.reshape(tokens, kv_per_device, hd), meta["positions"])
+            v = v.reshape(tokens, kv_per_device, hd)
+            new = jnp.stack([pad_head(k), pad_head(v)], axis=2).reshape(tokens, 2 * kv_per_device, hd_pad)
+            if combined > 2 * kv_per_device:  # slots the dtype's packing adds (fp8 with one KV head: 2 of 4 used)
+                new = jnp.pad(new, ((0, 0), (0, combined - 2 * kv_per_device), (0, 0)))
+            flat = kv_cache.reshape(-1, combined, hd_pad).at[meta["slots"]].set(new.astype(kv_dtype))
+            kv_cache = flat.reshape(kv_cache.shape)
+            new_caches.append(kv_cache)
+            q_heads = q_per_device if combined == 2 * kv_per_device else combined // 2 * max(q_per_device // kv_per_device, 1)
+            q_in = pad_head(q) if q_heads == q_per_device else jnp.pad(
+                pad_head(q), ((0, 0), (0, q_heads - q_per_device), (0, 0)))
+            scales = {} if program.kv_dtype == "bf16" else {"k_scale": 1.0, "v_scale": 1.0}
+            o = ragged_paged_attention(q_in, kv_cache, meta["kv_lens"], meta["page_indices"], meta["cu_q_lens"],
+                                       meta["num_seqs"], sm_scale=1.0,
+                                       num_kv_pages_per_block=program.num_kv_pages_per_block,
+                                       num_queries_per_block=program.num_queries_per_block,
+                                       vmem_limit_bytes=program.vmem_limit_bytes, **scales)
+            o = o[:, :q_per_device, :hd].reshape(tokens, q_per_device * hd)
+            x = x + jax.lax.psum(matmul(o, w, "wo"), "tensor")
+            y = norm(x, w["mlp_norm"])
+            if config.moe:
+                out = experts(y, w)
+            else:
+                out = matmul(act(matmul(y, w, "w_gate")) * matmul(y, w, "w_up"), w, "w_down")
+            x = x + jax.lax.psum(out, "tensor")
+        return x, new_caches
+
+    weight_specs = jax.tree_util.tree_map(lambda s: s.sharding.spec, layers)
+    cache_spec = [P(None, None, "tensor", None)] * program.layers
+    meta_specs = {name: P() for name in metadata}
+    fn = jax.shard_map(local_step, mesh=mesh, in_specs=(P("tensor", None), weight_specs, cache_spec, meta_specs),
+                       out_specs=(P(), cache_spec), check_vma=False)
+    jitted = jax.jit(fn, donate_argnums=(2,))
+    return jitted, [embed, layers, caches, metadata], mesh
+
+
+def _logits_program(config: ModelConfig, program: ServeProgram, devices):
+    """The final norm, the vocabulary-parallel LM head over the requests' last hidden states, and a greedy pick."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    tp = program.tensor_parallel_size
+    mesh = _mesh(devices, tp)
+    d = config.hidden_size
+    hidden = jax.ShapeDtypeStruct((program.requests, d), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+    final_norm = _weight((d,), (None,), "bf16", mesh)
+    head = _weight((d, config.vocab_size), (None, "tensor"), "bf16", mesh)
+    vocab_per_device = config.vocab_size // tp
+
+    def local(hidden, final_norm, head):
+        x32 = hidden.astype(jnp.float32)
+        x = (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + config.rms_norm_eps)
+             * final_norm.astype(jnp.float32)).astype(jnp.bfloat16)
+        logits = (x @ head).astype(jnp.float32)
+        best, index = jnp.max(logits, -1), jnp.argmax(logits, -1) + jax.lax.axis_index("tensor") * vocab_per_device
+        bests, indices = jax.lax.all_gather(best, "tensor"), jax.lax.all_gather(index, "tensor")
+        return jnp.take_along_axis(indices, jnp.argmax(bests, 0)[None], 0)[0].astype(jnp.int32)
+
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(None), P(None, "tensor")), out_specs=P(), check_vma=False)
+    return jax.jit(fn), [hidden, final_norm, head], mesh
+
+
+def compile_program(config: ModelConfig, program: ServeProgram, slice_name: str) -> dict:
+    """Compile PROGRAM for the slice's topology, compile-only; returns the compiler's figures for one device
+    ({"argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "code_bytes", "seconds"}) or, when the compiler
+    refuses it for lack of memory, {"failure": its message, "space": "smem" | "vmem" | "hbm" | None}."""
+    import time
+
+    import jax
+
+    from tpuprof.sources import tpu_compile
+
+    devices = tpu_compile.topology_devices(slice_name)
+    fn, args, mesh = build(config, program, devices)
+    start = time.perf_counter()
+    try:
+        with jax.set_mesh(mesh):  # Pallas reads the TPU generation from the mesh it lowers under
+            compiled = fn.lower(*args).compile()
+    except Exception as error:  # noqa: BLE001 - jaxlib raises JaxRuntimeError with the status text
+        text = str(error)
+        if "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text:
+            return {"failure": " ".join(text.split())[:2000], "space": memory_space(text),
+                    "seconds": time.perf_counter() - start}
+        raise tpu_compile.CompileFailed(text) from error
+    stats = compiled.memory_analysis()
+    return {"argument_bytes": int(stats.argument_size_in_bytes), "output_bytes": int(stats.output_size_in_bytes),
+            "alias_bytes": int(stats.alias_size_in_bytes), "temp_bytes": int(stats.temp_size_in_bytes),
+            "code_bytes": int(stats.generated_code_size_in_bytes), "seconds": time.perf_counter() - start}
+
+
+def memory_space(text: str) -> str | None:
+    """The memory space a RESOURCE_EXHAUSTED compile names: "smem", "vmem" or "hbm" ("space=smem" in Mosaic's
+    allocation message, "memory space vmem" in XLA's)."""
+    import re
+
+    found = re.search(r"(?:space=|memory space )(smem|vmem|hbm)", text, re.IGNORECASE)
+    return found.group(1).lower() if found else None
