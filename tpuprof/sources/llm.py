@@ -1,24 +1,32 @@
 """A decoder-only LLM's full train step, built from a Hugging Face config and shapes alone (no weights), sharded
 over a TPU slice: what `tpuprof preflight --model llama3.1-8b` (or `--model config.json`) compiles.
 
-The step is what TPU users run (MaxText's layout): token embedding, `num_hidden_layers` decoder layers scanned
-with `jax.lax.scan` (one layer's program, compiled once), each RMSNorm -> GQA attention with RoPE through the
-Pallas splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention, causal) -> RMSNorm -> gated
-MLP (SwiGLU; GeGLU for Gemma) or a top-k routed mixture of experts; final RMSNorm, LM head, causal-LM
-cross-entropy computed over pieces of the sequence so the fp32 [batch, seq, vocab] logits are never whole in
-memory (MaxText's vocabulary tiling), the backward pass, and an AdamW update (fp32 master weights and moments, as MaxText keeps them;
-a few lines here rather than a dependency on optax). Weights are fp32, matmuls run in bf16 (`--dtype bf16`)
-or with fp8 operands (`--dtype fp8`: e4m3 casts before each matmul, bf16 accumulation).
+The step is what TPU users run (MaxText's layout): token embedding (+ learned positions for GPT-3), the decoder's
+layers as a plan of segments, each a block of layer kinds scanned with `jax.lax.scan` (Gemma 3's five sliding
+layers and a global one, Llama 4's chunked/global and dense/MoE interleave, DeepSeek's dense first layers then
+its MoE layers); each layer: norm (RMSNorm, or LayerNorm with a bias) -> attention through the Pallas
+splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention) with the layer's mask (causal, sliding
+window, chunked), the model's logit soft-cap and sinks; projections GQA (biases, per-head QK-norm) or DeepSeek's
+multi-head latent attention (low-rank q, compressed kv, a shared RoPE key) -> norm -> gated MLP (SwiGLU, GeGLU,
+GPT-OSS's clamped SwiGLU), GPT-3's GELU MLP with biases, or a top-k routed mixture of experts (router/expert
+biases, shared experts); Gemma's norms after attention and MLP; final norm, LM head (Gemma 2's final soft-cap),
+causal-LM cross-entropy computed over pieces of the sequence so the fp32 [batch, seq, vocab] logits are never whole
+in memory (MaxText's vocabulary tiling), the backward pass, and an AdamW update (weights and moments in fp32, or in
+bf16 with --weight-dtype bfloat16, as MaxText's weight_dtype; a few lines here rather than a dependency on optax).
+Matmuls run in bf16 (`--dtype bf16`) or with fp8 operands (`--dtype fp8`: e4m3 casts before each matmul, bf16
+accumulation).
 
 Sharding (MaxText's default rules, https://github.com/AI-Hypercomputer/maxtext configs/base.yml
 logical_axis_rules): parameters and optimizer state are sharded over `fsdp` on their embedding dimension and
 over `tensor` on heads / MLP width / vocabulary; experts over `expert`; activations' batch over data x fsdp x
 expert. A dimension that an axis does not divide stays whole on that axis.
 
-Not modelled (the figures say so): Gemma's logit soft-capping and sliding-window layers (every layer is full
-causal attention), Qwen3's QK-norm weights (a few KB), RoPE scaling variants (same shapes), sequence / context
-parallelism, pipeline stages; MoE routes with a capacity factor of 1.25 over groups of tokens (GShard-style
-one-hot dispatch einsums), so dropped tokens and load balance are not the real run's.
+Not modelled (same shapes, so memory holds; the figures say so where it matters): RoPE scaling variants (YaRN,
+Llama 4's NoPE layers get RoPE's cheap elementwise work too), Llama 4's weightless L2 QK-norm, DeepSeek's
+group-limited sigmoid routing (softmax top-k here, with V3's selection bias) and its multi-token-prediction module
+(counted apart: `mtp_layers`), sequence / context parallelism, pipeline stages; MoE routes with a capacity factor
+of 1.25 over groups of tokens (GShard-style one-hot dispatch einsums, not dropless megablox kernels), so dropped
+tokens and load balance are not the real run's.
 """
 
 from __future__ import annotations
@@ -189,7 +197,10 @@ class ModelConfig:
         """Active parameters a token's matmuls use (MaxText's model FLOPs): not the embedding lookup, the learned
         positions, norms or biases."""
         lookup = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
-        return self.active_parameter_count() - lookup - self.learned_positions * self.hidden_size
+        top = ("embed", "positions", "lm_head")
+        vectors = sum(math.prod(shape) for name, (shape, _) in _parameter_layout(self, dict.fromkeys(MESH_AXES, 1)).items()
+                      if name not in top and len(shape) <= 2)  # norms, biases, sinks: [d] or [layers, d]
+        return self.active_parameter_count() - lookup - self.learned_positions * self.hidden_size - vectors
 
     def digest(self) -> str:
         # The shapes' fields only: the name and the positions trained for change no program.
