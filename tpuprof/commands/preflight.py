@@ -425,7 +425,7 @@ def _model_target(config, source, name, seq, batch_per_chip, global_batch, max_b
               "device": target.device_info(), "hbm_capacity_bytes": target.compiler_hbm_bytes,
               "mesh": sizes, "model": spec.model_info(), "seq_len": seq,
               "state_bytes_per_chip": spec.state_bytes_per_device * per_chip}
-    whole = llm.unsharded(config, sizes)
+    whole = llm.unsharded(config, sizes, weight_dtype)
     if whole is not None:
         result["unsharded"] = whole.to_json(per_chip)
     capacity = target.compiler_hbm_bytes
@@ -522,7 +522,7 @@ def _fast_answer(step, plan, name, batch, top, use_cache, report_progress, label
         estimate = dict(estimates[-1])
         for key in _LINEAR_MS:
             if all(e.get(key) is not None for e in estimates):
-                estimate[key] = plan.extrapolate([e[key] for e in estimates])
+                estimate[key] = round(plan.extrapolate([e[key] for e in estimates]), 4)
         ratio = estimates[-1]["step_ms"] / estimate["step_ms"] if estimate.get("step_ms") else 1.0
         for key in ("examples_per_s", "tokens_per_s", "tokens_per_s_per_chip", "flop_utilization_percent"):
             if estimate.get(key) is not None:

@@ -459,7 +459,7 @@ class Unsharded:
     dimension stays whole on every device of that axis (the weights and their AdamW state are replicated)."""
 
     parameters: list[str]  # their names, as in the layout
-    state_bytes_per_device: int  # their fp32 weights and AdamW moments per device, beyond an even split
+    state_bytes_per_device: int  # their weights and AdamW moments per device, beyond an even split
     dimensions: dict[str, list[int]]  # mesh axis -> the dimensions it does not divide
     mesh: str | None  # a --mesh for the same devices whose axes divide them all, if there is one
 
@@ -468,7 +468,7 @@ class Unsharded:
                 "dimensions": self.dimensions, "mesh": self.mesh}
 
 
-def unsharded(config: ModelConfig, sizes: dict[str, int]) -> Unsharded | None:
+def unsharded(config: ModelConfig, sizes: dict[str, int], weight_dtype: str = "float32") -> Unsharded | None:
     """What the mesh SIZES leaves whole of CONFIG's parameters (None: every parameter is divided as meant), and
     the largest fsdp/expert axes that would divide it all, the rest of the devices moved to the data axis."""
     meant, placed = _parameter_layout(config, sizes, even_only=False), _parameter_layout(config, sizes)
@@ -496,7 +496,7 @@ def unsharded(config: ModelConfig, sizes: dict[str, int]) -> Unsharded | None:
     mesh = None
     if better != sizes and "tensor" not in dimensions:
         mesh = ",".join(f"{axis}={n}" for axis, n in better.items() if n > 1)
-    return Unsharded(names, extra * ADAM_STATE_BYTES, dimensions, mesh)
+    return Unsharded(names, extra * state_bytes_per_parameter(weight_dtype), dimensions, mesh)
 
 
 def _parameter_layout(config: ModelConfig, sizes: dict[str, int],
