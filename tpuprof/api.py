@@ -124,7 +124,8 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
               tokens_per_example: Optional[int] = None, price: Union[str, dict, None] = None,
               model: Optional[str] = None, seq: int = 2048, batch_per_chip: Optional[int] = None,
               global_batch: Optional[int] = None, remat: str = "full", dtype: str = "bf16",
-              mesh: Optional[str] = None, verbose: bool = False) -> PreflightResult:
+              mesh: Optional[str] = None, weight_dtype: str = "float32", full: bool = False,
+              verbose: bool = False) -> PreflightResult:
     """Will a training step fit in one TPU device's HBM, and the largest batch that does: compiled by libtpu
     for the target on this machine, no TPU needed (`pip install 'jax[tpu]'`).
 
@@ -150,6 +151,8 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
         `batch_per_chip` or `global_batch` (or max_batch), `remat` ("none", "full", "dots", "offload", or "all"
         with max_batch: a batch x remat table), `dtype` ("bf16", "fp8") and `mesh` ("fsdp=-1,tensor=4").
     mesh: also for a factory with a `mesh` parameter: the Mesh it receives has these axes over the slice.
+    weight_dtype: with model: "float32" (12 bytes a parameter of weights and AdamW moments) or "bfloat16" (6).
+    full: with model: compile every layer (default for a long model at one batch: a few layers, extrapolated).
     tokens_per_example: tokens in one example (sequence length), for tokens/s and the cost per 1M tokens.
     price: on-demand price per chip-hour overriding tpuprof's table: {"v6e": 2.70} or "v6e=2.70,v5e=1.2".
     verbose: also show what TensorFlow, JAX and libtpu print while compiling (warnings, log lines): held back by
@@ -162,11 +165,13 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
 
     with library_output.held(verbose):
         return _preflight(fn_or_model, example_args, tpu, batch, max_batch, compare_bf16, top, cache, on_compile,
-                          tokens_per_example, price, model, seq, batch_per_chip, global_batch, remat, dtype, mesh)
+                          tokens_per_example, price, model, seq, batch_per_chip, global_batch, remat, dtype, mesh,
+                          weight_dtype, full)
 
 
 def _preflight(fn_or_model, example_args, tpu, batch, max_batch, compare_bf16, top, cache, on_compile,
-               tokens_per_example, price, model, seq, batch_per_chip, global_batch, remat, dtype, mesh):
+               tokens_per_example, price, model, seq, batch_per_chip, global_batch, remat, dtype, mesh,
+               weight_dtype, full):
     from tpuprof.commands import preflight as command
     from tpuprof.sources import tpu_compile
 
@@ -178,7 +183,8 @@ def _preflight(fn_or_model, example_args, tpu, batch, max_batch, compare_bf16, t
         if not tpu_compile.jax_available():
             raise UserError(tpu_compile.INSTALL_HINT)
         return command.model_result(model, names, seq, batch_per_chip, global_batch, max_batch, remat, dtype, mesh,
-                                    top, cache, on_compile, price_overrides=_price_overrides(price))
+                                    top, cache, on_compile, price_overrides=_price_overrides(price),
+                                    weight_dtype=weight_dtype, full=full)
     if fn_or_model is None:
         raise UserError("preflight needs a step (a function, Keras model, factory or file.py:factory) or model=NAME.")
     if batch is not None and max_batch:

@@ -271,6 +271,8 @@ def preflight(
     remat: str = Option("full", "--remat", metavar="POLICY", help="--model: none, full, dots (save matmul outputs), offload (to host memory), or all (with --max-batch: a batch x remat table)."),
     dtype: str = Option("bf16", "--dtype", metavar="bf16|fp8", help="--model: matmul operands in bf16 or fp8 (weights and optimizer state stay fp32)."),
     mesh: Optional[str] = Option(None, "--mesh", metavar="AXIS=N,...", help="--model or a factory with a `mesh` parameter: mesh axes data, fsdp, tensor, expert (-1: the rest of the devices). Default fsdp=-1."),
+    weight_dtype: str = Option("float32", "--weight-dtype", metavar="float32|bfloat16", help="--model: the weights' and AdamW moments' dtype (MaxText's weight_dtype): 12 or 6 bytes per parameter."),
+    full: bool = Option(False, "--full", help="--model: compile every layer (default for a long model at one batch: compiles of a few layers, extrapolated in the layer count, their error said)."),
     no_cache: bool = Option(False, "--no-cache", help="Recompile even if a cached result exists."),
     as_json: bool = Option(False, "--json", help=JSON_HELP),
     format_: Optional[OutputFormat] = _format_option(),
@@ -283,7 +285,7 @@ def preflight(
     command.run(spec, tpu, batch=batch, max_batch=max_batch, compare_bf16=compare_bf16, top=top,
                 use_cache=not no_cache, as_json=as_json, tokens_per_example=tokens_per_example, price=price,
                 format_=format_.value if format_ else None, model=model, seq=seq, batch_per_chip=batch_per_chip,
-                global_batch=global_batch, remat=remat, dtype=dtype, mesh=mesh)
+                global_batch=global_batch, remat=remat, dtype=dtype, mesh=mesh, weight_dtype=weight_dtype, full=full)
 
 
 # serve's closed sets, from the one place that knows them (tpuprof.models.serve).

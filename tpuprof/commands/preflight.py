@@ -24,7 +24,7 @@ def run(spec_text: str | None, tpu: str, batch: int | None, max_batch: bool, com
         use_cache: bool, as_json: bool, tokens_per_example: int | None = None, price: str | None = None,
         model: str | None = None, seq: int = 2048, batch_per_chip: int | None = None,
         global_batch: int | None = None, remat: str = "full", dtype: str = "bf16", mesh: str | None = None,
-        format_: str | None = None) -> None:
+        format_: str | None = None, weight_dtype: str = "float32", full: bool = False) -> None:
     from tpuprof.renderers.formats import output_format, print_document
     from tpuprof.sources import tpu_compile
 
@@ -35,7 +35,9 @@ def run(spec_text: str | None, tpu: str, batch: int | None, max_batch: bool, com
             raise UserError("--model compiles a built-in LLM step: give it without FILE.py:FACTORY, --batch, "
                             "--compare-bf16 or --tokens-per-example (use --batch-per-chip or --global-batch, --seq).")
         return run_model(model, tpu, seq, batch_per_chip, global_batch, max_batch, remat, dtype, mesh, top,
-                         use_cache, format_, price)
+                         use_cache, format_, price, weight_dtype, full)
+    if weight_dtype != "float32" or full:
+        raise UserError("--weight-dtype and --full go with --model.")
     if spec_text is None:
         raise UserError("give FILE.py:FACTORY (your step) or --model NAME|config.json (an LLM train step).")
     if batch_per_chip is not None or global_batch is not None:
@@ -317,7 +319,8 @@ def _oom(message: str, batch: int, capacity: int, parameters: int | None) -> dic
 
 def run_model(model: str, tpu: str, seq: int, batch_per_chip: int | None, global_batch: int | None,
               max_batch: bool, remat: str, dtype: str, mesh: str | None, top: int, use_cache: bool,
-              format_: str = "table", price: str | None = None) -> None:
+              format_: str = "table", price: str | None = None, weight_dtype: str = "float32",
+              full: bool = False) -> None:
     """`tpuprof preflight --model llama3.1-8b --tpu v6e-256 --seq 8192 --batch-per-chip 2`."""
     from tpuprof import prices
     from tpuprof.sources import tpu_compile
@@ -332,13 +335,14 @@ def run_model(model: str, tpu: str, seq: int, batch_per_chip: int | None, global
 
     with render.progress(enabled=format_ == "table") as report_progress:
         checked = model_result(model, names, seq, batch_per_chip, global_batch, max_batch, remat, dtype, mesh, top,
-                               use_cache, report_progress, price_overrides=price_overrides)
+                               use_cache, report_progress, price_overrides=price_overrides,
+                               weight_dtype=weight_dtype, full=full)
     if not print_document(checked, format_):
         render.print_report(checked.spec, checked.targets, top)
 
 
 def check_model_options(seq: int | None, batch_per_chip: int | None, global_batch: int | None, max_batch: bool,
-                        remat: str, dtype: str) -> None:
+                        remat: str, dtype: str, weight_dtype: str = "float32") -> None:
     from tpuprof.sources import llm
 
     given = [batch_per_chip is not None, global_batch is not None, max_batch]
@@ -353,24 +357,30 @@ def check_model_options(seq: int | None, batch_per_chip: int | None, global_batc
         raise UserError("--remat all searches the largest batch of each policy: give it with --max-batch.")
     if dtype not in llm.DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(llm.DTYPES)}, not {dtype!r}.")
+    if weight_dtype not in llm.WEIGHT_DTYPES:
+        raise UserError(f"--weight-dtype must be one of {', '.join(llm.WEIGHT_DTYPES)}, not {weight_dtype!r}.")
 
 
 def model_result(model: str, names: list[str], seq: int = 2048, batch_per_chip: int | None = None,
                  global_batch: int | None = None, max_batch: bool = False, remat: str = "full", dtype: str = "bf16",
                  mesh: str | None = None, top: int = 10, use_cache: bool = True, on_compile=None,
-                 price_overrides: dict | None = None):
+                 price_overrides: dict | None = None, weight_dtype: str = "float32", full: bool = False,
+                 fast: bool | None = None):
     """Every target's figures for the LLM train step (the typed result `tpuprof.preflight(model=...)` returns)."""
     from tpuprof.results import PreflightResult
     from tpuprof.sources import llm
 
-    check_model_options(seq, batch_per_chip, global_batch, max_batch, remat, dtype)
+    check_model_options(seq, batch_per_chip, global_batch, max_batch, remat, dtype, weight_dtype)
+    if full and fast:
+        raise UserError("--full compiles every layer: not with a fast (extrapolated) answer.")
     config, source = llm.load_config(model)
     report_progress = on_compile or (lambda label, batch_size: None)
     checked = []
     for name in names:
         policies = llm.REMAT_POLICIES if remat == "all" else (remat,)
         rows = [_model_target(config, source, name, seq, batch_per_chip, global_batch, max_batch, policy, dtype,
-                              mesh, top, use_cache, report_progress, price_overrides) for policy in policies]
+                              mesh, top, use_cache, report_progress, price_overrides, weight_dtype,
+                              False if full else fast) for policy in policies]
         best = max(rows, key=_throughput)
         if len(rows) > 1:
             best["remat_table"] = [{"remat": row["model"]["remat"], "max_batch_per_chip": row.get("max_batch_per_chip"),
@@ -390,7 +400,7 @@ def _throughput(row: dict) -> float:
 
 
 def _model_target(config, source, name, seq, batch_per_chip, global_batch, max_batch, remat, dtype, mesh, top,
-                  use_cache, report_progress, price_overrides) -> dict:
+                  use_cache, report_progress, price_overrides, weight_dtype="float32", fast=None) -> dict:
     from tpuprof import slices
     from tpuprof.analyses import preflight
     from tpuprof.renderers import preflight as render
@@ -400,7 +410,8 @@ def _model_target(config, source, name, seq, batch_per_chip, global_batch, max_b
     chosen = slices.parse(name)
     target = chosen.target
     sizes = llm.parse_mesh(mesh, chosen.devices)
-    spec = llm.Spec(llm.Step(config, source, seq, remat, dtype, sizes), name)
+    step = llm.Step(config, source, seq, remat, dtype, sizes, weight_dtype)
+    spec = llm.Spec(step, name)
     per_chip = target.devices_per_chip
     if batch_per_chip is not None:
         if batch_per_chip % per_chip:
@@ -418,7 +429,7 @@ def _model_target(config, source, name, seq, batch_per_chip, global_batch, max_b
               "device": target.device_info(), "hbm_capacity_bytes": target.compiler_hbm_bytes,
               "mesh": sizes, "model": spec.model_info(), "seq_len": seq,
               "state_bytes_per_chip": spec.state_bytes_per_device * per_chip}
-    whole = llm.unsharded(config, sizes)
+    whole = llm.unsharded(config, sizes, weight_dtype)
     if whole is not None:
         result["unsharded"] = whole.to_json(per_chip)
     capacity = target.compiler_hbm_bytes
@@ -426,8 +437,9 @@ def _model_target(config, source, name, seq, batch_per_chip, global_batch, max_b
         shards = sizes["fsdp"] * sizes["tensor"] * sizes["expert"]
         sharding = ("" if whole else f", sharded {shards} ways over fsdp x tensor x expert")
         verdict = (f"does not fit: the parameters and AdamW state alone need {fmt_bytes(spec.state_bytes_per_device)} "
-                   f"per device ({config.parameter_count() / 1e9:.1f}B parameters x {llm.ADAM_STATE_BYTES} bytes: "
-                   f"fp32 weights and two fp32 moments{sharding}), more than the {fmt_bytes(capacity)} of HBM a "
+                   f"per device ({config.parameter_count() / 1e9:.1f}B parameters x "
+                   f"{llm.state_bytes_per_parameter(weight_dtype)} bytes: {_WEIGHT_WORDS[weight_dtype]} weights and two "
+                   f"{_WEIGHT_WORDS[weight_dtype]} moments{sharding}), more than the {fmt_bytes(capacity)} of HBM a "
                    f"{target.name} device has; "
                    + (f"{render.unsharded_words(result['unsharded'], sizes)}." if whole
                       else "use a larger slice or more fsdp."))
@@ -439,6 +451,15 @@ def _model_target(config, source, name, seq, batch_per_chip, global_batch, max_b
         result["cache"] = str(preflight.cache_root())
         return result
     label = f"{name} {config.name} remat={remat}"
+    plan = llm.fast_plan(config, force=bool(fast)) if not max_batch and fast is not False else None
+    if fast and plan is None:
+        raise UserError(f"{config.name} has too few layers for a faster answer than the full compile: use --full.")
+    if plan is not None:
+        result.update(_fast_answer(step, plan, name, batch, top, use_cache, report_progress, label, seq,
+                                   price_overrides, result))
+        result.update(_batches(chosen, result["batch_size"], whole_slice=True))
+        result["cache"] = str(preflight.cache_root())
+        return result
     main = _run_dtype(spec, name, None, batch, max_batch, top, use_cache,
                       lambda _label, b: report_progress(label, b))
     if main.get("memory") is not None:  # tpuprof's own step: the options that build it, not edits of its code
@@ -455,3 +476,80 @@ def _model_target(config, source, name, seq, batch_per_chip, global_batch, max_b
         result["estimate"] = estimate
     return result
 
+
+
+_WEIGHT_WORDS = {"float32": "fp32", "bfloat16": "bf16"}
+# Figures of a compile that grow with the layers: extrapolated in the layer count by the fast answer.
+_LINEAR = ("required_bytes", "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "host_bytes")
+_LINEAR_MS = ("step_ms", "step_ms_low", "step_ms_high", "roofline_ms", "compute_ms", "collective_ms",
+              "exposed_collective_ms", "flops_per_step", "hbm_bytes_per_step")
+
+
+def _fast_answer(step, plan, name, batch, top, use_cache, report_progress, label, seq, price_overrides,
+                 result) -> dict:
+    """The first answer: the step compiled with each varied segment of the layer plan repeated a few times
+    (llm.fast_plan), every memory figure and the step time extrapolated linearly in the repeats to the model's
+    own, said as such. The memory breakdown shown is the largest compile's (its layers, not the model's)."""
+    from dataclasses import replace
+
+    from tpuprof.analyses import preflight
+    from tpuprof.sources import llm
+
+    rows = []
+    for repeats in plan.points:
+        reduced = replace(step, config=step.config.with_repeats(repeats))
+        spec = llm.Spec(reduced, name)
+        row = _run_dtype(spec, name, None, batch, False, top, use_cache,
+                         lambda _label, b, n=reduced.config.num_hidden_layers: report_progress(f"{label} {n} layers", b))
+        row.update({key: result[key] for key in ("target", "topology", "slice", "device", "mesh")})
+        row.update({"model": spec.model_info(), "seq_len": seq,
+                    "batch_per_chip": batch * result["device"].get("devices_per_chip", 1)})
+        row["estimate"] = _estimate(row, seq, price_overrides, top)
+        rows.append((repeats, row))
+    if any(row.get("required_bytes") is None for _, row in rows):  # a reduced compile already fails: say so plainly
+        failed = next(row for _, row in rows if row.get("required_bytes") is None)
+        failed.pop("model", None)
+        return {**failed, "fast": {"layers_compiled": [sum(len(b) * n for (b, _), n in zip(step.config.plan, r))
+                                                       for r, _ in rows],
+                                   "method": "a compile of fewer layers already does not fit"}}
+    out = dict(rows[-1][1])
+    out.pop("dump_dir", None)
+    out["model"] = result["model"]
+    for key in _LINEAR:
+        values = [row.get(key) or 0 for _, row in rows]
+        if any(row.get(key) is not None for _, row in rows):
+            out[key] = int(round(plan.extrapolate(values)))
+    out["fits"] = out["required_bytes"] <= result["hbm_capacity_bytes"]
+    if out.get("host_bytes"):
+        out["host_fits"] = (out["host_bytes"] <= out["host_capacity_bytes"]
+                            if out.get("host_capacity_bytes") is not None else None)
+    out["curve"] = [{"batch_size": batch, "required_bytes": out["required_bytes"], "fits": out["fits"]}]
+    out.pop("curve_fit", None)
+    estimates = [row.get("estimate") for _, row in rows]
+    if all(estimates):
+        estimate = dict(estimates[-1])
+        for key in _LINEAR_MS:
+            if all(e.get(key) is not None for e in estimates):
+                estimate[key] = round(plan.extrapolate([e[key] for e in estimates]), 4)
+        ratio = estimates[-1]["step_ms"] / estimate["step_ms"] if estimate.get("step_ms") else 1.0
+        for key in ("examples_per_s", "tokens_per_s", "tokens_per_s_per_chip", "flop_utilization_percent"):
+            if estimate.get(key) is not None:
+                estimate[key] = round(estimate[key] * ratio, 3)
+        for key in ("cost_per_million_examples", "cost_per_million_tokens"):
+            if estimate.get(key) is not None:
+                estimate[key] = estimate[key] / ratio
+        full_flops, reduced_flops = _model_flops_per_device({**out, "model": result["model"]}), \
+            _model_flops_per_device(rows[-1][1])
+        if estimate.get("mfu_percent") is not None and full_flops and reduced_flops:
+            estimate["mfu_percent"] = round(estimate["mfu_percent"] * ratio * full_flops / reduced_flops, 1)
+        estimate["top_ops"], estimate["top_collectives"] = [], []  # per-op figures are the small compile's
+        estimate["method"] = (f"extrapolated linearly in the layer count from compiles of {plan.words()}; "
+                              + str(estimate.get("method", "")))
+        out["estimate"] = estimate
+    else:
+        out.pop("estimate", None)
+    out["compiles"] = sum(row.get("compiles", 0) for _, row in rows)
+    out["fast"] = {"layers_compiled": plan.layers(), "layers": step.config.num_hidden_layers,
+                   "method": f"estimated from {plan.words()}, extrapolated linearly in the layer count; "
+                             f"--full compiles all {step.config.num_hidden_layers} layers"}
+    return out

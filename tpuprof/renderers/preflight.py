@@ -137,7 +137,9 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
         if r.get("mesh") else "-")
     if sharded:
         row("model", lambda r: (f"{r['model']['name']}: {_parameters(r['model']['parameters'])} parameters, "
-                                f"seq {r['seq_len']}, remat {r['model']['remat']}, {r['model']['dtype']}")
+                                f"seq {r['seq_len']}, remat {r['model']['remat']}, {r['model']['dtype']}"
+                                + (f", {r['model']['weight_dtype']} weights"
+                                   if r["model"].get("weight_dtype", "float32") != "float32" else ""))
             if r.get("model") else "-")
         row("weights + AdamW state per chip", size("state_bytes_per_chip"))
         row("  of it not sharded", lambda r: fmt_bytes(r["unsharded"]["state_bytes_per_chip"])
@@ -146,6 +148,7 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     row("batch per chip / global", lambda r: f"{r['batch_per_chip']} / {r['global_batch']}"
         if r.get("global_batch") is not None else "-")
     row("verdict", _verdict)
+    row("how", lambda r: r["fast"]["method"] if r.get("fast") else "-")  # an extrapolated first answer says so
     row("required (args+out-alias+temp+code)", size("required_bytes"))
     row("HBM the compiler offers", size("hbm_capacity_bytes"))
     row("  arguments", size("argument_bytes"))

@@ -1,24 +1,32 @@
 """A decoder-only LLM's full train step, built from a Hugging Face config and shapes alone (no weights), sharded
 over a TPU slice: what `tpuprof preflight --model llama3.1-8b` (or `--model config.json`) compiles.
 
-The step is what TPU users run (MaxText's layout): token embedding, `num_hidden_layers` decoder layers scanned
-with `jax.lax.scan` (one layer's program, compiled once), each RMSNorm -> GQA attention with RoPE through the
-Pallas splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention, causal) -> RMSNorm -> gated
-MLP (SwiGLU; GeGLU for Gemma) or a top-k routed mixture of experts; final RMSNorm, LM head, causal-LM
-cross-entropy computed over pieces of the sequence so the fp32 [batch, seq, vocab] logits are never whole in
-memory (MaxText's vocabulary tiling), the backward pass, and an AdamW update (fp32 master weights and moments, as MaxText keeps them;
-a few lines here rather than a dependency on optax). Weights are fp32, matmuls run in bf16 (`--dtype bf16`)
-or with fp8 operands (`--dtype fp8`: e4m3 casts before each matmul, bf16 accumulation).
+The step is what TPU users run (MaxText's layout): token embedding (+ learned positions for GPT-3), the decoder's
+layers as a plan of segments, each a block of layer kinds scanned with `jax.lax.scan` (Gemma 3's five sliding
+layers and a global one, Llama 4's chunked/global and dense/MoE interleave, DeepSeek's dense first layers then
+its MoE layers); each layer: norm (RMSNorm, or LayerNorm with a bias) -> attention through the Pallas
+splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention) with the layer's mask (causal, sliding
+window, chunked), the model's logit soft-cap and sinks; projections GQA (biases, per-head QK-norm) or DeepSeek's
+multi-head latent attention (low-rank q, compressed kv, a shared RoPE key) -> norm -> gated MLP (SwiGLU, GeGLU,
+GPT-OSS's clamped SwiGLU), GPT-3's GELU MLP with biases, or a top-k routed mixture of experts (router/expert
+biases, shared experts); Gemma's norms after attention and MLP; final norm, LM head (Gemma 2's final soft-cap),
+causal-LM cross-entropy computed over pieces of the sequence so the fp32 [batch, seq, vocab] logits are never whole
+in memory (MaxText's vocabulary tiling), the backward pass, and an AdamW update (weights and moments in fp32, or in
+bf16 with --weight-dtype bfloat16, as MaxText's weight_dtype; a few lines here rather than a dependency on optax).
+Matmuls run in bf16 (`--dtype bf16`) or with fp8 operands (`--dtype fp8`: e4m3 casts before each matmul, bf16
+accumulation).
 
 Sharding (MaxText's default rules, https://github.com/AI-Hypercomputer/maxtext configs/base.yml
 logical_axis_rules): parameters and optimizer state are sharded over `fsdp` on their embedding dimension and
 over `tensor` on heads / MLP width / vocabulary; experts over `expert`; activations' batch over data x fsdp x
 expert. A dimension that an axis does not divide stays whole on that axis.
 
-Not modelled (the figures say so): Gemma's logit soft-capping and sliding-window layers (every layer is full
-causal attention), Qwen3's QK-norm weights (a few KB), RoPE scaling variants (same shapes), sequence / context
-parallelism, pipeline stages; MoE routes with a capacity factor of 1.25 over groups of tokens (GShard-style
-one-hot dispatch einsums), so dropped tokens and load balance are not the real run's.
+Not modelled (same shapes, so memory holds; the figures say so where it matters): RoPE scaling variants (YaRN,
+Llama 4's NoPE layers get RoPE's cheap elementwise work too), Llama 4's weightless L2 QK-norm, DeepSeek's
+group-limited sigmoid routing (softmax top-k here, with V3's selection bias) and its multi-token-prediction module
+(counted apart: `mtp_layers`), sequence / context parallelism, pipeline stages; MoE routes with a capacity factor
+of 1.25 over groups of tokens (GShard-style one-hot dispatch einsums, not dropless megablox kernels), so dropped
+tokens and load balance are not the real run's.
 """
 
 from __future__ import annotations
@@ -87,6 +95,7 @@ COMPILER_OPTIONS = {
 }
 LOSS_CHUNK_BYTES = 512 * 2**20  # fp32 logits of one piece of the loss per device (see cross_entropy)
 ADAM_STATE_BYTES = 12  # per parameter: fp32 weights + fp32 first and second moments
+WEIGHT_DTYPES = {"float32": 4, "bfloat16": 2}  # MaxText's weight_dtype -> bytes per element
 IMPLEMENTATION = "tpuprof compact JAX definition (tpuprof/sources/llm.py)"
 
 
@@ -94,19 +103,24 @@ IMPLEMENTATION = "tpuprof compact JAX definition (tpuprof/sources/llm.py)"
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The fields of a Hugging Face config.json that set the shapes of the train step."""
+    """The fields of a Hugging Face config.json that set the shapes of the train step.
+
+    `layer_plan` lists the decoder's layers as (block, repeats) segments: a block is a tuple of layer kinds
+    ("<attention>+<mlp>": attention full / sliding / chunked, mlp dense / moe) that repeats `repeats` times, as
+    MaxText scans a repeating block (Gemma 3's five sliding layers and one global, Llama 4's interleaved MoE) and
+    DeepSeek's first dense layers apart from its MoE layers."""
 
     name: str
     model_type: str
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int  # the dense layers' MLP width
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False  # q/k/v biases
     hidden_act: str = "silu"
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
@@ -115,24 +129,78 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     max_position_embeddings: int = 0  # 0: the config does not say (serve's default max model length)
+    layer_plan: tuple = ()  # ((kinds...), repeats), ...; () -> every layer "full+dense" (or "full+moe")
+    # attention
+    output_bias: bool = False  # the output projection's bias (GPT-3, GPT-OSS)
+    qk_norm: bool = False  # RMSNorm weights on each head's q and k (Qwen3, Gemma 3)
+    attention_sinks: bool = False  # a learned logit per head in the softmax's denominator (GPT-OSS)
+    sliding_window: int = 0
+    attention_chunk_size: int = 0
+    attn_logit_softcapping: float = 0.0
+    final_logit_softcapping: float = 0.0
+    query_pre_attn_scalar: float = 0.0  # Gemma's query scale (0: head_dim)
+    q_lora_rank: int = 0  # multi-head latent attention (DeepSeek): 0 without a low-rank query
+    kv_lora_rank: int = 0  # > 0: MLA
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # norms, MLP, positions
+    norm_type: str = "rms"  # or "layer" (LayerNorm with a bias: GPT-3)
+    sandwich_norm: bool = False  # norms after attention and after the MLP too (Gemma 2/3)
+    mlp_gated: bool = True  # gate x up (SwiGLU/GeGLU); False: up -> activation -> down (GPT-3)
+    mlp_bias: bool = False
+    shared_expert_gate: bool = False  # a sigmoid gate on the shared expert (Qwen-MoE)
+    router_bias: bool = False  # GPT-OSS
+    router_score_bias: bool = False  # DeepSeek-V3's e_score_correction_bias (selection only)
+    expert_bias: bool = False  # biases in each expert's projections (GPT-OSS)
+    learned_positions: int = 0  # rows of a learned position table (GPT-3); 0: RoPE
+    mtp_layers: int = 0  # DeepSeek-V3's multi-token-prediction modules: counted apart, not in the step
 
     @property
     def moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def plan(self) -> tuple:
+        return self.layer_plan or (((f"full+{'moe' if self.moe else 'dense'}",), self.num_hidden_layers),)
+
+    def layer_kinds(self) -> list[str]:
+        return [kind for block, repeats in self.plan for _ in range(repeats) for kind in block]
+
+    def with_repeats(self, repeats: tuple[int, ...]) -> "ModelConfig":
+        """The same model with each segment of the layer plan repeated REPEATS times (fewer layers, same kinds)."""
+        from dataclasses import replace
+
+        plan = tuple((block, count) for (block, _), count in zip(self.plan, repeats))
+        return replace(self, layer_plan=plan, num_hidden_layers=sum(len(b) * n for b, n in plan))
+
     def parameter_count(self) -> int:
-        """Exact for this definition (norm weights included; no biases but Qwen2's q/k/v)."""
-        d, h, kv, hd = self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim
-        attention = d * h * hd + 2 * d * kv * hd + h * hd * d + (h * hd + 2 * kv * hd if self.attention_bias else 0)
-        if self.moe:
-            mlp = d * self.num_experts + self.num_experts * 3 * d * self.moe_intermediate_size
-            if self.shared_expert_intermediate_size:
-                mlp += 3 * d * self.shared_expert_intermediate_size + d  # shared expert and its gate
-        else:
-            mlp = 3 * d * self.intermediate_size
-        layer = attention + mlp + 2 * d
-        embeddings = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
-        return self.num_hidden_layers * layer + embeddings + d
+        """Every parameter of the language model, from the same layout the step is built and sharded with
+        (norms and biases included; DeepSeek-V3's multi-token-prediction module and vision towers not)."""
+        return sum(math.prod(shape) for shape, _ in _parameter_layout(self, dict.fromkeys(MESH_AXES, 1)).values())
+
+    def active_parameter_count(self) -> int:
+        """The parameters one token uses, as model cards count them: all of them but the routed experts a token
+        is not sent to (num_experts - num_experts_per_tok of them in each MoE layer)."""
+        if not self.moe:
+            return self.parameter_count()
+        d, f = self.hidden_size, self.moe_intermediate_size
+        per_expert = (3 if self.mlp_gated else 2) * d * f + ((2 * f if self.mlp_gated else f) + d if self.expert_bias else 0)
+        moe_layers = sum(kind.endswith("+moe") for kind in self.layer_kinds())
+        return self.parameter_count() - moe_layers * (self.num_experts - self.num_experts_per_tok) * per_expert
+
+    def matmul_parameter_count(self) -> int:
+        """Active parameters a token's matmuls use (MaxText's model FLOPs): not the embedding lookup, the learned
+        positions, norms or biases."""
+        lookup = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        top = ("embed", "positions", "lm_head")
+        vectors = sum(math.prod(shape) for name, (shape, _) in _parameter_layout(self, dict.fromkeys(MESH_AXES, 1)).items()
+                      if name not in top and len(shape) <= 2)  # norms, biases, sinks: [d] or [layers, d]
+        return self.active_parameter_count() - lookup - self.learned_positions * self.hidden_size - vectors
 
     def digest(self) -> str:
         # The shapes' fields only: the name and the positions trained for change no program.
@@ -175,9 +243,10 @@ def load_config(text: str) -> tuple[ModelConfig, str]:
 def parse_config(data: Any, name: str, where: str) -> ModelConfig:
     if not isinstance(data, dict):
         raise UserError(f"{where}: a Hugging Face config is a JSON object.")
-    if isinstance(data.get("text_config"), dict):  # Gemma 3 and other multimodal configs: the language model
+    if isinstance(data.get("text_config"), dict):  # Gemma 3, Llama 4 and other multimodal configs: the language model
         data = {**data, **data["text_config"]}
     model_type = str(data.get("model_type", ""))
+    family = model_type.removesuffix("_text")
 
     def number(key, *alternatives, default=None, kind=int):
         for k in (key, *alternatives):
@@ -188,33 +257,73 @@ def parse_config(data: Any, name: str, where: str) -> ModelConfig:
                 return kind(value)
         if default is None:
             raise UserError(f"{where}: the config has no {key}; a decoder-only LLM config (Llama, Qwen, Mistral, "
-                            f"Gemma, Mixtral) names vocab_size, hidden_size, intermediate_size, num_hidden_layers "
-                            f"and num_attention_heads.")
+                            f"Gemma, Mixtral, DeepSeek, GPT-OSS, GPT-2/3) names vocab_size, hidden_size, "
+                            f"intermediate_size, num_hidden_layers and num_attention_heads.")
         return default
 
-    hidden = number("hidden_size", "d_model")
-    heads = number("num_attention_heads")
-    experts = number("num_local_experts", "num_experts", default=0) if any(
-        data.get(k) for k in ("num_local_experts", "num_experts")) else 0
-    config = ModelConfig(
+    hidden = number("hidden_size", "d_model", "n_embd")
+    heads = number("num_attention_heads", "n_head")
+    layers = number("num_hidden_layers", "n_layer")
+    expert_keys = ("num_local_experts", "num_experts", "n_routed_experts")
+    experts = number(*expert_keys, default=0) if any(data.get(k) for k in expert_keys) else 0
+    gpt = family in ("gpt2", "gpt3", "openai-gpt")
+    dense_width = number("intermediate_size_mlp", "intermediate_size", "n_inner",
+                         default=number("moe_intermediate_size", default=4 * hidden))
+    expert_width = number("moe_intermediate_size", "intermediate_size", default=4 * hidden) if experts else 0
+    shared = 0
+    if experts and family == "llama4":  # one shared expert as wide as a routed one
+        shared = expert_width
+    elif experts and data.get("n_shared_experts"):  # DeepSeek: n_shared_experts x the routed width, ungated
+        shared = number("n_shared_experts") * expert_width
+    elif experts:
+        shared = number("shared_expert_intermediate_size", default=0)
+    mla = bool(data.get("kv_lora_rank"))
+    attention_bias = bool(data.get("attention_bias", model_type in ("qwen2", "qwen2_moe") or gpt))
+    fields = dict(
         name=name, model_type=model_type,
-        vocab_size=number("vocab_size"), hidden_size=hidden,
-        intermediate_size=number("intermediate_size", default=number("moe_intermediate_size", default=4 * hidden)),
-        num_hidden_layers=number("num_hidden_layers"), num_attention_heads=heads,
+        vocab_size=number("vocab_size"), hidden_size=hidden, intermediate_size=dense_width,
+        num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=number("num_key_value_heads", default=heads),
-        head_dim=number("head_dim", default=hidden // heads),
-        tie_word_embeddings=bool(data.get("tie_word_embeddings", model_type.startswith("gemma"))),
-        attention_bias=bool(data.get("attention_bias", model_type in ("qwen2", "qwen2_moe"))),
-        hidden_act=str(data.get("hidden_activation") or data.get("hidden_act") or "silu"),
+        head_dim=(number("qk_nope_head_dim") + number("qk_rope_head_dim") if mla
+                  else number("head_dim", default=hidden // heads)),
+        tie_word_embeddings=bool(data.get("tie_word_embeddings", family.startswith("gemma") or gpt)),
+        attention_bias=attention_bias,
+        hidden_act=str(data.get("hidden_activation") or data.get("hidden_act") or data.get("activation_function")
+                       or ("gelu" if gpt else "silu")),
         rope_theta=number("rope_theta", default=10000.0, kind=float),
-        rms_norm_eps=number("rms_norm_eps", default=1e-6, kind=float),
+        rms_norm_eps=number("rms_norm_eps", "layer_norm_epsilon", default=1e-6, kind=float),
         num_experts=experts,
-        num_experts_per_tok=number("num_experts_per_tok", default=2) if experts else 0,
-        moe_intermediate_size=(number("moe_intermediate_size", default=number("intermediate_size", default=4 * hidden))
-                               if experts else 0),
-        shared_expert_intermediate_size=number("shared_expert_intermediate_size", default=0) if experts else 0,
-        max_position_embeddings=number("max_position_embeddings", "n_positions", default=0),
+        num_experts_per_tok=number("num_experts_per_tok", "experts_per_token", default=2) if experts else 0,
+        moe_intermediate_size=expert_width,
+        shared_expert_intermediate_size=shared,
+        shared_expert_gate=bool(shared) and family in ("qwen2_moe",),
+        max_position_embeddings=number("max_position_embeddings", "n_positions", "n_ctx", default=0),
+        output_bias=(attention_bias and family == "gpt_oss") or gpt,
+        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3"),
+        attention_sinks=family == "gpt_oss",
+        sliding_window=number("sliding_window", default=0) if data.get("sliding_window") else 0,
+        attention_chunk_size=number("attention_chunk_size", default=0) if family == "llama4" else 0,
+        attn_logit_softcapping=number("attn_logit_softcapping", default=0.0, kind=float),
+        final_logit_softcapping=number("final_logit_softcapping", default=0.0, kind=float),
+        query_pre_attn_scalar=number("query_pre_attn_scalar", default=0.0, kind=float),
+        q_lora_rank=number("q_lora_rank", default=0) if mla else 0,
+        kv_lora_rank=number("kv_lora_rank") if mla else 0,
+        qk_nope_head_dim=number("qk_nope_head_dim") if mla else 0,
+        qk_rope_head_dim=number("qk_rope_head_dim") if mla else 0,
+        v_head_dim=number("v_head_dim") if mla else 0,
+        norm_type="layer" if gpt else "rms",
+        sandwich_norm=family in ("gemma2", "gemma3"),
+        mlp_gated=not gpt,
+        mlp_bias=gpt,
+        router_bias=family == "gpt_oss",
+        router_score_bias=family == "deepseek_v3",
+        expert_bias=family == "gpt_oss",
+        learned_positions=number("n_positions", "max_position_embeddings") if gpt else 0,
+        mtp_layers=number("num_nextn_predict_layers", default=0) if family == "deepseek_v3" else 0,
     )
+    kinds = _layer_kinds(data, family, layers, experts, where)
+    fields["layer_plan"] = _plan(kinds, number("first_k_dense_replace", default=0) if experts else 0)
+    config = ModelConfig(**fields)
     if config.num_attention_heads % config.num_key_value_heads:
         raise UserError(f"{where}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads "
                         f"({config.num_key_value_heads}).")
@@ -223,14 +332,119 @@ def parse_config(data: Any, name: str, where: str) -> ModelConfig:
     return config
 
 
+def _layer_kinds(data: dict, family: str, layers: int, experts: int, where: str) -> list[str]:
+    """Each layer's kind, "<attention>+<mlp>", as the family's modelling code decides it from the config."""
+    types = data.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:  # newer configs (Gemma 3, GPT-OSS) list them
+        attention = ["sliding" if "sliding" in str(t) else "chunked" if "chunk" in str(t) else "full" for t in types]
+    elif family == "gemma2":  # even layers slide (Gemma2DecoderLayer: not layer_idx % 2)
+        attention = ["sliding" if i % 2 == 0 else "full" for i in range(layers)]
+    elif family == "gemma3":  # every sliding_window_pattern-th layer is global
+        pattern = data.get("sliding_window_pattern") or 6
+        attention = ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(layers)]
+    elif family == "gpt_oss":
+        attention = ["sliding" if i % 2 == 0 else "full" for i in range(layers)]
+    elif family == "llama4" and data.get("attention_chunk_size"):  # RoPE layers chunk, every 4th (NoPE) is global
+        rope = data.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(layers)]
+        if len(rope) != layers:
+            raise UserError(f"{where}: no_rope_layers has {len(rope)} entries for {layers} layers.")
+        attention = ["chunked" if r else "full" for r in rope]
+    elif data.get("sliding_window") and data.get("use_sliding_window"):  # Qwen2-style: the top layers slide
+        start = data.get("max_window_layers") or 0
+        attention = ["sliding" if i >= start else "full" for i in range(layers)]
+    else:
+        attention = ["full"] * layers
+    if not data.get("sliding_window"):
+        attention = ["full" if a == "sliding" else a for a in attention]
+    if not experts:
+        mlp = ["dense"] * layers
+    elif family == "llama4":  # MoE every interleave_moe_layer_step-th layer
+        step = data.get("interleave_moe_layer_step") or 1
+        mlp = ["moe" if (i + 1) % step == 0 else "dense" for i in range(layers)]
+    else:  # DeepSeek: dense first layers, then MoE every moe_layer_freq-th layer
+        first, frequency = data.get("first_k_dense_replace") or 0, data.get("moe_layer_freq") or 1
+        mlp = ["moe" if i >= first and i % frequency == 0 else "dense" for i in range(layers)]
+    return [f"{a}+{m}" for a, m in zip(attention, mlp)]
+
+
+def _plan(kinds: list[str], prefix: int) -> tuple:
+    """(block, repeats) segments covering KINDS: the first PREFIX layers (DeepSeek's dense ones) apart, then the
+    shortest block that repeats through the rest, and what is left of it at the end."""
+    plan = []
+    if prefix:
+        plan.append(((kinds[0],), prefix))
+        if any(kind != kinds[0] for kind in kinds[:prefix]):
+            plan = [((kind,), 1) for kind in kinds[:prefix]]
+    rest = kinds[prefix:]
+    if rest:
+        period = next(p for p in range(1, len(rest) + 1) if all(k == rest[i % p] for i, k in enumerate(rest)))
+        plan.append((tuple(rest[:period]), len(rest) // period))
+        if len(rest) % period:
+            plan.append((tuple(rest[:len(rest) % period]), 1))
+    if len(plan) == 1 and plan[0][0] in (("full+dense",), ("full+moe",)):
+        return ()  # the plain case: one scanned layer
+    return tuple(plan)
+
+
+# --- the fast answer: fewer layers, extrapolated ---------------------------------------------------
+
+FAST_REPEATS = 2  # each varied segment's block is compiled FAST_REPEATS and FAST_REPEATS + 1 times
+
+
+@dataclass(frozen=True)
+class FastPlan:
+    """Compiles of fewer layers that answer for the whole model: every segment of the layer plan repeated more
+    than FAST_REPEATS + 1 times is compiled at FAST_REPEATS (the base point) and, one segment at a time, at
+    FAST_REPEATS + 1; a figure is then base + sum over segments of (its compile - base) x (repeats - FAST_REPEATS),
+    linear in each segment's layer count. Segments repeated fewer times are compiled whole."""
+
+    full: tuple[int, ...]  # each segment's repeats in the model
+    varied: tuple[int, ...]  # indices of the segments extrapolated
+    blocks: tuple[int, ...]  # layers in each segment's block
+
+    @property
+    def points(self) -> list[tuple[int, ...]]:
+        base = tuple(FAST_REPEATS if i in self.varied else n for i, n in enumerate(self.full))
+        return [base] + [tuple(n + (1 if i == s else 0) for i, n in enumerate(base)) for s in self.varied]
+
+    def layers(self) -> list[int]:
+        return [sum(b * n for b, n in zip(self.blocks, point)) for point in self.points]
+
+    def words(self) -> str:
+        counts = self.layers()
+        return f"{' and '.join(str(n) for n in counts)}-layer compiles"
+
+    def extrapolate(self, values: list[float]) -> float:
+        base = values[0]
+        return base + sum((values[1 + k] - base) * (self.full[s] - FAST_REPEATS) for k, s in enumerate(self.varied))
+
+
+def fast_plan(config: ModelConfig, force: bool = False) -> FastPlan | None:
+    """The fast answer's compiles for CONFIG, or None when they would not be much smaller than the model (the
+    largest of them more than a third of its layers; FORCE: whenever any segment can be extrapolated)."""
+    full = tuple(n for _, n in config.plan)
+    varied = tuple(i for i, n in enumerate(full) if n > FAST_REPEATS + 1)
+    if not varied:
+        return None
+    plan = FastPlan(full, varied, tuple(len(b) for b, _ in config.plan))
+    if not force and max(plan.layers()) * 3 > config.num_hidden_layers:
+        return None
+    return plan
+
+
 # --- state arithmetic ------------------------------------------------------------------------------
 
-def state_bytes_per_device(config: ModelConfig, sizes: dict[str, int]) -> int:
-    """fp32 weights and AdamW's two fp32 moments per device, from the sharding rules (no compile): every
-    parameter is divided over fsdp x tensor (x expert for the experts' weights) when those divide it; this
-    upper-bounds nothing else (gradients, activations, temporaries come on top)."""
+def state_bytes_per_device(config: ModelConfig, sizes: dict[str, int], weight_dtype: str = "float32") -> int:
+    """The weights and AdamW's two moments per device (in the weights' dtype: 12 bytes a parameter in fp32, 6 in
+    bf16), from the sharding rules (no compile): every parameter is divided over fsdp x tensor (x expert for the
+    experts' weights) when those divide it; gradients, activations and temporaries come on top."""
     return sum(_per_device(shape, axes, sizes) for shape, axes in _parameter_layout(config, sizes).values()) \
-        * ADAM_STATE_BYTES
+        * state_bytes_per_parameter(weight_dtype)
+
+
+def state_bytes_per_parameter(weight_dtype: str = "float32") -> int:
+    """Weights + AdamW's first and second moments, all three in WEIGHT_DTYPE (optax's default, as MaxText runs)."""
+    return 3 * WEIGHT_DTYPES[weight_dtype]
 
 
 def _per_device(shape: tuple, axes: tuple, sizes: dict[str, int]) -> int:
@@ -251,7 +465,7 @@ class Unsharded:
     dimension stays whole on every device of that axis (the weights and their AdamW state are replicated)."""
 
     parameters: list[str]  # their names, as in the layout
-    state_bytes_per_device: int  # their fp32 weights and AdamW moments per device, beyond an even split
+    state_bytes_per_device: int  # their weights and AdamW moments per device, beyond an even split
     dimensions: dict[str, list[int]]  # mesh axis -> the dimensions it does not divide
     mesh: str | None  # a --mesh for the same devices whose axes divide them all, if there is one
 
@@ -260,7 +474,7 @@ class Unsharded:
                 "dimensions": self.dimensions, "mesh": self.mesh}
 
 
-def unsharded(config: ModelConfig, sizes: dict[str, int]) -> Unsharded | None:
+def unsharded(config: ModelConfig, sizes: dict[str, int], weight_dtype: str = "float32") -> Unsharded | None:
     """What the mesh SIZES leaves whole of CONFIG's parameters (None: every parameter is divided as meant), and
     the largest fsdp/expert axes that would divide it all, the rest of the devices moved to the data axis."""
     meant, placed = _parameter_layout(config, sizes, even_only=False), _parameter_layout(config, sizes)
@@ -288,54 +502,106 @@ def unsharded(config: ModelConfig, sizes: dict[str, int]) -> Unsharded | None:
     mesh = None
     if better != sizes and "tensor" not in dimensions:
         mesh = ",".join(f"{axis}={n}" for axis, n in better.items() if n > 1)
-    return Unsharded(names, extra * ADAM_STATE_BYTES, dimensions, mesh)
+    return Unsharded(names, extra * state_bytes_per_parameter(weight_dtype), dimensions, mesh)
 
 
 def _parameter_layout(config: ModelConfig, sizes: dict[str, int],
                       even_only: bool = True) -> dict[str, tuple[tuple, tuple]]:
-    """name -> (shape, per-dimension mesh axes) for every parameter (layers stacked on a leading axis). An axis
-    that does not divide its dimension is dropped (even_only, as JAX shards); without even_only, the axes meant."""
+    """name -> (shape, per-dimension mesh axes) for every parameter (each segment's layers stacked on a leading
+    axis). An axis that does not divide its dimension is dropped (even_only, as JAX shards); without even_only,
+    the axes meant."""
     c = config
-    L, d, h, kv, hd = c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
 
     def spec(shape, *axes):
         if not even_only:
             return tuple(shape), tuple(a if a and math.prod(sizes[x] for x in a) > 1 else None for a in axes)
         return tuple(shape), tuple(_fits(dim, a, sizes) if a else None for dim, a in zip(shape, axes))
 
-    fsdp, tensor, expert = ("fsdp",), ("tensor",), ("expert",)
-    layout = {
-        "embed": spec((c.vocab_size, d), tensor, fsdp),
-        "final_norm": spec((d,), None),
-        "attn_norm": spec((L, d), None, None),
-        "mlp_norm": spec((L, d), None, None),
-        "wq": spec((L, d, h * hd), None, fsdp, tensor),
-        "wk": spec((L, d, kv * hd), None, fsdp, tensor),
-        "wv": spec((L, d, kv * hd), None, fsdp, tensor),
-        "wo": spec((L, h * hd, d), None, tensor, fsdp),
-    }
-    if c.attention_bias:
-        layout.update({"bq": spec((L, h * hd), None, tensor), "bk": spec((L, kv * hd), None, tensor),
-                       "bv": spec((L, kv * hd), None, tensor)})
-    if c.moe:
-        e, f = c.num_experts, c.moe_intermediate_size
-        layout.update({
-            "router": spec((L, d, e), None, fsdp, None),
-            "we_gate": spec((L, e, d, f), None, expert, fsdp, tensor),
-            "we_up": spec((L, e, d, f), None, expert, fsdp, tensor),
-            "we_down": spec((L, e, f, d), None, expert, tensor, fsdp),
-        })
-        if c.shared_expert_intermediate_size:
-            s = c.shared_expert_intermediate_size
-            layout.update({"ws_gate": spec((L, d, s), None, fsdp, tensor), "ws_up": spec((L, d, s), None, fsdp, tensor),
-                           "ws_down": spec((L, s, d), None, tensor, fsdp), "ws_router": spec((L, d, 1), None, fsdp, None)})
-    else:
-        f = c.intermediate_size
-        layout.update({"w_gate": spec((L, d, f), None, fsdp, tensor), "w_up": spec((L, d, f), None, fsdp, tensor),
-                       "w_down": spec((L, f, d), None, tensor, fsdp)})
+    d = c.hidden_size
+    fsdp, tensor = ("fsdp",), ("tensor",)
+    layout = {"embed": spec((c.vocab_size, d), tensor, fsdp)}
+    if c.learned_positions:
+        layout["positions"] = spec((c.learned_positions, d), None, fsdp)
+    layout["final_norm"] = spec((d,), None)
+    if c.norm_type == "layer":
+        layout["final_norm_bias"] = spec((d,), None)
+    for prefix, kind, repeats in layer_slots(c):
+        for name, (shape, axes) in _layer_layout(c, kind).items():
+            layout[prefix + name] = spec((repeats, *shape), None, *axes)
     if not c.tie_word_embeddings:
         layout["lm_head"] = spec((d, c.vocab_size), fsdp, tensor)
     return layout
+
+
+def layer_slots(config: ModelConfig) -> list[tuple[str, str, int]]:
+    """(parameter-name prefix, layer kind, repeats) for each layer of each segment's block. The plain one-kind
+    model keeps bare names (wq, w_up, ...)."""
+    plan = config.plan
+    if len(plan) == 1 and len(plan[0][0]) == 1:
+        return [("", plan[0][0][0], plan[0][1])]
+    return [(f"segment{s}.layer{j}.", kind, repeats) for s, (block, repeats) in enumerate(plan)
+            for j, kind in enumerate(block)]
+
+
+def _layer_layout(c: ModelConfig, kind: str) -> dict[str, tuple[tuple, tuple]]:
+    """One layer's parameters of KIND: name -> (shape, per-dimension axes meant), MaxText's sharding rules."""
+    d, h, kv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    fsdp, tensor, expert = ("fsdp",), ("tensor",), ("expert",)
+    out: dict[str, tuple[tuple, tuple]] = {"attn_norm": ((d,), (None,)), "mlp_norm": ((d,), (None,))}
+    if c.norm_type == "layer":
+        out.update({"attn_norm_bias": ((d,), (None,)), "mlp_norm_bias": ((d,), (None,))})
+    if c.sandwich_norm:
+        out.update({"post_attn_norm": ((d,), (None,)), "post_mlp_norm": ((d,), (None,))})
+    if c.mla:
+        qk = c.qk_nope_head_dim + c.qk_rope_head_dim
+        if c.q_lora_rank:
+            out.update({"wq_a": ((d, c.q_lora_rank), (fsdp, None)), "q_a_norm": ((c.q_lora_rank,), (None,)),
+                        "wq_b": ((c.q_lora_rank, h * qk), (fsdp, tensor))})
+        else:
+            out["wq"] = ((d, h * qk), (fsdp, tensor))
+        out.update({"wkv_a": ((d, c.kv_lora_rank + c.qk_rope_head_dim), (fsdp, None)),
+                    "kv_a_norm": ((c.kv_lora_rank,), (None,)),
+                    "wkv_b": ((c.kv_lora_rank, h * (c.qk_nope_head_dim + c.v_head_dim)), (fsdp, tensor)),
+                    "wo": ((h * c.v_head_dim, d), (tensor, fsdp))})
+    else:
+        out.update({"wq": ((d, h * hd), (fsdp, tensor)), "wk": ((d, kv * hd), (fsdp, tensor)),
+                    "wv": ((d, kv * hd), (fsdp, tensor)), "wo": ((h * hd, d), (tensor, fsdp))})
+        if c.attention_bias:
+            out.update({"bq": ((h * hd,), (tensor,)), "bk": ((kv * hd,), (tensor,)), "bv": ((kv * hd,), (tensor,))})
+        if c.qk_norm:
+            out.update({"q_norm": ((hd,), (None,)), "k_norm": ((hd,), (None,))})
+    if c.output_bias:
+        out["bo"] = ((d,), (None,))
+    if c.attention_sinks:
+        out["sinks"] = ((h,), (tensor,))
+    if kind.endswith("+moe"):
+        e, f = c.num_experts, c.moe_intermediate_size
+        out["router"] = ((d, e), (fsdp, None))
+        if c.router_bias:
+            out["router_bias"] = ((e,), (None,))
+        if c.router_score_bias:
+            out["router_score_bias"] = ((e,), (None,))
+        out.update({"we_gate": ((e, d, f), (expert, fsdp, tensor)), "we_up": ((e, d, f), (expert, fsdp, tensor)),
+                    "we_down": ((e, f, d), (expert, tensor, fsdp))})
+        if c.expert_bias:
+            out.update({"be_gate": ((e, f), (expert, tensor)), "be_up": ((e, f), (expert, tensor)),
+                        "be_down": ((e, d), (expert, None))})
+        if c.shared_expert_intermediate_size:
+            s = c.shared_expert_intermediate_size
+            out.update({"ws_gate": ((d, s), (fsdp, tensor)), "ws_up": ((d, s), (fsdp, tensor)),
+                        "ws_down": ((s, d), (tensor, fsdp))})
+            if c.shared_expert_gate:
+                out["ws_router"] = ((d, 1), (fsdp, None))
+    else:
+        f = c.intermediate_size
+        if c.mlp_gated:
+            out["w_gate"] = ((d, f), (fsdp, tensor))
+        out.update({"w_up": ((d, f), (fsdp, tensor)), "w_down": ((f, d), (tensor, fsdp))})
+        if c.mlp_bias:
+            out.update({"b_up": ((f,), (tensor,)), "b_down": ((d,), (None,))})
+            if c.mlp_gated:
+                out["b_gate"] = ((f,), (tensor,))
+    return out
 
 
 # --- the step --------------------------------------------------------------------------------------
@@ -350,10 +616,13 @@ class Step:
     remat: str = "full"
     dtype: str = "bf16"
     mesh_sizes: dict[str, int] = field(default_factory=dict)
+    weight_dtype: str = "float32"  # MaxText's weight_dtype: the weights' and AdamW moments' storage
 
     def key(self) -> str:
         own = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
         parts = [self.config.digest(), self.seq_len, self.remat, self.dtype, sorted(self.mesh_sizes.items()), own]
+        if self.weight_dtype != "float32":
+            parts.append(self.weight_dtype)
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
@@ -366,18 +635,22 @@ def build(step: Step, devices, batch_per_device: int):
     config, sizes = step.config, step.mesh_sizes
     mesh = make_mesh(devices, sizes)
     tensor = sizes["tensor"]
-    if config.num_attention_heads % tensor or config.num_key_value_heads % tensor:
+    if config.num_attention_heads % tensor or (not config.mla and config.num_key_value_heads % tensor):
         raise UserError(f"--mesh tensor={tensor} must divide the attention heads ({config.num_attention_heads}) and "
                         f"key/value heads ({config.num_key_value_heads}) of {config.name}.")
     if step.seq_len % 128:
         raise UserError(f"--seq must be a multiple of 128 (the attention kernel's tile), not {step.seq_len}.")
+    if config.learned_positions and step.seq_len > config.learned_positions:
+        raise UserError(f"--seq {step.seq_len} is longer than the {config.learned_positions} learned positions of "
+                        f"{config.name}.")
     layout = _parameter_layout(config, sizes)
     batch_axes = tuple(axis for axis in ("data", "fsdp", "expert") if sizes[axis] > 1) or None
 
     def sharded(shape, spec, dtype):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P(*spec)))
 
-    params = {name: sharded(shape, spec, jnp.float32) for name, (shape, spec) in layout.items()}
+    weights = jnp.dtype(step.weight_dtype)
+    params = {name: sharded(shape, spec, weights) for name, (shape, spec) in layout.items()}
     opt = {"mu": params, "nu": params, "count": sharded((), (), jnp.int32)}
     global_batch = batch_per_device * len(devices)
     tokens = sharded((global_batch, step.seq_len + 1), (batch_axes, None), jnp.int32)
@@ -414,31 +687,49 @@ def _train_step(config: ModelConfig, step: Step, mesh, batch_axes):
             w = w.astype(compute)
         return jnp.einsum(spec, x, w, preferred_element_type=compute)
 
-    def norm(x, weight):
+    def norm(x, w, name):
         x32 = x.astype(jnp.float32)
+        if config.norm_type == "layer":
+            x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
+            x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + config.rms_norm_eps)
+            return (x32 * w[name] + w[name + "_bias"]).astype(compute)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + config.rms_norm_eps)
-        return (x32 * weight).astype(compute)
+        return (x32 * w[name]).astype(compute)
 
     def act(x):
         return jax.nn.gelu(x, approximate=True) if "gelu" in config.hidden_act else jax.nn.silu(x)
 
-    def layer(x, w):
-        x = checkpoint_name(x, "decoder_layer_input")
-        y = norm(x, w["attn_norm"])
-        q, k, v = (checkpoint_name(matmul(y, w[n], "bsd,df->bsf"), name)
-                   for n, name in (("wq", "query_proj"), ("wk", "key_proj"), ("wv", "value_proj")))
-        if config.attention_bias:
-            q, k, v = q + w["bq"].astype(compute), k + w["bk"].astype(compute), v + w["bv"].astype(compute)
-        o = attention(q, k, v)
-        x = jax.lax.with_sharding_constraint(x + checkpoint_name(matmul(o, w["wo"], "bsf,fd->bsd"), "out_proj"),
-                                             activations)
-        y = norm(x, w["mlp_norm"])
-        if moe is not None:
-            out = moe(y, w, matmul, act)
+    def glu(gate, up):
+        if config.expert_bias:  # GPT-OSS's clamped SwiGLU: (up + 1) * gate * sigmoid(1.702 gate)
+            gate, up = jnp.minimum(gate, 7.0), jnp.clip(up, -7.0, 7.0)
+            return (up + 1) * gate * jax.nn.sigmoid(1.702 * gate)
+        return act(gate) * up
+
+    def dense_mlp(y, w):
+        up = matmul(y, w["w_up"], "bsd,df->bsf") + (w["b_up"].astype(compute) if config.mlp_bias else 0)
+        if config.mlp_gated:
+            gate = matmul(y, w["w_gate"], "bsd,df->bsf") + (w["b_gate"].astype(compute) if config.mlp_bias else 0)
+            hidden = glu(gate, up)
         else:
-            out = matmul(act(matmul(y, w["w_gate"], "bsd,df->bsf")) * matmul(y, w["w_up"], "bsd,df->bsf"),
-                         w["w_down"], "bsf,fd->bsd")
-        return jax.lax.with_sharding_constraint(x + out, activations), None
+            hidden = act(up)
+        return matmul(hidden, w["w_down"], "bsf,fd->bsd") + (w["b_down"].astype(compute) if config.mlp_bias else 0)
+
+    def layer(kind, x, w):
+        window, mlp_kind = kind.split("+")
+        x = checkpoint_name(x, "decoder_layer_input")
+        y = norm(x, w, "attn_norm")
+        o = attention(y, w, window, matmul, lambda v, weight, name: norm(v, {name: weight}, name))
+        o = checkpoint_name(matmul(o, w["wo"], "bsf,fd->bsd"), "out_proj")
+        if config.output_bias:
+            o = o + w["bo"].astype(compute)
+        if config.sandwich_norm:
+            o = norm(o, w, "post_attn_norm")
+        x = jax.lax.with_sharding_constraint(x + o, activations)
+        y = norm(x, w, "mlp_norm")
+        out = moe(y, w, matmul, glu, dense_mlp) if mlp_kind == "moe" else dense_mlp(y, w)
+        if config.sandwich_norm:
+            out = norm(out, w, "post_mlp_norm")
+        return jax.lax.with_sharding_constraint(x + out, activations)
 
     policy = {
         "none": None,
@@ -450,21 +741,48 @@ def _train_step(config: ModelConfig, step: Step, mesh, batch_axes):
             names_which_can_be_saved=[], names_which_can_be_offloaded=list(OFFLOADED),
             offload_src="device", offload_dst="pinned_host"),
     }[step.remat]
-    body = layer if step.remat == "none" else jax.checkpoint(layer, policy=policy, prevent_cse=False)
-    stacked = [n for n, (shape, _) in _parameter_layout(config, step.mesh_sizes).items()
-               if n not in ("embed", "final_norm", "lm_head")]
+    slots = layer_slots(config)
+    segments = []  # (repeats, [(prefix, kind)]) in the plan's order
+    for prefix, kind, repeats in slots:
+        segment = prefix.split(".")[0]
+        if not segments or segments[-1][0] != segment:
+            segments.append((segment, repeats, []))
+        segments[-1][2].append((prefix, kind))
+
+    def segment_body(members):
+        def body(x, w):
+            for prefix, kind in members:
+                own = {name[len(prefix):]: value for name, value in w.items() if name.startswith(prefix)}
+                one = (lambda k: lambda h, p: layer(k, h, p))(kind)
+                one = one if step.remat == "none" else jax.checkpoint(one, policy=policy, prevent_cse=False)
+                x = one(x, own)
+            return x, None
+        return body
+
+    top = {"embed", "positions", "final_norm", "final_norm_bias", "lm_head"}
 
     def loss_fn(params, tokens):
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         x = jnp.take(params["embed"].astype(compute), inputs, axis=0)
+        if config.learned_positions:
+            x = x + params["positions"][: step.seq_len].astype(compute)[None]
+        if config.model_type.startswith("gemma"):  # Gemma scales the embeddings by sqrt(hidden_size)
+            x = x * jnp.asarray(config.hidden_size ** 0.5, compute)
         x = jax.lax.with_sharding_constraint(x, activations)
-        x, _ = jax.lax.scan(body, x, {n: params[n] for n in stacked})
-        x = norm(x, params["final_norm"])
+        for segment, _, members in segments:
+            names = [n for n in params if n not in top and any(n.startswith(p) for p, _ in members)]
+            x, _ = jax.lax.scan(segment_body(members), x, {n: params[n] for n in names})
+        x = norm(x, params, "final_norm")
         head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
         head = jax.lax.with_sharding_constraint(head.astype(compute), gathered_head)
         chunks = loss_chunks(step.seq_len, x.shape[0] // batch_shards, config.vocab_size // vocab_shards)
-        return cross_entropy(lambda chunk: matmul(chunk, head, "bsd,dv->bsv").astype(jnp.float32), x, targets,
-                             chunks, chunk_sharding)
+        cap = config.final_logit_softcapping
+
+        def logits_of(chunk):
+            logits = matmul(chunk, head, "bsd,dv->bsv").astype(jnp.float32)
+            return cap * jnp.tanh(logits / cap) if cap else logits
+
+        return cross_entropy(logits_of, x, targets, chunks, chunk_sharding)
 
     def train_step(params, opt, tokens):
         loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
@@ -510,17 +828,22 @@ def cross_entropy(logits_of, x, targets, chunks: int, sharding=None):
 
 
 def _adamw(params, grads, opt, lr=1e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1):
-    """AdamW (decoupled weight decay, bias-corrected moments), fp32 state, one fused update per parameter."""
+    """AdamW (decoupled weight decay, bias-corrected moments), the state in the weights' dtype (optax's default,
+    which MaxText keeps: fp32 unless --weight-dtype bfloat16), one fused update per parameter."""
     import jax
     import jax.numpy as jnp
 
     count = opt["count"] + 1
     c1 = 1 - b1 ** count.astype(jnp.float32)
     c2 = 1 - b2 ** count.astype(jnp.float32)
-    mu = jax.tree_util.tree_map(lambda m, g: b1 * m + (1 - b1) * g, opt["mu"], grads)
-    nu = jax.tree_util.tree_map(lambda v, g: b2 * v + (1 - b2) * g * g, opt["nu"], grads)
+    # Computed in fp32 and stored back in the state's own dtype (bf16 with --weight-dtype bfloat16).
+    mu = jax.tree_util.tree_map(lambda m, g: (b1 * m + (1 - b1) * g.astype(jnp.float32)).astype(m.dtype),
+                                opt["mu"], grads)
+    nu = jax.tree_util.tree_map(lambda v, g: (b2 * v + (1 - b2) * jnp.square(g.astype(jnp.float32))).astype(v.dtype),
+                                opt["nu"], grads)
     new = jax.tree_util.tree_map(
-        lambda p, m, v: p - lr * ((m / c1) / (jnp.sqrt(v / c2) + eps) + weight_decay * p), params, mu, nu)
+        lambda p, m, v: (p - lr * ((m / c1) / (jnp.sqrt(v / c2) + eps) + weight_decay * p)).astype(p.dtype),
+        params, mu, nu)
     return new, {"mu": mu, "nu": nu, "count": count}
 
 
@@ -548,14 +871,20 @@ def compiler_options(generation: str) -> dict:
 
 
 def _attention(config: ModelConfig, seq_len: int, mesh, batch_axes):
-    """Causal GQA attention through the Pallas splash-attention kernel, inside shard_map (batch over the
-    batch axes, heads over `tensor`), tiled for the mesh's TPU generation (SPLASH_BLOCK)."""
+    """Attention through the Pallas splash-attention kernel, inside shard_map (batch over the batch axes, heads
+    over `tensor`), tiled for the mesh's TPU generation (SPLASH_BLOCK), one kernel per mask the layers use:
+    causal (full), causal within `sliding_window` tokens (sliding), causal within chunks of
+    `attention_chunk_size` tokens (chunked). The kernel applies Gemma 2's logit soft-cap and GPT-OSS's sinks.
+    Projections: GQA (q, k, v; optional biases and per-head QK-norm) or DeepSeek's multi-head latent attention
+    (low-rank q and a compressed kv, a shared RoPE key)."""
     import jax
+    import jax.numpy as jnp
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
     from jax.sharding import PartitionSpec as P
 
-    h, kv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    c = config
+    h, kv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     local_heads = h // mesh.shape["tensor"]
     generation = generation_of(mesh.devices.flat)
     # A tile divides the sequence (a multiple of 128).
@@ -565,43 +894,103 @@ def _attention(config: ModelConfig, seq_len: int, mesh, batch_axes):
           else {"block_q_dq": block, "block_kv_dq": block})
     sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                               block_kv_dkv=block, block_kv_dkv_compute=block, **dq)
-    mask = masks.MultiHeadMask([masks.CausalMask((seq_len, seq_len)) for _ in range(local_heads)])
-    kernel = splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1)
+    shape = (seq_len, seq_len)
+    mask_of = {"full": lambda: masks.CausalMask(shape),
+               "sliding": lambda: masks.LocalMask(shape, window_size=(c.sliding_window, 0), offset=0),
+               "chunked": lambda: masks.ChunkedCausalMask(shape, chunk_size=c.attention_chunk_size)}
     spec = P(batch_axes, "tensor", None, None)
+    kernels = {}
 
-    @jax.shard_map(mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
-    def local(q, k, v):
-        return jax.vmap(kernel)(q, k, v)
+    def kernel_for(window):
+        if window not in kernels:
+            mask = masks.MultiHeadMask([mask_of[window]() for _ in range(local_heads)])
+            kernel = splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                            attn_logits_soft_cap=c.attn_logit_softcapping or None)
+            if c.attention_sinks:
+                @jax.shard_map(mesh=mesh, in_specs=(spec, spec, spec, P("tensor")), out_specs=spec, check_vma=False)
+                def local(q, k, v, sinks):
+                    return jax.vmap(lambda q, k, v: kernel(q, k, v, sinks=sinks))(q, k, v)
+            else:
+                @jax.shard_map(mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
+                def local(q, k, v):
+                    return jax.vmap(kernel)(q, k, v)
+            kernels[window] = local
+        return kernels[window]
 
-    def attention(q, k, v):
-        b, s, _ = q.shape
-        q = _rope(q.reshape(b, s, h, hd), config.rope_theta) * (hd ** -0.5)
-        k = _rope(k.reshape(b, s, kv, hd), config.rope_theta)
-        v = v.reshape(b, s, kv, hd)
-        out = local(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
-        return out.transpose(0, 2, 1, 3).reshape(b, s, h * hd)
+    qk_dim = c.qk_nope_head_dim + c.qk_rope_head_dim if c.mla else hd
+    scale = (c.query_pre_attn_scalar or qk_dim) ** -0.5
+    theta = c.rope_theta
+
+    def heads_first(x):
+        return x.transpose(0, 2, 1, 3)
+
+    def attention(y, w, window, matmul, norm):
+        b, s, _ = y.shape
+        if c.mla:
+            q = (matmul(norm(matmul(y, w["wq_a"], "bsd,dr->bsr"), w["q_a_norm"], "q_a_norm"), w["wq_b"], "bsr,rf->bsf")
+                 if c.q_lora_rank else matmul(y, w["wq"], "bsd,df->bsf"))
+            q = checkpoint(q, "query_proj").reshape(b, s, h, qk_dim)
+            q = jnp.concatenate([q[..., :c.qk_nope_head_dim], _rope(q[..., c.qk_nope_head_dim:], theta)], axis=-1)
+            compressed = checkpoint(matmul(y, w["wkv_a"], "bsd,dr->bsr"), "key_proj")
+            latent = norm(compressed[..., :c.kv_lora_rank], w["kv_a_norm"], "kv_a_norm")
+            k_rope = _rope(compressed[..., c.kv_lora_rank:].reshape(b, s, 1, c.qk_rope_head_dim), theta)
+            kv_up = checkpoint(matmul(latent, w["wkv_b"], "bsr,rf->bsf"), "value_proj")
+            kv_up = kv_up.reshape(b, s, h, c.qk_nope_head_dim + c.v_head_dim)
+            k = jnp.concatenate([kv_up[..., :c.qk_nope_head_dim],
+                                 jnp.broadcast_to(k_rope, (b, s, h, c.qk_rope_head_dim))], axis=-1)
+            v = kv_up[..., c.qk_nope_head_dim:]
+            value_dim = c.v_head_dim
+        else:
+            q, k, v = (checkpoint(matmul(y, w[n], "bsd,df->bsf"), name)
+                       for n, name in (("wq", "query_proj"), ("wk", "key_proj"), ("wv", "value_proj")))
+            if c.attention_bias:
+                q, k, v = q + w["bq"].astype(q.dtype), k + w["bk"].astype(q.dtype), v + w["bv"].astype(q.dtype)
+            q, k, v = q.reshape(b, s, h, hd), k.reshape(b, s, kv, hd), v.reshape(b, s, kv, hd)
+            if c.qk_norm:
+                q, k = norm(q, w["q_norm"], "q_norm"), norm(k, w["k_norm"], "k_norm")
+            if not c.learned_positions:
+                q, k = _rope(q, theta), _rope(k, theta)
+            value_dim = hd
+        q = q * jnp.asarray(scale, q.dtype)
+        args = [heads_first(q), heads_first(k), heads_first(v)]
+        if c.attention_sinks:
+            args.append(w["sinks"].astype(jnp.float32))
+        out = kernel_for(window)(*args)
+        return heads_first(out).reshape(b, s, h * value_dim)
+
+    def checkpoint(x, name):
+        from jax.ad_checkpoint import checkpoint_name
+
+        return checkpoint_name(x, name)
 
     return attention
 
 
 def _moe(config: ModelConfig, mesh, batch_axes):
     """Top-k routing with a capacity per expert, dispatched and combined by one-hot einsums over groups of
-    MOE_GROUP tokens (GShard / MaxText's dense-matmul MoE); a shared expert (Qwen-MoE) is added, gated."""
+    MOE_GROUP tokens (GShard / MaxText's dense-matmul MoE); router and expert biases where the model has them
+    (GPT-OSS; DeepSeek-V3's selection bias), and a shared expert (Qwen-MoE's gated, DeepSeek's and Llama 4's not)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    e, k = config.num_experts, config.num_experts_per_tok
+    c = config
+    e, k = c.num_experts, c.num_experts_per_tok
     grouped = NamedSharding(mesh, P(batch_axes, None, None))
     expert_side = NamedSharding(mesh, P("expert" if mesh.shape["expert"] > 1 else None, None, None, None))
 
-    def moe(y, w, matmul, act):
+    def moe(y, w, matmul, glu, dense_mlp):
         b, s, d = y.shape
         group = min(MOE_GROUP, s)
         capacity = max(1, int(-(-k * group * CAPACITY_FACTOR // e)))
         tokens = jax.lax.with_sharding_constraint(y.reshape(b * s // group, group, d), grouped)
-        logits = jnp.einsum("gtd,de->gte", tokens.astype(jnp.float32), w["router"])
-        weights, chosen = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)  # [g, t, k]
+        logits = jnp.einsum("gtd,de->gte", tokens.astype(jnp.float32), w["router"].astype(jnp.float32))
+        if c.router_bias:
+            logits = logits + w["router_bias"].astype(jnp.float32)
+        scores = jax.nn.softmax(logits, axis=-1)
+        selection = scores + w["router_score_bias"].astype(jnp.float32) if c.router_score_bias else scores
+        _, chosen = jax.lax.top_k(selection, k)  # [g, t, k]
+        weights = jnp.take_along_axis(scores, chosen, axis=-1)
         onehot = jax.nn.one_hot(chosen, e, dtype=jnp.int32)  # [g, t, k, e]
         position = jnp.cumsum(onehot.reshape(onehot.shape[0], group * k, e), axis=1).reshape(onehot.shape) - 1
         keep = (position < capacity) & (onehot > 0)
@@ -610,14 +999,22 @@ def _moe(config: ModelConfig, mesh, batch_axes):
         combine = jnp.einsum("gtk,gtke,gtkec->gtec", weights.astype(y.dtype), keep.astype(y.dtype), slot)
         routed = jnp.einsum("gtd,gtec->egcd", tokens, dispatch)
         routed = jax.lax.with_sharding_constraint(routed, expert_side)
-        hidden = act(matmul(routed, w["we_gate"], "egcd,edf->egcf")) * matmul(routed, w["we_up"], "egcd,edf->egcf")
-        out = matmul(hidden, w["we_down"], "egcf,efd->egcd")
+        gate = matmul(routed, w["we_gate"], "egcd,edf->egcf")
+        up = matmul(routed, w["we_up"], "egcd,edf->egcf")
+        if c.expert_bias:
+            gate = gate + w["be_gate"].astype(gate.dtype)[:, None, None, :]
+            up = up + w["be_up"].astype(up.dtype)[:, None, None, :]
+        out = matmul(glu(gate, up), w["we_down"], "egcf,efd->egcd")
+        if c.expert_bias:
+            out = out + w["be_down"].astype(out.dtype)[:, None, None, :]
         out = jnp.einsum("egcd,gtec->gtd", out, combine).reshape(b, s, d)
-        if config.shared_expert_intermediate_size:
-            shared = matmul(act(matmul(y, w["ws_gate"], "bsd,df->bsf")) * matmul(y, w["ws_up"], "bsd,df->bsf"),
+        if c.shared_expert_intermediate_size:
+            shared = matmul(glu(matmul(y, w["ws_gate"], "bsd,df->bsf"), matmul(y, w["ws_up"], "bsd,df->bsf")),
                             w["ws_down"], "bsf,fd->bsd")
-            gate = jax.nn.sigmoid(jnp.einsum("bsd,do->bso", y.astype(jnp.float32), w["ws_router"])).astype(y.dtype)
-            out = out + gate * shared
+            if c.shared_expert_gate:
+                shared = shared * jax.nn.sigmoid(
+                    jnp.einsum("bsd,do->bso", y.astype(jnp.float32), w["ws_router"])).astype(y.dtype)
+            out = out + shared
         return out
 
     return moe
@@ -644,7 +1041,7 @@ class Spec:
         self.text = f"--model {step.config.name}"
         self.factory_name = "llm"
         self.digest = step.key()
-        self.state_bytes_per_device = state_bytes_per_device(step.config, step.mesh_sizes)
+        self.state_bytes_per_device = state_bytes_per_device(step.config, step.mesh_sizes, step.weight_dtype)
 
     def program(self, batch_size: int, dtype: str | None = None, target: str | None = None):
         from tpuprof.sources.tpu_compile import Program
@@ -655,19 +1052,24 @@ class Spec:
     def model_info(self) -> dict:
         config = self.step.config
         info = {"name": config.name, "source": self.step.source, "parameters": config.parameter_count(),
+                "weight_dtype": self.step.weight_dtype,
                 "family": config.model_type, "layers": config.num_hidden_layers, "implementation": IMPLEMENTATION,
                 "attention": "Pallas splash attention (causal)", "remat": self.step.remat, "dtype": self.step.dtype,
                 "heads": config.num_attention_heads, "head_dim": config.head_dim}
         # The MFU's model FLOPs count, as MaxText does, the weights one token's matmuls use: attention's
         # projections, the MLP (an MoE: router, its top-k experts and any shared expert) and the logits, not
-        # the embedding lookup or norms; attention's own matmuls come from heads x head_dim.
-        d, h, kv, hd = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        if config.moe:
-            mlp = (d * config.num_experts + config.num_experts_per_tok * 3 * d * config.moe_intermediate_size
-                   + 3 * d * config.shared_expert_intermediate_size)
-        else:
-            mlp = 3 * d * config.intermediate_size
-        info["active_parameters"] = config.num_hidden_layers * (2 * d * h * hd + 2 * d * kv * hd + mlp) + config.vocab_size * d
+        # the embedding lookup or norms; attention's own matmuls come from heads x (q.k width + value width) / 2.
+        info["active_parameters"] = config.matmul_parameter_count()
+        if config.mla:
+            info["attention_width"] = config.num_attention_heads * (config.head_dim + config.v_head_dim) // 2
+        kinds = config.layer_kinds()
+        if len(set(kinds)) > 1 or config.layer_plan:
+            info["layer_kinds"] = {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)}
+        not_modelled = [text for flag, text in (
+            (config.mtp_layers, f"{config.mtp_layers} multi-token-prediction module(s) (not in the step or the count)"),
+        ) if flag]
+        if not_modelled:
+            info["not_modelled"] = not_modelled
         if config.moe:
             info["experts"] = config.num_experts
             info["experts_per_token"] = config.num_experts_per_tok

@@ -1,0 +1,71 @@
+"""Time to a first answer of `preflight --model` (not part of the test suite), before and after the fast answer.
+
+    nice .venv/bin/python bench/bench_preflight_fast.py [--before /work/main] [--model llama3.1-70b] [--tpu v6e-256]
+
+Runs, each with an empty compile cache (a fresh XDG_CACHE_HOME) so every compile is paid:
+  - before: the tree at --before (main: every layer compiled), if given;
+  - fast:   this tree's default, compiles of a few layers extrapolated in the layer count;
+  - full:   this tree with --full (every layer), the reference the fast answer's error is measured against.
+Prints the wall time of each, the memory per chip and step time each reports, and the fast answer's error against
+the full compile. The published Llama 3.1 70B v6e-256 recipe's settings by default (tpu-recipes
+training/trillium/Llama3.1-70B-MaxText/v6e-256: seq 8192, 5 sequences per chip, host offload of the layer input
+and q/k/v).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(tree: Path, args: list[str]) -> tuple[float, dict]:
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "PYTHONPATH": str(tree), "XDG_CACHE_HOME": cache}
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "tpuprof", "preflight", *args, "--json"], cwd=tree, env=env,
+                              capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{tree}: preflight failed: {done.stderr.strip()[-500:]}")
+    return seconds, json.loads(done.stdout)["targets"][0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=Path, help="a tree without the fast answer (e.g. /work/main)")
+    parser.add_argument("--model", default="llama3.1-70b")
+    parser.add_argument("--tpu", default="v6e-256")
+    parser.add_argument("--seq", default="8192")
+    parser.add_argument("--batch-per-chip", default="5")
+    parser.add_argument("--remat", default="offload")
+    options = parser.parse_args()
+    args = ["--model", options.model, "--tpu", options.tpu, "--seq", options.seq,
+            "--batch-per-chip", options.batch_per_chip, "--remat", options.remat]
+    rows = []
+    if options.before:
+        rows.append(("before (" + str(options.before) + ")", *run(options.before, args)))
+    rows.append(("fast (default)", *run(ROOT, args)))
+    rows.append(("full (--full)", *run(ROOT, [*args, "--full"])))
+    print(f"{options.model} on {options.tpu}, seq {options.seq}, {options.batch_per_chip} per chip, "
+          f"remat {options.remat}; empty cache each run")
+    print(f"{'run':<28} {'seconds':>8} {'GiB/chip':>9} {'step ms':>9}  how")
+    for label, seconds, target in rows:
+        how = (target.get("fast") or {}).get("method", "every layer compiled")
+        print(f"{label:<28} {seconds:8.1f} {target['required_bytes'] / 2**30:9.2f} "
+              f"{(target.get('estimate') or {}).get('step_ms', float('nan')):9.1f}  {how}")
+    fast, full = rows[-2][2], rows[-1][2]
+    print(f"fast answer's error against the full compile: memory per chip "
+          f"{fast['required_bytes'] / full['required_bytes'] - 1:+.2%}, step time "
+          f"{fast['estimate']['step_ms'] / full['estimate']['step_ms'] - 1:+.2%}")
+
+
+if __name__ == "__main__":
+    main()

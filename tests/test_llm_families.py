@@ -1,0 +1,180 @@
+"""`preflight --model` for the families of 2025-26: DeepSeek (MLA, shared + routed experts, dense first layers),
+Llama 4 (interleaved MoE, chunked attention), Qwen3 MoE (QK-norm), Gemma 2/3 (sliding windows, soft-capping),
+GPT-OSS (sinks, alternating windows, expert biases), GPT-3 (LayerNorm, GELU, learned positions, biases).
+
+Parameter counts of the built-in configs against the published figures (no compile); one small config of each
+family compiled for real on v5e:2x2 (four chips, the step's arguments whole on each: --mesh data=4), whose
+argument bytes are the count x 12 (fp32 weights and two moments) or x 6 (--weight-dtype bfloat16); the fast answer
+(fewer layers, extrapolated) against the full compile on three families. Compiles run in this process, cached.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tpuprof.sources import llm
+
+# (total, active, which count the card's "active" is, the card's digits, source). "matmul": the card leaves the
+# embedding lookup out of its active count (llm.ModelConfig.matmul_parameter_count), "all": it does not.
+PUBLISHED = {
+    "deepseek-v3": (671e9, 37e9, "matmul", 1e9, "https://huggingface.co/deepseek-ai/DeepSeek-V3 (671B total, 37B "
+                    "activated; the 685B of the safetensors add the 14B multi-token-prediction module, not modelled)"),
+    # 15.71B and 2.45B here: the card's "2.4B" is cut, not rounded, so the tolerance is one more tenth.
+    "deepseek-v2-lite": (15.7e9, 2.4e9, "matmul", 0.2e9,
+                         "https://huggingface.co/deepseek-ai/DeepSeek-V2-Lite (15.7B total, 2.4B activated)"),
+    # 400.7B for the language model alone (the card's total adds the vision encoder): "400B" within 1B.
+    "llama4-maverick": (400e9, 17e9, "all", 2e9,
+                        "https://huggingface.co/meta-llama/Llama-4-Maverick-17B-128E (17B activated, 400B total)"),
+    "qwen3-235b-a22b": (235e9, 22e9, "all", 1e9, "https://huggingface.co/Qwen/Qwen3-235B-A22B (235B, 22B activated)"),
+    # 3.35B active here: the card's "3.3B" is cut, not rounded.
+    "qwen3-30b-a3b": (30.5e9, 3.3e9, "all", 0.2e9, "https://huggingface.co/Qwen/Qwen3-30B-A3B (30.5B, 3.3B activated)"),
+    "gpt-oss-20b": (20.91e9, 3.61e9, "matmul", 0.01e9, "gpt-oss model card, arXiv:2508.10925 Table 1 (20.91B, 3.61B)"),
+    "gpt-oss-120b": (116.83e9, 5.13e9, "matmul", 0.01e9,
+                     "gpt-oss model card, arXiv:2508.10925 Table 1 (116.83B, 5.13B active)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_counts_equal_the_model_cards(name):
+    total, active, convention, digit, _source = PUBLISHED[name]
+    config, _ = llm.load_config(name)
+    counted = config.matmul_parameter_count() if convention == "matmul" else config.active_parameter_count()
+    assert abs(config.parameter_count() - total) <= digit / 2, (name, config.parameter_count())
+    assert abs(counted - active) <= digit / 2, (name, counted)
+
+
+def test_counts_the_papers_give_for_dense_families():
+    # Gemma 3 technical report (arXiv:2503.19786) Table 1, non-embedding parameters (millions): 12B 10,759,
+    # 27B 25,600 (its embedding column and the card's totals add the 417M SigLIP vision encoder's projection).
+    for name, millions in (("gemma3-12b", 10_759), ("gemma3-27b", 25_600)):
+        config, _ = llm.load_config(name)
+        non_embedding = config.parameter_count() - config.vocab_size * config.hidden_size
+        assert round(non_embedding / 1e6) == millions, name
+    # GPT-3 (arXiv:2005.14165 Table 2.1): "175.0B"; 96 layers of d_model 12,288 with GPT-2's 50,257-token
+    # vocabulary and 2,048 learned positions come to 174.6B, the figure the paper rounds.
+    gpt3 = llm.load_config("gpt3-175b")[0]
+    assert gpt3.parameter_count() == pytest.approx(175.0e9, rel=0.003)
+    assert gpt3.learned_positions == 2048 and gpt3.norm_type == "layer" and not gpt3.mlp_gated
+    # Llama 4 Scout: the card's 109B total includes the vision encoder; its 17B activated is the language model's.
+    scout = llm.load_config("llama4-scout")[0]
+    assert round(scout.active_parameter_count() / 1e9) == 17 and 107e9 < scout.parameter_count() < 109e9
+
+
+def test_the_layer_plans_follow_the_modelling_code():
+    plan = {name: llm.load_config(name)[0].plan for name in
+            ("gemma3-27b", "gemma2-9b", "llama4-maverick", "llama4-scout", "deepseek-v3", "gpt-oss-20b", "qwen3-235b-a22b")}
+    # Gemma 3: five sliding layers (1,024 tokens) and a global one, 62 = 10 x 6 + 2 sliding.
+    assert plan["gemma3-27b"] == ((("sliding+dense",) * 5 + ("full+dense",), 10), (("sliding+dense",) * 2, 1))
+    assert plan["gemma2-9b"] == ((("sliding+dense", "full+dense"), 21),)
+    # Llama 4: chunked RoPE layers, every fourth global (NoPE); Maverick alternates dense and MoE MLPs.
+    assert plan["llama4-maverick"] == ((("chunked+dense", "chunked+moe", "chunked+dense", "full+moe"), 12),)
+    assert plan["llama4-scout"] == ((("chunked+moe",) * 3 + ("full+moe",), 12),)
+    assert plan["deepseek-v3"] == ((("full+dense",), 3), (("full+moe",), 58))
+    assert plan["gpt-oss-20b"] == ((("sliding+moe", "full+moe"), 12),)
+    assert plan["qwen3-235b-a22b"] == ((("full+moe",), 94),)  # one scanned MoE layer, 94 times
+    assert llm.load_config("qwen3-235b-a22b")[0].layer_plan == ()  # stored as the plain case (bare names)
+    assert llm.load_config("qwen3-30b-a3b")[0].qk_norm and llm.load_config("gemma3-12b")[0].qk_norm
+    gemma2 = llm.load_config("gemma2-27b")[0]
+    assert (gemma2.attn_logit_softcapping, gemma2.final_logit_softcapping, gemma2.sliding_window) == (50.0, 30.0, 4096)
+    v3 = llm.load_config("deepseek-v3")[0]
+    assert (v3.q_lora_rank, v3.kv_lora_rank, v3.qk_rope_head_dim, v3.shared_expert_intermediate_size,
+            v3.mtp_layers) == (1536, 512, 64, 2048, 1)
+
+
+# Small configs of each family (HF field names, as their config.json spells them).
+SMALL = {
+    "deepseek": {"model_type": "deepseek_v3", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,
+                 "moe_intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+                 "num_key_value_heads": 2, "n_shared_experts": 1, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                 "kv_lora_rank": 128, "q_lora_rank": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                 "qk_nope_head_dim": 128, "first_k_dense_replace": 1},
+    "llama4": {"model_type": "llama4_text", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 256,
+               "intermediate_size_mlp": 512, "num_hidden_layers": 2, "num_attention_heads": 2,
+               "num_key_value_heads": 1, "head_dim": 128, "num_local_experts": 4, "num_experts_per_tok": 1,
+               "interleave_moe_layer_step": 2, "attention_chunk_size": 128, "no_rope_layers": [1, 0]},
+    "gemma3": {"model_type": "gemma3_text", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,
+               "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128,
+               "sliding_window": 128, "sliding_window_pattern": 2, "query_pre_attn_scalar": 128},
+    "gpt_oss": {"model_type": "gpt_oss", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 256,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 128, "attention_bias": True},
+    # The three the fast answer is checked on: six to eight layers, so the full compile is cheap.
+    "gpt3": {"model_type": "gpt2", "vocab_size": 512, "n_embd": 256, "n_layer": 6, "n_head": 2, "n_positions": 256},
+    "gemma2": {"model_type": "gemma2", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,
+               "num_hidden_layers": 8, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128,
+               "sliding_window": 128, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+    "qwen3_moe": {"model_type": "qwen3_moe", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,
+                  "moe_intermediate_size": 128, "num_hidden_layers": 6, "num_attention_heads": 2,
+                  "num_key_value_heads": 1, "head_dim": 128, "num_experts": 4, "num_experts_per_tok": 2},
+}
+FAST = ("gpt3", "gemma2", "qwen3_moe")
+TOPOLOGY, SEQ = "v5e:2x2", 128
+
+
+@pytest.fixture(scope="session")
+def family_runs(tmp_path_factory):
+    """Each family's result through preflight's own path (cached compiles): the one-layer-kind-each configs once,
+    FAST's both ways (fast: fewer layers extrapolated; full), and GPT-3 with bf16 weights."""
+    pytest.importorskip("libtpu")
+    import os
+
+    from tpuprof.commands import preflight
+
+    folder = tmp_path_factory.mktemp("families")
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(folder / "cache")
+    try:
+        runs = {}
+        for name, data in SMALL.items():
+            path = folder / f"{name}.json"
+            path.write_text(json.dumps(data))
+            common = dict(seq=SEQ, batch_per_chip=1, mesh="data=4")
+            if name in FAST:
+                runs[name, "fast"] = preflight.model_result(str(path), [TOPOLOGY], fast=True, **common).targets[0]
+                runs[name, "full"] = preflight.model_result(str(path), [TOPOLOGY], full=True, **common).targets[0]
+            else:
+                runs[name, "full"] = preflight.model_result(str(path), [TOPOLOGY], **common).targets[0]
+        runs["gpt3", "bf16"] = preflight.model_result(str(folder / "gpt3.json"), [TOPOLOGY], full=True,
+                                                      weight_dtype="bfloat16", **common).targets[0]
+        return runs
+    finally:
+        if saved is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = saved
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_each_family_compiles_with_its_counted_parameters_as_arguments(family_runs, name):
+    """The compiled step's arguments on one chip (data=4: nothing sharded) are the parameter count's fp32 weights
+    and two moments, plus the tokens and the tile padding of the stacked norms and biases ([layers, d] pads its
+    layers to 8 rows): within 0.5% here."""
+    run = family_runs[name, "full"]
+    assert run["fits"] and run["compiles"] == 1
+    counted = llm.parse_config(SMALL[name], name, name).parameter_count()
+    assert run["model"]["parameters"] == counted
+    assert counted * 12 <= run["argument_bytes"] <= counted * 12 * 1.005, (run["argument_bytes"], counted * 12)
+
+
+def test_bf16_weights_halve_the_weights_arguments(family_runs):
+    fp32, bf16 = family_runs["gpt3", "full"], family_runs["gpt3", "bf16"]
+    counted = fp32["model"]["parameters"]
+    assert bf16["model"]["weight_dtype"] == "bfloat16"
+    assert counted * 6 <= bf16["argument_bytes"] <= counted * 6 * 1.005
+    assert bf16["argument_bytes"] == pytest.approx(fp32["argument_bytes"] / 2, rel=0.002)
+    assert bf16["state_bytes_per_chip"] * 2 == fp32["state_bytes_per_chip"] == counted * 12
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_the_fast_answer_is_within_3_percent_of_the_full_compile(family_runs, name):
+    fast, full = family_runs[name, "fast"], family_runs[name, "full"]
+    layers = llm.parse_config(SMALL[name], name, name).num_hidden_layers
+    assert fast["fast"]["layers"] == layers and max(fast["fast"]["layers_compiled"]) < layers
+    assert "extrapolated linearly in the layer count" in fast["fast"]["method"]
+    assert fast["required_bytes"] == pytest.approx(full["required_bytes"], rel=0.03)
+    print(f"{name}: fast {fast['required_bytes']:,} full {full['required_bytes']:,} "
+          f"({fast['required_bytes'] / full['required_bytes'] - 1:+.2%}); step {fast['estimate']['step_ms']} "
+          f"vs {full['estimate']['step_ms']} ms")
+    assert "fast" not in full
