@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import stat
 import subprocess
 import sys
@@ -86,14 +85,16 @@ def test_an_output_that_cannot_be_written_is_one_sentence(path):
     assert f"cannot write {path}" in one_sentence(run_cli("report", DUMP, "-o", path))
 
 
-def _limited_file_size():
-    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))  # a disk that fills after 100 kB
+# A disk that fills after 100 kB: the file-size limit, set in the process that then becomes tpuprof (Python
+# ignores SIGXFSZ, so a write past it fails with EFBIG as on a full disk).
+LIMITED = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000)); "
+           "os.execv(sys.executable, [sys.executable, '-m', 'tpuprof', *sys.argv[1:]])")
 
 
 def test_a_full_disk_is_one_sentence_and_leaves_no_partial_file(tmp_path):
     page = tmp_path / "page.html"
-    result = subprocess.run([sys.executable, "-m", "tpuprof", "report", str(DUMP), "-o", str(page)], cwd=ROOT,
-                            capture_output=True, text=True, preexec_fn=_limited_file_size, timeout=300)
+    result = subprocess.run([sys.executable, "-c", LIMITED, "report", str(DUMP), "-o", str(page)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
     assert "cannot write" in one_sentence(result) and "File too large" in result.stderr
     assert list(tmp_path.iterdir()) == []
 
