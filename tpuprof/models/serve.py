@@ -197,9 +197,9 @@ class ProgramRecord:
     kind: str  # backbone | logits
     tokens: int  # the token padding (backbone)
     requests: int  # the request padding (logits) or the metadata's width (backbone)
-    temp_bytes: int | None  # for the whole model (scaled from the compiled layers: see `how`)
+    temp_bytes: int | None  # the compiler's, for the program with every layer (None: refused)
     code_bytes: int | None
-    how: str  # "compiled" | "compiled at 1 and 2 layers, linear in layers" | "1 layer compiled, per-layer ..."
+    how: str  # "compiled whole (80 layers)", "compiled", "refused by the compiler"
     failure_space: str | None = None  # "smem" / "vmem" / "hbm": the compiler refused it
     failure: str | None = None  # the compiler's sentence
     fix: str | None = None  # the setting that avoids it
