@@ -3,9 +3,10 @@
     nice .venv/bin/python bench/bench_preflight_fast.py [--before /work/main] [--model llama3.1-70b] [--tpu v6e-256]
 
 Runs, each with an empty compile cache (a fresh XDG_CACHE_HOME) so every compile is paid:
-  - before: the tree at --before (main: every layer compiled), if given;
   - fast:   this tree's default, compiles of a few layers extrapolated in the layer count;
-  - full:   this tree with --full (every layer), the reference the fast answer's error is measured against.
+  - before: the tree at --before (main: every layer compiled), if given;
+  - full:   this tree with --full (every layer), the reference the fast answer's error is measured against
+            (--no-full: the before run is the reference, the same Llama step).
 Prints the wall time of each, the memory per chip and step time each reports, and the fast answer's error against
 the full compile. The published Llama 3.1 70B v6e-256 recipe's settings by default (tpu-recipes
 training/trillium/Llama3.1-70B-MaxText/v6e-256: seq 8192, 5 sequences per chip, host offload of the layer input
@@ -46,25 +47,32 @@ def main() -> None:
     parser.add_argument("--seq", default="8192")
     parser.add_argument("--batch-per-chip", default="5")
     parser.add_argument("--remat", default="offload")
+    parser.add_argument("--no-full", action="store_true", help="skip this tree's --full run (the before run, on "
+                        "the same step, is then the reference)")
     options = parser.parse_args()
     args = ["--model", options.model, "--tpu", options.tpu, "--seq", options.seq,
             "--batch-per-chip", options.batch_per_chip, "--remat", options.remat]
-    rows = []
-    if options.before:
-        rows.append(("before (" + str(options.before) + ")", *run(options.before, args)))
-    rows.append(("fast (default)", *run(ROOT, args)))
-    rows.append(("full (--full)", *run(ROOT, [*args, "--full"])))
     print(f"{options.model} on {options.tpu}, seq {options.seq}, {options.batch_per_chip} per chip, "
           f"remat {options.remat}; empty cache each run")
-    print(f"{'run':<28} {'seconds':>8} {'GiB/chip':>9} {'step ms':>9}  how")
-    for label, seconds, target in rows:
+    print(f"{'run':<28} {'seconds':>8} {'GiB/chip':>9} {'step ms':>9}  how", flush=True)
+    runs = [("fast (default)", ROOT, args)]
+    if options.before:
+        runs.append((f"before ({options.before})", options.before, args))
+    if not options.no_full:
+        runs.append(("full (--full)", ROOT, [*args, "--full"]))
+    rows = {}
+    for label, tree, arguments in runs:  # each row printed as it comes: the full compiles take many minutes
+        seconds, target = run(tree, arguments)
+        rows[label] = target
         how = (target.get("fast") or {}).get("method", "every layer compiled")
         print(f"{label:<28} {seconds:8.1f} {target['required_bytes'] / 2**30:9.2f} "
-              f"{(target.get('estimate') or {}).get('step_ms', float('nan')):9.1f}  {how}")
-    fast, full = rows[-2][2], rows[-1][2]
-    print(f"fast answer's error against the full compile: memory per chip "
-          f"{fast['required_bytes'] / full['required_bytes'] - 1:+.2%}, step time "
-          f"{fast['estimate']['step_ms'] / full['estimate']['step_ms'] - 1:+.2%}")
+              f"{(target.get('estimate') or {}).get('step_ms', float('nan')):9.1f}  {how}", flush=True)
+    fast = rows["fast (default)"]
+    full = rows.get("full (--full)") or rows.get(f"before ({options.before})")
+    if full is not None:
+        print(f"fast answer's error against the full compile: memory per chip "
+              f"{fast['required_bytes'] / full['required_bytes'] - 1:+.2%}, step time "
+              f"{fast['estimate']['step_ms'] / full['estimate']['step_ms'] - 1:+.2%}")
 
 
 if __name__ == "__main__":
