@@ -28,9 +28,12 @@ ALLOWED = {
     "analyses": {"sources", "models"},
     "advice": {"analyses", "models"},
     "renderers": {"models"},
+    # The versioned JSON document of a command, built from its typed result (serve's first; issue 32's document
+    # layer): it reads analyses' results and is read by results, renderers and commands.
+    "documents_serve": {"analyses", "advice", "models"},
     # What a command returns (tpuprof.results): it gives its JSON document and shows itself in a notebook.
-    "results": {"renderers", "models"},
-    "commands": {"sources", "analyses", "advice", "renderers", "results", "models"},
+    "results": {"renderers", "models", "documents_serve"},
+    "commands": {"sources", "analyses", "advice", "renderers", "results", "models", "documents_serve"},
 }
 
 DOCUMENT_LAYER = "to move with the document layer (issue 32): the renderer reads what the document should carry"
@@ -50,6 +53,10 @@ KNOWN_CROSSINGS = {
     ("tpuprof.renderers.capture", "tpuprof.sources.capture"): DOCUMENT_LAYER,
     ("tpuprof.renderers.html", "tpuprof.sources.inputs"): DOCUMENT_LAYER,
     ("tpuprof.renderers.trace", "tpuprof.sources.xplane"): DOCUMENT_LAYER,
+    ("tpuprof.models.serve", "tpuprof.sources.llm"):
+        "serve_options reads the model's config while validating: to move to the edge with the typed preflight options",
+    ("tpuprof.documents_serve", "tpuprof.sources.llm_serve"):
+        "the serving step's implementation name: to travel in the typed answer instead",
     ("tpuprof.analyses.preflight", "tpuprof.renderers.output"):
         "the compile cache's atomic write: write_atomically to move to a base module with renderers/output.py's rework",
 }
