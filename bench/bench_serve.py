@@ -1,4 +1,4 @@
-"""tpuprof serve's speed estimate against published TPU serving runs (tests/fixtures/serving/serving_published.json,
+"""tpuprof serve's speed estimate against published TPU serving runs (bench/serving_published.json,
 each row with its source, settings and workload as published): TPOT and output tokens/s, the band and the point,
 and the ratio of the point to the published figure (goal: TPOT point within 25%).
 
@@ -17,11 +17,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-PUBLISHED = ROOT / "tests" / "fixtures" / "serving" / "serving_published.json"
+PUBLISHED = ROOT / "bench" / "serving_published.json"
+CONFIGS = ROOT / "tests" / "fixtures" / "serving"  # config.json of models with no built-in name
 # Published model ids -> the built-in config (same shapes) or a config.json under tests/fixtures/serving.
 MODELS = {"meta-llama/Llama-3.3-70B-Instruct": "llama3.1-70b", "Qwen/Qwen3-32B": "qwen3-32b",
           "meta-llama/Llama-3.1-8B-Instruct": "llama3.1-8b",
-          "Qwen/Qwen3-Coder-480B-A35B-Instruct-FP8": str(PUBLISHED.parent / "qwen3-coder-480b-a35b.config.json")}
+          "Qwen/Qwen3-Coder-480B-A35B-Instruct-FP8": str(CONFIGS / "qwen3-coder-480b-a35b.config.json")}
 
 
 def rows(compile_: bool) -> list[dict]:
