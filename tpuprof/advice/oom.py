@@ -356,8 +356,8 @@ def _batch(report: OomReport, estimate: BatchEstimate, missing: int | None) -> S
     confidence = {"high": "estimated", "medium": "estimated"}.get(estimate.confidence, "rough")
     if current == 1:
         return Suggestion(kind="batch_size", confidence=confidence, code="", message=(
-            "The batch cannot shrink further: the per-chip batch is already 1. Free memory another way (the fixes "
-            "above), or spread one example over several chips (sequence or model sharding)."),
+            "The batch cannot shrink further: the per-chip batch is already 1. Free memory another way (the other fixes "
+            "listed), or spread one example over several chips (sequence or model sharding)."),
             evidence=estimate.reason)
     if current:
         fitting = estimate.fitting_batch or 0
