@@ -23,11 +23,17 @@ def staging_folders(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.name.startswith(".") and p.is_dir()) if root.is_dir() else []
 
 
+_WITH_CTRL_C = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                "sys.argv[0] = 'tpuprof'; runpy.run_module('tpuprof', run_name='__main__', alter_sys=True)")
+
+
 def stopped_mid_compile(cache: Path, sig: int) -> subprocess.CompletedProcess:
     """`tpuprof preflight` sent SIG as soon as its compile's staging folder appears (libtpu is compiling)."""
     root = cache / "tpuprof" / "preflight"
     before = set(staging_folders(root))
-    process = subprocess.Popen([sys.executable, "-m", "tpuprof", "preflight", MODEL, "--tpu", "v5e", "--batch", "8"],
+    # Ctrl-C's handler as in a terminal: a process started in the background (nohup, `&`, some CI runners) inherits
+    # SIGINT ignored, and Python then installs none.
+    process = subprocess.Popen([sys.executable, "-c", _WITH_CTRL_C, "preflight", MODEL, "--tpu", "v5e", "--batch", "8"],
                                cwd=ROOT, env={**os.environ, "XDG_CACHE_HOME": str(cache)}, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
