@@ -283,7 +283,7 @@ def test_preflight_of_a_keras_model_matches_the_cli(api_compile_cache):
 
 
 def test_preflight_bad_calls_are_one_sentence():
-    with pytest.raises(tpuprof.UserError, match="either --batch N or --max-batch"):
+    with pytest.raises(tpuprof.UserError, match="either batch=N or max_batch=, not both"):
         tpuprof.preflight(lambda x: x, tpu="v5e", batch=8, max_batch=True)
     with pytest.raises(tpuprof.UserError) as raised:
         tpuprof.preflight("nope.py:factory", tpu="v9z", batch=8)

@@ -121,6 +121,10 @@ def family_runs(tmp_path_factory):
     import os
 
     from tpuprof.commands import preflight
+    from tpuprof.models.preflight import preflight_options
+
+    def options(model: str, **keywords):
+        return preflight_options(model=model, tpu=TOPOLOGY, **keywords)
 
     folder = tmp_path_factory.mktemp("families")
     saved = os.environ.get("XDG_CACHE_HOME")
@@ -132,12 +136,12 @@ def family_runs(tmp_path_factory):
             path.write_text(json.dumps(data))
             common = dict(seq=SEQ, batch_per_chip=1, mesh="data=4")
             if name in FAST:
-                runs[name, "fast"] = preflight.model_result(str(path), [TOPOLOGY], fast=True, **common).targets[0]
-                runs[name, "full"] = preflight.model_result(str(path), [TOPOLOGY], full=True, **common).targets[0]
+                runs[name, "fast"] = preflight.model_result(options(str(path), **common), fast=True).targets[0]
+                runs[name, "full"] = preflight.model_result(options(str(path), full=True, **common)).targets[0]
             else:
-                runs[name, "full"] = preflight.model_result(str(path), [TOPOLOGY], **common).targets[0]
-        runs["gpt3", "bf16"] = preflight.model_result(str(folder / "gpt3.json"), [TOPOLOGY], full=True,
-                                                      weight_dtype="bfloat16", **common).targets[0]
+                runs[name, "full"] = preflight.model_result(options(str(path), **common)).targets[0]
+        runs["gpt3", "bf16"] = preflight.model_result(options(str(folder / "gpt3.json"), full=True,
+                                                              weight_dtype="bfloat16", **common)).targets[0]
         return runs
     finally:
         if saved is None:

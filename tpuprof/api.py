@@ -173,48 +173,14 @@ def _preflight(fn_or_model, example_args, tpu, batch, max_batch, compare_bf16, t
                tokens_per_example, price, model, seq, batch_per_chip, global_batch, remat, dtype, mesh,
                weight_dtype, full):
     from tpuprof.commands import preflight as command
-    from tpuprof.sources import tpu_compile
+    from tpuprof.models.preflight import preflight_options
 
-    names = command.parse_targets(tpu if isinstance(tpu, str) else ",".join(tpu))
-    if model is not None:
-        if fn_or_model is not None or example_args or batch is not None:
-            raise UserError("preflight(model=...) compiles a built-in LLM step: give no function, model or batch "
-                            "(use batch_per_chip or global_batch, seq).")
-        if not tpu_compile.jax_available():
-            raise UserError(tpu_compile.INSTALL_HINT)
-        return command.model_result(model, names, seq, batch_per_chip, global_batch, max_batch, remat, dtype, mesh,
-                                    top, cache, on_compile, price_overrides=_price_overrides(price),
-                                    weight_dtype=weight_dtype, full=full)
-    if fn_or_model is None:
-        raise UserError("preflight needs a step (a function, Keras model, factory or file.py:factory) or model=NAME.")
-    if batch is not None and max_batch:
-        raise UserError("give either --batch N or --max-batch, not both.")
-    if batch is not None and batch < 1:
-        raise UserError("--batch must be a positive number of examples per chip.")
-    objects = not isinstance(fn_or_model, (str, os.PathLike))
-    if batch is None and not max_batch and not (objects and example_args):
-        raise UserError("give --batch N (the per-chip batch size) or --max-batch to search for it.")
-    if tokens_per_example is not None and tokens_per_example < 1:
-        raise UserError("--tokens-per-example must be a positive number of tokens.")
-    if not tpu_compile.jax_available():
-        raise UserError(tpu_compile.INSTALL_HINT)
-    if objects:
-        from tpuprof.sources.python_step import spec_from_objects
-
-        spec, example_batch = spec_from_objects(fn_or_model, example_args)
-        if compare_bf16 and not spec.accepts_dtype:
-            raise UserError("compare_bf16 needs a factory with a `dtype` parameter (or a file.py:factory): "
-                            "tpuprof cannot make a bfloat16 version of a function or model it is given.")
-        if batch is None and not max_batch:
-            batch = example_batch
-            if batch is None:
-                raise UserError("the example arguments have no common leading (batch) dimension: give batch=N "
-                                "as a factory, or arguments whose last one has a batch dimension.")
-    else:
-        spec = tpu_compile.load_spec(str(fn_or_model))
-    spec.mesh_text = mesh
-    return command.result(spec, names, batch, max_batch, compare_bf16, top, cache, on_compile,
-                          tokens_per_example=tokens_per_example, price_overrides=_price_overrides(price))
+    options = preflight_options(fn_or_model, example_args, tpu=tpu, batch=batch, max_batch=max_batch,
+                                compare_bf16=compare_bf16, top=top, cache=cache,
+                                tokens_per_example=tokens_per_example, price=price, model=model, seq=seq,
+                                batch_per_chip=batch_per_chip, global_batch=global_batch, remat=remat, dtype=dtype,
+                                mesh=mesh, weight_dtype=weight_dtype, full=full)
+    return command.result(options, on_compile)
 
 
 def serve(model: str, tpu: Union[str, Iterable[str]], *, engine: str = "vllm", max_model_len: Optional[int] = None,
@@ -243,14 +209,6 @@ def serve(model: str, tpu: Union[str, Iterable[str]], *, engine: str = "vllm", m
                             block_size=block_size, input_len=input_len, output_len=output_len,
                             concurrency=concurrency, prices=prices, compile=compile)
     return command.result(options, on_compile=on_compile)
-
-
-def _price_overrides(price: Union[str, dict, None]) -> dict:
-    from tpuprof import prices
-
-    if isinstance(price, dict):
-        price = ",".join(f"{name}={value}" for name, value in price.items())
-    return prices.parse_overrides(price)
 
 
 def capture(*, logdir: str = "logs", port: Optional[int] = None, service_addr: Optional[str] = None,

@@ -282,10 +282,11 @@ def preflight(
     library_output.hold(verbose)
     from tpuprof.commands import preflight as command
 
-    command.run(spec, tpu, batch=batch, max_batch=max_batch, compare_bf16=compare_bf16, top=top,
-                use_cache=not no_cache, as_json=as_json, tokens_per_example=tokens_per_example, price=price,
-                format_=format_.value if format_ else None, model=model, seq=seq, batch_per_chip=batch_per_chip,
-                global_batch=global_batch, remat=remat, dtype=dtype, mesh=mesh, weight_dtype=weight_dtype, full=full)
+    command.run(spec, tpu, as_json=as_json, format_=format_.value if format_ else None, batch=batch,
+                max_batch=max_batch, compare_bf16=compare_bf16, top=top, cache=not no_cache,
+                tokens_per_example=tokens_per_example, price=price, model=model, seq=seq,
+                batch_per_chip=batch_per_chip, global_batch=global_batch, remat=remat, dtype=dtype, mesh=mesh,
+                weight_dtype=weight_dtype, full=full)
 
 
 # serve's closed sets, from the one place that knows them (tpuprof.models.serve).

@@ -88,6 +88,13 @@ class Slice:
         return (1, 1, 1) if self.chips == 1 else None
 
     @property
+    def compile_label(self) -> str:
+        """The topology and chip config a compile for this slice uses, as one text (cache keys, messages):
+        `v4:2x2x1 megacore`, `v5e:2x2`."""
+        chip_config = self.target.chip_config_name
+        return f"{self.topology} {chip_config}" if chip_config else self.topology
+
+    @property
     def total_chips(self) -> int:
         return self.chips * self.num_slices
 
@@ -173,9 +180,7 @@ def topology_of(name: str) -> str:
 def compile_label(name: str) -> str:
     """The topology and chip config a compile for `name` uses, as one text (cache keys, messages):
     `v4:2x2x1 megacore`, `v5e:2x2`."""
-    target = targets.get(name)
-    topology = topology_of(name)
-    return f"{topology} {target.chip_config_name}" if target.chip_config_name else topology
+    return parse(name).compile_label
 
 
 def table() -> list[Slice]:

@@ -232,18 +232,18 @@ def _align(candidate: int, low: int, high: int | None, limit: int, step: int = S
 class Compiler:
     """Compiles one SPEC for one target and dtype, through the on-disk cache."""
 
-    def __init__(self, spec, target: str, dtype: str | None, use_cache: bool = True,
+    def __init__(self, spec, slice_: slices.Slice, dtype: str | None, use_cache: bool = True,
                  on_compile: Callable[[int], None] | None = None):
         from tpuprof.sources import tpu_compile
 
         self.spec = spec
-        self.target = target
+        self.target = slice_.topology  # what the compile layer takes: the libtpu topology, parsed back alike
         self.dtype = dtype
         self.use_cache = use_cache
         self.on_compile = on_compile
-        self.capacity = targets.get(target).compiler_hbm_bytes
-        self.host_capacity = targets.get(target).host_capacity_bytes  # None: no host budget known (v2, v3)
-        self.topology = slices.compile_label(target)  # with the chip config: v4 compiles are megacore
+        self.capacity = slice_.target.compiler_hbm_bytes
+        self.host_capacity = slice_.target.host_capacity_bytes  # None: no host budget known (v2, v3)
+        self.topology = slice_.compile_label  # with the chip config: v4 compiles are megacore
         self.compiles = 0
         self._libtpu = _libtpu_version()
         self._tpu_compile = tpu_compile
@@ -410,12 +410,12 @@ def _write_json_atomically(path: Path, data: dict) -> None:
         pass  # the cache is an optimisation: a read-only cache only costs a recompile next time
 
 
-def parameter_bytes(spec, dtype, target) -> int | None:
+def parameter_bytes(spec, dtype, slice_: slices.Slice) -> int | None:
     """Bytes of the weights (and optimizer state) alone, for the message of a step that never fits."""
     if hasattr(spec, "state_bytes_per_device"):  # an LLM step: from the sharding, per device
         return spec.state_bytes_per_device
-    program = spec.program(STEP, dtype, target)
-    other = spec.program(2 * STEP, dtype, target) if program.kind == "jax" else None
+    program = spec.program(STEP, dtype, slice_.topology)
+    other = spec.program(2 * STEP, dtype, slice_.topology) if program.kind == "jax" else None
     try:
         return program.parameter_bytes(other)
     except Exception:  # noqa: BLE001 - an estimate for the message only; the verdict stands without it

@@ -5,93 +5,97 @@ goes (the memory command's analysis of the compile's dump). No TPU needed.
 
 from __future__ import annotations
 
+import os
+
 from tpuprof import targets
 from tpuprof.errors import UserError
 
 
-def parse_targets(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names:
-        raise UserError(f"--tpu needs a TPU generation ({' '.join(targets.TARGETS)}) or a topology like v5e:2x2.")
-    from tpuprof import slices
-
-    for name in names:
-        slices.parse(name)  # unknown generations and slice sizes are a UserError
-    return list(dict.fromkeys(names))
-
-
-def run(spec_text: str | None, tpu: str, batch: int | None, max_batch: bool, compare_bf16: bool, top: int,
-        use_cache: bool, as_json: bool, tokens_per_example: int | None = None, price: str | None = None,
-        model: str | None = None, seq: int = 2048, batch_per_chip: int | None = None,
-        global_batch: int | None = None, remat: str = "full", dtype: str = "bf16", mesh: str | None = None,
-        format_: str | None = None, weight_dtype: str = "float32", full: bool = False) -> None:
+def run(spec_text: str | None, tpu: str, *, as_json: bool = False, format_: str | None = None, **settings) -> None:
+    """The command line: SETTINGS are preflight_options' keywords; an option error names the flag."""
+    from tpuprof.models.preflight import PreflightOptionError, preflight_options
+    from tpuprof.renderers import preflight as render
     from tpuprof.renderers.formats import output_format, print_document
-    from tpuprof.sources import tpu_compile
 
     format_ = output_format(as_json, format_)
+    try:
+        options = preflight_options(spec_text, tpu=tpu, **settings)
+        with render.progress(enabled=format_ == "table") as report_progress:
+            checked = result(options, report_progress)
+    except PreflightOptionError as error:
+        raise error.for_flags() from None
+    if not print_document(checked, format_):
+        render.print_report(checked.spec, checked.targets, checked.top)
 
-    if model is not None:
-        if spec_text is not None or batch is not None or compare_bf16 or tokens_per_example is not None:
-            raise UserError("--model compiles a built-in LLM step: give it without FILE.py:FACTORY, --batch, "
-                            "--compare-bf16 or --tokens-per-example (use --batch-per-chip or --global-batch, --seq).")
-        return run_model(model, tpu, seq, batch_per_chip, global_batch, max_batch, remat, dtype, mesh, top,
-                         use_cache, format_, price, weight_dtype, full)
-    if weight_dtype != "float32" or full:
-        raise UserError("--weight-dtype and --full go with --model.")
-    if spec_text is None:
-        raise UserError("give FILE.py:FACTORY (your step) or --model NAME|config.json (an LLM train step).")
-    if batch_per_chip is not None or global_batch is not None:
-        raise UserError("--batch-per-chip and --global-batch go with --model; a FILE.py:FACTORY takes --batch.")
-    names = parse_targets(tpu)
-    if batch is not None and max_batch:
-        raise UserError("give either --batch N or --max-batch, not both.")
-    if batch is None and not max_batch:
-        raise UserError("give --batch N (the per-chip batch size) or --max-batch to search for it.")
-    if batch is not None and batch < 1:
-        raise UserError("--batch must be a positive number of examples per chip.")
-    if tokens_per_example is not None and tokens_per_example < 1:
-        raise UserError("--tokens-per-example must be a positive number of tokens.")
-    from tpuprof import prices
 
-    price_overrides = prices.parse_overrides(price)
+def result(options, on_compile=None):
+    """Every slice's figures for PreflightOptions, as the typed result that `tpuprof.preflight()` returns and the
+    CLI renders. ON_COMPILE(label, batch) is called before each compile (the progress line)."""
+    from tpuprof.sources import tpu_compile
+
     if not tpu_compile.jax_available():
         raise UserError(tpu_compile.INSTALL_HINT)
-    spec = tpu_compile.load_spec(spec_text)
-    if mesh is not None:
+    if options.model is not None:
+        return model_result(options, on_compile)
+    spec, batch = _load_step(options)
+    return step_result(spec, options, batch, on_compile)
+
+
+def _load_step(options):
+    """The user's step as a tpu_compile.Spec, and the batch to check (the example arguments' when none is given)."""
+    from tpuprof.models.preflight import PreflightOptionError
+    from tpuprof.sources import tpu_compile
+
+    batch = options.batch
+    if isinstance(options.step, (str, os.PathLike)):
+        spec = tpu_compile.load_spec(str(options.step))
+    else:
+        from tpuprof.sources.python_step import spec_from_objects
+
+        spec, example_batch = spec_from_objects(options.step, options.example_args)
+        if options.compare_bf16 and not spec.accepts_dtype:
+            raise PreflightOptionError("compare_bf16", "{option} needs a factory with a `dtype` parameter (or a "
+                                       "file.py:factory): tpuprof cannot make a bfloat16 version of a function or "
+                                       "model it is given.")
+        if batch is None and not options.max_batch:
+            batch = example_batch
+            if batch is None:
+                raise PreflightOptionError("batch", "the example arguments have no common leading (batch) dimension: "
+                                           "give {batch_n} as a factory, or arguments whose last one has a batch "
+                                           "dimension.")
+    if options.mesh is not None:
         if not spec.accepts_mesh:
-            raise UserError(f"--mesh shards a step that takes a `mesh` parameter; {spec.factory_name} in {spec.path} "
-                            "has none (or use --model).")
-        spec.mesh_text = mesh
-        for name in names:  # a bad mesh is one sentence before any compile
-            from tpuprof import slices
-            from tpuprof.sources.mesh import parse_mesh
-
-            parse_mesh(mesh, slices.parse(name).devices)
-
-    from tpuprof.renderers import preflight as render
-
-    with render.progress(enabled=format_ == "table") as report_progress:
-        checked = result(spec, names, batch, max_batch, compare_bf16, top, use_cache, report_progress,
-                         tokens_per_example=tokens_per_example, price_overrides=price_overrides)
-    if not print_document(checked, format_):
-        render.print_report(spec_text, checked.targets, top)
+            raise PreflightOptionError("mesh", f"{{option}} shards a step that takes a `mesh` parameter; "
+                                       f"{spec.factory_name} in {spec.path} has none (or use {{model}}).")
+        spec.mesh_text = options.mesh
+        for chosen in options.slices:  # a bad mesh is one sentence before any compile
+            mesh_sizes(options.mesh, chosen)
+    return spec, batch
 
 
-def result(spec, names: list[str], batch: int | None, max_batch: bool, compare_bf16: bool = False, top: int = 10,
-           use_cache: bool = True, on_compile=None, tokens_per_example: int | None = None,
-           price_overrides: dict | None = None):
-    """Every target's figures as the typed result that `tpuprof.preflight()` returns and the CLI renders.
-    ON_COMPILE(label, batch) is called before each compile (the progress line)."""
+def mesh_sizes(mesh: str | None, chosen) -> dict:
+    """--mesh over the slice's devices; a mesh that does not fit them is an option error."""
+    from tpuprof.models.options import template
+    from tpuprof.models.preflight import PreflightOptionError
+    from tpuprof.sources.mesh import parse_mesh
+
+    try:
+        return parse_mesh(mesh, chosen.devices)
+    except UserError as error:
+        raise PreflightOptionError("mesh", template(str(error), "--mesh")) from None
+
+
+def step_result(spec, options, batch: int | None, on_compile=None):
+    """Every slice's figures for the user's step (a tpu_compile.Spec)."""
     from tpuprof.results import PreflightResult
 
     report_progress = on_compile or (lambda label, batch_size: None)
-    checked = [_target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_progress)
-               for name in names]
+    checked = [_target(spec, chosen, batch, options, report_progress) for chosen in options.slices]
     for target in checked:
-        estimate = _estimate(target, tokens_per_example, price_overrides, top, spec)
+        estimate = _estimate(target, options.tokens_per_example, options.prices, options.top, spec)
         if estimate is not None:
             target["estimate"] = estimate
-    return PreflightResult(spec.text, checked, top)
+    return PreflightResult(spec.text, checked, options.top)
 
 
 def _estimate(target: dict, tokens_per_example, price_overrides, top, spec=None) -> dict | None:
@@ -174,20 +178,18 @@ def _model_flops_per_device(target: dict) -> float | None:
     return step_estimate.model_flops(active, tokens, model.get("layers") or 0, seq, width)
 
 
-def _target(spec, name, batch, max_batch, compare_bf16, top, use_cache, report_progress) -> dict:
+def _target(spec, chosen, batch, options, report_progress) -> dict:
     from tpuprof.analyses import preflight
 
-    from tpuprof import slices
-
-    target = targets.get(name)
-    chosen = slices.parse(name)
+    target = chosen.target
+    max_batch, top, use_cache = options.max_batch, options.top, options.use_cache
     result = {"target": target.name, "topology": chosen.topology, "slice": chosen.to_json(),
               "device": target.device_info(), "hbm_capacity_bytes": target.compiler_hbm_bytes}
-    main = _run_dtype(spec, name, None, batch, max_batch, top, use_cache, report_progress)
+    main = _run_dtype(spec, chosen, None, batch, max_batch, top, use_cache, report_progress)
     result.update(main)
     result.update(_batches(chosen, result["batch_size"]))
-    if compare_bf16:
-        bf16 = _run_dtype(spec, name, "bfloat16", batch, max_batch, top, use_cache, report_progress)
+    if options.compare_bf16:
+        bf16 = _run_dtype(spec, chosen, "bfloat16", batch, max_batch, top, use_cache, report_progress)
         result["bf16"] = {k: bf16.get(k) for k in (
             "batch_size", "fits", "required_bytes", "peak_heap_bytes", "peak_unpadded_heap_bytes",
             "padding_at_peak_bytes", "max_batch_size", "recommended_batch_size", "max_batch_bound", "compiles",
@@ -214,11 +216,11 @@ def _batches(chosen, batch_per_device: int | None, whole_slice: bool | None = No
     return out
 
 
-def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progress) -> dict:
+def _run_dtype(spec, slice_, dtype, batch, max_batch, top, use_cache, report_progress) -> dict:
     from tpuprof.analyses import preflight
 
-    label = f"{name}{' bf16' if dtype else ''}"
-    compiler = preflight.Compiler(spec, name, dtype, use_cache,
+    label = f"{slice_.name}{' bf16' if dtype else ''}"
+    compiler = preflight.Compiler(spec, slice_, dtype, use_cache,
                                   on_compile=lambda b: report_progress(label, b))
     out: dict = {}
     step = getattr(spec, "batch_step", preflight.STEP)
@@ -265,7 +267,7 @@ def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progr
                 out["host_capacity_bytes"] = host_capacity
             out["host_fits"] = chosen.host_fits(host_capacity)
     if chosen.dump_dir:
-        memory = _memory(chosen.dump_dir, name, top)
+        memory = _memory(chosen.dump_dir, slice_.generation, top)
         if memory is not None:
             out["peak_heap_bytes"] = memory.peak_heap_bytes
             out["peak_unpadded_heap_bytes"] = memory.peak_unpadded_heap_bytes
@@ -277,7 +279,7 @@ def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progr
             out["dump_dir"] = chosen.dump_dir
     parameters = None
     if chosen.oom_message or (max_batch and out["max_batch_size"] is None):
-        parameters = out["parameter_bytes"] = preflight.parameter_bytes(spec, dtype, name)
+        parameters = out["parameter_bytes"] = preflight.parameter_bytes(spec, dtype, slice_)
     if chosen.oom_message:
         out["oom"] = _oom(chosen.oom_message, batch, compiler.capacity, parameters)
     if max_batch and out["max_batch_size"] is None:
@@ -286,12 +288,12 @@ def _run_dtype(spec, name, dtype, batch, max_batch, top, use_cache, report_progr
     return out
 
 
-def _memory(dump_dir: str, target: str, top: int):
+def _memory(dump_dir: str, generation: str, top: int):
     from pathlib import Path
 
     from tpuprof.commands import memory
 
-    modules = [m for m in memory.analyze(Path(dump_dir), target=targets.get(target).name, top=top) if m.buffers]
+    modules = [m for m in memory.analyze(Path(dump_dir), target=generation, top=top) if m.buffers]
     return max(modules, key=lambda m: m.peak_heap_bytes or 0) if modules else None
 
 
@@ -317,70 +319,25 @@ def _oom(message: str, batch: int, capacity: int, parameters: int | None) -> dic
 
 # --- LLMs from a name or a config (--model) ------------------------------------------------------------
 
-def run_model(model: str, tpu: str, seq: int, batch_per_chip: int | None, global_batch: int | None,
-              max_batch: bool, remat: str, dtype: str, mesh: str | None, top: int, use_cache: bool,
-              format_: str = "table", price: str | None = None, weight_dtype: str = "float32",
-              full: bool = False) -> None:
-    """`tpuprof preflight --model llama3.1-8b --tpu v6e-256 --seq 8192 --batch-per-chip 2`."""
-    from tpuprof import prices
-    from tpuprof.sources import tpu_compile
-
-    names = parse_targets(tpu)
-    price_overrides = prices.parse_overrides(price)
-    if not tpu_compile.jax_available():
-        raise UserError(tpu_compile.INSTALL_HINT)
-    from tpuprof.renderers import preflight as render
-
-    from tpuprof.renderers.formats import print_document
-
-    with render.progress(enabled=format_ == "table") as report_progress:
-        checked = model_result(model, names, seq, batch_per_chip, global_batch, max_batch, remat, dtype, mesh, top,
-                               use_cache, report_progress, price_overrides=price_overrides,
-                               weight_dtype=weight_dtype, full=full)
-    if not print_document(checked, format_):
-        render.print_report(checked.spec, checked.targets, top)
-
-
-def check_model_options(seq: int | None, batch_per_chip: int | None, global_batch: int | None, max_batch: bool,
-                        remat: str, dtype: str, weight_dtype: str = "float32") -> None:
-    from tpuprof.sources import llm
-
-    given = [batch_per_chip is not None, global_batch is not None, max_batch]
-    if sum(given) != 1:
-        raise UserError("give one of --batch-per-chip N, --global-batch N or --max-batch.")
-    for value, option in ((batch_per_chip, "--batch-per-chip"), (global_batch, "--global-batch"), (seq, "--seq")):
-        if value is not None and value < 1:
-            raise UserError(f"{option} must be a positive number.")
-    if remat not in (*llm.REMAT_POLICIES, "all"):
-        raise UserError(f"--remat must be one of {', '.join(llm.REMAT_POLICIES)} or all, not {remat!r}.")
-    if remat == "all" and not max_batch:
-        raise UserError("--remat all searches the largest batch of each policy: give it with --max-batch.")
-    if dtype not in llm.DTYPES:
-        raise UserError(f"--dtype must be one of {', '.join(llm.DTYPES)}, not {dtype!r}.")
-    if weight_dtype not in llm.WEIGHT_DTYPES:
-        raise UserError(f"--weight-dtype must be one of {', '.join(llm.WEIGHT_DTYPES)}, not {weight_dtype!r}.")
-
-
-def model_result(model: str, names: list[str], seq: int = 2048, batch_per_chip: int | None = None,
-                 global_batch: int | None = None, max_batch: bool = False, remat: str = "full", dtype: str = "bf16",
-                 mesh: str | None = None, top: int = 10, use_cache: bool = True, on_compile=None,
-                 price_overrides: dict | None = None, weight_dtype: str = "float32", full: bool = False,
-                 fast: bool | None = None):
-    """Every target's figures for the LLM train step (the typed result `tpuprof.preflight(model=...)` returns)."""
+def model_result(options, on_compile=None, fast: bool | None = None):
+    """Every slice's figures for the LLM train step (the typed result `tpuprof.preflight(model=...)` returns).
+    FAST: True forces the extrapolated answer, None lets the layer count decide (`options.full`: never)."""
+    from tpuprof.models.options import template
+    from tpuprof.models.preflight import PreflightOptionError
     from tpuprof.results import PreflightResult
     from tpuprof.sources import llm
 
-    check_model_options(seq, batch_per_chip, global_batch, max_batch, remat, dtype, weight_dtype)
-    if full and fast:
-        raise UserError("--full compiles every layer: not with a fast (extrapolated) answer.")
-    config, source = llm.load_config(model)
+    if options.full and fast:
+        raise PreflightOptionError("full", "{option} compiles every layer: not with a fast (extrapolated) answer.")
+    try:
+        config, source = llm.load_config(options.model)
+    except UserError as error:
+        raise PreflightOptionError("model", "{option}: " + template(str(error))) from None
     report_progress = on_compile or (lambda label, batch_size: None)
     checked = []
-    for name in names:
-        policies = llm.REMAT_POLICIES if remat == "all" else (remat,)
-        rows = [_model_target(config, source, name, seq, batch_per_chip, global_batch, max_batch, policy, dtype,
-                              mesh, top, use_cache, report_progress, price_overrides, weight_dtype,
-                              False if full else fast) for policy in policies]
+    for chosen in options.slices:
+        rows = [_model_target(config, source, chosen, policy, options, report_progress,
+                              False if options.full else fast) for policy in options.remat_policies]
         best = max(rows, key=_throughput)
         if len(rows) > 1:
             best["remat_table"] = [{"remat": row["model"]["remat"], "max_batch_per_chip": row.get("max_batch_per_chip"),
@@ -388,7 +345,7 @@ def model_result(model: str, names: list[str], seq: int = 2048, batch_per_chip: 
                                     "step_ms": (row.get("estimate") or {}).get("step_ms"),
                                     "compiles": row.get("compiles", 0)} for row in rows]
         checked.append(best)
-    return PreflightResult(f"--model {config.name}", checked, top)
+    return PreflightResult(f"--model {config.name}", checked, options.top)
 
 
 def _throughput(row: dict) -> float:
@@ -399,29 +356,32 @@ def _throughput(row: dict) -> float:
     return float(estimate.get("tokens_per_s") or 0) or float(row.get("batch_per_chip") or 0) * 1e-9
 
 
-def _model_target(config, source, name, seq, batch_per_chip, global_batch, max_batch, remat, dtype, mesh, top,
-                  use_cache, report_progress, price_overrides, weight_dtype="float32", fast=None) -> dict:
-    from tpuprof import slices
+def _model_target(config, source, chosen, remat, options, report_progress, fast=None) -> dict:
     from tpuprof.analyses import preflight
+    from tpuprof.models.preflight import PreflightOptionError
     from tpuprof.renderers import preflight as render
     from tpuprof.sources import llm
     from tpuprof.units import fmt_bytes
 
-    chosen = slices.parse(name)
+    seq, batch_per_chip, global_batch, max_batch = options.seq, options.batch_per_chip, options.global_batch, \
+        options.max_batch
+    top, use_cache, price_overrides, weight_dtype = options.top, options.use_cache, options.prices, \
+        options.weight_dtype
     target = chosen.target
-    sizes = llm.parse_mesh(mesh, chosen.devices)
-    step = llm.Step(config, source, seq, remat, dtype, sizes, weight_dtype)
-    spec = llm.Spec(step, name)
+    sizes = mesh_sizes(options.mesh, chosen)
+    step = llm.Step(config, source, seq, remat, options.dtype, sizes, weight_dtype)
+    spec = llm.Spec(step, chosen.topology)
     per_chip = target.devices_per_chip
     if batch_per_chip is not None:
         if batch_per_chip % per_chip:
-            raise UserError(f"--batch-per-chip {batch_per_chip}: a {target.name} chip is {per_chip} devices, so the "
+            raise PreflightOptionError("batch_per_chip", f"{{option}} {batch_per_chip}: a {target.name} chip is "
+                                       f"{per_chip} devices, so the "
                             f"batch per chip must be a multiple of {per_chip}.")
         batch = batch_per_chip // per_chip
     elif global_batch is not None:
         if global_batch % chosen.total_devices:
-            raise UserError(f"--global-batch {global_batch} is not a multiple of the {chosen.total_devices} devices of "
-                            f"{chosen.name}{f' x {chosen.num_slices}' if chosen.num_slices > 1 else ''}.")
+            raise PreflightOptionError("global_batch", f"{{option}} {global_batch} is not a multiple of the "
+                                       f"{chosen.total_devices} devices of {chosen.name}{f' x {chosen.num_slices}' if chosen.num_slices > 1 else ''}.")
         batch = global_batch // chosen.total_devices
     else:
         batch = None
@@ -450,22 +410,23 @@ def _model_target(config, source, name, seq, batch_per_chip, global_batch, max_b
         result.update(_batches(chosen, batch, whole_slice=True))
         result["cache"] = str(preflight.cache_root())
         return result
-    label = f"{name} {config.name} remat={remat}"
+    label = f"{chosen.name} {config.name} remat={remat}"
     plan = llm.fast_plan(config, force=bool(fast)) if not max_batch and fast is not False else None
     if fast and plan is None:
-        raise UserError(f"{config.name} has too few layers for a faster answer than the full compile: use --full.")
+        raise PreflightOptionError("full", f"{config.name} has too few layers for a faster answer than the full "
+                                   "compile: use {option}.")
     if plan is not None:
-        result.update(_fast_answer(step, plan, name, batch, top, use_cache, report_progress, label, seq,
+        result.update(_fast_answer(step, plan, chosen, batch, top, use_cache, report_progress, label, seq,
                                    price_overrides, result))
         result.update(_batches(chosen, result["batch_size"], whole_slice=True))
         result["cache"] = str(preflight.cache_root())
         return result
-    main = _run_dtype(spec, name, None, batch, max_batch, top, use_cache,
+    main = _run_dtype(spec, chosen, None, batch, max_batch, top, use_cache,
                       lambda _label, b: report_progress(label, b))
     if main.get("memory") is not None:  # tpuprof's own step: the options that build it, not edits of its code
         from tpuprof.advice.memory import for_builtin_step
 
-        for_builtin_step(main["memory"], remat, dtype)
+        for_builtin_step(main["memory"], remat, options.dtype)
     result.update(main)
     if max_batch:
         result["max_batch_per_chip"] = (main["max_batch_size"] * per_chip if main.get("max_batch_size") else None)
@@ -485,7 +446,7 @@ _LINEAR_MS = ("step_ms", "step_ms_low", "step_ms_high", "roofline_ms", "compute_
               "exposed_collective_ms", "flops_per_step", "hbm_bytes_per_step")
 
 
-def _fast_answer(step, plan, name, batch, top, use_cache, report_progress, label, seq, price_overrides,
+def _fast_answer(step, plan, chosen, batch, top, use_cache, report_progress, label, seq, price_overrides,
                  result) -> dict:
     """The first answer: the step compiled with each varied segment of the layer plan repeated a few times
     (llm.fast_plan), every memory figure and the step time extrapolated linearly in the repeats to the model's
@@ -498,8 +459,8 @@ def _fast_answer(step, plan, name, batch, top, use_cache, report_progress, label
     rows = []
     for repeats in plan.points:
         reduced = replace(step, config=step.config.with_repeats(repeats))
-        spec = llm.Spec(reduced, name)
-        row = _run_dtype(spec, name, None, batch, False, top, use_cache,
+        spec = llm.Spec(reduced, chosen.topology)
+        row = _run_dtype(spec, chosen, None, batch, False, top, use_cache,
                          lambda _label, b, n=reduced.config.num_hidden_layers: report_progress(f"{label} {n} layers", b))
         row.update({key: result[key] for key in ("target", "topology", "slice", "device", "mesh")})
         row.update({"model": spec.model_info(), "seq_len": seq,

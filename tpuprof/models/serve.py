@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tpuprof.errors import UserError
+from tpuprof.models import options
 
 ENGINES = ("vllm", "sglang-jax", "jetstream")
 KV_CACHE_DTYPES = ("auto", "fp8")
@@ -26,17 +27,10 @@ FLAGS = {
 }
 
 
-class OptionError(UserError):
-    """A bad option value. The sentence names the option by its Python keyword (`max_model_len`); the command line
-    re-raises it with the flag (`--max-model-len`) through `for_flags`."""
+class OptionError(options.OptionError):
+    """A bad serving option: named by its keyword (`max_model_len`) or, through `for_flags`, its flag."""
 
-    def __init__(self, option: str, template: str):
-        self.option, self.template = option, template
-        super().__init__(template.format(option=option, **{name: name for name in FLAGS}))
-
-    def for_flags(self) -> UserError:
-        """The same sentence naming flags: `{option}` is this option, `{output_len}` (any field) names another."""
-        return UserError(self.template.format(option=FLAGS.get(self.option, self.option), **FLAGS))
+    FLAGS = FLAGS
 
 
 @dataclass(frozen=True)
@@ -71,7 +65,6 @@ def serve_options(model: str, tpu: str | list | tuple, *, engine: str = "vllm", 
                   input_len: int | None = None, output_len: int | None = None, concurrency: int | None = None, prices: Any = None,
                   compile: bool = True) -> ServeOptions:
     """The one validation of a serving question; raises OptionError naming the keyword at fault."""
-    from tpuprof import prices as price_table, slices
     from tpuprof.sources.llm import load_config
 
     if engine not in ENGINES:
@@ -94,13 +87,7 @@ def serve_options(model: str, tpu: str | list | tuple, *, engine: str = "vllm", 
                                                    and 0 < gpu_memory_utilization <= 1):
         raise OptionError("gpu_memory_utilization", "{option} is the fraction of HBM the engine may use: a number "
                                                     f"above 0 and at most 1, not {gpu_memory_utilization!r}.")
-    names = [t.strip() for t in (tpu.split(",") if isinstance(tpu, str) else tpu) if str(t).strip()]
-    if not names:
-        raise OptionError("tpu", "{option} needs a slice such as v6e-8 (or several: v6e-8,v5p-8).")
-    try:
-        parsed = tuple(dict.fromkeys(slices.parse(name) for name in names))
-    except UserError as error:
-        raise OptionError("tpu", "{option}: " + str(error)) from None
+    parsed = options.tpu_slices(tpu, OptionError, "{option} needs a slice such as v6e-8 (or several: v6e-8,v5p-8).")
     for chosen in parsed:
         if tensor_parallel_size is not None and chosen.devices % tensor_parallel_size:
             raise OptionError("tensor_parallel_size", f"{{option}} {tensor_parallel_size} does not divide the "
@@ -126,12 +113,7 @@ def serve_options(model: str, tpu: str | list | tuple, *, engine: str = "vllm", 
                                        f"model length {length}.")
     if enable_expert_parallel and not config.moe:
         raise OptionError("enable_expert_parallel", f"{{option}}: {config.name} has no experts.")
-    if isinstance(prices, Mapping):
-        prices = ",".join(f"{name}={value}" for name, value in prices.items())
-    try:
-        overrides = price_table.parse_overrides(prices)
-    except UserError as error:
-        raise OptionError("prices", str(error).replace("--price", "{option}")) from None
+    overrides = options.price_overrides(prices, OptionError)
     return ServeOptions(config, source, parsed, engine, max_model_len, max_num_seqs, max_num_batched_tokens,
                         tensor_parallel_size, bool(enable_expert_parallel), kv_cache_dtype, quantization,
                         None if gpu_memory_utilization is None else float(gpu_memory_utilization), block_size,

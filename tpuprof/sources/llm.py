@@ -40,10 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from tpuprof.errors import UserError
+from tpuprof.models.preflight import DTYPES, REMAT_POLICIES, WEIGHT_DTYPES  # noqa: F401 - the options' closed sets
 from tpuprof.sources.mesh import MESH_AXES, make_mesh, parse_mesh  # noqa: F401 - the LLM step's mesh
 
-REMAT_POLICIES = ("none", "full", "dots", "offload")
-DTYPES = ("bf16", "fp8")
 OFFLOADED = ("decoder_layer_input", "query_proj", "key_proj", "value_proj")  # --remat offload, as MaxText names them
 CAPACITY_FACTOR = 1.25
 MOE_GROUP = 512  # tokens routed together (the one-hot dispatch tensors grow with the group squared)
@@ -95,7 +94,6 @@ COMPILER_OPTIONS = {
 }
 LOSS_CHUNK_BYTES = 512 * 2**20  # fp32 logits of one piece of the loss per device (see cross_entropy)
 ADAM_STATE_BYTES = 12  # per parameter: fp32 weights + fp32 first and second moments
-WEIGHT_DTYPES = {"float32": 4, "bfloat16": 2}  # MaxText's weight_dtype -> bytes per element
 IMPLEMENTATION = "tpuprof compact JAX definition (tpuprof/sources/llm.py)"
 
 

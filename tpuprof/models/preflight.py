@@ -1,0 +1,121 @@
+"""`tpuprof preflight`: what the user asked (PreflightOptions, validated once by `preflight_options`, which the
+command line and `tpuprof.preflight()` both call). A bad value raises PreflightOptionError naming the keyword
+(`batch_per_chip=`); the command line re-raises it naming the flag (`--batch-per-chip`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from tpuprof import targets
+from tpuprof.models import options
+
+# The LLM train step's closed sets (tpuprof/sources/llm.py builds the step from them).
+REMAT_POLICIES = ("none", "full", "dots", "offload")
+DTYPES = ("bf16", "fp8")
+WEIGHT_DTYPES = {"float32": 4, "bfloat16": 2}  # MaxText's weight_dtype -> bytes per element
+
+# The Python keyword of each option and what sets it on the command line.
+FLAGS = {
+    "fn_or_model": "FILE.py:FACTORY", "tpu": "--tpu", "batch": "--batch", "max_batch": "--max-batch",
+    "compare_bf16": "--compare-bf16", "top": "--top", "cache": "--no-cache",
+    "tokens_per_example": "--tokens-per-example", "price": "--price", "model": "--model", "seq": "--seq",
+    "batch_per_chip": "--batch-per-chip", "global_batch": "--global-batch", "remat": "--remat", "dtype": "--dtype",
+    "mesh": "--mesh", "weight_dtype": "--weight-dtype", "full": "--full",
+}
+
+
+class PreflightOptionError(options.OptionError):
+    """A bad preflight option: `batch_per_chip=` for the API, `--batch-per-chip` through `for_flags`."""
+
+    FLAGS = FLAGS
+    KEYWORD = "{}="  # preflight(fn, *args, tpu=...): a keyword argument, told apart from the positional ones
+    VALUES = {"batch": "N", "batch_per_chip": "N", "global_batch": "N", "model": "NAME|config.json"}
+
+
+@dataclass(frozen=True)
+class PreflightOptions:
+    """One preflight question, validated: the step (a FILE.py:FACTORY text, or for the API a function, a Keras model
+    or a factory with its example arguments) or an LLM (`model`), the slices, and how to search and report."""
+
+    slices: tuple  # tpuprof.slices.Slice, in the order given, once each
+    step: Any = None  # "file.py:factory", a function, a Keras model or a factory; None with `model`
+    example_args: tuple = ()
+    model: str | None = None  # a built-in LLM name or a config.json (loaded by the command)
+    batch: int | None = None  # per device, for a step
+    max_batch: bool = False
+    compare_bf16: bool = False
+    top: int = 10
+    use_cache: bool = True
+    tokens_per_example: int | None = None
+    prices: Mapping = field(default_factory=dict)  # generation -> tpuprof.prices.Price overriding the table
+    seq: int = 2048
+    batch_per_chip: int | None = None
+    global_batch: int | None = None
+    remat: str = "full"  # a policy of REMAT_POLICIES, or "all" (with max_batch: one search per policy)
+    dtype: str = "bf16"
+    mesh: str | None = None  # AXIS=N,... (checked against each slice's devices when the step is built)
+    weight_dtype: str = "float32"
+    full: bool = False
+
+    @property
+    def remat_policies(self) -> tuple:
+        return REMAT_POLICIES if self.remat == "all" else (self.remat,)
+
+
+def _whole(option: str, value: Any, least: int, words: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+        raise PreflightOptionError(option, f"{{option}} must be {words}, not {value!r}.")
+
+
+def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu: Any, batch: int | None = None,
+                      max_batch: bool = False, compare_bf16: bool = False, top: int = 10, cache: bool = True,
+                      tokens_per_example: int | None = None, price: Any = None, model: str | None = None,
+                      seq: int = 2048, batch_per_chip: int | None = None, global_batch: int | None = None,
+                      remat: str = "full", dtype: str = "bf16", mesh: str | None = None,
+                      weight_dtype: str = "float32", full: bool = False) -> PreflightOptions:
+    """The one validation of a preflight question (what needs the step or the model loaded is checked where they
+    are); raises PreflightOptionError naming the keyword at fault."""
+    error = PreflightOptionError
+    _whole("top", top, 0, "a number of rows (0 or more)")
+    _whole("batch", batch, 1, "a positive number of examples per chip")
+    _whole("tokens_per_example", tokens_per_example, 1, "a positive number of tokens")
+    _whole("seq", seq, 1, "a positive number")
+    _whole("batch_per_chip", batch_per_chip, 1, "a positive number")
+    _whole("global_batch", global_batch, 1, "a positive number")
+    slices = options.tpu_slices(tpu, error, f"{{option}} needs a TPU generation ({' '.join(targets.TARGETS)}) or a "
+                                            "topology like v5e:2x2.")
+    prices = options.price_overrides(price, error, "price")
+    if model is not None:
+        if fn_or_model is not None or example_args or batch is not None or compare_bf16 or tokens_per_example:
+            raise error("model", "{model_n} compiles a built-in LLM step: give it without {fn_or_model}, {batch}, "
+                                 "{compare_bf16} or {tokens_per_example} (use {batch_per_chip} or {global_batch}, "
+                                 "{seq}).")
+        if [batch_per_chip is not None, global_batch is not None, bool(max_batch)].count(True) != 1:
+            raise error("batch_per_chip", "give one of {batch_per_chip_n}, {global_batch_n} or {max_batch}.")
+        if remat not in (*REMAT_POLICIES, "all"):
+            raise error("remat", f"{{option}} must be one of {', '.join(REMAT_POLICIES)} or all, not {remat!r}.")
+        if remat == "all" and not max_batch:
+            raise error("remat", "{option} all searches the largest batch of each policy: give it with {max_batch}.")
+        if dtype not in DTYPES:
+            raise error("dtype", f"{{option}} must be one of {', '.join(DTYPES)}, not {dtype!r}.")
+        if weight_dtype not in WEIGHT_DTYPES:
+            raise error("weight_dtype", f"{{option}} must be one of {', '.join(WEIGHT_DTYPES)}, not {weight_dtype!r}.")
+    else:
+        if weight_dtype != "float32" or full:
+            raise error("weight_dtype" if weight_dtype != "float32" else "full",
+                        "{weight_dtype} and {full} go with {model}.")
+        if fn_or_model is None:
+            raise error("fn_or_model", "give {fn_or_model} (your step) or {model_n} (an LLM train step).")
+        if batch_per_chip is not None or global_batch is not None:
+            raise error("batch_per_chip" if batch_per_chip is not None else "global_batch",
+                        "{batch_per_chip} and {global_batch} go with {model}; a {fn_or_model} takes {batch}.")
+        if batch is not None and max_batch:
+            raise error("batch", "give either {batch_n} or {max_batch}, not both.")
+        if batch is None and not max_batch and not (example_args and not isinstance(fn_or_model, (str, os.PathLike))):
+            raise error("batch", "give {batch_n} (the per-chip batch size) or {max_batch} to search for it.")
+    return PreflightOptions(slices, fn_or_model, tuple(example_args), model, batch, bool(max_batch),
+                            bool(compare_bf16), top, bool(cache), tokens_per_example, prices, seq, batch_per_chip,
+                            global_batch, remat, dtype, mesh, weight_dtype, bool(full))
