@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from tpuprof import targets
+from tpuprof import documents_preflight, targets
 from tpuprof.analyses import collectives, step_estimate
 
 FSDP, TENSOR = 16, 4  # mesh over the 64 chips of v5p:4x4x4
@@ -95,7 +95,7 @@ def test_an_async_permute_is_hidden_by_the_compute_scheduled_inside_it(sharded):
 
 def test_report_carries_the_collective_figures(sharded):
     _, estimate = sharded
-    out = step_estimate.report(estimate, batch_size=B // FSDP // TENSOR, tokens_per_example=E)
+    out = documents_preflight.estimate(estimate, batch_size=B // FSDP // TENSOR, tokens_per_example=E)
     assert out["collective_ms"] == pytest.approx(estimate.collective_s * 1e3, abs=1e-4)
     assert out["exposed_collective_ms"] < out["collective_ms"]
     assert out["tokens_per_s_per_chip"] == out["tokens_per_s"] > 0
@@ -112,7 +112,7 @@ def test_multi_slice_adds_the_dcn_all_reduce(sharded):
     assert two.point_s == pytest.approx(one.point_s + two.dcn_s)
     unknown = step_estimate.estimate(cost, "v5p", num_slices=2)
     assert unknown.dcn_s is None
-    assert any("across 2 slices" in line for line in step_estimate.not_modelled(unknown))
+    assert any("across 2 slices" in line for line in documents_preflight.not_modelled(unknown))
 
 
 @pytest.fixture(scope="session")
@@ -224,11 +224,11 @@ def test_slices_rank_by_cost_and_by_time():
 
     results = [result("v5p-128", 64, 10.0, 3.0), result("v6e-256", 256, 4.0, 2.0),
                result("tpu7x-64", 32, 30.0, None), {"target": "v5e", "fits": False}]
-    ranked = step_estimate.ranking(results)
+    ranked = documents_preflight.ranking(results)
     assert [r["slice"]["name"] for r in ranked["by_cost"]] == ["v6e-256", "v5p-128"]  # tpu7x: no price
     # by time: the whole slice's throughput, 256 x 4 > 32 x 30 > 64 x 10
     assert [r["slice"]["name"] for r in ranked["by_time"]] == ["v6e-256", "tpu7x-64", "v5p-128"]
-    cheapest, fastest = step_estimate.choice(results).splitlines()
+    cheapest, fastest = documents_preflight.choice(results).splitlines()
     assert cheapest.startswith("cheapest that fits: v6e-256") and "by cost: v6e-256 $2.00 < v5p-128 $3.00" in cheapest
     assert fastest.startswith("fastest: v6e-256") and "v6e-256 1,024/s > tpu7x-64 960/s > v5p-128 640/s" in fastest
 
@@ -241,11 +241,10 @@ def test_llm_model_flops_follow_maxtext():
 
 
 def test_mfu_of_a_known_model_uses_maxtext_flops_per_device():
-    from tpuprof.commands import preflight as command
+    from tpuprof.analyses import preflight
 
-    target = {"model": {"parameters": 8e9, "layers": 32, "heads": 32, "head_dim": 128}, "seq_len": 4096,
-              "batch_per_chip": 4, "device": {"devices_per_chip": 2}}
+    model = {"parameters": 8e9, "layers": 32, "heads": 32, "head_dim": 128}
     tokens = 4 / 2 * 4096  # per device: the chip's batch shared by its 2 devices
-    assert command._model_flops_per_device(target) == pytest.approx(
+    assert preflight.model_flops_per_device(model, 4096, 4, devices_per_chip=2) == pytest.approx(
         6 * 8e9 * tokens + 12 * 32 * tokens * 4096 * 4096 / 2)
-    assert command._model_flops_per_device({"seq_len": 4096, "batch_per_chip": 4}) is None  # no model
+    assert preflight.model_flops_per_device(None, 4096, 4) is None  # no model

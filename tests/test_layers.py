@@ -27,13 +27,17 @@ ALLOWED = {
     "sources": {"models"},
     "analyses": {"sources", "models"},
     "advice": {"analyses", "models"},
-    "renderers": {"models"},
+    # A renderer may use the prose a document writes (preflight's slice labels, ranking and verdict words), so
+    # that the table and the document say it in the same words.
+    "renderers": {"models", "documents_preflight"},
     # The versioned JSON document of a command, built from its typed result (serve's first; issue 32's document
     # layer): it reads analyses' results and is read by results, renderers and commands.
     "documents_serve": {"analyses", "advice", "models"},
+    "documents_preflight": {"analyses", "advice", "models"},
     # What a command returns (tpuprof.results): it gives its JSON document and shows itself in a notebook.
-    "results": {"renderers", "models", "documents_serve"},
-    "commands": {"sources", "analyses", "advice", "renderers", "results", "models", "documents_serve"},
+    "results": {"renderers", "models", "documents_serve", "documents_preflight"},
+    "commands": {"sources", "analyses", "advice", "renderers", "results", "models", "documents_serve",
+                 "documents_preflight"},
 }
 
 DOCUMENT_LAYER = "to move with the document layer (issue 32): the renderer reads what the document should carry"
@@ -42,7 +46,6 @@ KNOWN_CROSSINGS = {
     ("tpuprof.renderers.analyze", "tpuprof.analyses.summary"): DOCUMENT_LAYER,
     ("tpuprof.renderers.html", "tpuprof.analyses.framework"): DOCUMENT_LAYER,
     ("tpuprof.renderers.html", "tpuprof.analyses.input_pipeline"): DOCUMENT_LAYER,
-    ("tpuprof.renderers.markdown", "tpuprof.analyses.step_estimate"): DOCUMENT_LAYER,
     ("tpuprof.renderers.oom", "tpuprof.analyses.framework"): DOCUMENT_LAYER,
     ("tpuprof.renderers.oom", "tpuprof.analyses.oom"): DOCUMENT_LAYER,
     ("tpuprof.renderers.preflight", "tpuprof.analyses.step_estimate"): DOCUMENT_LAYER,
@@ -53,10 +56,10 @@ KNOWN_CROSSINGS = {
     ("tpuprof.renderers.capture", "tpuprof.sources.capture"): DOCUMENT_LAYER,
     ("tpuprof.renderers.html", "tpuprof.sources.inputs"): DOCUMENT_LAYER,
     ("tpuprof.renderers.trace", "tpuprof.sources.xplane"): DOCUMENT_LAYER,
-    ("tpuprof.models.serve", "tpuprof.sources.llm"):
-        "serve_options reads the model's config while validating: to move to the edge with the typed preflight options",
     ("tpuprof.documents_serve", "tpuprof.sources.llm_serve"):
         "the serving step's implementation name: to travel in the typed answer instead",
+    ("tpuprof.documents_preflight", "tpuprof.renderers.memory"):
+        "the memory analysis' JSON is built by the memory renderer: to move with the memory command's document",
     ("tpuprof.analyses.preflight", "tpuprof.renderers.output"):
         "the compile cache's atomic write: write_atomically to move to a base module with renderers/output.py's rework",
 }

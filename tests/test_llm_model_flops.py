@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tpuprof.analyses import step_estimate
-from tpuprof.commands import preflight
+from tpuprof.analyses import preflight
 from tpuprof.sources import llm
 
 # (model, per-device batch, seq, the log line's seconds and TFLOP/s/device), from
@@ -26,10 +26,9 @@ def test_model_flops_equal_maxtexts_logged_count(name, batch, seq, seconds, tflo
     config, source = llm.load_config(name)
     spec = llm.Spec(llm.Step(config, source, seq, mesh_sizes=llm.parse_mesh(None, 8)), "v6e-8")
     model = spec.model_info()
-    target = {"model": model, "seq_len": seq, "batch_per_chip": batch, "device": {"devices_per_chip": 1}}
     tokens = batch * seq
     width = model["heads"] * model["head_dim"]
-    ours = preflight._model_flops_per_device(target)
+    ours = preflight.model_flops_per_device(model, seq, batch, devices_per_chip=1)
     assert ours == step_estimate.model_flops(model["active_parameters"], tokens, model["layers"], seq, width)
     # That MaxText (tpu-recipes-v0.1.4) counted attention whole; today's halves it for causal masks, as tpuprof
     # does. The log rounds seconds and TFLOP/s to 3 decimals: 0.1% covers it.

@@ -344,3 +344,25 @@ def test_the_python_api_takes_the_same_options(tmp_path, monkeypatch):
     assert result.to_dict()["targets"] == cli["targets"] and not result.fits
     with pytest.raises(tpuprof.UserError, match="model="):
         tpuprof.preflight(lambda x: x, tpu="v5e", model="llama3.1-8b", batch_per_chip=1)
+
+
+def test_the_api_and_the_cli_give_one_document_for_the_same_options(tiny_document, llm_cache, monkeypatch):
+    """The same question by keyword and by flag is one PreflightOptions, so one document (the API's compiles are
+    the CLI run's, from the session's cache); the API's answer is typed: slices, compiles, estimates."""
+    import tpuprof
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(llm_cache))
+    source = tiny_document["targets"][0]["model"]["source"]
+    result = tpuprof.preflight(model=source, tpu=["v6e-16", "v6e-64", "2xv6e-16"], seq=256, batch_per_chip=2)
+    document = result.to_dict()
+
+    def without_compiles(doc: dict) -> dict:
+        return {**doc, "targets": [{k: v for k, v in t.items() if k != "compiles"} for t in doc["targets"]]}
+
+    assert without_compiles(document) == without_compiles(tiny_document)
+    assert [t.compiles for t in result.targets] == [0, 0, 0]
+    for target, entry in zip(result.targets, document["targets"]):
+        assert target.slice.to_json() == entry["slice"] and target.global_batch == entry["global_batch"]
+        assert target.compiled.required_bytes == entry["required_bytes"] > 0
+        assert target.compiled.figures.temp_bytes == entry["temp_bytes"]
+        assert target.estimate["step_ms"] == entry["estimate"]["step_ms"]

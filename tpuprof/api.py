@@ -137,7 +137,7 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
         - a factory `f(batch_size)` returning either of those, or a `"path/to/file.py:factory"` text (as the CLI).
     tpu: a generation ("v5e"; v2 v3 v4 v5e v5p v6e tpu7x, or a name such as "v7x", "ironwood", "trillium",
         "v6e-8"), a topology ("v5e:2x2"), or several (a list or "v5e,v6e") to compare them. The program is
-        compiled for one device as jobs see it (`result.targets[i]["device"]`): a chip on v4 (megacore), v5e,
+        compiled for one device as jobs see it (`result.to_dict()["targets"][i]["device"]`): a chip on v4 (megacore), v5e,
         v5p and v6e, a TensorCore on v2, v3 and TPU7x.
     batch: the per-device batch to check. With example arguments it defaults to theirs; another batch size
         changes the leading dimension of the arguments every array of which has the batch as its leading
@@ -159,7 +159,7 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
         default, as the CLI does, and shown before an error that is not about the input.
 
         >>> result = tpuprof.preflight(jax.jit(step), params, x, y, tpu="v5e", max_batch=True)
-        >>> result.fits, result.targets[0]["max_batch_size"]
+        >>> result.fits, result.targets[0].compiled.search.max_batch_size   # tpuprof.models.preflight
     """
     from tpuprof import library_output
 
@@ -200,14 +200,14 @@ def serve(model: str, tpu: Union[str, Iterable[str]], *, engine: str = "vllm", m
         >>> result.targets[0].capacity.tokens, result.to_dict()["targets"][0]["safe_gpu_memory_utilization"]
     """
     from tpuprof.commands import serve as command
-    from tpuprof.models.serve import serve_options
 
-    options = serve_options(model, tpu, engine=engine, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                            max_num_batched_tokens=max_num_batched_tokens, tensor_parallel_size=tensor_parallel_size,
-                            enable_expert_parallel=enable_expert_parallel, kv_cache_dtype=kv_cache_dtype,
-                            quantization=quantization, gpu_memory_utilization=gpu_memory_utilization,
-                            block_size=block_size, input_len=input_len, output_len=output_len,
-                            concurrency=concurrency, prices=prices, compile=compile)
+    options = command.options(model, tpu, engine=engine, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                              max_num_batched_tokens=max_num_batched_tokens,
+                              tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=enable_expert_parallel,
+                              kv_cache_dtype=kv_cache_dtype, quantization=quantization,
+                              gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
+                              input_len=input_len, output_len=output_len, concurrency=concurrency, prices=prices,
+                              compile=compile)
     return command.result(options, on_compile=on_compile)
 
 

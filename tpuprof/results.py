@@ -186,30 +186,31 @@ class PreflightResult(Result):
     command = "preflight"
 
     spec: str  # what was compiled: file.py:factory, or the function's or model's name
-    targets: list  # one dict per target, as the JSON's targets (with "memory": a ModuleMemory)
+    targets: list  # tpuprof.models.preflight.PreflightTarget, one per slice, in the order given
     top: int = 10
     suggestions: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.suggestions:
             for target in self.targets:
-                if target.get("memory") is not None:
-                    self.suggestions += [as_suggestion(s) for s in target["memory"].suggestions]
-                self.suggestions += [as_suggestion(s) for s in (target.get("oom") or {}).get("suggestions", [])]
+                if target.compiled.memory is not None:
+                    self.suggestions += [as_suggestion(s) for s in target.compiled.memory.suggestions]
+                if target.compiled.oom is not None:
+                    self.suggestions += [as_suggestion(s) for s in target.compiled.oom.suggestions]
 
     @property
     def fits(self) -> bool:
         """True when the step fits every target."""
-        return all(t.get("fits") for t in self.targets)
+        return all(t.fits for t in self.targets)
 
     def _document(self) -> dict:
-        from tpuprof.renderers.preflight import to_json
+        from tpuprof.documents_preflight import document
 
-        return to_json(self.targets, self.top)
+        return document(self.targets, self.top)
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{t['target']} batch {t.get('batch_size')}: {'fits' if t.get('fits') else 'does not fit'}"
-                          for t in self.targets)
+        parts = ", ".join(f"{t.generation.name} batch {t.compiled.batch_size}: "
+                          f"{'fits' if t.fits else 'does not fit'}" for t in self.targets)
         return f"PreflightResult({self.spec!r}: {parts})"
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tpuprof import slices, targets
+from tpuprof import slices
 
 CACHE_FORMAT = 2  # 2: dumps keep *.after_codegen.hlo.pb (the step-time estimate reads it)
 STEP = 8  # batch sizes searched are multiples of 8 ...
@@ -460,3 +460,49 @@ def _refused_figures(message: str | None) -> str:
     if report is None or not report.used_bytes or not report.capacity_bytes:
         return ""
     return f" (used {fmt_bytes(report.used_bytes)} of {fmt_bytes(report.capacity_bytes)})"
+
+
+# --- what the step time estimate needs of the step -------------------------------------------------------
+
+def gradient_bytes_per_device(devices: int, parameters: int | None, argument_bytes: int | None,
+                              compiled_devices: int = 1) -> tuple[float | None, str]:
+    """What each device all-reduces across slices: its share of the f32 gradients once reduced within the
+    slice (reduce-scatter over ICI, all-reduce of the shard over DCN, all-gather over ICI). Without a parameter
+    count, the compiled step's argument bytes per device (over COMPILED_DEVICES) stand in: an upper bound."""
+    devices = devices or 1
+    if parameters:
+        return 4.0 * parameters / devices, f"{parameters:,} parameters x 4 bytes (f32) / {devices} devices per slice"
+    if argument_bytes:
+        return (argument_bytes * compiled_devices / devices,
+                "the compiled step's argument bytes per device (parameters, optimizer state and batch: an "
+                "upper bound on the gradients) / the slice's devices")
+    return None, ""
+
+
+def replica_gradient_bytes(parameters: int | None, state_bytes: int | None) -> tuple[float | None, str]:
+    """The gradients a data-parallel replica all-reduces across the slice: f32 per parameter of a known model,
+    else the step's batch-independent argument bytes (parameters and optimizer state: exact for a step without
+    optimizer state, an upper bound otherwise)."""
+    if parameters:
+        return 4.0 * parameters, f"data-parallel all-reduce of {parameters:,} f32 gradients"
+    if not state_bytes:
+        return None, ""
+    return float(state_bytes), ("data-parallel all-reduce of the step's batch-independent arguments (parameters and "
+                                "optimizer state: an upper bound on the gradients)")
+
+
+def model_flops_per_device(model: dict | None, seq_len: int | None, batch_per_chip: int | None,
+                           devices_per_chip: int = 1) -> float | None:
+    """MaxText's model FLOPs per device for an LLM of known size (MODEL: tpuprof.sources.llm.Spec.model_info());
+    None for other programs."""
+    from tpuprof.analyses import step_estimate
+
+    model = model or {}
+    parameters = model.get("parameters")
+    if not (parameters and seq_len and batch_per_chip):
+        return None
+    tokens = batch_per_chip / (devices_per_chip or 1) * seq_len
+    # An MoE model computes with its active parameters; attention needs heads x head_dim (0: left out).
+    active = model.get("active_parameters") or parameters
+    width = model.get("attention_width") or (model.get("heads") or 0) * (model.get("head_dim") or 0)
+    return step_estimate.model_flops(active, tokens, model.get("layers") or 0, seq_len, width)

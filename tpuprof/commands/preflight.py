@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 
-from tpuprof import targets
 from tpuprof.errors import UserError
 
 
@@ -25,7 +24,9 @@ def run(spec_text: str | None, tpu: str, *, as_json: bool = False, format_: str 
     except PreflightOptionError as error:
         raise error.for_flags() from None
     if not print_document(checked, format_):
-        render.print_report(checked.spec, checked.targets, checked.top)
+        from tpuprof.documents_preflight import table_rows
+
+        render.print_report(checked.spec, table_rows(checked.targets, checked.top), checked.top)
 
 
 def result(options, on_compile=None):
@@ -86,122 +87,72 @@ def mesh_sizes(mesh: str | None, chosen) -> dict:
 
 
 def step_result(spec, options, batch: int | None, on_compile=None):
-    """Every slice's figures for the user's step (a tpu_compile.Spec)."""
+    """Every slice's answer for the user's step (a tpu_compile.Spec)."""
+    from dataclasses import replace
+
     from tpuprof.results import PreflightResult
 
     report_progress = on_compile or (lambda label, batch_size: None)
     checked = [_target(spec, chosen, batch, options, report_progress) for chosen in options.slices]
-    for target in checked:
-        estimate = _estimate(target, options.tokens_per_example, options.prices, options.top, spec)
-        if estimate is not None:
-            target["estimate"] = estimate
+    checked = [replace(target, estimate=_estimate(target.slice, target.compiled, options,
+                                                  tokens=options.tokens_per_example,
+                                                  whole_job=target.global_batch is not None, spec=spec))
+               for target in checked]
     return PreflightResult(spec.text, checked, options.top)
 
 
-def _estimate(target: dict, tokens_per_example, price_overrides, top, spec=None) -> dict | None:
-    """Step time, throughput and cost from the reported compile's dump (None without a dump)."""
+def _estimate(chosen, compiled, options, *, tokens: int | None, model=None, seq_len: int | None = None,
+              batch_per_chip: int | None = None, whole_job: bool = False, spec=None) -> dict | None:
+    """Step time, throughput and cost from the reported compile's dump (None without a dump). WHOLE_JOB: the
+    batch names every device of the slice, so a one-device compile is a data-parallel replica of the job."""
     from tpuprof import prices
-    from tpuprof.analyses import step_estimate
+    from tpuprof.analyses import preflight, step_estimate
+    from tpuprof.documents_preflight import estimate as estimate_document
 
-    if not target.get("dump_dir") or target.get("required_bytes") is None:
+    if not compiled.dump_dir or compiled.required_bytes is None:
         return None
     try:
-        cost = step_estimate.load(target["dump_dir"])
+        cost = step_estimate.load(compiled.dump_dir)
     except UserError:
         return None
-    slice_ = target.get("slice") or {}
-    num_slices = slice_.get("num_slices") or 1
-    gradient, gradient_source = _gradient_bytes_per_device(target, cost)
+    parameters = (model or {}).get("parameters")
+    compiled_devices = len(cost.torus.assignment) if cost.torus is not None and cost.torus.assignment else 1
+    gradient, gradient_source = preflight.gradient_bytes_per_device(
+        chosen.devices, parameters, compiled.figures.argument_bytes if compiled.figures else None, compiled_devices)
     replica = cost.torus is None or len(cost.torus.assignment) <= 1  # one device: a data-parallel replica
-    replica_of = slice_.get("topology") if replica and "global_batch" in target else None  # a named slice
-    replica_gradient, replica_source = (_replica_gradient_bytes(target, spec, replica_of)
-                                        if replica_of and slice_.get("devices", 1) > 1 else (None, ""))
-    estimate = step_estimate.estimate(cost, target["target"], num_slices, gradient, replica_of=replica_of,
+    replica_of = chosen.topology if replica and whole_job else None
+    replica_gradient, replica_source = None, ""
+    if replica_of and chosen.devices > 1:
+        state = None
+        if not parameters and spec is not None:
+            state = compiled.parameter_bytes or preflight.parameter_bytes(spec, None, chosen)
+        replica_gradient, replica_source = preflight.replica_gradient_bytes(parameters, state)
+    estimate = step_estimate.estimate(cost, chosen.generation, chosen.num_slices, gradient, replica_of=replica_of,
                                       replica_gradient_bytes=replica_gradient)
     if estimate.point_s <= 0:
         return None
-    tokens = target.get("seq_len") or tokens_per_example
-    return step_estimate.report(estimate, target["batch_size"], tokens,
-                                prices.price_for(target["target"], price_overrides), top=min(top, 5),
-                                model_flops_per_device=_model_flops_per_device(target),
-                                gradient_source="; ".join(p for p in (replica_source, gradient_source if num_slices > 1 else "") if p))
+    flops = preflight.model_flops_per_device(model, seq_len, batch_per_chip, chosen.target.devices_per_chip)
+    sources = (replica_source, gradient_source if chosen.num_slices > 1 else "")
+    return estimate_document(estimate, compiled.batch_size, seq_len or tokens,
+                             prices.price_for(chosen.generation, options.prices), top=min(options.top, 5),
+                             model_flops_per_device=flops, gradient_source="; ".join(p for p in sources if p))
 
 
-def _replica_gradient_bytes(target: dict, spec, topology: str) -> tuple[float | None, str]:
-    """The gradients a data-parallel replica all-reduces across the slice: f32 per parameter of a known model,
-    else the step's batch-independent argument bytes (parameters and optimizer state: exact for a step without
-    optimizer state, an upper bound otherwise)."""
-    parameters = (target.get("model") or {}).get("parameters")
-    if parameters:
-        return 4.0 * parameters, f"data-parallel all-reduce of {parameters:,} f32 gradients"
-    if spec is None:
-        return None, ""
+def _target(spec, chosen, batch, options, report_progress):
     from tpuprof.analyses import preflight
+    from tpuprof.models.preflight import PreflightTarget
 
-    state = target.get("parameter_bytes") or preflight.parameter_bytes(spec, None, topology)
-    if not state:
-        return None, ""
-    return float(state), ("data-parallel all-reduce of the step's batch-independent arguments (parameters and "
-                          "optimizer state: an upper bound on the gradients)")
-
-
-def _gradient_bytes_per_device(target: dict, cost) -> tuple[float | None, str]:
-    """What each device all-reduces across slices: its share of the f32 gradients once reduced within the
-    slice (reduce-scatter over ICI, all-reduce of the shard over DCN, all-gather over ICI)."""
-    devices = (target.get("slice") or {}).get("devices") or 1
-    parameters = (target.get("model") or {}).get("parameters")
-    if parameters:
-        return 4.0 * parameters / devices, f"{parameters:,} parameters x 4 bytes (f32) / {devices} devices per slice"
-    arguments = target.get("argument_bytes")
-    if arguments:
-        compiled = len(cost.torus.assignment) if cost.torus is not None and cost.torus.assignment else 1
-        return (arguments * compiled / devices,
-                "the compiled step's argument bytes per device (parameters, optimizer state and batch: an "
-                "upper bound on the gradients) / the slice's devices")
-    return None, ""
-
-
-def _model_flops_per_device(target: dict) -> float | None:
-    """MaxText's model FLOPs per device for an LLM of known size (--model); None for other programs."""
-    from tpuprof.analyses import step_estimate
-
-    model = target.get("model") or {}
-    parameters, seq = model.get("parameters"), target.get("seq_len")
-    batch = target.get("batch_per_chip")
-    if not (parameters and seq and batch):
-        return None
-    devices_per_chip = (target.get("device") or {}).get("devices_per_chip") or 1
-    tokens = batch / devices_per_chip * seq
-    # An MoE model computes with its active parameters; attention needs heads x head_dim (0: left out).
-    active = model.get("active_parameters") or parameters
-    width = model.get("attention_width") or (model.get("heads") or 0) * (model.get("head_dim") or 0)
-    return step_estimate.model_flops(active, tokens, model.get("layers") or 0, seq, width)
-
-
-def _target(spec, chosen, batch, options, report_progress) -> dict:
-    from tpuprof.analyses import preflight
-
-    target = chosen.target
-    max_batch, top, use_cache = options.max_batch, options.top, options.use_cache
-    result = {"target": target.name, "topology": chosen.topology, "slice": chosen.to_json(),
-              "device": target.device_info(), "hbm_capacity_bytes": target.compiler_hbm_bytes}
-    main = _run_dtype(spec, chosen, None, batch, max_batch, top, use_cache, report_progress)
-    result.update(main)
-    result.update(_batches(chosen, result["batch_size"]))
+    main = _compile(spec, chosen, None, batch, options.max_batch, options.top, options.use_cache, report_progress)
+    bf16 = None
     if options.compare_bf16:
-        bf16 = _run_dtype(spec, chosen, "bfloat16", batch, max_batch, top, use_cache, report_progress)
-        result["bf16"] = {k: bf16.get(k) for k in (
-            "batch_size", "fits", "required_bytes", "peak_heap_bytes", "peak_unpadded_heap_bytes",
-            "padding_at_peak_bytes", "max_batch_size", "recommended_batch_size", "max_batch_bound", "compiles",
-            "verdict")
-            if k in bf16}
-        result["compiles"] += bf16["compiles"]
-        if main.get("memory") is not None and bf16.get("batch_size") == main.get("batch_size"):
+        bf16 = _compile(spec, chosen, "bfloat16", batch, options.max_batch, options.top, options.use_cache,
+                        report_progress)
+        if main.memory is not None and bf16.batch_size == main.batch_size:
             from tpuprof.advice.memory import measure_bf16
 
-            measure_bf16(main["memory"], bf16.get("peak_heap_bytes"), main["batch_size"])
-    result["cache"] = str(preflight.cache_root())
-    return result
+            measure_bf16(main.memory, bf16.memory.peak_heap_bytes if bf16.memory else None, main.batch_size)
+    return PreflightTarget(chosen, main, str(preflight.cache_root()), bf16=bf16, searched=options.max_batch,
+                           **_batches(chosen, main.batch_size))
 
 
 def _batches(chosen, batch_per_device: int | None, whole_slice: bool | None = None) -> dict:
@@ -216,76 +167,57 @@ def _batches(chosen, batch_per_device: int | None, whole_slice: bool | None = No
     return out
 
 
-def _run_dtype(spec, slice_, dtype, batch, max_batch, top, use_cache, report_progress) -> dict:
+def _compile(spec, slice_, dtype, batch, max_batch, top, use_cache, report_progress):
+    """The step compiled for the slice in DTYPE (None: its own) at BATCH, or at the largest batch that fits."""
     from tpuprof.analyses import preflight
+    from tpuprof.models.preflight import BatchSearch, Compiled, CompilerFigures, CurvePoint, HostMemory
 
     label = f"{slice_.name}{' bf16' if dtype else ''}"
     compiler = preflight.Compiler(spec, slice_, dtype, use_cache,
                                   on_compile=lambda b: report_progress(label, b))
-    out: dict = {}
     step = getattr(spec, "batch_step", preflight.STEP)
     host_capacity = compiler.host_capacity
+    search = None
+    points = []
     if max_batch:
-        search = preflight.search_max_batch(lambda b: compiler.measure(b, dump=True, need_dump=False),
-                                            compiler.capacity, getattr(spec, "batch_limit", preflight.BATCH_LIMIT),
-                                            step=step,
-                                            preferred=getattr(spec, "preferred_batch", preflight.PREFERRED),
-                                            host_capacity=host_capacity)
-        batch = search.max_batch_size or step
-        out["max_batch_size"] = search.max_batch_size
-        out["recommended_batch_size"] = search.recommended_batch_size
-        out["search_limited"] = search.limited
-        out["max_batch_bound"] = search.bound
-        points = search.points
-    else:
-        points = []
+        found = preflight.search_max_batch(lambda b: compiler.measure(b, dump=True, need_dump=False),
+                                           compiler.capacity, getattr(spec, "batch_limit", preflight.BATCH_LIMIT),
+                                           step=step,
+                                           preferred=getattr(spec, "preferred_batch", preflight.PREFERRED),
+                                           host_capacity=host_capacity)
+        batch = found.max_batch_size or step
+        search = BatchSearch(found.max_batch_size, found.recommended_batch_size, found.limited, found.bound)
+        points = found.points
     chosen = compiler.measure(batch, dump=True)
     compiler.drop_dumps({batch})
     points = sorted({p.batch_size: p for p in [*points, chosen]}.values(), key=lambda p: p.batch_size)
-    curve = preflight.fit_curve(points)
-    out.update({
-        "batch_size": batch,
-        "fits": chosen.fits,
-        "required_bytes": chosen.required_bytes,
-        "compiles": compiler.compiles,
-        "curve": [{"batch_size": p.batch_size, "required_bytes": p.required_bytes, "fits": p.fits,
-                   **({"host_bytes": p.host_bytes} if p.host_bytes else {})} for p in points],
-    })
-    if curve is not None:
-        out["curve_fit"] = {"fixed_bytes": curve.fixed_bytes, "per_example_bytes": int(round(curve.per_example_bytes))}
+    figures = host = memory = dump_dir = None
     if chosen.stats:
-        out.update({
-            "argument_bytes": chosen.stats["argument_size_in_bytes"],
-            "output_bytes": chosen.stats["output_size_in_bytes"],
-            "alias_bytes": chosen.stats["alias_size_in_bytes"],
-            "temp_bytes": chosen.stats["temp_size_in_bytes"],
-            "generated_code_bytes": chosen.stats["generated_code_size_in_bytes"],
-        })
+        stats = chosen.stats
+        figures = CompilerFigures(stats["argument_size_in_bytes"], stats["output_size_in_bytes"],
+                                  stats["alias_size_in_bytes"], stats["temp_size_in_bytes"],
+                                  stats["generated_code_size_in_bytes"])
         if chosen.host_bytes:  # offloaded activations or pinned host arguments: the host's memory, not HBM
-            out["host_bytes"] = chosen.host_bytes
-            if host_capacity is not None:
-                out["host_capacity_bytes"] = host_capacity
-            out["host_fits"] = chosen.host_fits(host_capacity)
+            host = HostMemory(chosen.host_bytes, host_capacity, chosen.host_fits(host_capacity))
     if chosen.dump_dir:
         memory = _memory(chosen.dump_dir, slice_.generation, top)
         if memory is not None:
-            out["peak_heap_bytes"] = memory.peak_heap_bytes
-            out["peak_unpadded_heap_bytes"] = memory.peak_unpadded_heap_bytes
-            out["padding_at_peak_bytes"] = memory.padding_at_peak_bytes
-            out["memory"] = memory
             if chosen.stats:  # the compiler's aliased bytes make the donation hint's figure (tpuprof.advice.memory)
                 from tpuprof.advice.memory import add_donation
                 add_donation(memory, chosen.stats)
-            out["dump_dir"] = chosen.dump_dir
-    parameters = None
-    if chosen.oom_message or (max_batch and out["max_batch_size"] is None):
-        parameters = out["parameter_bytes"] = preflight.parameter_bytes(spec, dtype, slice_)
+            dump_dir = chosen.dump_dir
+    none_fits = search is not None and search.max_batch_size is None
+    parameters = oom = verdict = None
+    if chosen.oom_message or none_fits:
+        parameters = preflight.parameter_bytes(spec, dtype, slice_)
     if chosen.oom_message:
-        out["oom"] = _oom(chosen.oom_message, batch, compiler.capacity, parameters)
-    if max_batch and out["max_batch_size"] is None:
-        out["verdict"] = preflight.too_large(parameters, chosen, compiler.capacity, step, host_capacity,
-                                             getattr(spec, "host_advice", preflight.HOST_ADVICE))
-    return out
+        oom = _oom(chosen.oom_message, batch, compiler.capacity, parameters)
+    if none_fits:
+        verdict = preflight.too_large(parameters, chosen, compiler.capacity, step, host_capacity,
+                                      getattr(spec, "host_advice", preflight.HOST_ADVICE))
+    return Compiled(batch, chosen.fits, chosen.required_bytes, compiler.compiles,
+                    tuple(CurvePoint(p.batch_size, p.required_bytes, p.fits, p.host_bytes) for p in points),
+                    preflight.fit_curve(points), figures, host, memory, dump_dir, search, parameters, oom, verdict)
 
 
 def _memory(dump_dir: str, generation: str, top: int):
@@ -297,31 +229,34 @@ def _memory(dump_dir: str, generation: str, top: int):
     return max(modules, key=lambda m: m.peak_heap_bytes or 0) if modules else None
 
 
-def _oom(message: str, batch: int, capacity: int, parameters: int | None) -> dict:
+def _oom(message: str, batch: int, capacity: int, parameters: int | None):
     """The compiler's RESOURCE_EXHAUSTED text through the OOM triage (when it is available).
 
     The parameter bytes tell the triage what does not shrink with the batch; its advice to dump or
     to run preflight is dropped: this is preflight, and the dump is the compile's own."""
+    from tpuprof.models.preflight import OomAtBatch
+
     try:
         from tpuprof.advice import oom as advice
         from tpuprof.analyses import oom as triage
     except ImportError:
-        return {"message": message}
+        return OomAtBatch(message)
     report = triage.parse_message(message)
     if report is None:
-        return {"message": message}
+        return OomAtBatch(message)
     estimate = triage.estimate_batch(report, batch, capacity, dump_arguments=parameters)
     suggestions = [s for s in advice.suggest(report, estimate)
                    if "--xla_dump_to" not in s["message"] and "tpuprof preflight" not in s["message"]]
-    return {"message": message, "report": report.to_json(), "batch_estimate": estimate.to_json(),
-            "suggestions": suggestions}
+    return OomAtBatch(message, report, estimate, tuple(suggestions))
 
 
 # --- LLMs from a name or a config (--model) ------------------------------------------------------------
 
 def model_result(options, on_compile=None, fast: bool | None = None):
-    """Every slice's figures for the LLM train step (the typed result `tpuprof.preflight(model=...)` returns).
+    """Every slice's answer for the LLM train step (the typed result `tpuprof.preflight(model=...)` returns).
     FAST: True forces the extrapolated answer, None lets the layer count decide (`options.full`: never)."""
+    from dataclasses import replace
+
     from tpuprof.models.options import template
     from tpuprof.models.preflight import PreflightOptionError
     from tpuprof.results import PreflightResult
@@ -339,178 +274,137 @@ def model_result(options, on_compile=None, fast: bool | None = None):
         rows = [_model_target(config, source, chosen, policy, options, report_progress,
                               False if options.full else fast) for policy in options.remat_policies]
         best = max(rows, key=_throughput)
-        if len(rows) > 1:
-            best["remat_table"] = [{"remat": row["model"]["remat"], "max_batch_per_chip": row.get("max_batch_per_chip"),
-                                    "required_bytes": row.get("required_bytes"),
-                                    "step_ms": (row.get("estimate") or {}).get("step_ms"),
-                                    "compiles": row.get("compiles", 0)} for row in rows]
-        checked.append(best)
+        checked.append(replace(best, remat_table=tuple(rows)) if len(rows) > 1 else best)
     return PreflightResult(f"--model {config.name}", checked, options.top)
 
 
-def _throughput(row: dict) -> float:
+def _throughput(target) -> float:
     """Tokens per second per chip at the reported batch (0 when it does not fit)."""
-    if not row.get("fits") or row.get("host_fits") is False:  # HBM, or the host's memory, exceeded
+    host = target.compiled.host
+    if not target.fits or (host is not None and host.fits is False):  # HBM, or the host's memory, exceeded
         return 0.0
-    estimate = row.get("estimate") or {}
-    return float(estimate.get("tokens_per_s") or 0) or float(row.get("batch_per_chip") or 0) * 1e-9
+    estimate = target.estimate or {}
+    return float(estimate.get("tokens_per_s") or 0) or float(target.batch_per_chip or 0) * 1e-9
 
 
-def _model_target(config, source, chosen, remat, options, report_progress, fast=None) -> dict:
+def _model_target(config, source, chosen, remat, options, report_progress, fast=None):
     from tpuprof.analyses import preflight
-    from tpuprof.models.preflight import PreflightOptionError
-    from tpuprof.renderers import preflight as render
+    from tpuprof.models.preflight import Compiled, PreflightOptionError, PreflightTarget
     from tpuprof.sources import llm
-    from tpuprof.units import fmt_bytes
 
-    seq, batch_per_chip, global_batch, max_batch = options.seq, options.batch_per_chip, options.global_batch, \
-        options.max_batch
-    top, use_cache, price_overrides, weight_dtype = options.top, options.use_cache, options.prices, \
-        options.weight_dtype
+    seq, batch_per_chip, global_batch, max_batch = (options.seq, options.batch_per_chip, options.global_batch,
+                                                    options.max_batch)
     target = chosen.target
     sizes = mesh_sizes(options.mesh, chosen)
-    step = llm.Step(config, source, seq, remat, options.dtype, sizes, weight_dtype)
+    step = llm.Step(config, source, seq, remat, options.dtype, sizes, options.weight_dtype)
     spec = llm.Spec(step, chosen.topology)
     per_chip = target.devices_per_chip
     if batch_per_chip is not None:
         if batch_per_chip % per_chip:
             raise PreflightOptionError("batch_per_chip", f"{{option}} {batch_per_chip}: a {target.name} chip is "
-                                       f"{per_chip} devices, so the "
-                            f"batch per chip must be a multiple of {per_chip}.")
+                                       f"{per_chip} devices, so the batch per chip must be a multiple of {per_chip}.")
         batch = batch_per_chip // per_chip
     elif global_batch is not None:
         if global_batch % chosen.total_devices:
             raise PreflightOptionError("global_batch", f"{{option}} {global_batch} is not a multiple of the "
-                                       f"{chosen.total_devices} devices of {chosen.name}{f' x {chosen.num_slices}' if chosen.num_slices > 1 else ''}.")
+                                       f"{chosen.total_devices} devices of {chosen.name}"
+                                       f"{f' x {chosen.num_slices}' if chosen.num_slices > 1 else ''}.")
         batch = global_batch // chosen.total_devices
     else:
         batch = None
-    result = {"target": target.name, "topology": chosen.topology, "slice": chosen.to_json(),
-              "device": target.device_info(), "hbm_capacity_bytes": target.compiler_hbm_bytes,
-              "mesh": sizes, "model": spec.model_info(), "seq_len": seq,
-              "state_bytes_per_chip": spec.state_bytes_per_device * per_chip}
-    whole = llm.unsharded(config, sizes, weight_dtype)
-    if whole is not None:
-        result["unsharded"] = whole.to_json(per_chip)
-    capacity = target.compiler_hbm_bytes
-    if spec.state_bytes_per_device > capacity:  # no batch can fit: say why without compiling
-        shards = sizes["fsdp"] * sizes["tensor"] * sizes["expert"]
-        sharding = ("" if whole else f", sharded {shards} ways over fsdp x tensor x expert")
-        verdict = (f"does not fit: the parameters and AdamW state alone need {fmt_bytes(spec.state_bytes_per_device)} "
-                   f"per device ({config.parameter_count() / 1e9:.1f}B parameters x "
-                   f"{llm.state_bytes_per_parameter(weight_dtype)} bytes: {_WEIGHT_WORDS[weight_dtype]} weights and two "
-                   f"{_WEIGHT_WORDS[weight_dtype]} moments{sharding}), more than the {fmt_bytes(capacity)} of HBM a "
-                   f"{target.name} device has; "
-                   + (f"{render.unsharded_words(result['unsharded'], sizes)}." if whole
-                      else "use a larger slice or more fsdp."))
-        result.update({"batch_size": batch, "fits": False, "required_bytes": None, "compiles": 0, "curve": [],
-                       "verdict": verdict, "parameter_bytes": spec.state_bytes_per_device})
-        if max_batch:
-            result.update({"max_batch_size": None, "max_batch_per_chip": None})
-        result.update(_batches(chosen, batch, whole_slice=True))
-        result["cache"] = str(preflight.cache_root())
-        return result
+    whole = llm.unsharded(config, sizes, options.weight_dtype)
+    model = spec.model_info()
+    llm_fields = dict(model=model, mesh=sizes, seq_len=seq, state_bytes_per_chip=spec.state_bytes_per_device * per_chip,
+                      unsharded=whole.to_json(per_chip) if whole is not None else None, searched=max_batch)
+    cache = str(preflight.cache_root())
+    if spec.state_bytes_per_device > target.compiler_hbm_bytes:  # no batch can fit: say why without compiling
+        from tpuprof.documents_preflight import state_too_large
+
+        verdict = state_too_large(spec.state_bytes_per_device, config.parameter_count(), options.weight_dtype, sizes,
+                                  llm_fields["unsharded"], target)
+        compiled = Compiled(batch, False, None, 0, parameter_bytes=spec.state_bytes_per_device, verdict=verdict)
+        return PreflightTarget(chosen, compiled, cache, **llm_fields, **_batches(chosen, batch, whole_slice=True))
     label = f"{chosen.name} {config.name} remat={remat}"
     plan = llm.fast_plan(config, force=bool(fast)) if not max_batch and fast is not False else None
     if fast and plan is None:
         raise PreflightOptionError("full", f"{config.name} has too few layers for a faster answer than the full "
                                    "compile: use {option}.")
     if plan is not None:
-        result.update(_fast_answer(step, plan, chosen, batch, top, use_cache, report_progress, label, seq,
-                                   price_overrides, result))
-        result.update(_batches(chosen, result["batch_size"], whole_slice=True))
-        result["cache"] = str(preflight.cache_root())
-        return result
-    main = _run_dtype(spec, chosen, None, batch, max_batch, top, use_cache,
-                      lambda _label, b: report_progress(label, b))
-    if main.get("memory") is not None:  # tpuprof's own step: the options that build it, not edits of its code
+        compiled, estimate, answer = _fast_answer(step, plan, chosen, batch, options, report_progress, label, model)
+        return PreflightTarget(chosen, compiled, cache, estimate=estimate, fast=answer, **llm_fields,
+                               **_batches(chosen, compiled.batch_size, whole_slice=True))
+    compiled = _compile(spec, chosen, None, batch, max_batch, options.top, options.use_cache,
+                        lambda _label, b: report_progress(label, b))
+    if compiled.memory is not None:  # tpuprof's own step: the options that build it, not edits of its code
         from tpuprof.advice.memory import for_builtin_step
 
-        for_builtin_step(main["memory"], remat, options.dtype)
-    result.update(main)
+        for_builtin_step(compiled.memory, remat, options.dtype)
     if max_batch:
-        result["max_batch_per_chip"] = (main["max_batch_size"] * per_chip if main.get("max_batch_size") else None)
-    result.update(_batches(chosen, result["batch_size"], whole_slice=True))
-    result["cache"] = str(preflight.cache_root())
-    estimate = _estimate(result, seq, price_overrides, top)
-    if estimate is not None:
-        result["estimate"] = estimate
-    return result
+        found = compiled.search.max_batch_size
+        llm_fields["max_batch_per_chip"] = found * per_chip if found else None
+    batches = _batches(chosen, compiled.batch_size, whole_slice=True)
+    estimate = _estimate(chosen, compiled, options, tokens=seq, model=model, seq_len=seq,
+                         batch_per_chip=batches.get("batch_per_chip"), whole_job="global_batch" in batches)
+    return PreflightTarget(chosen, compiled, cache, estimate=estimate, **llm_fields, **batches)
 
 
-
-_WEIGHT_WORDS = {"float32": "fp32", "bfloat16": "bf16"}
-# Figures of a compile that grow with the layers: extrapolated in the layer count by the fast answer.
-_LINEAR = ("required_bytes", "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "host_bytes")
-_LINEAR_MS = ("step_ms", "step_ms_low", "step_ms_high", "roofline_ms", "compute_ms", "collective_ms",
-              "exposed_collective_ms", "flops_per_step", "hbm_bytes_per_step")
-
-
-def _fast_answer(step, plan, chosen, batch, top, use_cache, report_progress, label, seq, price_overrides,
-                 result) -> dict:
+def _fast_answer(step, plan, chosen, batch, options, report_progress, label, model):
     """The first answer: the step compiled with each varied segment of the layer plan repeated a few times
     (llm.fast_plan), every memory figure and the step time extrapolated linearly in the repeats to the model's
-    own, said as such. The memory breakdown shown is the largest compile's (its layers, not the model's)."""
+    own, said as such. The memory breakdown shown is the largest compile's (its layers, not the model's).
+    Returns the Compiled, the estimate's document and the FastAnswer."""
     from dataclasses import replace
 
     from tpuprof.analyses import preflight
+    from tpuprof.documents_preflight import extrapolated_estimate
+    from tpuprof.models.preflight import CompilerFigures, CurvePoint, FastAnswer, HostMemory
     from tpuprof.sources import llm
 
-    rows = []
+    rows = []  # (repeats, Compiled, estimate document, the reduced model's info)
+    batch_per_chip = batch * chosen.target.devices_per_chip
     for repeats in plan.points:
         reduced = replace(step, config=step.config.with_repeats(repeats))
         spec = llm.Spec(reduced, chosen.topology)
-        row = _run_dtype(spec, chosen, None, batch, False, top, use_cache,
-                         lambda _label, b, n=reduced.config.num_hidden_layers: report_progress(f"{label} {n} layers", b))
-        row.update({key: result[key] for key in ("target", "topology", "slice", "device", "mesh")})
-        row.update({"model": spec.model_info(), "seq_len": seq,
-                    "batch_per_chip": batch * result["device"].get("devices_per_chip", 1)})
-        row["estimate"] = _estimate(row, seq, price_overrides, top)
-        rows.append((repeats, row))
-    if any(row.get("required_bytes") is None for _, row in rows):  # a reduced compile already fails: say so plainly
-        failed = next(row for _, row in rows if row.get("required_bytes") is None)
-        failed.pop("model", None)
-        return {**failed, "fast": {"layers_compiled": [sum(len(b) * n for (b, _), n in zip(step.config.plan, r))
-                                                       for r, _ in rows],
-                                   "method": "a compile of fewer layers already does not fit"}}
-    out = dict(rows[-1][1])
-    out.pop("dump_dir", None)
-    out["model"] = result["model"]
-    for key in _LINEAR:
-        values = [row.get(key) or 0 for _, row in rows]
-        if any(row.get(key) is not None for _, row in rows):
-            out[key] = int(round(plan.extrapolate(values)))
-    out["fits"] = out["required_bytes"] <= result["hbm_capacity_bytes"]
-    if out.get("host_bytes"):
-        out["host_fits"] = (out["host_bytes"] <= out["host_capacity_bytes"]
-                            if out.get("host_capacity_bytes") is not None else None)
-    out["curve"] = [{"batch_size": batch, "required_bytes": out["required_bytes"], "fits": out["fits"]}]
-    out.pop("curve_fit", None)
-    estimates = [row.get("estimate") for _, row in rows]
+        compiled = _compile(spec, chosen, None, batch, False, options.top, options.use_cache,
+                            lambda _label, b, n=reduced.config.num_hidden_layers:
+                            report_progress(f"{label} {n} layers", b))
+        reduced_model = spec.model_info()
+        estimate = _estimate(chosen, compiled, options, tokens=step.seq_len, model=reduced_model,
+                             seq_len=step.seq_len, batch_per_chip=batch_per_chip)
+        rows.append((repeats, compiled, estimate, reduced_model))
+    failed = next((compiled for _, compiled, _, _ in rows if compiled.required_bytes is None), None)
+    if failed is not None:  # a reduced compile already fails: say so plainly
+        layers = [sum(len(b) * n for (b, _), n in zip(step.config.plan, r)) for r, *_ in rows]
+        return failed, None, FastAnswer(tuple(layers), None, "a compile of fewer layers already does not fit")
+    last = rows[-1][1]
+
+    def linear(values: list) -> int:
+        return int(round(plan.extrapolate(values)))
+
+    figures = last.figures
+    if any(c.figures is not None for _, c, _, _ in rows):
+        figures = CompilerFigures(*(linear([getattr(c.figures, name) if c.figures else 0 for _, c, _, _ in rows])
+                                    for name in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes"))
+                                  , last.figures.generated_code_bytes if last.figures else 0)
+    required = linear([c.required_bytes or 0 for _, c, _, _ in rows])
+    fits = required <= chosen.target.compiler_hbm_bytes
+    host = last.host
+    if any(c.host is not None for _, c, _, _ in rows):
+        host_bytes = linear([c.host.bytes if c.host else 0 for _, c, _, _ in rows])
+        capacity = last.host.capacity_bytes if last.host else None
+        host = HostMemory(host_bytes, capacity, host_bytes <= capacity if capacity is not None else None)
+    compiled = replace(last, required_bytes=required, fits=fits, figures=figures, host=host, dump_dir=None,
+                       curve=(CurvePoint(batch, required, fits),), curve_fit=None,
+                       compiles=sum(c.compiles for _, c, _, _ in rows))
+    estimates = [estimate for _, _, estimate, _ in rows]
+    estimate = None
     if all(estimates):
-        estimate = dict(estimates[-1])
-        for key in _LINEAR_MS:
-            if all(e.get(key) is not None for e in estimates):
-                estimate[key] = round(plan.extrapolate([e[key] for e in estimates]), 4)
-        ratio = estimates[-1]["step_ms"] / estimate["step_ms"] if estimate.get("step_ms") else 1.0
-        for key in ("examples_per_s", "tokens_per_s", "tokens_per_s_per_chip", "flop_utilization_percent"):
-            if estimate.get(key) is not None:
-                estimate[key] = round(estimate[key] * ratio, 3)
-        for key in ("cost_per_million_examples", "cost_per_million_tokens"):
-            if estimate.get(key) is not None:
-                estimate[key] = estimate[key] / ratio
-        full_flops, reduced_flops = _model_flops_per_device({**out, "model": result["model"]}), \
-            _model_flops_per_device(rows[-1][1])
-        if estimate.get("mfu_percent") is not None and full_flops and reduced_flops:
-            estimate["mfu_percent"] = round(estimate["mfu_percent"] * ratio * full_flops / reduced_flops, 1)
-        estimate["top_ops"], estimate["top_collectives"] = [], []  # per-op figures are the small compile's
-        estimate["method"] = (f"extrapolated linearly in the layer count from compiles of {plan.words()}; "
-                              + str(estimate.get("method", "")))
-        out["estimate"] = estimate
-    else:
-        out.pop("estimate", None)
-    out["compiles"] = sum(row.get("compiles", 0) for _, row in rows)
-    out["fast"] = {"layers_compiled": plan.layers(), "layers": step.config.num_hidden_layers,
-                   "method": f"estimated from {plan.words()}, extrapolated linearly in the layer count; "
-                             f"--full compiles all {step.config.num_hidden_layers} layers"}
-    return out
+        full_flops = preflight.model_flops_per_device(model, step.seq_len, batch_per_chip,
+                                                      chosen.target.devices_per_chip)
+        reduced_flops = preflight.model_flops_per_device(rows[-1][3], step.seq_len, batch_per_chip,
+                                                         chosen.target.devices_per_chip)
+        estimate = extrapolated_estimate(estimates, plan, full_flops, reduced_flops)
+    layers = step.config.num_hidden_layers
+    return compiled, estimate, FastAnswer(tuple(plan.layers()), layers,
+                                          f"estimated from {plan.words()}, extrapolated linearly in the layer "
+                                          f"count; --full compiles all {layers} layers")

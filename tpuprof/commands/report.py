@@ -182,8 +182,8 @@ def from_result(result, top: int = 15) -> Input:
     if isinstance(result, results.PreflightResult):
         document = result.to_dict()
         for target, item in zip(result.targets, document["targets"]):
-            if target.get("memory") is not None:  # the curve and the fixes, which the JSON leaves out
-                item["memory"] = memory_input(result.spec, [target["memory"]]).document["modules"][0]
+            if target.compiled.memory is not None:  # the curve and the fixes, which the JSON leaves out
+                item["memory"] = memory_input(result.spec, [target.compiled.memory]).document["modules"][0]
         return Input(result.spec, PREFLIGHT, document)
     if isinstance(result, results.CaptureResult) and result.analysis is not None:
         return steps_input(result.run_dir, result.analysis.report, top)

@@ -11,6 +11,20 @@ import sys
 from tpuprof.errors import UserError
 
 
+def options(model: str, tpu, **settings):
+    """ServeOptions for the CLI and the API alike: the model's config read here, at the edge (a name or a path it
+    cannot read is an option error naming `model`), then every setting validated once by serve_options."""
+    from tpuprof.models.options import template
+    from tpuprof.models.serve import OptionError, serve_options
+    from tpuprof.sources.llm import load_config
+
+    try:
+        loaded = load_config(model)
+    except UserError as error:
+        raise OptionError("model", "{option}: " + template(str(error))) from None
+    return serve_options(loaded, tpu, **settings)
+
+
 def result(options, on_compile=None):
     """The typed result `tpuprof.serve()` returns and the CLI prints."""
     from tpuprof.analyses import serve_plan
@@ -24,13 +38,12 @@ def result(options, on_compile=None):
 
 def run(model: str, tpu: str, *, as_json: bool = False, format_: str | None = None, compile_: bool = True,
         **settings) -> None:
-    from tpuprof.models.serve import OptionError, serve_options
+    from tpuprof.models.serve import OptionError
     from tpuprof.renderers.formats import output_format, print_document
 
     format_ = output_format(as_json, format_)
     try:
-        options = serve_options(model, tpu, compile=compile_, **settings)
-        answer = result(options, on_compile=_progress(format_))
+        answer = result(options(model, tpu, compile=compile_, **settings), on_compile=_progress(format_))
     except OptionError as error:
         raise error.for_flags() from None
     if not print_document(answer, format_):

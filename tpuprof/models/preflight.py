@@ -17,6 +17,12 @@ REMAT_POLICIES = ("none", "full", "dots", "offload")
 DTYPES = ("bf16", "fp8")
 WEIGHT_DTYPES = {"float32": 4, "bfloat16": 2}  # MaxText's weight_dtype -> bytes per element
 
+
+def state_bytes_per_parameter(weight_dtype: str = "float32") -> int:
+    """Weights + AdamW's first and second moments, all three in WEIGHT_DTYPE (optax's default, as MaxText runs)."""
+    return 3 * WEIGHT_DTYPES[weight_dtype]
+
+
 # The Python keyword of each option and what sets it on the command line.
 FLAGS = {
     "fn_or_model": "FILE.py:FACTORY", "tpu": "--tpu", "batch": "--batch", "max_batch": "--max-batch",
@@ -119,3 +125,121 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
     return PreflightOptions(slices, fn_or_model, tuple(example_args), model, batch, bool(max_batch),
                             bool(compare_bf16), top, bool(cache), tokens_per_example, prices, seq, batch_per_chip,
                             global_batch, remat, dtype, mesh, weight_dtype, bool(full))
+
+
+# --- results -----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One compile of the step: its batch, what it needs per device, and whether that fits."""
+
+    batch_size: int
+    required_bytes: int | None  # None: the compiler refused it (RESOURCE_EXHAUSTED)
+    fits: bool
+    host_bytes: int = 0  # offloaded to the host's memory (not HBM)
+
+
+@dataclass(frozen=True)
+class CompilerFigures:
+    """The compiler's memory_analysis() of the compile at the reported batch, per device."""
+
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    generated_code_bytes: int
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """What the program holds in the host's memory (offloaded activations, pinned arguments) against what one
+    device may hold there."""
+
+    bytes: int
+    capacity_bytes: int | None  # None: no host budget known for the generation
+    fits: bool | None
+
+
+@dataclass(frozen=True)
+class BatchSearch:
+    """The largest batch that fits (--max-batch), what bounds it, and the preferred multiple below it."""
+
+    max_batch_size: int | None  # None: not even the smallest batch fits
+    recommended_batch_size: int | None
+    limited: bool  # the search stopped at its limit: the largest is at least this
+    bound: str | None  # "hbm", "host", "batch_limit", or a memory space the compiler named
+
+
+@dataclass(frozen=True)
+class OomAtBatch:
+    """The compiler's RESOURCE_EXHAUSTED at the reported batch, through the OOM triage when it reads it."""
+
+    message: str
+    report: Any = None  # tpuprof.analyses.oom's report (None: the triage could not read the message)
+    batch_estimate: Any = None
+    suggestions: tuple = ()
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One dtype's compiles of the step for one slice, at the reported batch."""
+
+    batch_size: int | None  # per device; None when no batch fits and none was given
+    fits: bool
+    required_bytes: int | None  # arguments + outputs - aliased + temporaries + code (None: refused)
+    compiles: int  # compiles this run (cached ones not counted)
+    curve: tuple = ()  # CurvePoint by batch
+    curve_fit: Any = None  # tpuprof.analyses.preflight.Curve: fixed bytes + bytes per example
+    figures: CompilerFigures | None = None
+    host: HostMemory | None = None
+    memory: Any = None  # tpuprof.models.memory.ModuleMemory: where the memory goes at the peak
+    dump_dir: str | None = None
+    search: BatchSearch | None = None
+    parameter_bytes: int | None = None  # weights and optimizer state alone (said with a verdict or an OOM)
+    oom: OomAtBatch | None = None
+    verdict: str | None = None  # why no batch fits
+
+
+@dataclass(frozen=True)
+class FastAnswer:
+    """A long LLM's first answer: compiles of a few layers, extrapolated in the layer count."""
+
+    layers_compiled: tuple
+    layers: int | None  # the model's (None: a reduced compile already did not fit)
+    method: str
+
+
+@dataclass(frozen=True)
+class PreflightTarget:
+    """One slice's answer: the step's compiles, the batches they mean for the slice, the step time and cost."""
+
+    slice: Any  # tpuprof.slices.Slice
+    compiled: Compiled
+    cache: str  # the compile cache's folder
+    bf16: Compiled | None = None  # --compare-bf16
+    batch_per_chip: int | None = None
+    global_batch: int | None = None  # the whole job's (every device of every slice); None for a bare generation
+    searched: bool = False  # the largest batch was asked (--max-batch)
+    estimate: Mapping | None = None  # the document's `estimate` (tpuprof.documents_preflight.estimate)
+    # An LLM's train step (--model):
+    model: Mapping | None = None  # tpuprof.sources.llm.Spec.model_info()
+    mesh: Mapping | None = None  # axis -> size over the slice
+    seq_len: int | None = None
+    state_bytes_per_chip: int | None = None  # weights and AdamW state
+    unsharded: Mapping | None = None  # what stays whole on each device, and the mesh that divides it
+    max_batch_per_chip: int | None = None
+    remat_table: tuple = ()  # --remat all: the answer under each policy (PreflightTarget), this one among them
+    fast: FastAnswer | None = None
+
+    @property
+    def generation(self):
+        """tpuprof.targets.Target of the slice."""
+        return self.slice.target
+
+    @property
+    def fits(self) -> bool:
+        return self.compiled.fits
+
+    @property
+    def compiles(self) -> int:
+        return self.compiled.compiles + (self.bf16.compiles if self.bf16 else 0)

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from tpuprof.errors import UserError
 from tpuprof.models import options
 
 ENGINES = ("vllm", "sglang-jax", "jetstream")
@@ -57,16 +56,15 @@ class ServeOptions:
     compile: bool = True  # False: weights from shapes, no programs (no JAX)
 
 
-def serve_options(model: str, tpu: str | list | tuple, *, engine: str = "vllm", max_model_len: int | None = None,
+def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm", max_model_len: int | None = None,
                   max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                   tensor_parallel_size: int | None = None, enable_expert_parallel: bool = False,
                   kv_cache_dtype: str = "auto", quantization: str = "bf16",
                   gpu_memory_utilization: float | None = None, block_size: int | None = None,
                   input_len: int | None = None, output_len: int | None = None, concurrency: int | None = None, prices: Any = None,
                   compile: bool = True) -> ServeOptions:
-    """The one validation of a serving question; raises OptionError naming the keyword at fault."""
-    from tpuprof.sources.llm import load_config
-
+    """The one validation of a serving question; raises OptionError naming the keyword at fault. MODEL: the
+    model's (tpuprof.sources.llm.ModelConfig, source), read at the edge (tpuprof.commands.serve.options)."""
     if engine not in ENGINES:
         raise OptionError("engine", f"{{option}} {engine!r} is not an engine tpuprof knows: use one of {', '.join(ENGINES)}.")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -92,10 +90,7 @@ def serve_options(model: str, tpu: str | list | tuple, *, engine: str = "vllm", 
         if tensor_parallel_size is not None and chosen.devices % tensor_parallel_size:
             raise OptionError("tensor_parallel_size", f"{{option}} {tensor_parallel_size} does not divide the "
                                                       f"{chosen.devices} devices of {chosen.name}.")
-    try:
-        config, source = load_config(model)
-    except UserError as error:
-        raise OptionError("model", "{option}: " + str(error)) from None
+    config, source = model
     limit = config.max_position_embeddings
     if max_model_len is not None and limit and max_model_len > limit:
         raise OptionError("max_model_len", f"{{option}} {max_model_len} is beyond the {limit} positions "

@@ -227,7 +227,7 @@ def _analyze(document: dict, top: int) -> list[str]:
 # --- preflight ---------------------------------------------------------------------------------------------
 
 def _preflight(document: dict, top: int) -> list[str]:
-    from tpuprof.analyses.step_estimate import target_label  # a heavy module: only preflight's Markdown needs it
+    from tpuprof.documents_preflight import target_label  # a heavy module: only preflight's Markdown needs it
 
     targets = document.get("targets") or []
     out = ["## tpuprof preflight", ""]

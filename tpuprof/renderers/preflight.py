@@ -4,17 +4,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from tpuprof.analyses.step_estimate import target_label
+from tpuprof.documents_preflight import target_label, unsharded_words  # noqa: F401 - markdown imports it here
 from tpuprof.units import fmt_bytes, fmt_ms, fmt_usd
-
-JSON_KEYS = ("target", "topology", "slice", "mesh", "model", "device", "hbm_capacity_bytes", "seq_len",
-             "batch_per_chip", "global_batch", "max_batch_per_chip", "state_bytes_per_chip", "unsharded", "remat_table",
-             "batch_size", "fits", "required_bytes",
-             "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
-             "host_bytes", "host_capacity_bytes", "host_fits",
-             "peak_heap_bytes", "peak_unpadded_heap_bytes", "padding_at_peak_bytes", "max_batch_size",
-             "recommended_batch_size", "search_limited", "max_batch_bound", "parameter_bytes", "verdict", "compiles",
-             "curve", "curve_fit", "bf16", "oom", "estimate", "dump_dir", "cache")
 
 
 @contextmanager
@@ -40,18 +31,6 @@ def progress(enabled: bool):
         yield report
 
 
-def to_json(results: list[dict], top: int) -> dict:
-    from tpuprof.renderers import memory as memory_render
-
-    out = []
-    for result in results:
-        item = {k: result[k] for k in JSON_KEYS if k in result}
-        if result.get("memory") is not None:
-            item["memory"] = memory_render.to_json([result["memory"]], top)["modules"][0]
-        out.append(item)
-    return {"targets": out}
-
-
 def _verdict(r: dict) -> str:
     if r.get("verdict"):
         return f"[red]{r['verdict']}[/red]"
@@ -65,20 +44,6 @@ def _verdict(r: dict) -> str:
         over = r["required_bytes"] - r["hbm_capacity_bytes"]
         return f"[red]does not fit[/red] (over by {fmt_bytes(over)})"
     return "[red]does not fit[/red] (the compiler refused it: RESOURCE_EXHAUSTED)"
-
-
-def unsharded_words(unsharded: dict, mesh: dict) -> str:
-    """What stays whole of the parameters on each device, why, and the mesh that divides them (the table, the
-    verdict and Markdown say it the same way)."""
-    why = "; ".join(f"{' or '.join(map(str, dims))} is no multiple of {axis}={mesh.get(axis)}"
-                    for axis, dims in unsharded["dimensions"].items())
-    names = unsharded["parameters"]
-    listed = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-    words = (f"{listed} not sharded, {fmt_bytes(unsharded['state_bytes_per_chip'])} per chip more than an even "
-             f"split ({why}; JAX shards a dimension only evenly)")
-    if unsharded.get("mesh"):
-        words += f"; --mesh {unsharded['mesh']} divides them"
-    return words
 
 
 def _host(r: dict) -> str:
@@ -267,7 +232,8 @@ def _estimate_rows(row) -> None:
 def _print_estimates(out, results: list[dict]) -> None:
     from rich.markup import escape
 
-    from tpuprof.analyses.step_estimate import NOT_MODELLED, choice, short_source
+    from tpuprof.analyses.step_estimate import NOT_MODELLED, short_source
+    from tpuprof.documents_preflight import choice
 
     estimated = [r for r in results if r.get("estimate")]
     if not estimated:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuprof.errors import UserError
-from tpuprof.models.preflight import DTYPES, REMAT_POLICIES, WEIGHT_DTYPES  # noqa: F401 - the options' closed sets
+from tpuprof.models.preflight import state_bytes_per_parameter
 from tpuprof.sources.mesh import MESH_AXES, make_mesh, parse_mesh  # noqa: F401 - the LLM step's mesh
 
 OFFLOADED = ("decoder_layer_input", "query_proj", "key_proj", "value_proj")  # --remat offload, as MaxText names them
@@ -438,11 +438,6 @@ def state_bytes_per_device(config: ModelConfig, sizes: dict[str, int], weight_dt
     experts' weights) when those divide it; gradients, activations and temporaries come on top."""
     return sum(_per_device(shape, axes, sizes) for shape, axes in _parameter_layout(config, sizes).values()) \
         * state_bytes_per_parameter(weight_dtype)
-
-
-def state_bytes_per_parameter(weight_dtype: str = "float32") -> int:
-    """Weights + AdamW's first and second moments, all three in WEIGHT_DTYPE (optax's default, as MaxText runs)."""
-    return 3 * WEIGHT_DTYPES[weight_dtype]
 
 
 def _per_device(shape: tuple, axes: tuple, sizes: dict[str, int]) -> int:

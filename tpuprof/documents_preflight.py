@@ -1,0 +1,375 @@
+"""The `tpuprof.preflight/1` document, built in this one place from the typed answer (tpuprof.models.preflight:
+PreflightTarget per slice): `PreflightResult.to_dict()` calls `document`; the table, Markdown and HTML print it.
+The prose of the document (the step time estimate's method and sources, the verdict when the weights alone do not
+fit) and the ranking of the slices by cost and by time are written here too. (tpuprof/documents.py reads
+documents back.)
+"""
+
+from __future__ import annotations
+
+from tpuprof import targets
+from tpuprof.analyses import attention_kernels
+from tpuprof.analyses.step_estimate import NOT_MODELLED, StepEstimate, TimedOp, devices_per_chip
+from tpuprof.models.preflight import Compiled, PreflightTarget, state_bytes_per_parameter
+from tpuprof.units import fmt_bytes, fmt_count, fmt_ms, fmt_usd
+
+
+def document(targets_: list, top: int) -> dict:
+    """The document's body: one entry per slice, in the order given."""
+    return {"targets": [target(t, top) for t in targets_]}
+
+
+def target(t: PreflightTarget, top: int) -> dict:
+    """One slice's entry. Keys appear only where they apply (a search's figures with --max-batch, an LLM's with
+    --model, the compiler's with a compile), in the order the schema lists them."""
+    c, generation = t.compiled, t.slice.target
+    out: dict = {"target": generation.name, "topology": t.slice.topology, "slice": t.slice.to_json()}
+    if t.model is not None:
+        out["mesh"] = dict(t.mesh)
+        out["model"] = t.model
+    out["device"] = generation.device_info()
+    out["hbm_capacity_bytes"] = generation.compiler_hbm_bytes
+    if t.model is not None:
+        out["seq_len"] = t.seq_len
+    if t.batch_per_chip is not None:
+        out["batch_per_chip"] = t.batch_per_chip
+    if t.global_batch is not None:
+        out["global_batch"] = t.global_batch
+    if t.model is not None:
+        if t.searched:
+            out["max_batch_per_chip"] = t.max_batch_per_chip
+        out["state_bytes_per_chip"] = t.state_bytes_per_chip
+        if t.unsharded is not None:
+            out["unsharded"] = t.unsharded
+        if t.remat_table:
+            out["remat_table"] = [{"remat": row.model["remat"], "max_batch_per_chip": row.max_batch_per_chip,
+                                   "required_bytes": row.compiled.required_bytes,
+                                   "step_ms": (row.estimate or {}).get("step_ms"),
+                                   "compiles": row.compiles} for row in t.remat_table]
+    out.update({"batch_size": c.batch_size, "fits": c.fits, "required_bytes": c.required_bytes})
+    if c.figures is not None:
+        out.update({"argument_bytes": c.figures.argument_bytes, "output_bytes": c.figures.output_bytes,
+                    "alias_bytes": c.figures.alias_bytes, "temp_bytes": c.figures.temp_bytes,
+                    "generated_code_bytes": c.figures.generated_code_bytes})
+    if c.host is not None:
+        out["host_bytes"] = c.host.bytes
+        if c.host.capacity_bytes is not None:
+            out["host_capacity_bytes"] = c.host.capacity_bytes
+        out["host_fits"] = c.host.fits
+    out.update(_peak(c))
+    out.update(_search(c, t.searched, limited=True))
+    if c.oom is not None or c.verdict is not None:
+        out["parameter_bytes"] = c.parameter_bytes
+    if c.verdict is not None:
+        out["verdict"] = c.verdict
+    out["compiles"] = t.compiles
+    out["curve"] = [{"batch_size": p.batch_size, "required_bytes": p.required_bytes, "fits": p.fits,
+                     **({"host_bytes": p.host_bytes} if p.host_bytes else {})} for p in c.curve]
+    if c.curve_fit is not None:
+        out["curve_fit"] = {"fixed_bytes": c.curve_fit.fixed_bytes,
+                            "per_example_bytes": int(round(c.curve_fit.per_example_bytes))}
+    if t.bf16 is not None:
+        out["bf16"] = _bf16(t.bf16, t.searched)
+    if c.oom is not None:
+        out["oom"] = _oom(c)
+    if t.estimate is not None or (t.fast is not None and t.fast.layers is None):
+        out["estimate"] = t.estimate  # a fast answer whose reduced compile failed says null
+    if c.dump_dir is not None:
+        out["dump_dir"] = c.dump_dir
+    out["cache"] = t.cache
+    if c.memory is not None:
+        from tpuprof.renderers import memory as memory_render
+
+        out["memory"] = memory_render.to_json([c.memory], top)["modules"][0]
+    return out
+
+
+def _peak(c: Compiled) -> dict:
+    if c.memory is None:
+        return {}
+    return {"peak_heap_bytes": c.memory.peak_heap_bytes, "peak_unpadded_heap_bytes": c.memory.peak_unpadded_heap_bytes,
+            "padding_at_peak_bytes": c.memory.padding_at_peak_bytes}
+
+
+def _search(c: Compiled, searched: bool, limited: bool) -> dict:
+    if c.search is None:
+        return {"max_batch_size": None} if searched else {}  # the weights alone do not fit: nothing searched
+    out = {"max_batch_size": c.search.max_batch_size, "recommended_batch_size": c.search.recommended_batch_size}
+    if limited:
+        out["search_limited"] = c.search.limited
+    out["max_batch_bound"] = c.search.bound
+    return out
+
+
+def _bf16(c: Compiled, searched: bool) -> dict:
+    """--compare-bf16: the bfloat16 compile's headline figures."""
+    out = {"batch_size": c.batch_size, "fits": c.fits, "required_bytes": c.required_bytes, **_peak(c),
+           **(_search(c, searched, limited=False) if c.search is not None else {}), "compiles": c.compiles}
+    if c.verdict is not None:
+        out["verdict"] = c.verdict
+    return out
+
+
+def _oom(c: Compiled) -> dict:
+    oom = c.oom
+    if oom.report is None:
+        return {"message": oom.message}
+    return {"message": oom.message, "report": oom.report.to_json(), "batch_estimate": oom.batch_estimate.to_json(),
+            "suggestions": list(oom.suggestions)}
+
+
+def table_rows(targets_: list, top: int) -> list[dict]:
+    """What the terminal table (tpuprof.renderers.preflight.print_report) reads: each slice's entry with the
+    memory analysis itself (its tables) and how a fast answer was made."""
+    rows = []
+    for t in targets_:
+        row = target(t, top)
+        if t.compiled.memory is not None:
+            row["memory"] = t.compiled.memory
+        if t.fast is not None:
+            row["fast"] = {"layers_compiled": list(t.fast.layers_compiled), "layers": t.fast.layers,
+                           "method": t.fast.method}
+        rows.append(row)
+    return rows
+
+
+# --- prose -----------------------------------------------------------------------------------------------
+
+_WEIGHT_WORDS = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def state_too_large(state_bytes_per_device: int, parameters: int, weight_dtype: str, mesh: dict, unsharded,
+                    generation) -> str:
+    """The verdict when the weights and AdamW state alone exceed a device's HBM: no batch fits, nothing compiled."""
+    shards = mesh["fsdp"] * mesh["tensor"] * mesh["expert"]
+    sharding = "" if unsharded else f", sharded {shards} ways over fsdp x tensor x expert"
+    words = _WEIGHT_WORDS[weight_dtype]
+    return (f"does not fit: the parameters and AdamW state alone need {fmt_bytes(state_bytes_per_device)} "
+            f"per device ({parameters / 1e9:.1f}B parameters x {state_bytes_per_parameter(weight_dtype)} bytes: "
+            f"{words} weights and two {words} moments{sharding}), more than the "
+            f"{fmt_bytes(generation.compiler_hbm_bytes)} of HBM a {generation.name} device has; "
+            + (f"{unsharded_words(unsharded, mesh)}." if unsharded else "use a larger slice or more fsdp."))
+
+
+def unsharded_words(unsharded: dict, mesh: dict) -> str:
+    """What stays whole of the parameters on each device, why, and the mesh that divides them (the table, the
+    verdict and Markdown say it the same way)."""
+    why = "; ".join(f"{' or '.join(map(str, dims))} is no multiple of {axis}={mesh.get(axis)}"
+                    for axis, dims in unsharded["dimensions"].items())
+    names = unsharded["parameters"]
+    listed = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    words = (f"{listed} not sharded, {fmt_bytes(unsharded['state_bytes_per_chip'])} per chip more than an even "
+             f"split ({why}; JAX shards a dimension only evenly)")
+    if unsharded.get("mesh"):
+        words += f"; --mesh {unsharded['mesh']} divides them"
+    return words
+
+
+# --- the step time estimate --------------------------------------------------------------------------------
+
+# Figures of the estimate that grow with the layers: extrapolated in the layer count by the fast answer.
+_LINEAR_MS = ("step_ms", "step_ms_low", "step_ms_high", "roofline_ms", "compute_ms", "collective_ms",
+              "exposed_collective_ms", "flops_per_step", "hbm_bytes_per_step")
+
+
+def extrapolated_estimate(estimates: list[dict], plan, full_flops: float | None, reduced_flops: float | None) -> dict:
+    """The fast answer's estimate: the reduced compiles' (`estimate` each, fewest layers first) extrapolated
+    linearly in the layer count (PLAN: tpuprof.sources.llm.FastPlan); throughput and cost scale with the step
+    time, the MFU with the model FLOPs too; per-op figures are the small compile's, so none are given."""
+    out = dict(estimates[-1])
+    for key in _LINEAR_MS:
+        if all(e.get(key) is not None for e in estimates):
+            out[key] = round(plan.extrapolate([e[key] for e in estimates]), 4)
+    ratio = estimates[-1]["step_ms"] / out["step_ms"] if out.get("step_ms") else 1.0
+    for key in ("examples_per_s", "tokens_per_s", "tokens_per_s_per_chip", "flop_utilization_percent"):
+        if out.get(key) is not None:
+            out[key] = round(out[key] * ratio, 3)
+    for key in ("cost_per_million_examples", "cost_per_million_tokens"):
+        if out.get(key) is not None:
+            out[key] = out[key] / ratio
+    if out.get("mfu_percent") is not None and full_flops and reduced_flops:
+        out["mfu_percent"] = round(out["mfu_percent"] * ratio * full_flops / reduced_flops, 1)
+    out["top_ops"], out["top_collectives"] = [], []
+    out["method"] = (f"extrapolated linearly in the layer count from compiles of {plan.words()}; "
+                     + str(out.get("method", "")))
+    return out
+
+
+def estimate(estimate_: StepEstimate, batch_size: int, tokens_per_example: int | None = None,
+             price=None, top: int = 5, model_flops_per_device: float | None = None,
+             gradient_source: str = "") -> dict:
+    """The JSON `estimate` of one preflight target: step time, throughput per chip, utilisation, cost.
+
+    `price`: a tpuprof.prices.Price (per chip-hour) or None. Throughput is per chip: a device's batch
+    over the step time, times the devices a chip holds. `model_flops_per_device` (model_flops() / devices)
+    gives the MFU; without it the MFU is the compiled program's FLOPs over the peak (hardware utilisation)."""
+    chips = devices_per_chip(targets.get(estimate_.target))
+    step = estimate_.point_s
+    examples_per_s = batch_size * chips / step if step > 0 else None
+    tokens_per_s = examples_per_s * tokens_per_example if examples_per_s and tokens_per_example else None
+    total = estimate_.compute_s + estimate_.memory_s
+    flops_for_mfu = model_flops_per_device if model_flops_per_device else estimate_.flops
+    mfu = 100 * flops_for_mfu / (step * estimate_.peaks.bf16_flops) if step > 0 else None
+    out = {
+        "step_ms": _ms(step),
+        "step_ms_low": _ms(estimate_.low_s),
+        "step_ms_high": _ms(estimate_.high_s),
+        "roofline_ms": _ms(estimate_.roofline_s),
+        "compiler_ms": _ms(estimate_.compiler_s) if estimate_.compiler_s else None,
+        "compute_ms": _ms(estimate_.compute_point_s),
+        "collective_ms": _ms(estimate_.collective_s),
+        "exposed_collective_ms": _ms(estimate_.exposed_collective_s),
+        "dcn_ms": _ms(estimate_.dcn_s) if estimate_.dcn_s is not None else None,
+        "num_slices": estimate_.num_slices,
+        "examples_per_s": _round(examples_per_s),
+        "tokens_per_s": _round(tokens_per_s),
+        "tokens_per_s_per_chip": _round(tokens_per_s),
+        "flop_utilization_percent": round(100 * estimate_.flop_utilization, 1),
+        "mfu_percent": round(mfu, 1) if mfu is not None else None,
+        "mfu_source": ("model FLOPs (6 x active parameters x tokens + causal attention, as MaxText counts them) / "
+                       "(step x peak bf16 FLOP/s)" if model_flops_per_device else
+                       "the compiled program's FLOPs / (step x peak bf16 FLOP/s): hardware FLOP utilisation, "
+                       "no model FLOPs known"),
+        "compute_bound_percent": round(100 * estimate_.compute_s / total, 1) if total else None,
+        "memory_bound_percent": round(100 * estimate_.memory_s / total, 1) if total else None,
+        "flops_per_step": int(estimate_.flops),
+        "hbm_bytes_per_step": int(estimate_.hbm_bytes),
+        "devices_per_chip": chips,
+        "ops_with_compiler_cycles": estimate_.ops_with_cycles,
+        "price_per_chip_hour": price.usd_per_chip_hour if price else None,
+        "price_source": price.source if price else "no price known: pass --price GENERATION=USD",
+        "price_verified": bool(price and price.verified),
+        "cost_per_million_examples": None,
+        "cost_per_million_tokens": None,
+        "loops": [{"name": loop.name, "op_name": loop.op_name, "trip_count": loop.trip_count,
+                   "trip_count_source": loop.trip_count_source} for loop in estimate_.loops],
+        "top_ops": [_op_json(t) for t in estimate_.top(top)],
+        "top_collectives": [op.to_json() for op in sorted(
+            estimate_.communication.ops if estimate_.communication else [],
+            key=lambda op: -op.seconds * op.count)[:top]],
+        "collectives_method": _collectives_method(estimate_, gradient_source),
+        "kernels_without_estimate": estimate_.kernels_without_estimate,
+        "kernels_estimated": estimate_.kernels_estimated,
+        "kernels_estimated_rule": attention_kernels.RULE if estimate_.kernels_estimated else None,
+        "not_modelled": not_modelled(estimate_),
+        "peaks_source": estimate_.peaks.source,
+        "method": ("band = [roofline over the compiled ops, the compiler's estimated_cycles at the TensorCore "
+                   "clock]; point = their geometric mean" if estimate_.compiler_s else
+                   "roofline over the compiled ops only (no compiler cycles in this dump)")
+                  + "; plus exposed collectives (the band's high end: all collectives, no overlap)"
+                  + ("; plus the cross-slice DCN all-reduce" if estimate_.num_slices > 1 else ""),
+    }
+    if price and examples_per_s:
+        per_example = price.usd_per_chip_hour / 3600 / examples_per_s
+        out["cost_per_million_examples"] = _significant(per_example * 1e6)
+        if tokens_per_s:
+            out["cost_per_million_tokens"] = _significant(price.usd_per_chip_hour / 3600 / tokens_per_s * 1e6)
+    return out
+
+
+def not_modelled(estimate_: StepEstimate) -> list[str]:
+    """NOT_MODELLED plus what this estimate could not time."""
+    out = list(NOT_MODELLED)
+    target = targets.get(estimate_.target)
+    if estimate_.untimed_collectives:
+        why = ("no published ICI bandwidth for " + target.name if not target.ici_link_gbps
+               else "the dump does not say which torus it was compiled for")
+        out.insert(0, f"{estimate_.untimed_collectives} collective(s) of the compiled program ({why})")
+    if estimate_.replica_all_reduce_untimed:
+        out.insert(0, "the data-parallel gradient all-reduce across the slice (a one-device compile holds no "
+                      "collectives and the gradient size is not known: use --model, or compile the sharded step)")
+    if estimate_.num_slices > 1 and estimate_.dcn_s is None:
+        out.insert(0, f"the all-reduce across {estimate_.num_slices} slices (no DCN bandwidth published for "
+                      f"{target.name}, or no gradient size known)")
+    return out
+
+
+def _collectives_method(estimate_: StepEstimate, gradient_source: str) -> str:
+    target = targets.get(estimate_.target)
+    parts = []
+    torus = estimate_.communication.torus if estimate_.communication else None
+    if torus is not None:
+        shape = "x".join(str(b) for b in torus.bounds)
+        rings = ",".join("xyz"[a] for a in range(3) if torus.wrap[a]) or "none"
+        parts.append(f"ICI: {shape} chips, wraparound on {rings}, {target.ici_link_gbps:g} GB/s per link and "
+                     f"direction ({target.ici_source}); ring/torus bandwidth terms per collective "
+                     "(tpuprof.analyses.collectives), overlap from the schedule's async start/done pairs")
+    if estimate_.num_slices > 1:
+        parts.append(f"DCN: {estimate_.num_slices} slices, {target.dcn_gbps_per_chip or 'unknown'} Gbit/s per chip "
+                     f"({target.ici_source.split(' ')[0] if target.ici_source else 'not published'}), counted exposed")
+    if gradient_source:
+        parts.append(f"gradient bytes: {gradient_source}")
+    return "; ".join(parts) or "no collectives timed"
+
+
+def _op_json(timed: TimedOp) -> dict:
+    op = timed.op
+    return {"name": op.name, "opcode": op.opcode, "op_name": op.op_name, "source_line": op.source_line,
+            "count": op.count, "ms": _ms(timed.point_s), "roofline_ms": _ms(timed.roofline_s),
+            "compiler_ms": _ms(timed.compiler_s) if op.compiler_cycles is not None else None,
+            "bound": "compute" if timed.compute_s >= timed.memory_s else "memory",
+            "flops": int(op.flops * op.count), "hbm_bytes": int(op.hbm_bytes * op.count)}
+
+
+def _significant(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e3, 4)
+
+
+def _round(value: float | None) -> float | None:
+    if value is None:
+        return None
+    return round(value, 2) if value < 1000 else round(value)
+
+
+def target_label(result: dict) -> str:
+    """A target as people name it: the slice (v6e-256, 2xv5p-128) when one was given, else the generation (an
+    explicit topology such as v5e:2x2 is shown as its generation, the topology beside it)."""
+    slice_ = result.get("slice") or {}
+    name = slice_.get("name") or result["target"]
+    if ":" in name:
+        return result["target"]
+    return f"{slice_['num_slices']}x{name}" if slice_.get("num_slices", 1) > 1 and "x" not in name[:3] else name
+
+
+def _chips(result: dict) -> int:
+    slice_ = result.get("slice") or {}
+    return (slice_.get("chips") or 1) * (slice_.get("num_slices") or 1)
+
+
+def ranking(results: list[dict]) -> dict:
+    """The targets that fit, by cost (per 1M tokens, else per 1M examples) and by time (the whole slice's
+    throughput: per-chip examples/s x its chips; a bare generation counts one chip)."""
+    fitting = [r for r in results if r.get("fits") and r.get("estimate") and r["estimate"].get("examples_per_s")]
+    tokens = any(r["estimate"].get("cost_per_million_tokens") is not None for r in fitting)
+    key = "cost_per_million_tokens" if tokens else "cost_per_million_examples"
+    priced = [r for r in fitting if r["estimate"].get(key) is not None]
+    return {"by_cost": sorted(priced, key=lambda r: r["estimate"][key]), "cost_key": key,
+            "by_time": sorted(fitting, key=lambda r: -r["estimate"]["examples_per_s"] * _chips(r))}
+
+
+def choice(results: list[dict]) -> str | None:
+    """Two lines: the cheapest generation/slice that fits (ranked by cost) and the fastest (ranked by time)."""
+    ranked = ranking(results)
+    if not ranked["by_time"]:
+        return None
+    lines = []
+    key = ranked["cost_key"]
+    unit = "1M tokens" if key == "cost_per_million_tokens" else "1M examples"
+    if ranked["by_cost"]:
+        cheapest = ranked["by_cost"][0]
+        e = cheapest["estimate"]
+        order = " < ".join(f"{target_label(r)} {fmt_usd(r['estimate'][key])}" for r in ranked["by_cost"])
+        lines.append(f"cheapest that fits: {target_label(cheapest)} ({fmt_usd(e[key])} per {unit} at batch "
+                     f"{cheapest['batch_size']}{'' if e['price_verified'] else ', unverified price'})"
+                     + (f"; by cost: {order}" if len(ranked["by_cost"]) > 1 else ""))
+    fastest = ranked["by_time"][0]
+    e = fastest["estimate"]
+    order = " > ".join(f"{target_label(r)} {fmt_count(r['estimate']['examples_per_s'] * _chips(r))}/s" for r in ranked["by_time"])
+    lines.append(f"fastest: {target_label(fastest)} ({e['examples_per_s']:,} examples/s per chip, step {fmt_ms(e['step_ms'])} "
+                 f"at batch {fastest['batch_size']})"
+                 + (f"; by time (examples/s for the whole slice): {order}" if len(ranked["by_time"]) > 1 else ""))
+    return "\n".join(lines)
