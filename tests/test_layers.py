@@ -27,12 +27,14 @@ ALLOWED = {
     "sources": {"models"},
     "analyses": {"sources", "models"},
     "advice": {"analyses", "models"},
-    "renderers": {"models"},
+    "renderers": {"models", "presentation"},
+    # What a person is shown (tpuprof/presentation): built from a command's document, printed by the renderers.
+    "presentation": {"models"},
     # The versioned JSON document of a command, built from its typed result (serve's first; issue 32's document
     # layer): it reads analyses' results and is read by results, renderers and commands.
     "documents_serve": {"analyses", "advice", "models"},
     # What a command returns (tpuprof.results): it gives its JSON document and shows itself in a notebook.
-    "results": {"renderers", "models", "documents_serve"},
+    "results": {"renderers", "presentation", "models", "documents_serve"},
     "commands": {"sources", "analyses", "advice", "renderers", "results", "models", "documents_serve"},
 }
 

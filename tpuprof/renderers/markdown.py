@@ -358,24 +358,12 @@ def _threshold_change(check: dict) -> str:
 
 
 def _serve(document: dict, top: int) -> list[str]:
-    """Per slice the verdict, the comparison table (the terminal table's rows), the details and the launch command."""
-    from tpuprof.renderers.serve import HEADERS, details, rows
+    """Its presentation (tpuprof/presentation/serve.py): the verdicts, the table, per slice the figures and the
+    launch command, the ranking."""
+    from tpuprof.presentation.serve import section
+    from tpuprof.renderers.printers import markdown
 
-    model = document["model"]
-    lines = [f"## tpuprof serve: {model['name']}", ""]
-    lines += [f"- {'✅' if t['fits'] else '❌'} **{t['slice']['name']}**: {t['verdict']}" for t in document["targets"]]
-    lines.append("")
-    lines += table(HEADERS, rows(document), right={1, 3, 4, 5, 6, 8, 9, 10, 11})
-    for t in document["targets"]:
-        lines += [f"### {t['slice']['name']}", ""]
-        lines += [f"- {line}" for line in details(t)]
-        lines += [f"- ❌ {p}" for p in t["problems"]]
-        lines += ["", "```sh", t["command"], "```", ""]
-    ranking = document["ranking"]
-    if len(document["targets"]) > 1 and ranking["speed"]:
-        lines += [f"Fastest first: {', '.join(code(n) for n in ranking['speed'])}. Cheapest first: "
-                  f"{', '.join(code(n) for n in ranking['cost']) or 'n/a'}.", ""]
-    return lines
+    return markdown(section(document))
 
 
 RENDERERS = {"memory": _memory, "oom": _oom, "analyze": _analyze, "preflight": _preflight, "diff": _diff,

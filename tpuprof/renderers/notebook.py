@@ -5,7 +5,7 @@ makes the full page with charts.
 
 from __future__ import annotations
 
-from tpuprof.renderers.html import esc, prose
+from tpuprof.renderers.printers import esc, prose
 from tpuprof.units import fmt_bytes
 
 ROWS = 8  # table rows shown in a notebook
@@ -17,9 +17,18 @@ STYLE = ("<style>.tpuprof table{border-collapse:collapse;margin:4px 0}.tpuprof t
 def render(result) -> str:
     """RESULT (one of tpuprof.results, named here by class so that this module does not import them)."""
     draw = {"MemoryResult": _memory, "AnalyzeResult": _analyze, "OomResult": _oom, "PreflightResult": _preflight,
-            "DiffResult": _diff, "CaptureResult": _capture, "ReportResult": _report}[type(result).__name__]
+            "DiffResult": _diff, "CaptureResult": _capture, "ReportResult": _report,
+            "ServeResult": _presented}[type(result).__name__]
     body = draw(result.to_dict())
     return f'{STYLE}<div class="tpuprof">{body}{_suggestions(result.suggestions)}</div>'
+
+
+def _presented(document: dict) -> str:
+    """A command moved onto the presentation model (tpuprof/presentation): its section, without plots."""
+    from tpuprof.presentation import build
+    from tpuprof.renderers.printers import html
+
+    return html(build(document))
 
 
 def _table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
