@@ -9,13 +9,12 @@ and turns entities back into characters, so escaped labels display as typed and 
 from __future__ import annotations
 
 import datetime as _dt
-import html as _html
 import math
-import re
 from itertools import count
 
 from tpuprof.units import fmt_bytes, fmt_ms, fmt_usd
-from tpuprof.sources.inputs import KIND_LABELS, MEMORY, OOM, PREFLIGHT, STEPS, Input
+from tpuprof.renderers.printers import esc, prose
+from tpuprof.sources.inputs import KIND_LABELS, MEMORY, OOM, PREFLIGHT, SERVE, STEPS, Input
 
 MIB = 1024 * 1024
 CATEGORY_LABELS = {"compute": "compute", "input": "waiting for input", "host_transfer": "host transfers",
@@ -48,15 +47,6 @@ ol.suggestions li{margin:6px 0}
 .note{color:#57606a;font-style:italic}
 details.caveats{color:#57606a;font-size:.9em;margin:6px 0}details.caveats ul{margin:4px 0}
 """
-
-
-def esc(value) -> str:
-    return _html.escape("" if value is None else str(value), quote=True)
-
-
-def prose(value) -> str:
-    """A message for people: escaped, and its `code` spans (the advice quotes settings that way) as <code>."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", esc(value))
 
 
 def _short(text: str, width: int = 60) -> str:
@@ -109,13 +99,16 @@ class _Page:
         self.parts.append(text)
 
     def figure(self, fig, height: int = 420) -> None:
+        self.add(self.figure_html(fig, height))
+
+    def figure_html(self, fig, height: int = 420) -> str:
         import plotly.io as pio
 
         fig.update_layout(height=height, margin=dict(l=60, r=30, t=50, b=50), template="plotly_white")
         self.plots += 1
-        self.add('<div class="plot">' + pio.to_html(
+        return '<div class="plot">' + pio.to_html(
             fig, include_plotlyjs=False, full_html=False, div_id=f"plot-{next(self._ids)}",
-            config={"displaylogo": False, "responsive": True}) + "</div>")
+            config={"displaylogo": False, "responsive": True}) + "</div>"
 
 
 def _caveats(page: _Page, items: list | None, what: str = "") -> None:
@@ -137,7 +130,7 @@ def render(inputs: list[Input], top: int = 15, title: str | None = None) -> str:
         if item.from_json and item.kind in (MEMORY, STEPS):
             page.add('<p class="note">Read from a tpuprof --json document: curves that need the raw data '
                      '(memory over program order, per-step times) are not in it.</p>')
-        {MEMORY: _memory, STEPS: _steps, OOM: _oom, PREFLIGHT: _preflight}[item.kind](page, item, top)
+        {MEMORY: _memory, STEPS: _steps, OOM: _oom, PREFLIGHT: _preflight, SERVE: _serve}[item.kind](page, item, top)
     head_title = esc(title or "tpuprof report")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{head_title}</title>"
@@ -214,6 +207,13 @@ def _header(page: _Page, inputs: list[Input], title: str | None) -> None:
                 cards.append(_capacity_card(f"preflight {t.get('target')} batch {t.get('batch_size')}",
                                             t.get("target"), t.get("required_bytes"), t.get("hbm_capacity_bytes"),
                                             "required"))
+        elif item.kind == SERVE:
+            from tpuprof.presentation import build
+
+            for verdict in build(d).verdicts():
+                tone = "fit" if verdict.fits else "oom"
+                cards.append(f'<div class="card">serve {esc(d["model"]["name"])}<b class="{tone}">'
+                             f'{esc(verdict.subject)}</b>{esc(verdict.text)}</div>')
         elif item.kind == STEPS:
             s = d.get("steps", {})
             cards.append(f'<div class="card">profile <span class="mono">{esc(_short(item.path, 40))}</span>'
@@ -971,3 +971,11 @@ def _preflight(page: _Page, item: Input, top: int) -> None:
             page.add(f'<p class="oom mono">{esc(t.get("target"))}: {esc(t["oom"]["headline"])}</p>')
         if t.get("memory"):  # the memory command's analysis of the compiled module
             _memory_module(page, {**t["memory"], "name": f"{t.get('target')}: {t['memory'].get('name')}"}, top)
+
+
+def _serve(page: _Page, item: Input, top: int) -> None:
+    """The serve plan's presentation (tpuprof/presentation/serve.py), as the terminal and Markdown show it."""
+    from tpuprof.presentation import build
+    from tpuprof.renderers.printers import html
+
+    page.add(html(build(item.document), page.figure_html))

@@ -1,0 +1,111 @@
+"""The presentation model (tpuprof/presentation) and its printers: one section per document, drawn by the terminal,
+Markdown, the report page and the notebook with the same facts. Serve first: `tpuprof report serve.json` and
+`tpuprof.report([tpuprof.serve(...)])` draw a serve section; a bad serve document is one sentence."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+
+import pytest
+
+from conftest import run_cli
+
+SERVE = ["serve", "--model", "llama3.1-70b", "--tpu", "v6e-8,v5p-16,v5e-8", "--max-model-len", "8192",
+         "--concurrency", "64", "--no-compile"]
+
+
+@pytest.fixture(scope="module")
+def serve_json(tmp_path_factory):
+    """A real `tpuprof serve --no-compile --json` document, saved as a user would."""
+    done = run_cli(*SERVE, "--json")
+    assert done.returncode == 0, done.stderr
+    path = tmp_path_factory.mktemp("serve") / "serve.json"
+    path.write_text(done.stdout)
+    return path
+
+
+def _text(page: str) -> str:
+    """The page's visible text, one space between words (the figures as a reader sees them)."""
+    body = re.sub(r"<script.*?</script>", "", page, flags=re.S)
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", body)))
+
+
+def test_report_draws_a_serve_section_from_a_saved_document(serve_json, tmp_path):
+    page_path = tmp_path / "page.html"
+    done = run_cli("report", serve_json, "-o", page_path, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["inputs"] == [{"path": str(serve_json), "kind": "serve"}]
+    page = _text(page_path.read_text())
+    document = json.loads(serve_json.read_text())
+    assert len(document["targets"]) == 3
+    assert [t["fits"] for t in document["targets"]] == [True, True, False]  # v5e-8 is too small for 70B
+    for t in document["targets"]:
+        figures = [t["slice"]["name"], t["verdict"], f"{t['kv_cache_tokens']:,}", f"{t['max_concurrency']:.1f}",
+                   f"{t['kv_bytes_per_token_per_device']:,} B", f"{t['gpu_memory_utilization']:.2f}", t["command"]]
+        e = t["estimate"]
+        if t["fits"]:
+            p = e["prefill_ms"]
+            figures += [f"TPOT {e['tpot_ms']:,.1f} ms ({e['tpot_ms_low']:,.1f} ms to {e['tpot_ms_high']:,.1f} ms)",
+                        f"TTFT {e['ttft_ms']:,.1f} ms (prefill chunk {p['point']:,.1f} ms, {p['low']:,.1f} ms to "
+                        f"{p['high']:,.1f} ms)", f"{e['output_tokens_per_s']:,.0f} output tokens/s",
+                        f"${e['cost_per_million_output_tokens']:,.3f}"]
+        for figure in figures:
+            assert figure in page, figure
+    assert f"fastest first: {', '.join(document['ranking']['speed'])}" in page
+
+
+def test_terminal_markdown_and_page_print_the_same_facts(serve_json, tmp_path):
+    """Every fact, verdict and launch command of the section is in all three outputs: one wording."""
+    from tpuprof.presentation import Command, Fact, Verdict, build
+    from tpuprof.renderers.markdown import render
+
+    document = json.loads(serve_json.read_text())
+    section = build(document)
+    facts = [b for s in [section, *section.sections] for b in s.blocks if isinstance(b, (Fact, Verdict, Command))]
+    assert len(facts) >= 3 * 5
+    terminal = re.sub(r"\s+", " ", run_cli(*SERVE, env={"COLUMNS": "400"}).stdout)
+    markdown = re.sub(r"\s+", " ", render(document).replace("**", ""))
+    run_cli("report", serve_json, "-o", tmp_path / "page.html")
+    page = _text((tmp_path / "page.html").read_text())
+    for block in facts:
+        said = block.text if isinstance(block, (Verdict, Command)) else block.value
+        for name, output in (("terminal", terminal), ("markdown", markdown), ("page", page)):
+            assert said in output, (name, said)
+
+
+def test_report_of_an_api_serve_result(tmp_path):
+    import tpuprof
+
+    result = tpuprof.serve("llama3.1-8b", "v6e-4", max_model_len=4096, compile=False)
+    page = tmp_path / "page.html"
+    written = tpuprof.report([result], page)
+    assert [i.kind for i in written.inputs] == ["serve"]
+    text = _text(page.read_text())
+    assert result.to_dict()["targets"][0]["command"] in text and "v6e-4" in text
+    assert "vllm serve" in result._repr_html_()  # the notebook cell: the same section, without plots
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d["targets"][0].update(kv_cache_tokens="many"), "targets[0].kv_cache_tokens"),
+    (lambda d: d["targets"][1].pop("command"), "targets[1].command is missing"),
+    (lambda d: d["targets"][0]["estimate"].update(tpot_ms=-1), "targets[0].estimate.tpot_ms"),
+    (lambda d: d.update(schema="tpuprof.serve/2"), "newer than this tpuprof reads (tpuprof.serve/1)"),
+])
+def test_an_edited_serve_document_is_one_sentence(serve_json, tmp_path, edit, field):
+    document = json.loads(serve_json.read_text())
+    edit(document)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(document))
+    page = tmp_path / "page.html"
+    done = run_cli("report", bad, "-o", page)
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
+    assert field in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not page.exists()
+
+
+def test_diff_of_serve_documents_points_at_report(serve_json):
+    done = run_cli("diff", serve_json, serve_json)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "`tpuprof report" in done.stderr and len(done.stderr.strip().splitlines()) == 1
