@@ -10,6 +10,8 @@ import re
 
 import pytest
 
+import tpuprof
+
 from conftest import run_cli
 
 SERVE = ["serve", "--model", "llama3.1-70b", "--tpu", "v6e-8,v5p-16,v5e-8", "--max-model-len", "8192",
@@ -109,3 +111,29 @@ def test_diff_of_serve_documents_points_at_report(serve_json):
     done = run_cli("diff", serve_json, serve_json)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "`tpuprof report" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+# Serve's compiled Gemma 3 1B on v5e-1 (session fixture of test_serve.py: compiled once per run, on disk after).
+from test_serve import gemma3_1b_v5e, needs_libtpu  # noqa: E402,F401
+
+
+@needs_libtpu
+def test_a_compiled_plan_shows_its_programs_and_safe_utilization(gemma3_1b_v5e, tmp_path):  # noqa: F811
+    """What only compiles give: the engine's program count and the largest safe utilization, in every printer."""
+    from tpuprof.presentation import build
+    from tpuprof.renderers.markdown import render
+    from tpuprof.renderers.printers import html, markdown
+
+    document = gemma3_1b_v5e.to_dict()
+    t = document["targets"][0]
+    count, safe = t["programs"]["count"], t["safe_gpu_memory_utilization"]
+    assert count > 0 and safe is not None
+    section = build(document)
+    table = section.blocks[1]
+    assert table.rows[0][[c.header for c in table.columns].index("programs")] == f"{count:,}"
+    assert f"{t['gpu_memory_utilization']:.2f} (safe ≤ {safe:.2f})" in table.rows[0]
+    said = f"the engine compiles {count} at start-up"
+    page = tmp_path / "page.html"
+    tpuprof.report([gemma3_1b_v5e], page)
+    for output in (render(document), "\n".join(markdown(section)), html(section), _text(page.read_text())):
+        assert said in output and f"safe --gpu-memory-utilization {safe}" in output

@@ -28,7 +28,7 @@ def _utilization(t: dict) -> str:
 
 COLUMNS = (name("slice"), number("TP"), text("fits"), number("weights/dev"), number("KV/token/dev", drop=3),
            number("KV tokens"), number("max conc.", drop=4), number("utilization", drop=5), number("TPOT"),
-           number("TTFT", drop=2), number("out tok/s"), number("$/1M out", drop=1))
+           number("TTFT", drop=2), number("out tok/s"), number("$/1M out", drop=1), number("programs", drop=2))
 
 
 def _row(t: dict) -> tuple[str, ...]:
@@ -37,7 +37,8 @@ def _row(t: dict) -> tuple[str, ...]:
             "yes" if t["fits"] else "no", fmt_bytes(t["weights_bytes_per_device"]),
             f"{t['kv_bytes_per_token_per_device']:,} B", f"{t['kv_cache_tokens']:,}", f"{t['max_concurrency']:.1f}",
             _utilization(t), _ms(e.get("tpot_ms")), _ms(e.get("ttft_ms")),
-            "n/a" if not e else f"{e['output_tokens_per_s']:,.0f}", _usd(e.get("cost_per_million_output_tokens")))
+            "n/a" if not e else f"{e['output_tokens_per_s']:,.0f}", _usd(e.get("cost_per_million_output_tokens")),
+            "n/a" if not t["programs"] else f"{t['programs']['count']:,}")
 
 
 def section(document: dict) -> Section:
