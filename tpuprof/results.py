@@ -208,7 +208,9 @@ class PreflightResult(Result):
         return to_json(self.targets, self.top)
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{t['target']} batch {t.get('batch_size')}: {'fits' if t.get('fits') else 'does not fit'}"
+        from tpuprof.presentation import fits_word
+
+        parts = ", ".join(f"{t['target']} batch {t.get('batch_size')}: {fits_word(bool(t.get('fits')))}"
                           for t in self.targets)
         return f"PreflightResult({self.spec!r}: {parts})"
 

@@ -4,7 +4,7 @@ and the ranking. The terminal, Markdown, the report page and the notebook all pr
 
 from __future__ import annotations
 
-from tpuprof.presentation import Caveats, Command, Fact, Note, Section, Table, Verdict, name, number, text
+from tpuprof.presentation.model import Caveats, Command, Fact, Note, Section, Table, Verdict, name, number, text
 from tpuprof.units import fmt_bytes
 
 

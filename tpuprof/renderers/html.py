@@ -13,6 +13,7 @@ import math
 from itertools import count
 
 from tpuprof.units import fmt_bytes, fmt_ms, fmt_usd
+from tpuprof.presentation import fits_share, fits_word
 from tpuprof.renderers.printers import esc, prose
 from tpuprof.sources.inputs import KIND_LABELS, MEMORY, OOM, PREFLIGHT, SERVE, STEPS, Input
 
@@ -148,10 +149,8 @@ def _capacity_card(name: str, target: str | None, peak: int | None, capacity: in
         verdict = '<span class="warn">peak unknown</span>'
     elif not capacity:
         verdict = '<span class="warn">no target: capacity unknown</span>'
-    elif peak > capacity:
-        verdict = f'<span class="oom">does not fit: {peak / capacity:.1%} of HBM</span>'
     else:
-        verdict = f'<span class="fit">fits: {peak / capacity:.1%} of HBM</span>'
+        verdict = f'<span class="{"fit" if peak <= capacity else "oom"}">{esc(fits_share(peak, capacity))}</span>'
     if isinstance(peak_range, list) and len(peak_range) == 2 and all(isinstance(v, int) for v in peak_range):
         verdict += f'<br><span class="meta">range {esc(fmt_bytes(peak_range[0]))} to {esc(fmt_bytes(peak_range[1]))}'
         if capacity and peak_range[1] > capacity >= (peak or 0):
@@ -336,7 +335,7 @@ def _suggestions(page: _Page, inputs: list[Input]) -> None:
             elif saving and unit == "ms":
                 badge = f' <span class="saving">up to {saving:.2f} ms per step</span>'
             blocked = unit == "bytes" and (fits.get(number) or 0) > 0
-            status = ' <span class="oom">does not fit</span>' if blocked else ""
+            status = f' <span class="oom">{fits_word(False)}</span>' if blocked else ""
             title = KIND_TITLES.get(s.get("kind", ""), s.get("kind", ""))
             code = ""
             if s.get("code"):
@@ -925,8 +924,7 @@ def _preflight(page: _Page, item: Input, top: int) -> None:
     rows = []
     for t in targets:
         fits = t.get("fits")
-        verdict = '<span class="fit">fits</span>' if fits else '<span class="oom">does not fit</span>' \
-            if fits is not None else ""
+        verdict = f'<span class="{"fit" if fits else "oom"}">{fits_word(fits)}</span>' if fits is not None else ""
         if fits and t.get("host_fits") is False:
             verdict += ' <span class="oom">not in host memory</span>'
         if t.get("verdict"):

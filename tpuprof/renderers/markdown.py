@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from tpuprof import schemas
 from tpuprof.renderers.diff import fmt_change, fmt_percent, fmt_value
+from tpuprof.presentation import fits_word
+from tpuprof.renderers.printers import caveats, cell, table  # noqa: F401 (the building blocks others import here)
 from tpuprof.units import fmt_bytes
 
 TOP = 5  # rows of each table: enough to act on, short enough for a comment
@@ -30,12 +32,6 @@ def render(document: dict, top: int = TOP) -> str:
 
 # --- building blocks ---------------------------------------------------------------------------------------
 
-def cell(value) -> str:
-    """Text for a table cell: pipes escaped, one line, backticks kept balanced."""
-    text = "" if value is None else str(value)
-    return text.replace("|", "\\|").replace("\n", " ").strip()
-
-
 def code(value) -> str:
     """Inline code that survives any backticks inside (a longer fence around it); a table's cell() escapes its
     pipes."""
@@ -47,16 +43,6 @@ def code(value) -> str:
         fence += "`"
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def table(headers: list[str], rows: list[list], right: set[int] = frozenset()) -> list[str]:
-    """A GitHub table; columns in RIGHT are numbers (right-aligned)."""
-    if not rows:
-        return []
-    out = ["| " + " | ".join(cell(h) for h in headers) + " |",
-           "|" + "|".join("---:" if i in right else "---" for i in range(len(headers))) + "|"]
-    out += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return out + [""]
 
 
 def more(shown: int, total: int | None, what: str) -> list[str]:
@@ -87,13 +73,6 @@ def fixes(suggestions: list, limit: int = MAX_FIXES) -> list[str]:
     return out + more(limit, len(suggestions), "fixes")
 
 
-def caveats(items: list | None, what: str = "") -> list[str]:
-    if not items:
-        return []
-    return [f"<details><summary>Caveats{' (' + what + ')' if what else ''}</summary>", ""] \
-        + [f"- {cell(c)}" for c in items] + ["", "</details>", ""]
-
-
 def _tidy(lines: list[str]) -> list[str]:
     """No runs of blank lines."""
     out: list[str] = []
@@ -118,7 +97,7 @@ def memory_module(module: dict, top: int, heading: str = "###") -> list[str]:
     out = [f"{heading} {code(module.get('name'))}" + (f" on {module['target']}" if module.get("target") else ""), ""]
     if peak is not None:
         share = f" of {fmt_bytes(capacity)} HBM ({100 * peak / capacity:.1f}%)" if capacity else ""
-        fits = "" if not capacity else (" — **fits**" if peak <= capacity else " — **does not fit**")
+        fits = "" if not capacity else f" — **{fits_word(peak <= capacity)}**"
         out.append(f"**Peak {fmt_bytes(peak)}**{share}{fits}; {_how(module)}.")
         if module.get("peak_range_bytes"):
             low, high = module["peak_range_bytes"]
@@ -257,7 +236,7 @@ def _preflight(document: dict, top: int) -> list[str]:
                     ""]
         if t.get("host_bytes"):  # offloaded activations: the host's memory, not HBM
             host = (f"of {fmt_bytes(t['host_capacity_bytes'])} a device may hold, "
-                    f"{'fits' if t.get('host_fits') else '❌ more than a device may hold'}"
+                    f"{fits_word(True) if t.get('host_fits') else '❌ more than a device may hold'}"
                     if t.get("host_capacity_bytes") else "no host budget known for this generation")
             out += [f"{name}: host memory (offloaded, not HBM) {fmt_bytes(t['host_bytes'])} ({host}).", ""]
         if t.get("max_batch_bound") and t.get("max_batch_size") is not None:  # else the verdict says why

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tpuprof.presentation import fits_word
 from tpuprof.units import fmt_bytes
 from tpuprof.models.memory import ModuleMemory
 
@@ -107,7 +108,7 @@ def print_tables(results: list[ModuleMemory], top: int) -> None:
             capacity = ""
             if m.hbm_capacity_bytes:
                 share = m.peak_heap_bytes / m.hbm_capacity_bytes
-                verdict = "[red]does not fit[/red]" if share > 1 else "[green]fits[/green]"
+                verdict = f"[{'red' if share > 1 else 'green'}]{fits_word(share <= 1)}[/]"
                 from tpuprof import targets
 
                 generation = targets.get(m.target)

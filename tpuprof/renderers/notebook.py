@@ -43,11 +43,10 @@ def _facts(pairs: list[tuple[str, object]]) -> str:
 
 
 def _fits(used, capacity) -> str:
-    if used is None or not capacity:
-        return ""
-    share = used / capacity
-    cls, word = ("oom", "does not fit") if share > 1 else ("fit", "fits")
-    return f' <b class="{cls}">{word}: {share:.1%} of {esc(fmt_bytes(capacity))}</b>'
+    from tpuprof.presentation import fits_share
+
+    said = fits_share(used, capacity, of=fmt_bytes(capacity))
+    return "" if said is None else f' <b class="{"fit" if used <= capacity else "oom"}">{esc(said)}</b>'
 
 
 def _suggestions(suggestions: list) -> str:

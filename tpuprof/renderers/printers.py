@@ -8,7 +8,7 @@ import html as _html
 import re
 from typing import Any, Callable
 
-from tpuprof.presentation import Caveats, Command, Fact, Note, Plot, Section, Table, Verdict
+from tpuprof.presentation.model import Caveats, Command, Fact, Note, Plot, Section, Table, Verdict
 
 
 def esc(value) -> str:
@@ -60,10 +60,32 @@ def terminal(section: Section, out=None) -> None:
 
 # ---------------------------------------------------------------- Markdown
 
+def cell(value) -> str:
+    """Text for a table cell: pipes escaped, one line, backticks kept balanced."""
+    text = "" if value is None else str(value)
+    return text.replace("|", "\\|").replace("\n", " ").strip()
+
+
+def table(headers: list[str], rows: list[list], right: set[int] = frozenset()) -> list[str]:
+    """A GitHub table; columns in RIGHT are numbers (right-aligned)."""
+    if not rows:
+        return []
+    out = ["| " + " | ".join(cell(h) for h in headers) + " |",
+           "|" + "|".join("---:" if i in right else "---" for i in range(len(headers))) + "|"]
+    out += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return out + [""]
+
+
+def caveats(items: list | None, what: str = "") -> list[str]:
+    if not items:
+        return []
+    return [f"<details><summary>Caveats{' (' + what + ')' if what else ''}</summary>", ""] \
+        + [f"- {cell(c)}" for c in items] + ["", "</details>", ""]
+
+
+
 def markdown(section: Section, level: int = 2) -> list[str]:
     """SECTION as GitHub-flavoured Markdown lines (tpuprof/renderers/markdown.py joins and tidies them)."""
-    from tpuprof.renderers.markdown import caveats, cell, table
-
     lines = ["#" * level + " " + section.title, ""]
     verdicts = [b for b in section.blocks if isinstance(b, Verdict)]
     for block in section.blocks:
