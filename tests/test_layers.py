@@ -14,7 +14,9 @@ from test_imports import import_graph
 # The package's top-level modules that hold one fact each (errors, sizes, TPU generations, protos...): every layer
 # may use them, and they use no layer but models.
 BASE = {"errors", "units", "targets", "protos", "slices", "prices", "version", "schemas", "documents", "caveats",
-        "library_output"}
+        "library_output",
+        # A command's document built from its typed result where that reads models only (the memory document).
+        "documents_memory"}
 # The edge of the package may import anything: the command line, the entry points and the Python API.
 EDGE = {"cli", "cli_lazy", "api", "__main__", "tpuprof"}
 

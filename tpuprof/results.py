@@ -104,9 +104,9 @@ class MemoryResult(Result):
         return self.module.padding_at_peak_bytes
 
     def _document(self) -> dict:
-        from tpuprof.renderers.memory import to_json
+        from tpuprof.documents_memory import document
 
-        return to_json(self.modules, self.top)
+        return document(self.modules, self.top)
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{m.name}: peak {_size(m.peak_heap_bytes)}" for m in self.modules[:3])

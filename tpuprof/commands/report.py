@@ -92,7 +92,7 @@ def memory_input(path: str, results: list, meta: dict | None = None) -> Input:
     program order and each padded buffer's fix."""
     from tpuprof.advice.memory import batch_dimension, class_counts, padding_fix
     from tpuprof.analyses.memory import describe
-    from tpuprof.renderers.memory import to_json
+    from tpuprof.documents_memory import document as to_json
 
     for module in results:
         describe(module, module.buffers)  # diff matches every buffer by its shape (done already with top=0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from tpuprof.presentation.model import (  # noqa: F401 (the model's names, importable from the package)
-    FIT, NO_FIT, UNKNOWN, Block, Caveats, Column, Command, Fact, Note, Plot, Section, Table, Verdict, fits_share,
+    FIT, NO_FIT, UNKNOWN, Block, Caveats, Column, Command, Fact, Fixes, Note, Plot, Section, Table, Verdict, fits_share,
     fits_word, name, number, text)
 
 
@@ -22,10 +22,16 @@ def build(document: dict) -> Section:
     return BUILDERS[command](document)
 
 
+def _memory(document: dict) -> Section:
+    from tpuprof.presentation.memory import section
+
+    return section(document)
+
+
 def _serve(document: dict) -> Section:
     from tpuprof.presentation.serve import section
 
     return section(document)
 
 
-BUILDERS: dict[str, Callable[[dict], Section]] = {"serve": _serve}
+BUILDERS: dict[str, Callable[[dict], Section]] = {"memory": _memory, "serve": _serve}

@@ -10,7 +10,9 @@ Block kinds:
 - `Fact`: one labelled figure (or short line of figures), saying how it was obtained.
 - `Table`: rows of already-formatted cells; each column says its kind (number / name / text) and its rank to be
   left out on a narrow terminal (tpuprof/renderers/tables.py's width rule).
-- `Note`: a sentence: a plain note or a problem (red).
+- `Note`: a sentence: a plain note, a warning (an estimate says so) or a problem (red).
+- `Fixes`: a command's suggestions (their dicts), numbered with their savings; the report page ranks every input's
+  fixes at its top instead, so its printer leaves them out of the section.
 - `Caveats`: what an estimate leaves out, under the figures it qualifies (folded where the format can fold).
 - `Command`: a command line to paste.
 - `Plot`: a plotly figure, made only when the HTML page draws it.
@@ -55,6 +57,7 @@ class Column:
     header: str
     kind: Literal["number", "name", "text"] = "text"
     drop: int = 0  # 0: always shown; else left out on a narrow terminal, rank 1 first
+    least: int = 0  # the narrowest a name or text column is squeezed to (0: the width rule's default)
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,13 @@ class Table:
 @dataclass(frozen=True)
 class Note:
     text: str
-    kind: Literal["note", "problem"] = "note"
+    kind: Literal["note", "warning", "problem"] = "note"
+
+
+@dataclass(frozen=True)
+class Fixes:
+    title: str
+    items: tuple[dict, ...]
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,7 @@ class Plot:
     height: int = 420
 
 
-Block = Union[Verdict, Fact, Table, Note, Caveats, Command, Plot]
+Block = Union[Verdict, Fact, Table, Note, Fixes, Caveats, Command, Plot]
 
 
 @dataclass
@@ -108,8 +117,8 @@ def number(header: str, drop: int = 0) -> Column:
     return Column(header, "number", drop)
 
 
-def name(header: str, drop: int = 0) -> Column:
-    return Column(header, "name", drop)
+def name(header: str, drop: int = 0, least: int = 0) -> Column:
+    return Column(header, "name", drop, least)
 
 
 def text(header: str, drop: int = 0) -> Column:

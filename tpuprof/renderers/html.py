@@ -359,23 +359,15 @@ def _memory(page: _Page, item: Input, top: int) -> None:
 
 
 def _memory_module(page: _Page, m: dict, top: int) -> None:
-    """One module: its summary, the curve, the padding wasters and padding by op."""
-    page.add(f'<h3 class="mono">{esc(m["name"])}</h3>'
-             f'<p class="meta">{esc(m.get("source_kind"))}: {esc(m.get("source"))}</p>')
-    from tpuprof.renderers.memory import method_words
+    """One module: what `tpuprof memory` presents (tpuprof/presentation/memory.py) but its tables, which the page
+    replaces by the padding wasters and padding by op, each with its chart and fixes; then the curve."""
+    from tpuprof.presentation import Fixes, Table
+    from tpuprof.presentation.memory import module_section
+    from tpuprof.renderers.printers import html
 
-    method = m.get("method") or ("unscheduled_bound" if m.get("estimated") else "buffer_assignment")
-    words = method_words(method, m.get("target"), m.get("expected_error_percent"), m.get("peak_range_bytes"))
-    page.add(f'<p class="{"warn" if m.get("estimated") else "meta"}">{esc(words)}</p>')
-    for note in m.get("notes", []):
-        page.add(f'<p class="note">{prose(note)}</p>')
-    rows = [("peak HBM (padded)", m.get("peak_heap_bytes")), ("peak HBM (unpadded)",
-            m.get("peak_unpadded_heap_bytes")), ("padding live at the peak", m.get("padding_at_peak_bytes")),
-            ("arguments", m.get("argument_bytes")), ("outputs", m.get("output_bytes")),
-            ("temporaries", m.get("temp_bytes")), ("HBM capacity", m.get("hbm_capacity_bytes"))]
-    page.add("<table>" + "".join(f'<tr><th>{k}</th><td class="n">{esc(fmt_bytes(v))}</td></tr>'
-                                 for k, v in rows if v is not None) + "</table>")
-    _caveats(page, m.get("caveats"))
+    summary = module_section(m, top)
+    summary.blocks = [b for b in summary.blocks if not isinstance(b, (Table, Fixes))]
+    page.add(html(summary, page.figure_html))
     _memory_timeline(page, m)
     _padding_wasters(page, m, top)
     _padding_by_op(page, m, top)

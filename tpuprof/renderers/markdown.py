@@ -11,12 +11,12 @@ from __future__ import annotations
 from tpuprof import schemas
 from tpuprof.renderers.diff import fmt_change, fmt_percent, fmt_value
 from tpuprof.presentation import fits_word
-from tpuprof.renderers.printers import caveats, cell, table  # noqa: F401 (the building blocks others import here)
+from tpuprof.renderers.printers import (  # noqa: F401 (the building blocks, importable from here)
+    MAX_FIXES, caveats, cell, code, fixes, more, table)
 from tpuprof.units import fmt_bytes
 
 TOP = 5  # rows of each table: enough to act on, short enough for a comment
 MAX_MODULES = 3  # memory documents of a whole dump folder: the largest peaks
-MAX_FIXES = 5
 
 
 def render(document: dict, top: int = TOP) -> str:
@@ -32,47 +32,6 @@ def render(document: dict, top: int = TOP) -> str:
 
 # --- building blocks ---------------------------------------------------------------------------------------
 
-def code(value) -> str:
-    """Inline code that survives any backticks inside (a longer fence around it); a table's cell() escapes its
-    pipes."""
-    text = "" if value is None else str(value).replace("\n", " ").strip()
-    if not text:
-        return ""
-    fence = "`"
-    while fence in text:
-        fence += "`"
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def more(shown: int, total: int | None, what: str) -> list[str]:
-    return [f"_{total - shown} of {total} {what} not shown: `--json` has every one._", ""] if total and total > shown else []
-
-
-def fixes(suggestions: list, limit: int = MAX_FIXES) -> list[str]:
-    """Numbered fixes: title, saving, message, then the code to write."""
-    from tpuprof.models.suggestion import KIND_TITLES
-
-    if not suggestions:
-        return []
-    out = ["**Fixes**", ""]
-    for number, item in enumerate(suggestions[:limit], 1):
-        kind = item.get("kind") or ""
-        title = KIND_TITLES.get(kind, kind.replace("_", " ").capitalize())
-        saving = ""
-        if item.get("saving_bytes"):
-            saving = f" (frees ≈{fmt_bytes(item['saving_bytes'])}, {item.get('confidence') or 'estimated'})"
-        elif item.get("saving_ms_per_step"):
-            saving = f" (saves ≈{item['saving_ms_per_step']:g} ms/step, {item.get('confidence') or 'estimated'})"
-        out.append(f"{number}. **{cell(title)}**{saving}: {cell(item.get('message'))}")
-        if item.get("code"):
-            out.append(f"   {code(item['code'])}")
-        if item.get("source_line"):
-            out.append(f"   at {code(item['source_line'])}")
-    out.append("")
-    return out + more(limit, len(suggestions), "fixes")
-
-
 def _tidy(lines: list[str]) -> list[str]:
     """No runs of blank lines."""
     out: list[str] = []
@@ -83,60 +42,21 @@ def _tidy(lines: list[str]) -> list[str]:
     return out
 
 
-def _how(module: dict) -> str:
-    if not module.get("estimated"):
-        return "exact (compiler's buffer assignment" + (", recompiled)" if module.get("method") == "recompiled" else ")")
-    error = module.get("expected_error_percent")
-    return f"estimated ({module.get('method')}" + (f", expected error {error:g}%)" if error is not None else ")")
-
-
 # --- memory ------------------------------------------------------------------------------------------------
 
 def memory_module(module: dict, top: int, heading: str = "###") -> list[str]:
-    peak, capacity = module.get("peak_heap_bytes"), module.get("hbm_capacity_bytes")
-    out = [f"{heading} {code(module.get('name'))}" + (f" on {module['target']}" if module.get("target") else ""), ""]
-    if peak is not None:
-        share = f" of {fmt_bytes(capacity)} HBM ({100 * peak / capacity:.1f}%)" if capacity else ""
-        fits = "" if not capacity else f" — **{fits_word(peak <= capacity)}**"
-        out.append(f"**Peak {fmt_bytes(peak)}**{share}{fits}; {_how(module)}.")
-        if module.get("peak_range_bytes"):
-            low, high = module["peak_range_bytes"]
-            out.append(f"The real peak can land from {fmt_bytes(low)} to {fmt_bytes(high)}.")
-        out.append("")
-    out += table(["", "padded", "unpadded"], [
-        ["peak", fmt_bytes(peak), fmt_bytes(module.get("peak_unpadded_heap_bytes"))],
-        ["padding at peak", fmt_bytes(module.get("padding_at_peak_bytes")), ""],
-        ["arguments", fmt_bytes(module.get("argument_bytes")), ""],
-        ["temporaries", fmt_bytes(module.get("temp_bytes")), ""],
-        ["output", fmt_bytes(module.get("output_bytes")), ""],
-    ], right={1, 2})
-    buffers = module.get("buffers") or []
-    if buffers:
-        out += [f"**Largest buffers** ({min(top, len(buffers))} of {module.get('buffer_count', len(buffers))})", ""]
-        out += table(["buffer", "shape", "padded", "unpadded", "padding", "at peak", "op"],
-                     [[code(b["instruction"]), code(b.get("shape")), fmt_bytes(b["size_bytes"]),
-                       fmt_bytes(b["unpadded_bytes"]), fmt_bytes(b.get("padding_bytes")),
-                       "yes" if b.get("live_at_peak") else "", cell(b.get("op_name"))] for b in buffers[:top]],
-                     right={2, 3, 4})
-    ops = module.get("ops") or []
-    if ops:
-        scope = "at the peak" if module.get("ops_scope") == "peak" else "over all buffers"
-        out += [f"**Framework ops** ({scope})", ""]
-        out += table(["op", "padded", "unpadded", "padding", "buffers"],
-                     [[code(o["op_name"]), fmt_bytes(o["size_bytes"]), fmt_bytes(o["unpadded_bytes"]),
-                       fmt_bytes(o.get("padding_bytes")), o.get("buffers")] for o in ops[:top]], right={1, 2, 3, 4})
-    return out + fixes(module.get("suggestions") or []) + caveats(module.get("caveats"))
+    """One module as `tpuprof memory` presents it (tpuprof/presentation/memory.py)."""
+    from tpuprof.presentation.memory import module_section
+    from tpuprof.renderers.printers import markdown
+
+    return markdown(module_section(module, top), level=len(heading))
 
 
 def _memory(document: dict, top: int) -> list[str]:
-    modules = document.get("modules") or []
-    out = ["## tpuprof memory", ""]
-    if not modules:
-        return out + ["No module with HBM buffers found."]
-    ranked = sorted(modules, key=lambda m: m.get("peak_heap_bytes") or 0, reverse=True)
-    for module in ranked[:MAX_MODULES]:
-        out += memory_module(module, top)
-    return out + more(MAX_MODULES, len(modules), "modules")
+    from tpuprof.presentation.memory import section
+    from tpuprof.renderers.printers import markdown
+
+    return markdown(section(document, top, modules=MAX_MODULES))
 
 
 # --- oom ---------------------------------------------------------------------------------------------------

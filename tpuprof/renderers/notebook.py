@@ -61,22 +61,10 @@ def _suggestions(suggestions: list) -> str:
 
 
 def _memory(document: dict) -> str:
-    parts = []
-    for m in document["modules"][:4]:
-        parts.append(f"<p><b>{esc(m['name'])}</b> ({esc(m['source_kind'])}{', estimated' if m.get('estimated') else ''})"
-                     f"{_fits(m.get('peak_heap_bytes'), m.get('hbm_capacity_bytes'))}</p>")
-        parts.append(_facts([("peak HBM (padded)", fmt_bytes(m.get("peak_heap_bytes"))),
-                             ("peak HBM (unpadded)", fmt_bytes(m.get("peak_unpadded_heap_bytes"))),
-                             ("padding live at the peak", fmt_bytes(m.get("padding_at_peak_bytes"))),
-                             ("arguments", fmt_bytes(m.get("argument_bytes"))),
-                             ("temporaries", fmt_bytes(m.get("temp_bytes")))]))
-        parts.append(_table(["instruction", "shape", "padded", "unpadded", "padding", "framework op"],
-                            [[b["instruction"], b["shape"], fmt_bytes(b["size_bytes"]), fmt_bytes(b["unpadded_bytes"]),
-                              fmt_bytes(b["padding_bytes"]), b.get("op_name") or ""] for b in m["buffers"][:ROWS]],
-                            numeric={2, 3, 4}))
-    if len(document["modules"]) > 4:
-        parts.append(f"<p>{len(document['modules']) - 4} smaller modules not shown.</p>")
-    return "".join(parts)
+    from tpuprof.presentation.memory import section
+    from tpuprof.renderers.printers import html
+
+    return html(section(document, ROWS, modules=4))
 
 
 def _analyze(document: dict) -> str:

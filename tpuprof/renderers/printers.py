@@ -8,7 +8,8 @@ import html as _html
 import re
 from typing import Any, Callable
 
-from tpuprof.presentation.model import Caveats, Command, Fact, Note, Plot, Section, Table, Verdict
+from tpuprof.presentation.model import Caveats, Command, Fact, Fixes, Note, Plot, Section, Table, Verdict
+from tpuprof.units import fmt_bytes
 
 
 def esc(value) -> str:
@@ -21,6 +22,9 @@ def prose(value) -> str:
 
 
 # ---------------------------------------------------------------- terminal
+
+NOTE_STYLES = {"note": "", "warning": "yellow", "problem": "red"}
+
 
 def terminal(section: Section, out=None) -> None:
     """SECTION on the console, every line and table within its width (tpuprof/renderers/tables.py)."""
@@ -41,14 +45,18 @@ def terminal(section: Section, out=None) -> None:
             if isinstance(block, Verdict):
                 line(f"{block.subject}: {block.text}", "" if block.fits is None else "green" if block.fits else "red")
             elif isinstance(block, Table):
-                columns = [tables.Column(c.header, c.kind, "right" if c.kind == "number" else "left", c.drop)
+                columns = [tables.Column(c.header, c.kind, "right" if c.kind == "number" else "left", c.drop, c.least)
                            for c in block.columns]
                 out.print(tables.table(columns, [[escape(cell) for cell in row] for row in block.rows], out.width,
                                        title=block.title))
             elif isinstance(block, Fact):
                 line(f"- {block.label}: {block.value}")
             elif isinstance(block, Note):
-                line(("- " if not top else "") + block.text, "red" if block.kind == "problem" else "")
+                line(("- " if not top else "") + block.text, NOTE_STYLES[block.kind])
+            elif isinstance(block, Fixes):
+                from tpuprof.renderers.suggestions import render_suggestions
+
+                render_suggestions(out, list(block.items), None, block.title)
             elif isinstance(block, Command):
                 line(f"- {block.label}: {block.text}")
             # Caveats and plots: the page and the Markdown fold them under the figures; a terminal keeps to figures.
@@ -59,6 +67,50 @@ def terminal(section: Section, out=None) -> None:
 
 
 # ---------------------------------------------------------------- Markdown
+
+MAX_FIXES = 5  # fixes in Markdown: enough to act on, short enough for a pull-request comment
+
+
+def code(value) -> str:
+    """Inline code that survives any backticks inside (a longer fence around it); a table's cell() escapes its
+    pipes."""
+    text = "" if value is None else str(value).replace("\n", " ").strip()
+    if not text:
+        return ""
+    fence = "`"
+    while fence in text:
+        fence += "`"
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def more(shown: int, total: int | None, what: str) -> list[str]:
+    return [f"_{total - shown} of {total} {what} not shown: `--json` has every one._", ""] if total and total > shown else []
+
+
+def fixes(suggestions: list, limit: int = MAX_FIXES) -> list[str]:
+    """Numbered fixes: title, saving, message, then the code to write."""
+    from tpuprof.models.suggestion import KIND_TITLES
+
+    if not suggestions:
+        return []
+    out = ["**Fixes**", ""]
+    for number, item in enumerate(suggestions[:limit], 1):
+        kind = item.get("kind") or ""
+        title = KIND_TITLES.get(kind, kind.replace("_", " ").capitalize())
+        saving = ""
+        if item.get("saving_bytes"):
+            saving = f" (frees ≈{fmt_bytes(item['saving_bytes'])}, {item.get('confidence') or 'estimated'})"
+        elif item.get("saving_ms_per_step"):
+            saving = f" (saves ≈{item['saving_ms_per_step']:g} ms/step, {item.get('confidence') or 'estimated'})"
+        out.append(f"{number}. **{cell(title)}**{saving}: {cell(item.get('message'))}")
+        if item.get("code"):
+            out.append(f"   {code(item['code'])}")
+        if item.get("source_line"):
+            out.append(f"   at {code(item['source_line'])}")
+    out.append("")
+    return out + more(limit, len(suggestions), "fixes")
+
 
 def cell(value) -> str:
     """Text for a table cell: pipes escaped, one line, backticks kept balanced."""
@@ -95,16 +147,22 @@ def markdown(section: Section, level: int = 2) -> list[str]:
             if block is verdicts[-1]:
                 lines.append("")
         elif isinstance(block, Table):
-            lines += table([c.header for c in block.columns], [list(r) for r in block.rows],
+            lines.append("")
+            if block.title:
+                lines += [f"**{block.title}**", ""]
+            lines += table([c.header for c in block.columns],
+                           [[code(v) if c.kind == "name" else v for c, v in zip(block.columns, r)] for r in block.rows],
                            right={i for i, c in enumerate(block.columns) if c.kind == "number"})
         elif isinstance(block, Fact):
             lines.append(f"- **{block.label}**: {block.value}")
         elif isinstance(block, Note):
             lines += [f"- ❌ {block.text}" if block.kind == "problem" else block.text, ""]
+        elif isinstance(block, Fixes):
+            lines += ["", *fixes(list(block.items))]
         elif isinstance(block, Command):
             lines += ["", "```sh", block.text, "```", ""]
-        elif isinstance(block, Caveats):
-            lines += caveats(list(block.items), block.what)
+        elif isinstance(block, Caveats) and block.items:
+            lines += ["", *caveats(list(block.items), block.what)]
     lines.append("")
     for sub in section.sections:
         lines += markdown(sub, level + 1)
@@ -113,9 +171,24 @@ def markdown(section: Section, level: int = 2) -> list[str]:
 
 # ---------------------------------------------------------------- HTML
 
+HTML_NOTE_CLASSES = {"note": "note", "warning": "warn", "problem": "oom"}
+
+
+def _html_table(block: Table) -> str:
+    """Numbers right-aligned, names (ops, instructions) in monospace; a column empty in every row is left out."""
+    keep = [i for i in range(len(block.columns)) if any(row[i] for row in block.rows)]
+    cell = {"number": lambda v: f'<td class="n">{esc(v)}</td>',
+            "name": lambda v: f'<td><span class="mono">{esc(v)}</span></td>' if v else "<td></td>",
+            "text": lambda v: f"<td>{esc(v)}</td>"}
+    head = "".join(f"<th>{esc(block.columns[i].header)}</th>" for i in keep)
+    body = "".join("<tr>" + "".join(cell[block.columns[i].kind](row[i]) for i in keep) + "</tr>" for row in block.rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
 def html(section: Section, figure: Callable[[Any, int], str] | None = None, level: int = 3) -> str:
     """SECTION as HTML for the report page (its CSS classes) or a notebook cell. FIGURE(fig, height) embeds a plot;
-    without it (the notebook) plots are left out."""
+    without it (the notebook) plots are left out. Fixes are left out too: the page ranks every input's at its top,
+    the notebook lists the result's below."""
     parts = [f"<h{level}>{esc(section.title)}</h{level}>"]
     facts: list[str] = []
 
@@ -133,16 +206,16 @@ def html(section: Section, figure: Callable[[Any, int], str] | None = None, leve
         elif isinstance(block, Fact):
             facts.append(f"<tr><th>{esc(block.label)}</th><td>{prose(block.value)}</td></tr>")
         elif isinstance(block, Table):
-            head = "".join(f"<th>{esc(c.header)}</th>" for c in block.columns)
-            body = "".join("<tr>" + "".join(f'<td class="n">{esc(v)}</td>' if c.kind == "number" else f"<td>{esc(v)}</td>"
-                                            for c, v in zip(block.columns, row)) + "</tr>" for row in block.rows)
-            parts.append(f"<table><tr>{head}</tr>{body}</table>")
+            if block.title:
+                parts.append(f"<p><b>{esc(block.title)}</b></p>")
+            parts.append(_html_table(block))
         elif isinstance(block, Note):
-            parts.append(f'<p class="{"oom" if block.kind == "problem" else "note"}">{prose(block.text)}</p>')
+            parts.append(f'<p class="{HTML_NOTE_CLASSES[block.kind]}">{prose(block.text)}</p>')
         elif isinstance(block, Command):
             parts.append(f'<p>{esc(block.label)}:</p><pre class="mono">{esc(block.text)}</pre>')
         elif isinstance(block, Caveats) and block.items:
-            parts.append(f'<details class="caveats"><summary>Caveats ({esc(block.what)})</summary><ul>'
+            what = f" ({esc(block.what)})" if block.what else ""
+            parts.append(f'<details class="caveats"><summary>Caveats{what}</summary><ul>'
                          + "".join(f"<li>{prose(c)}</li>" for c in block.items) + "</ul></details>")
         elif isinstance(block, Plot) and figure is not None:
             parts.append(figure(block.figure(), block.height))
