@@ -113,6 +113,33 @@ def test_diff_of_serve_documents_points_at_report(serve_json):
     assert "`tpuprof report" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+def test_memory_terminal_markdown_page_and_notebook_say_the_same_facts(tmp_path):
+    """The memory section of a real dump: its verdict, method, facts and table rows in every printer."""
+    from conftest import DUMPS
+    from tpuprof.presentation import Fact, Note, Table, Verdict
+    from tpuprof.presentation.memory import section
+    from tpuprof.renderers.markdown import render
+
+    dump = DUMPS / "conv18_f32_v5e"
+    document = json.loads(run_cli("memory", dump, "--json").stdout)
+    shown = section(document, top=5)
+    blocks = [b for s in shown.sections for b in s.blocks]
+    said = [b.text if isinstance(b, (Verdict, Note)) else b.value for b in blocks if isinstance(b, (Fact, Verdict, Note))]
+    assert any(isinstance(b, Verdict) and b.fits for b in blocks) and len(said) >= 8
+    instructions = [row[0] for b in blocks if isinstance(b, Table) and b.title.startswith("Largest") for row in b.rows]
+    assert len(instructions) == 5
+    terminal = re.sub(r"\s+", " ", run_cli("memory", dump, "--top", "5", env={"COLUMNS": "400"}).stdout)
+    markdown = re.sub(r"\s+", " ", render(document).replace("**", ""))
+    run_cli("report", dump, "-o", tmp_path / "page.html")
+    page = _text((tmp_path / "page.html").read_text())
+    notebook = _text(tpuprof.memory(dump)._repr_html_())
+    for name, output in (("terminal", terminal), ("markdown", markdown), ("page", page), ("notebook", notebook)):
+        missing = [fact for fact in said if fact not in output]
+        assert not missing, (name, missing)
+        if name != "page":  # the page lists the padded buffers instead, each with its chart and fix
+            assert all(i in output for i in instructions), name
+
+
 # Serve's compiled Gemma 3 1B on v5e-1 (session fixture of test_serve.py: compiled once per run, on disk after).
 from test_serve import gemma3_1b_v5e, needs_libtpu  # noqa: E402,F401
 
