@@ -44,13 +44,10 @@ DOCUMENT_LAYER = "to move with the document layer (issue 32): the renderer reads
 # (importer, imported) -> why the crossing remains.
 KNOWN_CROSSINGS = {
     ("tpuprof.renderers.analyze", "tpuprof.analyses.summary"): DOCUMENT_LAYER,
-    ("tpuprof.renderers.html", "tpuprof.analyses.framework"): DOCUMENT_LAYER,
     ("tpuprof.renderers.html", "tpuprof.analyses.input_pipeline"): DOCUMENT_LAYER,
     ("tpuprof.renderers.markdown", "tpuprof.analyses.step_estimate"): DOCUMENT_LAYER,
-    ("tpuprof.renderers.oom", "tpuprof.analyses.framework"): DOCUMENT_LAYER,
     ("tpuprof.renderers.oom", "tpuprof.analyses.oom"): DOCUMENT_LAYER,
     ("tpuprof.renderers.preflight", "tpuprof.analyses.step_estimate"): DOCUMENT_LAYER,
-    ("tpuprof.renderers.suggestions", "tpuprof.analyses.framework"): DOCUMENT_LAYER,
     ("tpuprof.renderers.trace", "tpuprof.analyses.chips"): DOCUMENT_LAYER,
     ("tpuprof.renderers.trace", "tpuprof.analyses.top_ops"): DOCUMENT_LAYER,
     ("tpuprof.renderers.capture", "tpuprof.sources.addresses"): DOCUMENT_LAYER,

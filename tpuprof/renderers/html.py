@@ -304,7 +304,7 @@ def ranked_suggestions(inputs: list[Input], kinds=(MEMORY, PREFLIGHT, OOM)) -> l
 
 
 def _suggestions(page: _Page, inputs: list[Input]) -> None:
-    from tpuprof.analyses.framework import FRAMEWORK_NAMES
+    from tpuprof.models.suggestion import FRAMEWORK_NAMES
     from tpuprof.models.suggestion import KIND_TITLES
 
     memory = ranked_suggestions(inputs)

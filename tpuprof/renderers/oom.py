@@ -55,7 +55,7 @@ def render(report: OomReport, estimate: BatchEstimate, suggestions: list[dict], 
     if report.memory_space:
         summary.add_row("memory space", report.memory_space)
     if report.framework or report.training is not None:
-        from tpuprof.analyses.framework import FRAMEWORK_NAMES
+        from tpuprof.models.suggestion import FRAMEWORK_NAMES
 
         job = {True: "training", False: "inference"}.get(report.training, "")
         name = FRAMEWORK_NAMES.get(report.framework or "", "unknown")
