@@ -28,10 +28,16 @@ def _memory(document: dict) -> Section:
     return section(document)
 
 
+def _oom(document: dict) -> Section:
+    from tpuprof.presentation.oom import section
+
+    return section(document)
+
+
 def _serve(document: dict) -> Section:
     from tpuprof.presentation.serve import section
 
     return section(document)
 
 
-BUILDERS: dict[str, Callable[[dict], Section]] = {"memory": _memory, "serve": _serve}
+BUILDERS: dict[str, Callable[[dict], Section]] = {"memory": _memory, "oom": _oom, "serve": _serve}

@@ -77,6 +77,7 @@ class Note:
 class Fixes:
     title: str
     items: tuple[dict, ...]
+    framework: str | None = None  # the user's framework: its call is shown first
 
 
 @dataclass(frozen=True)

@@ -831,47 +831,35 @@ def _roofline(page: _Page, d: dict) -> None:
 # ---------------------------------------------------------------- OOM and preflight
 
 def _oom(page: _Page, item: Input, top: int) -> None:
+    """What `tpuprof oom` presents (tpuprof/presentation/oom.py), with the chart of the listed allocations."""
+    from tpuprof.presentation import Plot, Table
+    from tpuprof.presentation.oom import section
+    from tpuprof.renderers.printers import html
+
+    shown = section(item.document, max(top, 1), source=item.path)
+    allocations = [a for a in item.document.get("allocations", []) if a.get("size_bytes")][: max(top, 1)]
+    if allocations:
+        at = next(i for i, b in enumerate(shown.blocks) if isinstance(b, Table))
+        shown.blocks.insert(at, Plot(lambda: _allocations_figure(allocations), max(260, 110 + 28 * len(allocations))))
+    page.add(html(shown, page.figure_html))
+
+
+def _allocations_figure(allocations: list[dict]):
     import plotly.graph_objects as go
 
-    d = item.document
-    page.add(f'<p class="oom mono">{esc(d.get("headline"))}</p>')
-    if d.get("line_number"):
-        page.add(f'<p class="meta">line {esc(d["line_number"])} of the log; {esc(d.get("messages_found", 1))} '
-                 "out-of-memory message(s) found, the most detailed is shown.</p>")
-    keys = [("used", "used_bytes"), ("capacity", "capacity_bytes"), ("exceeded by", "exceeded_bytes"),
-            ("requested", "requested_bytes"), ("free", "free_bytes"), ("HLO temporaries", "hlo_temp_bytes"),
-            ("unpadded", "unpadded_bytes"), ("padded", "padded_bytes"), ("arguments", "arguments_bytes"),
-            ("program", "program_bytes"), ("reserved", "reserved_bytes")]
-    rows = "".join(f'<tr><th>{label}</th><td class="n">{esc(fmt_bytes(d[key]))}</td></tr>'
-                   for label, key in keys if d.get(key) is not None)
-    if rows:
-        page.add(f"<table>{rows}</table>")
-    estimate = d.get("batch_estimate") or {}
-    if estimate.get("reason"):
-        page.add(f'<p>Batch: {esc(estimate["reason"])}</p>')
-    _caveats(page, estimate.get("caveats"), "batch estimate")
-    allocations = [a for a in d.get("allocations", []) if a.get("size_bytes")][: max(top, 1)]
-    if allocations:
-        labels = [esc(f"#{a.get('index', i + 1)} {_short(a.get('shape') or a.get('op_name') or '', 50)}")
-                  for i, a in enumerate(allocations)]
-        data = [a.get("unpadded_bytes") or a.get("recomputed_unpadded_bytes") or a["size_bytes"] for a in allocations]
-        unit, size = byte_unit(max(a["size_bytes"] for a in allocations))
-        fig = go.Figure()
-        for name, values, colour in (("data (unpadded)", data, "#2da44e"),
-                                     ("padding", [a["size_bytes"] - u for a, u in zip(allocations, data)], "#cf222e")):
-            fig.add_bar(y=labels, x=[v / size for v in values], orientation="h", name=name, marker_color=colour,
-                        customdata=[[fmt_bytes(v), esc(a.get("op_name") or "")] for v, a in zip(values, allocations)],
-                        hovertemplate=f"%{{y}}<br>{name}: %{{customdata[0]}}<br>%{{customdata[1]}}<extra></extra>")
-        fig.update_layout(barmode="stack", title="Largest program allocations in the log", xaxis_title=f"size ({unit})",
-                          yaxis=dict(autorange="reversed", automargin=True), legend=_TOP_LEGEND)
-        page.figure(fig, height=max(260, 110 + 28 * len(allocations)))
-        rows = [[f'<span class="mono">{esc(a.get("shape") or "")}</span>', esc(fmt_bytes(a["size_bytes"])),
-                 f'<span class="mono">{esc(a.get("op_name") or "")}</span>' if a.get("op_name") else "",
-                 f'<span class="mono">{esc(a.get("source") or "")}</span>' if a.get("source") else ""]
-                for a in allocations]
-        page.add(_table(["shape", "size", "operator", "source"], rows, {1}))
-    for note in d.get("notes", []):
-        page.add(f'<p class="note">{prose(note)}</p>')
+    labels = [esc(f"#{a.get('index', i + 1)} {_short(a.get('shape') or a.get('op_name') or '', 50)}")
+              for i, a in enumerate(allocations)]
+    data = [a.get("unpadded_bytes") or a.get("recomputed_unpadded_bytes") or a["size_bytes"] for a in allocations]
+    unit, size = byte_unit(max(a["size_bytes"] for a in allocations))
+    fig = go.Figure()
+    for name, values, colour in (("data (unpadded)", data, "#2da44e"),
+                                 ("padding", [a["size_bytes"] - u for a, u in zip(allocations, data)], "#cf222e")):
+        fig.add_bar(y=labels, x=[v / size for v in values], orientation="h", name=name, marker_color=colour,
+                    customdata=[[fmt_bytes(v), esc(a.get("op_name") or "")] for v, a in zip(values, allocations)],
+                    hovertemplate=f"%{{y}}<br>{name}: %{{customdata[0]}}<br>%{{customdata[1]}}<extra></extra>")
+    fig.update_layout(barmode="stack", title="Largest program allocations in the log", xaxis_title=f"size ({unit})",
+                      yaxis=dict(autorange="reversed", automargin=True), legend=_TOP_LEGEND)
+    return fig
 
 
 def _slice_comparison(page: _Page, targets: list[dict]) -> None:

@@ -61,34 +61,11 @@ def _memory(document: dict, top: int) -> list[str]:
 
 # --- oom ---------------------------------------------------------------------------------------------------
 
-OOM_FIGURES = [("used", "used_bytes"), ("required (estimate)", "required_bytes"), ("capacity", "capacity_bytes"),
-               ("exceeded by", "exceeded_bytes"), ("requested", "requested_bytes"), ("free", "free_bytes"),
-               ("HLO temporaries", "hlo_temp_bytes"), ("program", "program_bytes"), ("arguments", "arguments_bytes"),
-               ("reserved", "reserved_bytes")]
-
-
 def _oom(document: dict, top: int) -> list[str]:
-    out = ["## tpuprof oom: TPU out of memory", "", f"> {cell(document.get('headline'))}", "",
-           f"**{cell(document.get('kind'))}** in {cell(document.get('memory_space') or 'memory')}"
-           + (f"; {document['messages_found']} messages in the log, this is the most detailed"
-              if (document.get("messages_found") or 0) > 1 else "") + ".", ""]
-    out += table(["", "bytes"], [[label, fmt_bytes(document[key])] for label, key in OOM_FIGURES
-                                 if document.get(key) is not None], right={1})
-    allocations = document.get("allocations") or []
-    if allocations:
-        out += ["**Largest allocations** (from the log)", ""]
-        out += table(["#", "size", "shape", "unpadded", "op"],
-                     [[a.get("index"), fmt_bytes(a.get("size_bytes")), code(a.get("shape")),
-                       fmt_bytes(a.get("unpadded_bytes") if a.get("unpadded_bytes") is not None
-                                 else a.get("recomputed_unpadded_bytes")),
-                       cell(a.get("op_name") or a.get("op_type") or a.get("xla_label"))] for a in allocations[:top]],
-                     right={1, 3})
-        out += more(top, len(allocations), "allocations")
-    estimate = document.get("batch_estimate") or {}
-    if estimate.get("fitting_batch") is not None:
-        out += [f"**Batch that fits:** {estimate['fitting_batch']} (now {estimate.get('current_batch')}; "
-                f"confidence {estimate.get('confidence')}).", ""]
-    return out + fixes(document.get("suggestions") or []) + caveats(estimate.get("caveats"), "batch estimate")
+    from tpuprof.presentation.oom import section
+    from tpuprof.renderers.printers import markdown
+
+    return markdown(section(document, top))
 
 
 # --- analyze -----------------------------------------------------------------------------------------------

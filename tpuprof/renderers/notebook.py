@@ -82,20 +82,10 @@ def _analyze(document: dict) -> str:
 
 
 def _oom(document: dict) -> str:
-    estimate = document.get("batch_estimate") or {}
-    parts = [f"<p><b>TPU out of memory</b> ({esc(document.get('kind'))}, {esc(document.get('memory_space') or '')})"
-             f"{_fits(document.get('used_bytes') or document.get('hlo_temp_bytes'), document.get('capacity_bytes'))}</p>",
-             f"<p><code>{esc(document.get('headline'))}</code></p>",
-             _facts([("used", fmt_bytes(document.get("used_bytes"))),
-                     ("capacity", fmt_bytes(document.get("capacity_bytes"))),
-                     ("HLO temporaries", fmt_bytes(document.get("hlo_temp_bytes"))),
-                     ("batch that fits", estimate.get("fitting_batch")),
-                     ("share of the batch that fits", f"{estimate['scale']:.0%}" if estimate.get("scale") else None)])]
-    rows = [[a.get("shape") or "", fmt_bytes(a.get("size_bytes")), fmt_bytes(a.get("padding_bytes")),
-             a.get("op_name") or ""] for a in document.get("allocations", [])[:ROWS]]
-    if rows:
-        parts.append(_table(["shape", "size", "padding", "framework op"], rows, numeric={1, 2}))
-    return "".join(parts)
+    from tpuprof.presentation.oom import section
+    from tpuprof.renderers.printers import html
+
+    return html(section(document, ROWS))
 
 
 def _preflight(document: dict) -> str:

@@ -56,7 +56,7 @@ def terminal(section: Section, out=None) -> None:
             elif isinstance(block, Fixes):
                 from tpuprof.renderers.suggestions import render_suggestions
 
-                render_suggestions(out, list(block.items), None, block.title)
+                render_suggestions(out, list(block.items), block.framework, block.title)
             elif isinstance(block, Command):
                 line(f"- {block.label}: {block.text}")
             # Caveats and plots: the page and the Markdown fold them under the figures; a terminal keeps to figures.
