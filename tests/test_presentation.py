@@ -140,6 +140,29 @@ def test_memory_terminal_markdown_page_and_notebook_say_the_same_facts(tmp_path)
             assert all(i in output for i in instructions), name
 
 
+def test_oom_terminal_markdown_page_and_notebook_say_the_same_facts(tmp_path):
+    """A real libtpu OOM log: its headline, facts, figures and allocations in every printer, in tpuprof's units."""
+    from conftest import SAMPLES
+    from tpuprof.presentation import Fact, Table, Verdict
+    from tpuprof.presentation.oom import section
+    from tpuprof.renderers.markdown import render
+
+    log = SAMPLES / "oom" / "libtpu_transformer_v5e.txt"
+    document = json.loads(run_cli("oom", log, "--json").stdout)
+    shown = section(document)
+    said = [b.text if isinstance(b, Verdict) else b.value for b in shown.blocks if isinstance(b, (Fact, Verdict))]
+    cells = [c for b in shown.blocks if isinstance(b, Table) for row in b.rows[:5] for c in row[:2] if c]
+    assert len(said) >= 3 and any(c.endswith("iB") for c in cells)
+    terminal = re.sub(r"\s+", " ", run_cli("oom", log, env={"COLUMNS": "400"}).stdout)
+    markdown = re.sub(r"\s+", " ", render(document, top=30).replace("**", ""))
+    run_cli("report", log, "-o", tmp_path / "page.html")
+    page = _text((tmp_path / "page.html").read_text())
+    notebook = _text(tpuprof.oom(str(log))._repr_html_())
+    for name, output in (("terminal", terminal), ("markdown", markdown), ("page", page), ("notebook", notebook)):
+        missing = [fact for fact in said + cells if fact not in output]
+        assert not missing, (name, missing)
+
+
 # Serve's compiled Gemma 3 1B on v5e-1 (session fixture of test_serve.py: compiled once per run, on disk after).
 from test_serve import gemma3_1b_v5e, needs_libtpu  # noqa: E402,F401
 
