@@ -100,16 +100,22 @@ class _Page:
         self.parts.append(text)
 
     def figure(self, fig, height: int = 420) -> None:
-        self.add(self.figure_html(fig, height))
-
-    def figure_html(self, fig, height: int = 420) -> str:
         import plotly.io as pio
 
         fig.update_layout(height=height, margin=dict(l=60, r=30, t=50, b=50), template="plotly_white")
         self.plots += 1
-        return '<div class="plot">' + pio.to_html(
+        self.add('<div class="plot">' + pio.to_html(
             fig, include_plotlyjs=False, full_html=False, div_id=f"plot-{next(self._ids)}",
-            config={"displaylogo": False, "responsive": True}) + "</div>"
+            config={"displaylogo": False, "responsive": True}) + "</div>")
+
+    def figure_html(self, fig, height: int = 420) -> str:
+        """The figure's HTML for a printer that assembles a section (tpuprof/renderers/printers.py): drawn by
+        `figure`, the one place that embeds a plot."""
+        mark = len(self.parts)
+        self.figure(fig, height)
+        drawn = "".join(self.parts[mark:])
+        del self.parts[mark:]
+        return drawn
 
 
 def _caveats(page: _Page, items: list | None, what: str = "") -> None:
