@@ -170,7 +170,7 @@ def test_human_oom_output_has_titles_frameworks_and_no_internal_labels():
     result = run_cli("oom", FIXTURES / "easydel_166_v4_falcon.txt")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "Fused attention" in out and "JAX: " in out and "framework     JAX, training" in out
+    assert "Fused attention" in out and "JAX: " in out and "framework: JAX, training" in out
     assert not re.search(r"^\d+\. (batch_size|more_detail|remat|bf16):", out, re.M)
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == len(set(lines)) or all(lines.count(line) == 1 for line in lines if len(line) > 60)

@@ -14,7 +14,9 @@ from test_imports import import_graph
 # The package's top-level modules that hold one fact each (errors, sizes, TPU generations, protos...): every layer
 # may use them, and they use no layer but models.
 BASE = {"errors", "units", "targets", "protos", "slices", "prices", "version", "schemas", "documents", "caveats",
-        "library_output"}
+        "library_output",
+        # A command's document built from its typed result where that reads models only (the memory document).
+        "documents_memory", "documents_oom"}
 # The edge of the package may import anything: the command line, the entry points and the Python API.
 EDGE = {"cli", "cli_lazy", "api", "__main__", "tpuprof"}
 
@@ -29,13 +31,15 @@ ALLOWED = {
     "advice": {"analyses", "models"},
     # A renderer may use the prose a document writes (preflight's slice labels, ranking and verdict words), so
     # that the table and the document say it in the same words.
-    "renderers": {"models", "documents_preflight"},
+    "renderers": {"models", "presentation", "documents_preflight"},
+    # What a person is shown (tpuprof/presentation): built from a command's document, printed by the renderers.
+    "presentation": {"models"},
     # The versioned JSON document of a command, built from its typed result (serve's first; issue 32's document
     # layer): it reads analyses' results and is read by results, renderers and commands.
     "documents_serve": {"analyses", "advice", "models"},
     "documents_preflight": {"analyses", "advice", "models"},
     # What a command returns (tpuprof.results): it gives its JSON document and shows itself in a notebook.
-    "results": {"renderers", "models", "documents_serve", "documents_preflight"},
+    "results": {"renderers", "presentation", "models", "documents_serve", "documents_preflight"},
     "commands": {"sources", "analyses", "advice", "renderers", "results", "models", "documents_serve",
                  "documents_preflight"},
 }
@@ -44,12 +48,8 @@ DOCUMENT_LAYER = "to move with the document layer (issue 32): the renderer reads
 # (importer, imported) -> why the crossing remains.
 KNOWN_CROSSINGS = {
     ("tpuprof.renderers.analyze", "tpuprof.analyses.summary"): DOCUMENT_LAYER,
-    ("tpuprof.renderers.html", "tpuprof.analyses.framework"): DOCUMENT_LAYER,
     ("tpuprof.renderers.html", "tpuprof.analyses.input_pipeline"): DOCUMENT_LAYER,
-    ("tpuprof.renderers.oom", "tpuprof.analyses.framework"): DOCUMENT_LAYER,
-    ("tpuprof.renderers.oom", "tpuprof.analyses.oom"): DOCUMENT_LAYER,
     ("tpuprof.renderers.preflight", "tpuprof.analyses.step_estimate"): DOCUMENT_LAYER,
-    ("tpuprof.renderers.suggestions", "tpuprof.analyses.framework"): DOCUMENT_LAYER,
     ("tpuprof.renderers.trace", "tpuprof.analyses.chips"): DOCUMENT_LAYER,
     ("tpuprof.renderers.trace", "tpuprof.analyses.top_ops"): DOCUMENT_LAYER,
     ("tpuprof.renderers.capture", "tpuprof.sources.addresses"): DOCUMENT_LAYER,
@@ -58,8 +58,6 @@ KNOWN_CROSSINGS = {
     ("tpuprof.renderers.trace", "tpuprof.sources.xplane"): DOCUMENT_LAYER,
     ("tpuprof.documents_serve", "tpuprof.sources.llm_serve"):
         "the serving step's implementation name: to travel in the typed answer instead",
-    ("tpuprof.documents_preflight", "tpuprof.renderers.memory"):
-        "the memory analysis' JSON is built by the memory renderer: to move with the memory command's document",
     ("tpuprof.analyses.preflight", "tpuprof.renderers.output"):
         "the compile cache's atomic write: write_atomically to move to a base module with renderers/output.py's rework",
 }

@@ -55,7 +55,7 @@ def expected_figures(doc: dict) -> list[str]:
         out += [doc["headline"], fmt_bytes(doc["capacity_bytes"])]
         out += [s["message"] for s in doc["suggestions"][:markdown.MAX_FIXES]] + doc["batch_estimate"]["caveats"]
         if doc["batch_estimate"].get("fitting_batch") is not None:
-            out.append(f"**Batch that fits:** {doc['batch_estimate']['fitting_batch']}")
+            out.append(f"batch that fits**: {doc['batch_estimate']['fitting_batch']} (now")
     elif command == "preflight":
         for target in doc["targets"]:
             out += [target["target"], fmt_bytes(target["required_bytes"]), "fits" if target["fits"] else "does not fit"]

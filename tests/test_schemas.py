@@ -122,7 +122,7 @@ def test_documents_without_a_schema_still_load(saved):
 
 @pytest.mark.parametrize("schema, message", [
     ("tpuprof.memory/99", "newer than this tpuprof reads (tpuprof.memory/1): upgrade tpuprof."),
-    ("tpuprof.diff/1", "report and diff read memory, analyze, oom and preflight documents."),
+    ("tpuprof.diff/1", "report and diff read memory, analyze, oom, preflight and serve documents (diff all but serve)."),
 ])
 def test_documents_report_and_diff_cannot_read_are_one_sentence(saved, tmp_path, schema, message):
     document = json.loads(saved["diff_b64"].read_text())

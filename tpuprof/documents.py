@@ -2,7 +2,7 @@
 checks them, so that the renderers and the diff can trust every field they read.
 
 A saved document may have been edited, cut short or written by another tool. Each kind (memory, steps, oom,
-preflight) has a spec below that names every field the readers use and its type; a field of another type, a
+preflight, serve) has a spec below that names every field the readers use and its type; a field of another type, a
 number that is not finite, negative where a size or a time is meant, or beyond int64, or a missing required
 field is a UserError that names the field. Fields the spec does not name are ignored (newer documents may have
 more). Issue #16 replaces these specs with versioned JSON Schemas; until then this is the contract.
@@ -93,10 +93,35 @@ PREFLIGHT = {"targets!": [{
     "mesh": {"*": "int"}, "batch_per_chip": "?int", "global_batch": "?int", "state_bytes_per_chip": "?int",
     "estimate": {"step_ms": "?num", "step_ms_low": "?num", "step_ms_high": "?num", "tokens_per_s": "?num",
                  "cost_per_million_tokens": "?num", "cost_per_million_examples": "?num"}}]}
+SERVE_BAND = {"point!": "num", "low!": "num", "high!": "num"}
+SERVE = {
+    "model!": {"name!": "str", "parameters!": "num"},
+    "workload!": {"input_len!": "int", "output_len!": "int"},
+    "targets!": [{
+        "slice!": {"name!": "str"}, "engine!": {"name!": "str", "version!": "str"},
+        "tensor_parallel_size!": "int", "replicas!": "int", "max_model_len!": "int", "fits!": "bool",
+        "verdict!": "str", "problems!": ["str"], "command!": "str", "bytes_limit_per_device!": "int",
+        "gpu_memory_utilization!": "num", "safe_gpu_memory_utilization!": "?num", "margin_bytes!": "?int",
+        "weights_bytes_per_device!": "int", "weights_how!": "str", "kv_bytes_per_token_per_device!": "int",
+        "kv!": {"head_dim!": "int", "padded_head_dim!": "int", "kv_heads_per_device!": "int", "replicated!": "bool",
+                "cache_slots!": "int", "dtype!": "str", "page_size!": "int", "page_size_rule!": "str"},
+        "kv_cache_pages!": "int", "kv_cache_tokens!": "int", "max_concurrency!": "num",
+        "largest_max_model_len!": "int",
+        "programs!": "?", "programs?": {"count!": "int", "count_rule!": "str", "compiled!": "int",
+                                        "largest!": "?", "largest?": {"kind!": "str", "tokens!": "?int"},
+                                        "largest_temp_bytes": "?int", "largest_code_bytes": "?int",
+                                        "caveats": ["str"]},
+        "estimate!": "?", "estimate?": {"concurrency!": "?int", "decode_step_ms!": SERVE_BAND, "prefill_ms": SERVE_BAND, "bound!": "str",
+                                        "tpot_ms!": "num", "tpot_ms_low!": "num", "tpot_ms_high!": "num",
+                                        "ttft_ms!": "num", "output_tokens_per_s!": "num",
+                                        "output_tokens_per_s_per_chip!": "num",
+                                        "cost_per_million_output_tokens!": "?num", "caveats": ["str"]}}],
+    "ranking!": {"speed!": ["str"], "cost!": ["str"]},
+}
 # sample.json beside a committed sample dump: how it was made (advisory: a bad one is ignored).
 SAMPLE = {"target": "?str", "batch_size": "?int", "dtype": "?str", "note": "?str"}
 
-SPECS = {"memory": MEMORY, "steps": STEPS, "oom": OOM, "preflight": PREFLIGHT}
+SPECS = {"memory": MEMORY, "steps": STEPS, "oom": OOM, "preflight": PREFLIGHT, "serve": SERVE}
 _TYPE_NAMES = {"int": "a non-negative integer", "num": "a non-negative number", "snum": "a number", "str": "a string",
                "bool": "true or false"}
 

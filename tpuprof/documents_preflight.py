@@ -78,9 +78,9 @@ def target(t: PreflightTarget, top: int) -> dict:
         out["dump_dir"] = c.dump_dir
     out["cache"] = t.cache
     if c.memory is not None:
-        from tpuprof.renderers import memory as memory_render
+        from tpuprof.documents_memory import document as memory_document
 
-        out["memory"] = memory_render.to_json([c.memory], top)["modules"][0]
+        out["memory"] = memory_document([c.memory], top)["modules"][0]
     return out
 
 

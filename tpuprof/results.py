@@ -104,9 +104,9 @@ class MemoryResult(Result):
         return self.module.padding_at_peak_bytes
 
     def _document(self) -> dict:
-        from tpuprof.renderers.memory import to_json
+        from tpuprof.documents_memory import document
 
-        return to_json(self.modules, self.top)
+        return document(self.modules, self.top)
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{m.name}: peak {_size(m.peak_heap_bytes)}" for m in self.modules[:3])
@@ -209,8 +209,10 @@ class PreflightResult(Result):
         return document(self.targets, self.top)
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{t.generation.name} batch {t.compiled.batch_size}: "
-                          f"{'fits' if t.fits else 'does not fit'}" for t in self.targets)
+        from tpuprof.presentation import fits_word
+
+        parts = ", ".join(f"{t.generation.name} batch {t.compiled.batch_size}: {fits_word(t.fits)}"
+                          for t in self.targets)
         return f"PreflightResult({self.spec!r}: {parts})"
 
 

@@ -296,12 +296,12 @@ class JsonDocuments(Target):
 
         from tpuprof.commands import analyze, memory, oom
         from tpuprof.renderers import analyze as render_analyze
-        from tpuprof.renderers import memory as render_memory
+        from tpuprof.documents_memory import document as memory_document
 
         documents = []
         with contextlib.redirect_stdout(io.StringIO()):
             for name in ("int8_matmul_v5e", "onehot10_v5e"):
-                documents.append(render_memory.to_json(memory.analyze(DUMPS / name, top=4), 4))
+                documents.append(memory_document(memory.analyze(DUMPS / name, top=4), 4))
             for name in ("tf_slow_map",):
                 documents.append(render_analyze.to_json(analyze.analyze(str(CAPTURES / name), top=4), 4))
             for space in XPlane.synthetic_spaces()[2:]:  # TPU chips: devices, roofline, slow chips

@@ -17,9 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
-FRAMEWORK_NAMES = {"jax": "JAX", "keras": "Keras", "tf2": "TensorFlow 2", "tf1": "TensorFlow 1 (TPUEstimator)",
-                   "pytorch_xla": "PyTorch/XLA", "vllm": "vLLM",
-                   "tf": "TensorFlow/Keras"}  # "tf": what a capture shows (tpuprof.advice.steps)
+from tpuprof.models.suggestion import FRAMEWORK_NAMES  # noqa: F401 (the analyses and advice read it here)
 
 # URLs name projects, not what ran: a pasted link to github.com/pytorch/xla is no evidence of PyTorch/XLA.
 _URL = re.compile(r"https?://\S+")

@@ -34,7 +34,7 @@ def compute(a_path, b_path, fail_if: list[str], batches: str | None = None, targ
     --fail-if thresholds checked."""
     from tpuprof.analyses import diff as analysis
     from tpuprof.commands.report import load
-    from tpuprof.sources.inputs import KIND_LABELS
+    from tpuprof.sources.inputs import KIND_LABELS, SERVE
 
     thresholds = [analysis.parse_threshold(t) for t in fail_if]  # bad syntax fails before any work
     if target is not None:
@@ -45,6 +45,9 @@ def compute(a_path, b_path, fail_if: list[str], batches: str | None = None, targ
     if a.kind != b.kind:
         raise UserError(f"cannot compare {KIND_LABELS[a.kind]} {a.path} with {KIND_LABELS[b.kind]} {b.path}: "
                         "give two inputs of the same kind.")
+    if a.kind == SERVE:
+        raise UserError(f"diff compares dumps, profiles, OOM logs and preflight documents, not serve plans: "
+                        f"`tpuprof report {a.path} {b.path}` shows both side by side.")
     pair, source = _batches(batches, a, b)
     result = analysis.compare(a.kind, a.document, b.document, top=top, batches=pair, batch_source=source)
     result["a"] = {"path": a.path, "from_json": a.from_json}

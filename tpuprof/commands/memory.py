@@ -226,4 +226,4 @@ def run(path: Path, module: str | None, target: str | None, compile_: bool | Non
         return
     memory = result(path, module, target, top, compile_)
     if not print_document(memory, format_):
-        render.print_tables(memory.modules, top)
+        render.print_document(memory.to_dict(), top)

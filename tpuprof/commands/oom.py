@@ -43,8 +43,7 @@ def run(path: str | None, dump: Path | None = None, batch: int | None = None, ta
         return
     from tpuprof.renderers import oom as renderer
 
-    renderer.render(explained.report, explained.batch_estimate, explained.advice, explained.source,
-                    explained.dump)
+    renderer.print_document(explained.to_dict(), explained.source)
 
 
 def result(path: str | None, dump: Path | None = None, batch: int | None = None, target: str | None = None,
@@ -122,10 +121,7 @@ def explain(path: str | None, dump: Path | None = None, batch: int | None = None
 
 
 def to_document(report, estimate, suggestions, joined) -> dict:
-    """The `--json` document."""
-    document = report.to_json()
-    document["batch_estimate"] = estimate.to_json()
-    document["suggestions"] = suggestions
-    if joined is not None:
-        document["dump"] = joined
-    return document
+    """The `--json` document (tpuprof/documents_oom.py)."""
+    from tpuprof.documents_oom import document
+
+    return document(report, estimate, suggestions, joined)

@@ -1,8 +1,8 @@
 """`tpuprof report INPUTS... -o report.html`: any mix of dumps, profiles, OOM logs and tpuprof JSON -> one page.
 
 Each input is recognised by the input registry (tpuprof.sources.inputs), handed to its own command's analysis
-(memory, analyze, oom) or read as that command's --json document, and becomes one JSON-like section; the HTML
-renderer only draws documents. `tpuprof diff` loads its two inputs the same way; both also take results of the
+(memory, analyze, oom) or read as that command's --json document (preflight and serve too), and becomes one
+JSON-like section; the HTML renderer only draws documents. `tpuprof diff` loads its two inputs the same way; both also take results of the
 Python API (`tpuprof.report([tpuprof.memory("dump/")], "page.html")`).
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tpuprof.errors import UserError
 from tpuprof.sources import inputs
-from tpuprof.sources.inputs import MEMORY, OOM, PREFLIGHT, STEPS, Input
+from tpuprof.sources.inputs import MEMORY, OOM, PREFLIGHT, SERVE, STEPS, Input
 
 # Points kept per memory-over-program-order curve: enough for the eye, small enough for a light page.
 MAX_TIMELINE_POINTS = 3000
@@ -92,7 +92,7 @@ def memory_input(path: str, results: list, meta: dict | None = None) -> Input:
     program order and each padded buffer's fix."""
     from tpuprof.advice.memory import batch_dimension, class_counts, padding_fix
     from tpuprof.analyses.memory import describe
-    from tpuprof.renderers.memory import to_json
+    from tpuprof.documents_memory import document as to_json
 
     for module in results:
         describe(module, module.buffers)  # diff matches every buffer by its shape (done already with top=0)
@@ -185,10 +185,12 @@ def from_result(result, top: int = 15) -> Input:
             if target.compiled.memory is not None:  # the curve and the fixes, which the JSON leaves out
                 item["memory"] = memory_input(result.spec, [target.compiled.memory]).document["modules"][0]
         return Input(result.spec, PREFLIGHT, document)
+    if isinstance(result, results.ServeResult):
+        return Input(f"tpuprof.serve({result.answer.options.model.name!r})", SERVE, result.to_dict())
     if isinstance(result, results.CaptureResult) and result.analysis is not None:
         return steps_input(result.run_dir, result.analysis.report, top)
     raise UserError(f"a {type(result).__name__} is not an input of report or diff: give dumps, profiles, OOM logs, "
-                    "preflight results or their tpuprof results.")
+                    "preflight or serve results or their tpuprof results.")
 
 
 def result(inputs: list, output: Path, target: str | None = None, top: int = 15, title: str | None = None,

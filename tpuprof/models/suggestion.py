@@ -20,6 +20,10 @@ SEVERITIES = ("blocking", "improve", "info")
 # compiled here: its peak against this one's).
 CONFIDENCES = ("exact", "estimated", "rough", "measured")
 
+# The frameworks a job, a log or a suggestion's code is written for, as people name them.
+FRAMEWORK_NAMES = {"jax": "JAX", "keras": "Keras", "tf2": "TensorFlow 2", "tf1": "TensorFlow 1 (TPUEstimator)",
+                   "pytorch_xla": "PyTorch/XLA", "vllm": "vLLM",
+                   "tf": "TensorFlow/Keras"}  # "tf": what a capture shows (tpuprof.advice.steps)
 # How each kind is titled for people (renderers): never the internal label.
 KIND_TITLES = {
     "padding": "Tile padding", "bf16": "bfloat16", "remat": "Rematerialisation", "attention": "Fused attention",

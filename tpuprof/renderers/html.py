@@ -9,13 +9,13 @@ and turns entities back into characters, so escaped labels display as typed and 
 from __future__ import annotations
 
 import datetime as _dt
-import html as _html
 import math
-import re
 from itertools import count
 
 from tpuprof.units import fmt_bytes, fmt_ms, fmt_usd
-from tpuprof.sources.inputs import KIND_LABELS, MEMORY, OOM, PREFLIGHT, STEPS, Input
+from tpuprof.presentation import fits_share, fits_word
+from tpuprof.renderers.printers import esc, prose
+from tpuprof.sources.inputs import KIND_LABELS, MEMORY, OOM, PREFLIGHT, SERVE, STEPS, Input
 
 MIB = 1024 * 1024
 CATEGORY_LABELS = {"compute": "compute", "input": "waiting for input", "host_transfer": "host transfers",
@@ -48,15 +48,6 @@ ol.suggestions li{margin:6px 0}
 .note{color:#57606a;font-style:italic}
 details.caveats{color:#57606a;font-size:.9em;margin:6px 0}details.caveats ul{margin:4px 0}
 """
-
-
-def esc(value) -> str:
-    return _html.escape("" if value is None else str(value), quote=True)
-
-
-def prose(value) -> str:
-    """A message for people: escaped, and its `code` spans (the advice quotes settings that way) as <code>."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", esc(value))
 
 
 def _short(text: str, width: int = 60) -> str:
@@ -117,6 +108,15 @@ class _Page:
             fig, include_plotlyjs=False, full_html=False, div_id=f"plot-{next(self._ids)}",
             config={"displaylogo": False, "responsive": True}) + "</div>")
 
+    def figure_html(self, fig, height: int = 420) -> str:
+        """The figure's HTML for a printer that assembles a section (tpuprof/renderers/printers.py): drawn by
+        `figure`, the one place that embeds a plot."""
+        mark = len(self.parts)
+        self.figure(fig, height)
+        drawn = "".join(self.parts[mark:])
+        del self.parts[mark:]
+        return drawn
+
 
 def _caveats(page: _Page, items: list | None, what: str = "") -> None:
     """What an estimate leaves out, under the figures it qualifies (folded: the figures come first)."""
@@ -137,7 +137,7 @@ def render(inputs: list[Input], top: int = 15, title: str | None = None) -> str:
         if item.from_json and item.kind in (MEMORY, STEPS):
             page.add('<p class="note">Read from a tpuprof --json document: curves that need the raw data '
                      '(memory over program order, per-step times) are not in it.</p>')
-        {MEMORY: _memory, STEPS: _steps, OOM: _oom, PREFLIGHT: _preflight}[item.kind](page, item, top)
+        {MEMORY: _memory, STEPS: _steps, OOM: _oom, PREFLIGHT: _preflight, SERVE: _serve}[item.kind](page, item, top)
     head_title = esc(title or "tpuprof report")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{head_title}</title>"
@@ -155,10 +155,8 @@ def _capacity_card(name: str, target: str | None, peak: int | None, capacity: in
         verdict = '<span class="warn">peak unknown</span>'
     elif not capacity:
         verdict = '<span class="warn">no target: capacity unknown</span>'
-    elif peak > capacity:
-        verdict = f'<span class="oom">does not fit: {peak / capacity:.1%} of HBM</span>'
     else:
-        verdict = f'<span class="fit">fits: {peak / capacity:.1%} of HBM</span>'
+        verdict = f'<span class="{"fit" if peak <= capacity else "oom"}">{esc(fits_share(peak, capacity))}</span>'
     if isinstance(peak_range, list) and len(peak_range) == 2 and all(isinstance(v, int) for v in peak_range):
         verdict += f'<br><span class="meta">range {esc(fmt_bytes(peak_range[0]))} to {esc(fmt_bytes(peak_range[1]))}'
         if capacity and peak_range[1] > capacity >= (peak or 0):
@@ -214,6 +212,13 @@ def _header(page: _Page, inputs: list[Input], title: str | None) -> None:
                 cards.append(_capacity_card(f"preflight {t.get('target')} batch {t.get('batch_size')}",
                                             t.get("target"), t.get("required_bytes"), t.get("hbm_capacity_bytes"),
                                             "required"))
+        elif item.kind == SERVE:
+            from tpuprof.presentation import build
+
+            for verdict in build(d).verdicts():
+                tone = "fit" if verdict.fits else "oom"
+                cards.append(f'<div class="card">serve {esc(d["model"]["name"])}<b class="{tone}">'
+                             f'{esc(verdict.subject)}</b>{esc(verdict.text)}</div>')
         elif item.kind == STEPS:
             s = d.get("steps", {})
             cards.append(f'<div class="card">profile <span class="mono">{esc(_short(item.path, 40))}</span>'
@@ -305,7 +310,7 @@ def ranked_suggestions(inputs: list[Input], kinds=(MEMORY, PREFLIGHT, OOM)) -> l
 
 
 def _suggestions(page: _Page, inputs: list[Input]) -> None:
-    from tpuprof.analyses.framework import FRAMEWORK_NAMES
+    from tpuprof.models.suggestion import FRAMEWORK_NAMES
     from tpuprof.models.suggestion import KIND_TITLES
 
     memory = ranked_suggestions(inputs)
@@ -336,7 +341,7 @@ def _suggestions(page: _Page, inputs: list[Input]) -> None:
             elif saving and unit == "ms":
                 badge = f' <span class="saving">up to {saving:.2f} ms per step</span>'
             blocked = unit == "bytes" and (fits.get(number) or 0) > 0
-            status = ' <span class="oom">does not fit</span>' if blocked else ""
+            status = f' <span class="oom">{fits_word(False)}</span>' if blocked else ""
             title = KIND_TITLES.get(s.get("kind", ""), s.get("kind", ""))
             code = ""
             if s.get("code"):
@@ -360,23 +365,15 @@ def _memory(page: _Page, item: Input, top: int) -> None:
 
 
 def _memory_module(page: _Page, m: dict, top: int) -> None:
-    """One module: its summary, the curve, the padding wasters and padding by op."""
-    page.add(f'<h3 class="mono">{esc(m["name"])}</h3>'
-             f'<p class="meta">{esc(m.get("source_kind"))}: {esc(m.get("source"))}</p>')
-    from tpuprof.renderers.memory import method_words
+    """One module: what `tpuprof memory` presents (tpuprof/presentation/memory.py) but its tables, which the page
+    replaces by the padding wasters and padding by op, each with its chart and fixes; then the curve."""
+    from tpuprof.presentation import Fixes, Table
+    from tpuprof.presentation.memory import module_section
+    from tpuprof.renderers.printers import html
 
-    method = m.get("method") or ("unscheduled_bound" if m.get("estimated") else "buffer_assignment")
-    words = method_words(method, m.get("target"), m.get("expected_error_percent"), m.get("peak_range_bytes"))
-    page.add(f'<p class="{"warn" if m.get("estimated") else "meta"}">{esc(words)}</p>')
-    for note in m.get("notes", []):
-        page.add(f'<p class="note">{prose(note)}</p>')
-    rows = [("peak HBM (padded)", m.get("peak_heap_bytes")), ("peak HBM (unpadded)",
-            m.get("peak_unpadded_heap_bytes")), ("padding live at the peak", m.get("padding_at_peak_bytes")),
-            ("arguments", m.get("argument_bytes")), ("outputs", m.get("output_bytes")),
-            ("temporaries", m.get("temp_bytes")), ("HBM capacity", m.get("hbm_capacity_bytes"))]
-    page.add("<table>" + "".join(f'<tr><th>{k}</th><td class="n">{esc(fmt_bytes(v))}</td></tr>'
-                                 for k, v in rows if v is not None) + "</table>")
-    _caveats(page, m.get("caveats"))
+    summary = module_section(m, top)
+    summary.blocks = [b for b in summary.blocks if not isinstance(b, (Table, Fixes))]
+    page.add(html(summary, page.figure_html))
     _memory_timeline(page, m)
     _padding_wasters(page, m, top)
     _padding_by_op(page, m, top)
@@ -840,47 +837,35 @@ def _roofline(page: _Page, d: dict) -> None:
 # ---------------------------------------------------------------- OOM and preflight
 
 def _oom(page: _Page, item: Input, top: int) -> None:
+    """What `tpuprof oom` presents (tpuprof/presentation/oom.py), with the chart of the listed allocations."""
+    from tpuprof.presentation import Plot, Table
+    from tpuprof.presentation.oom import section
+    from tpuprof.renderers.printers import html
+
+    shown = section(item.document, max(top, 1), source=item.path)
+    allocations = [a for a in item.document.get("allocations", []) if a.get("size_bytes")][: max(top, 1)]
+    if allocations:
+        at = next(i for i, b in enumerate(shown.blocks) if isinstance(b, Table))
+        shown.blocks.insert(at, Plot(lambda: _allocations_figure(allocations), max(260, 110 + 28 * len(allocations))))
+    page.add(html(shown, page.figure_html))
+
+
+def _allocations_figure(allocations: list[dict]):
     import plotly.graph_objects as go
 
-    d = item.document
-    page.add(f'<p class="oom mono">{esc(d.get("headline"))}</p>')
-    if d.get("line_number"):
-        page.add(f'<p class="meta">line {esc(d["line_number"])} of the log; {esc(d.get("messages_found", 1))} '
-                 "out-of-memory message(s) found, the most detailed is shown.</p>")
-    keys = [("used", "used_bytes"), ("capacity", "capacity_bytes"), ("exceeded by", "exceeded_bytes"),
-            ("requested", "requested_bytes"), ("free", "free_bytes"), ("HLO temporaries", "hlo_temp_bytes"),
-            ("unpadded", "unpadded_bytes"), ("padded", "padded_bytes"), ("arguments", "arguments_bytes"),
-            ("program", "program_bytes"), ("reserved", "reserved_bytes")]
-    rows = "".join(f'<tr><th>{label}</th><td class="n">{esc(fmt_bytes(d[key]))}</td></tr>'
-                   for label, key in keys if d.get(key) is not None)
-    if rows:
-        page.add(f"<table>{rows}</table>")
-    estimate = d.get("batch_estimate") or {}
-    if estimate.get("reason"):
-        page.add(f'<p>Batch: {esc(estimate["reason"])}</p>')
-    _caveats(page, estimate.get("caveats"), "batch estimate")
-    allocations = [a for a in d.get("allocations", []) if a.get("size_bytes")][: max(top, 1)]
-    if allocations:
-        labels = [esc(f"#{a.get('index', i + 1)} {_short(a.get('shape') or a.get('op_name') or '', 50)}")
-                  for i, a in enumerate(allocations)]
-        data = [a.get("unpadded_bytes") or a.get("recomputed_unpadded_bytes") or a["size_bytes"] for a in allocations]
-        unit, size = byte_unit(max(a["size_bytes"] for a in allocations))
-        fig = go.Figure()
-        for name, values, colour in (("data (unpadded)", data, "#2da44e"),
-                                     ("padding", [a["size_bytes"] - u for a, u in zip(allocations, data)], "#cf222e")):
-            fig.add_bar(y=labels, x=[v / size for v in values], orientation="h", name=name, marker_color=colour,
-                        customdata=[[fmt_bytes(v), esc(a.get("op_name") or "")] for v, a in zip(values, allocations)],
-                        hovertemplate=f"%{{y}}<br>{name}: %{{customdata[0]}}<br>%{{customdata[1]}}<extra></extra>")
-        fig.update_layout(barmode="stack", title="Largest program allocations in the log", xaxis_title=f"size ({unit})",
-                          yaxis=dict(autorange="reversed", automargin=True), legend=_TOP_LEGEND)
-        page.figure(fig, height=max(260, 110 + 28 * len(allocations)))
-        rows = [[f'<span class="mono">{esc(a.get("shape") or "")}</span>', esc(fmt_bytes(a["size_bytes"])),
-                 f'<span class="mono">{esc(a.get("op_name") or "")}</span>' if a.get("op_name") else "",
-                 f'<span class="mono">{esc(a.get("source") or "")}</span>' if a.get("source") else ""]
-                for a in allocations]
-        page.add(_table(["shape", "size", "operator", "source"], rows, {1}))
-    for note in d.get("notes", []):
-        page.add(f'<p class="note">{prose(note)}</p>')
+    labels = [esc(f"#{a.get('index', i + 1)} {_short(a.get('shape') or a.get('op_name') or '', 50)}")
+              for i, a in enumerate(allocations)]
+    data = [a.get("unpadded_bytes") or a.get("recomputed_unpadded_bytes") or a["size_bytes"] for a in allocations]
+    unit, size = byte_unit(max(a["size_bytes"] for a in allocations))
+    fig = go.Figure()
+    for name, values, colour in (("data (unpadded)", data, "#2da44e"),
+                                 ("padding", [a["size_bytes"] - u for a, u in zip(allocations, data)], "#cf222e")):
+        fig.add_bar(y=labels, x=[v / size for v in values], orientation="h", name=name, marker_color=colour,
+                    customdata=[[fmt_bytes(v), esc(a.get("op_name") or "")] for v, a in zip(values, allocations)],
+                    hovertemplate=f"%{{y}}<br>{name}: %{{customdata[0]}}<br>%{{customdata[1]}}<extra></extra>")
+    fig.update_layout(barmode="stack", title="Largest program allocations in the log", xaxis_title=f"size ({unit})",
+                      yaxis=dict(autorange="reversed", automargin=True), legend=_TOP_LEGEND)
+    return fig
 
 
 def _slice_comparison(page: _Page, targets: list[dict]) -> None:
@@ -925,8 +910,7 @@ def _preflight(page: _Page, item: Input, top: int) -> None:
     rows = []
     for t in targets:
         fits = t.get("fits")
-        verdict = '<span class="fit">fits</span>' if fits else '<span class="oom">does not fit</span>' \
-            if fits is not None else ""
+        verdict = f'<span class="{"fit" if fits else "oom"}">{fits_word(fits)}</span>' if fits is not None else ""
         if fits and t.get("host_fits") is False:
             verdict += ' <span class="oom">not in host memory</span>'
         if t.get("verdict"):
@@ -971,3 +955,11 @@ def _preflight(page: _Page, item: Input, top: int) -> None:
             page.add(f'<p class="oom mono">{esc(t.get("target"))}: {esc(t["oom"]["headline"])}</p>')
         if t.get("memory"):  # the memory command's analysis of the compiled module
             _memory_module(page, {**t["memory"], "name": f"{t.get('target')}: {t['memory'].get('name')}"}, top)
+
+
+def _serve(page: _Page, item: Input, top: int) -> None:
+    """The serve plan's presentation (tpuprof/presentation/serve.py), as the terminal and Markdown show it."""
+    from tpuprof.presentation import build
+    from tpuprof.renderers.printers import html
+
+    page.add(html(build(item.document), page.figure_html))

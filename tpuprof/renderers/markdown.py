@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from tpuprof import schemas
 from tpuprof.renderers.diff import fmt_change, fmt_percent, fmt_value
+from tpuprof.presentation import fits_word
+from tpuprof.renderers.printers import (  # noqa: F401 (the building blocks, importable from here)
+    MAX_FIXES, caveats, cell, code, fixes, more, table)
 from tpuprof.units import fmt_bytes
 
 TOP = 5  # rows of each table: enough to act on, short enough for a comment
 MAX_MODULES = 3  # memory documents of a whole dump folder: the largest peaks
-MAX_FIXES = 5
 
 
 def render(document: dict, top: int = TOP) -> str:
@@ -30,70 +32,6 @@ def render(document: dict, top: int = TOP) -> str:
 
 # --- building blocks ---------------------------------------------------------------------------------------
 
-def cell(value) -> str:
-    """Text for a table cell: pipes escaped, one line, backticks kept balanced."""
-    text = "" if value is None else str(value)
-    return text.replace("|", "\\|").replace("\n", " ").strip()
-
-
-def code(value) -> str:
-    """Inline code that survives any backticks inside (a longer fence around it); a table's cell() escapes its
-    pipes."""
-    text = "" if value is None else str(value).replace("\n", " ").strip()
-    if not text:
-        return ""
-    fence = "`"
-    while fence in text:
-        fence += "`"
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def table(headers: list[str], rows: list[list], right: set[int] = frozenset()) -> list[str]:
-    """A GitHub table; columns in RIGHT are numbers (right-aligned)."""
-    if not rows:
-        return []
-    out = ["| " + " | ".join(cell(h) for h in headers) + " |",
-           "|" + "|".join("---:" if i in right else "---" for i in range(len(headers))) + "|"]
-    out += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return out + [""]
-
-
-def more(shown: int, total: int | None, what: str) -> list[str]:
-    return [f"_{total - shown} of {total} {what} not shown: `--json` has every one._", ""] if total and total > shown else []
-
-
-def fixes(suggestions: list, limit: int = MAX_FIXES) -> list[str]:
-    """Numbered fixes: title, saving, message, then the code to write."""
-    from tpuprof.models.suggestion import KIND_TITLES
-
-    if not suggestions:
-        return []
-    out = ["**Fixes**", ""]
-    for number, item in enumerate(suggestions[:limit], 1):
-        kind = item.get("kind") or ""
-        title = KIND_TITLES.get(kind, kind.replace("_", " ").capitalize())
-        saving = ""
-        if item.get("saving_bytes"):
-            saving = f" (frees ≈{fmt_bytes(item['saving_bytes'])}, {item.get('confidence') or 'estimated'})"
-        elif item.get("saving_ms_per_step"):
-            saving = f" (saves ≈{item['saving_ms_per_step']:g} ms/step, {item.get('confidence') or 'estimated'})"
-        out.append(f"{number}. **{cell(title)}**{saving}: {cell(item.get('message'))}")
-        if item.get("code"):
-            out.append(f"   {code(item['code'])}")
-        if item.get("source_line"):
-            out.append(f"   at {code(item['source_line'])}")
-    out.append("")
-    return out + more(limit, len(suggestions), "fixes")
-
-
-def caveats(items: list | None, what: str = "") -> list[str]:
-    if not items:
-        return []
-    return [f"<details><summary>Caveats{' (' + what + ')' if what else ''}</summary>", ""] \
-        + [f"- {cell(c)}" for c in items] + ["", "</details>", ""]
-
-
 def _tidy(lines: list[str]) -> list[str]:
     """No runs of blank lines."""
     out: list[str] = []
@@ -104,92 +42,30 @@ def _tidy(lines: list[str]) -> list[str]:
     return out
 
 
-def _how(module: dict) -> str:
-    if not module.get("estimated"):
-        return "exact (compiler's buffer assignment" + (", recompiled)" if module.get("method") == "recompiled" else ")")
-    error = module.get("expected_error_percent")
-    return f"estimated ({module.get('method')}" + (f", expected error {error:g}%)" if error is not None else ")")
-
-
 # --- memory ------------------------------------------------------------------------------------------------
 
 def memory_module(module: dict, top: int, heading: str = "###") -> list[str]:
-    peak, capacity = module.get("peak_heap_bytes"), module.get("hbm_capacity_bytes")
-    out = [f"{heading} {code(module.get('name'))}" + (f" on {module['target']}" if module.get("target") else ""), ""]
-    if peak is not None:
-        share = f" of {fmt_bytes(capacity)} HBM ({100 * peak / capacity:.1f}%)" if capacity else ""
-        fits = "" if not capacity else (" — **fits**" if peak <= capacity else " — **does not fit**")
-        out.append(f"**Peak {fmt_bytes(peak)}**{share}{fits}; {_how(module)}.")
-        if module.get("peak_range_bytes"):
-            low, high = module["peak_range_bytes"]
-            out.append(f"The real peak can land from {fmt_bytes(low)} to {fmt_bytes(high)}.")
-        out.append("")
-    out += table(["", "padded", "unpadded"], [
-        ["peak", fmt_bytes(peak), fmt_bytes(module.get("peak_unpadded_heap_bytes"))],
-        ["padding at peak", fmt_bytes(module.get("padding_at_peak_bytes")), ""],
-        ["arguments", fmt_bytes(module.get("argument_bytes")), ""],
-        ["temporaries", fmt_bytes(module.get("temp_bytes")), ""],
-        ["output", fmt_bytes(module.get("output_bytes")), ""],
-    ], right={1, 2})
-    buffers = module.get("buffers") or []
-    if buffers:
-        out += [f"**Largest buffers** ({min(top, len(buffers))} of {module.get('buffer_count', len(buffers))})", ""]
-        out += table(["buffer", "shape", "padded", "unpadded", "padding", "at peak", "op"],
-                     [[code(b["instruction"]), code(b.get("shape")), fmt_bytes(b["size_bytes"]),
-                       fmt_bytes(b["unpadded_bytes"]), fmt_bytes(b.get("padding_bytes")),
-                       "yes" if b.get("live_at_peak") else "", cell(b.get("op_name"))] for b in buffers[:top]],
-                     right={2, 3, 4})
-    ops = module.get("ops") or []
-    if ops:
-        scope = "at the peak" if module.get("ops_scope") == "peak" else "over all buffers"
-        out += [f"**Framework ops** ({scope})", ""]
-        out += table(["op", "padded", "unpadded", "padding", "buffers"],
-                     [[code(o["op_name"]), fmt_bytes(o["size_bytes"]), fmt_bytes(o["unpadded_bytes"]),
-                       fmt_bytes(o.get("padding_bytes")), o.get("buffers")] for o in ops[:top]], right={1, 2, 3, 4})
-    return out + fixes(module.get("suggestions") or []) + caveats(module.get("caveats"))
+    """One module as `tpuprof memory` presents it (tpuprof/presentation/memory.py)."""
+    from tpuprof.presentation.memory import module_section
+    from tpuprof.renderers.printers import markdown
+
+    return markdown(module_section(module, top), level=len(heading))
 
 
 def _memory(document: dict, top: int) -> list[str]:
-    modules = document.get("modules") or []
-    out = ["## tpuprof memory", ""]
-    if not modules:
-        return out + ["No module with HBM buffers found."]
-    ranked = sorted(modules, key=lambda m: m.get("peak_heap_bytes") or 0, reverse=True)
-    for module in ranked[:MAX_MODULES]:
-        out += memory_module(module, top)
-    return out + more(MAX_MODULES, len(modules), "modules")
+    from tpuprof.presentation.memory import section
+    from tpuprof.renderers.printers import markdown
+
+    return markdown(section(document, top, modules=MAX_MODULES))
 
 
 # --- oom ---------------------------------------------------------------------------------------------------
 
-OOM_FIGURES = [("used", "used_bytes"), ("required (estimate)", "required_bytes"), ("capacity", "capacity_bytes"),
-               ("exceeded by", "exceeded_bytes"), ("requested", "requested_bytes"), ("free", "free_bytes"),
-               ("HLO temporaries", "hlo_temp_bytes"), ("program", "program_bytes"), ("arguments", "arguments_bytes"),
-               ("reserved", "reserved_bytes")]
-
-
 def _oom(document: dict, top: int) -> list[str]:
-    out = ["## tpuprof oom: TPU out of memory", "", f"> {cell(document.get('headline'))}", "",
-           f"**{cell(document.get('kind'))}** in {cell(document.get('memory_space') or 'memory')}"
-           + (f"; {document['messages_found']} messages in the log, this is the most detailed"
-              if (document.get("messages_found") or 0) > 1 else "") + ".", ""]
-    out += table(["", "bytes"], [[label, fmt_bytes(document[key])] for label, key in OOM_FIGURES
-                                 if document.get(key) is not None], right={1})
-    allocations = document.get("allocations") or []
-    if allocations:
-        out += ["**Largest allocations** (from the log)", ""]
-        out += table(["#", "size", "shape", "unpadded", "op"],
-                     [[a.get("index"), fmt_bytes(a.get("size_bytes")), code(a.get("shape")),
-                       fmt_bytes(a.get("unpadded_bytes") if a.get("unpadded_bytes") is not None
-                                 else a.get("recomputed_unpadded_bytes")),
-                       cell(a.get("op_name") or a.get("op_type") or a.get("xla_label"))] for a in allocations[:top]],
-                     right={1, 3})
-        out += more(top, len(allocations), "allocations")
-    estimate = document.get("batch_estimate") or {}
-    if estimate.get("fitting_batch") is not None:
-        out += [f"**Batch that fits:** {estimate['fitting_batch']} (now {estimate.get('current_batch')}; "
-                f"confidence {estimate.get('confidence')}).", ""]
-    return out + fixes(document.get("suggestions") or []) + caveats(estimate.get("caveats"), "batch estimate")
+    from tpuprof.presentation.oom import section
+    from tpuprof.renderers.printers import markdown
+
+    return markdown(section(document, top))
 
 
 # --- analyze -----------------------------------------------------------------------------------------------
@@ -257,7 +133,7 @@ def _preflight(document: dict, top: int) -> list[str]:
                     ""]
         if t.get("host_bytes"):  # offloaded activations: the host's memory, not HBM
             host = (f"of {fmt_bytes(t['host_capacity_bytes'])} a device may hold, "
-                    f"{'fits' if t.get('host_fits') else '❌ more than a device may hold'}"
+                    f"{fits_word(True) if t.get('host_fits') else '❌ more than a device may hold'}"
                     if t.get("host_capacity_bytes") else "no host budget known for this generation")
             out += [f"{name}: host memory (offloaded, not HBM) {fmt_bytes(t['host_bytes'])} ({host}).", ""]
         if t.get("max_batch_bound") and t.get("max_batch_size") is not None:  # else the verdict says why
@@ -358,24 +234,12 @@ def _threshold_change(check: dict) -> str:
 
 
 def _serve(document: dict, top: int) -> list[str]:
-    """Per slice the verdict, the comparison table (the terminal table's rows), the details and the launch command."""
-    from tpuprof.renderers.serve import HEADERS, details, rows
+    """Its presentation (tpuprof/presentation/serve.py): the verdicts, the table, per slice the figures and the
+    launch command, the ranking."""
+    from tpuprof.presentation.serve import section
+    from tpuprof.renderers.printers import markdown
 
-    model = document["model"]
-    lines = [f"## tpuprof serve: {model['name']}", ""]
-    lines += [f"- {'✅' if t['fits'] else '❌'} **{t['slice']['name']}**: {t['verdict']}" for t in document["targets"]]
-    lines.append("")
-    lines += table(HEADERS, rows(document), right={1, 3, 4, 5, 6, 8, 9, 10, 11})
-    for t in document["targets"]:
-        lines += [f"### {t['slice']['name']}", ""]
-        lines += [f"- {line}" for line in details(t)]
-        lines += [f"- ❌ {p}" for p in t["problems"]]
-        lines += ["", "```sh", t["command"], "```", ""]
-    ranking = document["ranking"]
-    if len(document["targets"]) > 1 and ranking["speed"]:
-        lines += [f"Fastest first: {', '.join(code(n) for n in ranking['speed'])}. Cheapest first: "
-                  f"{', '.join(code(n) for n in ranking['cost']) or 'n/a'}.", ""]
-    return lines
+    return markdown(section(document))
 
 
 RENDERERS = {"memory": _memory, "oom": _oom, "analyze": _analyze, "preflight": _preflight, "diff": _diff,

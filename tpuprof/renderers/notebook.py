@@ -5,7 +5,7 @@ makes the full page with charts.
 
 from __future__ import annotations
 
-from tpuprof.renderers.html import esc, prose
+from tpuprof.renderers.printers import esc, prose
 from tpuprof.units import fmt_bytes
 
 ROWS = 8  # table rows shown in a notebook
@@ -17,9 +17,18 @@ STYLE = ("<style>.tpuprof table{border-collapse:collapse;margin:4px 0}.tpuprof t
 def render(result) -> str:
     """RESULT (one of tpuprof.results, named here by class so that this module does not import them)."""
     draw = {"MemoryResult": _memory, "AnalyzeResult": _analyze, "OomResult": _oom, "PreflightResult": _preflight,
-            "DiffResult": _diff, "CaptureResult": _capture, "ReportResult": _report}[type(result).__name__]
+            "DiffResult": _diff, "CaptureResult": _capture, "ReportResult": _report,
+            "ServeResult": _presented}[type(result).__name__]
     body = draw(result.to_dict())
     return f'{STYLE}<div class="tpuprof">{body}{_suggestions(result.suggestions)}</div>'
+
+
+def _presented(document: dict) -> str:
+    """A command moved onto the presentation model (tpuprof/presentation): its section, without plots."""
+    from tpuprof.presentation import build
+    from tpuprof.renderers.printers import html
+
+    return html(build(document))
 
 
 def _table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
@@ -34,11 +43,10 @@ def _facts(pairs: list[tuple[str, object]]) -> str:
 
 
 def _fits(used, capacity) -> str:
-    if used is None or not capacity:
-        return ""
-    share = used / capacity
-    cls, word = ("oom", "does not fit") if share > 1 else ("fit", "fits")
-    return f' <b class="{cls}">{word}: {share:.1%} of {esc(fmt_bytes(capacity))}</b>'
+    from tpuprof.presentation import fits_share
+
+    said = fits_share(used, capacity, of=fmt_bytes(capacity))
+    return "" if said is None else f' <b class="{"fit" if used <= capacity else "oom"}">{esc(said)}</b>'
 
 
 def _suggestions(suggestions: list) -> str:
@@ -53,22 +61,10 @@ def _suggestions(suggestions: list) -> str:
 
 
 def _memory(document: dict) -> str:
-    parts = []
-    for m in document["modules"][:4]:
-        parts.append(f"<p><b>{esc(m['name'])}</b> ({esc(m['source_kind'])}{', estimated' if m.get('estimated') else ''})"
-                     f"{_fits(m.get('peak_heap_bytes'), m.get('hbm_capacity_bytes'))}</p>")
-        parts.append(_facts([("peak HBM (padded)", fmt_bytes(m.get("peak_heap_bytes"))),
-                             ("peak HBM (unpadded)", fmt_bytes(m.get("peak_unpadded_heap_bytes"))),
-                             ("padding live at the peak", fmt_bytes(m.get("padding_at_peak_bytes"))),
-                             ("arguments", fmt_bytes(m.get("argument_bytes"))),
-                             ("temporaries", fmt_bytes(m.get("temp_bytes")))]))
-        parts.append(_table(["instruction", "shape", "padded", "unpadded", "padding", "framework op"],
-                            [[b["instruction"], b["shape"], fmt_bytes(b["size_bytes"]), fmt_bytes(b["unpadded_bytes"]),
-                              fmt_bytes(b["padding_bytes"]), b.get("op_name") or ""] for b in m["buffers"][:ROWS]],
-                            numeric={2, 3, 4}))
-    if len(document["modules"]) > 4:
-        parts.append(f"<p>{len(document['modules']) - 4} smaller modules not shown.</p>")
-    return "".join(parts)
+    from tpuprof.presentation.memory import section
+    from tpuprof.renderers.printers import html
+
+    return html(section(document, ROWS, modules=4))
 
 
 def _analyze(document: dict) -> str:
@@ -86,20 +82,10 @@ def _analyze(document: dict) -> str:
 
 
 def _oom(document: dict) -> str:
-    estimate = document.get("batch_estimate") or {}
-    parts = [f"<p><b>TPU out of memory</b> ({esc(document.get('kind'))}, {esc(document.get('memory_space') or '')})"
-             f"{_fits(document.get('used_bytes') or document.get('hlo_temp_bytes'), document.get('capacity_bytes'))}</p>",
-             f"<p><code>{esc(document.get('headline'))}</code></p>",
-             _facts([("used", fmt_bytes(document.get("used_bytes"))),
-                     ("capacity", fmt_bytes(document.get("capacity_bytes"))),
-                     ("HLO temporaries", fmt_bytes(document.get("hlo_temp_bytes"))),
-                     ("batch that fits", estimate.get("fitting_batch")),
-                     ("share of the batch that fits", f"{estimate['scale']:.0%}" if estimate.get("scale") else None)])]
-    rows = [[a.get("shape") or "", fmt_bytes(a.get("size_bytes")), fmt_bytes(a.get("padding_bytes")),
-             a.get("op_name") or ""] for a in document.get("allocations", [])[:ROWS]]
-    if rows:
-        parts.append(_table(["shape", "size", "padding", "framework op"], rows, numeric={1, 2}))
-    return "".join(parts)
+    from tpuprof.presentation.oom import section
+    from tpuprof.renderers.printers import html
+
+    return html(section(document, ROWS))
 
 
 def _preflight(document: dict) -> str:

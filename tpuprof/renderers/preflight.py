@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from tpuprof.documents_preflight import target_label, unsharded_words  # noqa: F401 - markdown imports it here
+from tpuprof.presentation import fits_word
 from tpuprof.units import fmt_bytes, fmt_ms, fmt_usd
 
 
@@ -39,11 +40,11 @@ def _verdict(r: dict) -> str:
         hbm = f"({share:.0%} of HBM, {fmt_bytes(r['hbm_capacity_bytes'] - r['required_bytes'])} spare)"
         if r.get("host_fits") is False:  # HBM is not all: what it offloads does not fit the host
             return f"fits in HBM {hbm}, [red]not in host memory[/red] (below)"
-        return f"[green]fits[/green] {hbm}"
+        return f"[green]{fits_word(True)}[/green] {hbm}"
     if r.get("required_bytes") is not None:
         over = r["required_bytes"] - r["hbm_capacity_bytes"]
-        return f"[red]does not fit[/red] (over by {fmt_bytes(over)})"
-    return "[red]does not fit[/red] (the compiler refused it: RESOURCE_EXHAUSTED)"
+        return f"[red]{fits_word(False)}[/red] (over by {fmt_bytes(over)})"
+    return f"[red]{fits_word(False)}[/red] (the compiler refused it: RESOURCE_EXHAUSTED)"
 
 
 def _host(r: dict) -> str:
@@ -53,7 +54,7 @@ def _host(r: dict) -> str:
         return "-"
     if r.get("host_capacity_bytes") is None:
         return f"{fmt_bytes(r['host_bytes'])} (no host budget known for this generation)"
-    verdict = "fits" if r.get("host_fits") else "[red]more than a device may hold[/red]"
+    verdict = fits_word(True) if r.get("host_fits") else "[red]more than a device may hold[/red]"
     return f"{fmt_bytes(r['host_bytes'])} of {fmt_bytes(r['host_capacity_bytes'])} a device may hold: {verdict}"
 
 

@@ -25,7 +25,7 @@ def render_suggestions(console: Console, suggestions: list, framework: str | Non
     """Numbered fixes: a title (not an internal label), the saving with how it was obtained, the message, the
     call in the user's framework, the evidence and the source line."""
     from tpuprof.models.suggestion import KIND_TITLES
-    from tpuprof.analyses.framework import FRAMEWORK_NAMES
+    from tpuprof.models.suggestion import FRAMEWORK_NAMES
 
     def say(plain: str, style: str = "", bold: int = 0) -> None:
         # Wrapped at spaces, never between a figure and its unit ("6.00 MiB"), continuation lines indented.

@@ -7,7 +7,7 @@ Every command, `report`, `diff` and the Python API ask `identify` instead of gue
 - profiles (steps): a logdir (its newest run under `plugins/profile/`), a run folder, a `<host>.xplane.pb`,
   or a remote URL (gs://...) of any of these;
 - an OOM log (any other text, gzipped or not: `tpuprof oom` finds the error in it);
-- a tpuprof `--json` document (memory, analyze, oom or preflight), read by `read_document`.
+- a tpuprof `--json` document (memory, analyze, oom, preflight; serve for `report` alone), read by `read_document`.
 
 Identification reads names and at most the first 4 KiB of a file; it never parses a whole input. The
 `Input` dataclass at the end is what `report` and `diff` hold per input once loaded: a command's document.
@@ -21,13 +21,14 @@ from pathlib import Path
 from tpuprof.errors import UserError
 
 # Families: which pipeline reads an input (and the kind of document it becomes).
-MEMORY, STEPS, OOM, PREFLIGHT = "memory", "steps", "oom", "preflight"
+MEMORY, STEPS, OOM, PREFLIGHT, SERVE = "memory", "steps", "oom", "preflight", "serve"
 DOCUMENT = "document"  # a tpuprof --json document: its family is the document's own
-FAMILY_LABELS = {MEMORY: "XLA dump (memory)", STEPS: "profile (steps)", OOM: "OOM log", PREFLIGHT: "preflight JSON"}
+FAMILY_LABELS = {MEMORY: "XLA dump (memory)", STEPS: "profile (steps)", OOM: "OOM log", PREFLIGHT: "preflight JSON",
+                 SERVE: "serve JSON"}
 # Kept under its old name: the report's section titles and diff's messages use it.
 KIND_LABELS = FAMILY_LABELS
 FAMILY_NOUNS = {MEMORY: "an XLA dump", STEPS: "a profile", OOM: "a log with a TPU out-of-memory error"}
-COMMANDS = {MEMORY: "memory", STEPS: "analyze", OOM: "oom", PREFLIGHT: "preflight"}
+COMMANDS = {MEMORY: "memory", STEPS: "analyze", OOM: "oom", PREFLIGHT: "preflight", SERVE: "serve"}
 
 HEAD_BYTES = 4096  # what identification reads of a file
 PROFILE_SUFFIX = ".xplane.pb"
@@ -185,11 +186,11 @@ def _holds_an_oom_error(path: str) -> bool:
 # ---------------------------------------------------------------- tpuprof --json documents
 
 # The family of each command's documents, by the command named in their "schema" (tpuprof/schemas).
-SCHEMA_FAMILIES = {"memory": MEMORY, "analyze": STEPS, "oom": OOM, "preflight": PREFLIGHT}
+SCHEMA_FAMILIES = {"memory": MEMORY, "analyze": STEPS, "oom": OOM, "preflight": PREFLIGHT, "serve": SERVE}
 
 
 def document_kind(document) -> str | None:
-    """Which command's --json document this is (memory, steps, oom, preflight): from its "schema" field, or from
+    """Which command's --json document this is (memory, steps, oom, preflight, serve): from its "schema" field, or from
     its keys for documents written before it existed. A tpuprof document that is no input of report and diff
     (capture, diff, report) or of a newer version than this tpuprof reads is a UserError that says so."""
     if not isinstance(document, dict):
@@ -201,7 +202,7 @@ def document_kind(document) -> str | None:
         command, version = named
         if command not in SCHEMA_FAMILIES:
             raise UserError(f"this is a tpuprof {command} --json document ({document['schema']}): report and diff "
-                            "read memory, analyze, oom and preflight documents.")
+                            "read memory, analyze, oom, preflight and serve documents (diff all but serve).")
         if version > schemas.VERSIONS[command]:
             raise UserError(f"this document follows {document['schema']}, newer than this tpuprof reads "
                             f"({schemas.name(command)}): upgrade tpuprof.")
@@ -228,7 +229,7 @@ def read_document(path: str | Path) -> tuple[str, dict]:
     except UserError as error:
         raise UserError(f"{path}: {error}") from None
     if kind is None:
-        raise UserError(f"{path} is not a tpuprof --json document (memory, analyze, oom or preflight).")
+        raise UserError(f"{path} is not a tpuprof --json document (memory, analyze, oom, preflight or serve).")
     documents.check(document, kind, str(path))  # the renderers and the diff trust what passes
     return kind, document
 
@@ -242,7 +243,7 @@ class Input:
     may sit beside a committed sample dump (how it was made)."""
 
     path: str
-    kind: str  # memory | steps | oom | preflight
+    kind: str  # memory | steps | oom | preflight | serve
     document: dict
     from_json: bool = False
     meta: dict = field(default_factory=dict)

@@ -1,0 +1,189 @@
+"""The presentation model (tpuprof/presentation) and its printers: one section per document, drawn by the terminal,
+Markdown, the report page and the notebook with the same facts. Serve first: `tpuprof report serve.json` and
+`tpuprof.report([tpuprof.serve(...)])` draw a serve section; a bad serve document is one sentence."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+
+import pytest
+
+import tpuprof
+
+from conftest import run_cli
+
+SERVE = ["serve", "--model", "llama3.1-70b", "--tpu", "v6e-8,v5p-16,v5e-8", "--max-model-len", "8192",
+         "--concurrency", "64", "--no-compile"]
+
+
+@pytest.fixture(scope="module")
+def serve_json(tmp_path_factory):
+    """A real `tpuprof serve --no-compile --json` document, saved as a user would."""
+    done = run_cli(*SERVE, "--json")
+    assert done.returncode == 0, done.stderr
+    path = tmp_path_factory.mktemp("serve") / "serve.json"
+    path.write_text(done.stdout)
+    return path
+
+
+def _text(page: str) -> str:
+    """The page's visible text, one space between words (the figures as a reader sees them)."""
+    body = re.sub(r"<script.*?</script>", "", page, flags=re.S)
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", body)))
+
+
+def test_report_draws_a_serve_section_from_a_saved_document(serve_json, tmp_path):
+    page_path = tmp_path / "page.html"
+    done = run_cli("report", serve_json, "-o", page_path, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["inputs"] == [{"path": str(serve_json), "kind": "serve"}]
+    page = _text(page_path.read_text())
+    document = json.loads(serve_json.read_text())
+    assert len(document["targets"]) == 3
+    assert [t["fits"] for t in document["targets"]] == [True, True, False]  # v5e-8 is too small for 70B
+    for t in document["targets"]:
+        figures = [t["slice"]["name"], t["verdict"], f"{t['kv_cache_tokens']:,}", f"{t['max_concurrency']:.1f}",
+                   f"{t['kv_bytes_per_token_per_device']:,} B", f"{t['gpu_memory_utilization']:.2f}", t["command"]]
+        e = t["estimate"]
+        if t["fits"]:
+            p = e["prefill_ms"]
+            figures += [f"TPOT {e['tpot_ms']:,.1f} ms ({e['tpot_ms_low']:,.1f} ms to {e['tpot_ms_high']:,.1f} ms)",
+                        f"TTFT {e['ttft_ms']:,.1f} ms (prefill chunk {p['point']:,.1f} ms, {p['low']:,.1f} ms to "
+                        f"{p['high']:,.1f} ms)", f"{e['output_tokens_per_s']:,.0f} output tokens/s",
+                        f"${e['cost_per_million_output_tokens']:,.3f}"]
+        for figure in figures:
+            assert figure in page, figure
+    assert f"fastest first: {', '.join(document['ranking']['speed'])}" in page
+
+
+def test_terminal_markdown_and_page_print_the_same_facts(serve_json, tmp_path):
+    """Every fact, verdict and launch command of the section is in all three outputs: one wording."""
+    from tpuprof.presentation import Command, Fact, Verdict, build
+    from tpuprof.renderers.markdown import render
+
+    document = json.loads(serve_json.read_text())
+    section = build(document)
+    facts = [b for s in [section, *section.sections] for b in s.blocks if isinstance(b, (Fact, Verdict, Command))]
+    assert len(facts) >= 3 * 5
+    terminal = re.sub(r"\s+", " ", run_cli(*SERVE, env={"COLUMNS": "400"}).stdout)
+    markdown = re.sub(r"\s+", " ", render(document).replace("**", ""))
+    run_cli("report", serve_json, "-o", tmp_path / "page.html")
+    page = _text((tmp_path / "page.html").read_text())
+    for block in facts:
+        said = block.text if isinstance(block, (Verdict, Command)) else block.value
+        for name, output in (("terminal", terminal), ("markdown", markdown), ("page", page)):
+            assert said in output, (name, said)
+
+
+def test_report_of_an_api_serve_result(tmp_path):
+    import tpuprof
+
+    result = tpuprof.serve("llama3.1-8b", "v6e-4", max_model_len=4096, compile=False)
+    page = tmp_path / "page.html"
+    written = tpuprof.report([result], page)
+    assert [i.kind for i in written.inputs] == ["serve"]
+    text = _text(page.read_text())
+    assert result.to_dict()["targets"][0]["command"] in text and "v6e-4" in text
+    assert "vllm serve" in result._repr_html_()  # the notebook cell: the same section, without plots
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d["targets"][0].update(kv_cache_tokens="many"), "targets[0].kv_cache_tokens"),
+    (lambda d: d["targets"][1].pop("command"), "targets[1].command is missing"),
+    (lambda d: d["targets"][0]["estimate"].update(tpot_ms=-1), "targets[0].estimate.tpot_ms"),
+    (lambda d: d.update(schema="tpuprof.serve/2"), "newer than this tpuprof reads (tpuprof.serve/1)"),
+])
+def test_an_edited_serve_document_is_one_sentence(serve_json, tmp_path, edit, field):
+    document = json.loads(serve_json.read_text())
+    edit(document)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(document))
+    page = tmp_path / "page.html"
+    done = run_cli("report", bad, "-o", page)
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
+    assert field in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not page.exists()
+
+
+def test_diff_of_serve_documents_points_at_report(serve_json):
+    done = run_cli("diff", serve_json, serve_json)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "`tpuprof report" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_memory_terminal_markdown_page_and_notebook_say_the_same_facts(tmp_path):
+    """The memory section of a real dump: its verdict, method, facts and table rows in every printer."""
+    from conftest import DUMPS
+    from tpuprof.presentation import Fact, Note, Table, Verdict
+    from tpuprof.presentation.memory import section
+    from tpuprof.renderers.markdown import render
+
+    dump = DUMPS / "conv18_f32_v5e"
+    document = json.loads(run_cli("memory", dump, "--json").stdout)
+    shown = section(document, top=5)
+    blocks = [b for s in shown.sections for b in s.blocks]
+    said = [b.text if isinstance(b, (Verdict, Note)) else b.value for b in blocks if isinstance(b, (Fact, Verdict, Note))]
+    assert any(isinstance(b, Verdict) and b.fits for b in blocks) and len(said) >= 8
+    instructions = [row[0] for b in blocks if isinstance(b, Table) and b.title.startswith("Largest") for row in b.rows]
+    assert len(instructions) == 5
+    terminal = re.sub(r"\s+", " ", run_cli("memory", dump, "--top", "5", env={"COLUMNS": "400"}).stdout)
+    markdown = re.sub(r"\s+", " ", render(document).replace("**", ""))
+    run_cli("report", dump, "-o", tmp_path / "page.html")
+    page = _text((tmp_path / "page.html").read_text())
+    notebook = _text(tpuprof.memory(dump)._repr_html_())
+    for name, output in (("terminal", terminal), ("markdown", markdown), ("page", page), ("notebook", notebook)):
+        missing = [fact for fact in said if fact not in output]
+        assert not missing, (name, missing)
+        if name != "page":  # the page lists the padded buffers instead, each with its chart and fix
+            assert all(i in output for i in instructions), name
+
+
+def test_oom_terminal_markdown_page_and_notebook_say_the_same_facts(tmp_path):
+    """A real libtpu OOM log: its headline, facts, figures and allocations in every printer, in tpuprof's units."""
+    from conftest import SAMPLES
+    from tpuprof.presentation import Fact, Table, Verdict
+    from tpuprof.presentation.oom import section
+    from tpuprof.renderers.markdown import render
+
+    log = SAMPLES / "oom" / "libtpu_transformer_v5e.txt"
+    document = json.loads(run_cli("oom", log, "--json").stdout)
+    shown = section(document)
+    said = [b.text if isinstance(b, Verdict) else b.value for b in shown.blocks if isinstance(b, (Fact, Verdict))]
+    cells = [c for b in shown.blocks if isinstance(b, Table) for row in b.rows[:5] for c in row[:2] if c]
+    assert len(said) >= 3 and any(c.endswith("iB") for c in cells)
+    terminal = re.sub(r"\s+", " ", run_cli("oom", log, env={"COLUMNS": "400"}).stdout)
+    markdown = re.sub(r"\s+", " ", render(document, top=30).replace("**", ""))
+    run_cli("report", log, "-o", tmp_path / "page.html")
+    page = _text((tmp_path / "page.html").read_text())
+    notebook = _text(tpuprof.oom(str(log))._repr_html_())
+    for name, output in (("terminal", terminal), ("markdown", markdown), ("page", page), ("notebook", notebook)):
+        missing = [fact for fact in said + cells if fact not in output]
+        assert not missing, (name, missing)
+
+
+# Serve's compiled Gemma 3 1B on v5e-1 (session fixture of test_serve.py: compiled once per run, on disk after).
+from test_serve import gemma3_1b_v5e, needs_libtpu  # noqa: E402,F401
+
+
+@needs_libtpu
+def test_a_compiled_plan_shows_its_programs_and_safe_utilization(gemma3_1b_v5e, tmp_path):  # noqa: F811
+    """What only compiles give: the engine's program count and the largest safe utilization, in every printer."""
+    from tpuprof.presentation import build
+    from tpuprof.renderers.markdown import render
+    from tpuprof.renderers.printers import html, markdown
+
+    document = gemma3_1b_v5e.to_dict()
+    t = document["targets"][0]
+    count, safe = t["programs"]["count"], t["safe_gpu_memory_utilization"]
+    assert count > 0 and safe is not None
+    section = build(document)
+    table = section.blocks[1]
+    assert table.rows[0][[c.header for c in table.columns].index("programs")] == f"{count:,}"
+    assert f"{t['gpu_memory_utilization']:.2f} (safe ≤ {safe:.2f})" in table.rows[0]
+    said = f"the engine compiles {count} at start-up"
+    page = tmp_path / "page.html"
+    tpuprof.report([gemma3_1b_v5e], page)
+    for output in (render(document), "\n".join(markdown(section)), html(section), _text(page.read_text())):
+        assert said in output and f"safe --gpu-memory-utilization {safe}" in output

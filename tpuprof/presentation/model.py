@@ -1,0 +1,126 @@
+"""The presentation model's types: what a command shows a person, built once from its --json document.
+
+A command's document (tpuprof/documents_*.py) holds the figures; a builder in this package turns it into a
+`Section` of a few kinds of blocks, and the printers (tpuprof/renderers/printers.py) draw that one section as the
+terminal's rich output, Markdown, a section of the `report` page and a notebook cell. A figure a reader sees is
+therefore worded here once. Plots are HTML-only attachments: the other printers leave them out.
+
+Block kinds:
+- `Verdict`: whether something fits (or serves), with the sentence that says why: `fits_word` words it.
+- `Fact`: one labelled figure (or short line of figures), saying how it was obtained.
+- `Table`: rows of already-formatted cells; each column says its kind (number / name / text) and its rank to be
+  left out on a narrow terminal (tpuprof/renderers/tables.py's width rule).
+- `Note`: a sentence: a plain note, a warning (an estimate says so) or a problem (red).
+- `Fixes`: a command's suggestions (their dicts), numbered with their savings; the report page ranks every input's
+  fixes at its top instead, so its printer leaves them out of the section.
+- `Caveats`: what an estimate leaves out, under the figures it qualifies (folded where the format can fold).
+- `Command`: a command line to paste.
+- `Plot`: a plotly figure, made only when the HTML page draws it.
+- `Section`: a title, its blocks and sub-sections.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Union
+
+FIT, NO_FIT, UNKNOWN = "fits", "does not fit", "unknown"
+
+
+def fits_word(fits: bool | None) -> str:
+    """The one wording of a fit verdict: "fits", "does not fit", or "unknown" when nothing tells."""
+    return UNKNOWN if fits is None else FIT if fits else NO_FIT
+
+
+def fits_share(used: int | None, capacity: int | None, of: str = "HBM") -> str | None:
+    """"fits: 82.3% of HBM" / "does not fit: 112.0% of HBM"; None when either figure is missing."""
+    if used is None or not capacity:
+        return None
+    return f"{fits_word(used <= capacity)}: {used / capacity:.1%} of {of}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    subject: str
+    fits: bool | None
+    text: str  # the reason, e.g. the document's own verdict sentence
+
+
+@dataclass(frozen=True)
+class Fact:
+    label: str
+    value: str
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    kind: Literal["number", "name", "text"] = "text"
+    drop: int = 0  # 0: always shown; else left out on a narrow terminal, rank 1 first
+    least: int = 0  # the narrowest a name or text column is squeezed to (0: the width rule's default)
+
+
+@dataclass(frozen=True)
+class Table:
+    columns: tuple[Column, ...]
+    rows: tuple[tuple[str, ...], ...]
+    title: str | None = None
+
+
+@dataclass(frozen=True)
+class Note:
+    text: str
+    kind: Literal["note", "warning", "problem"] = "note"
+
+
+@dataclass(frozen=True)
+class Fixes:
+    title: str
+    items: tuple[dict, ...]
+    framework: str | None = None  # the user's framework: its call is shown first
+
+
+@dataclass(frozen=True)
+class Caveats:
+    what: str
+    items: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Command:
+    label: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Plot:
+    """An HTML-only attachment: `figure()` returns a plotly Figure, made only by the HTML printer."""
+
+    figure: Callable[[], Any]
+    height: int = 420
+
+
+Block = Union[Verdict, Fact, Table, Note, Fixes, Caveats, Command, Plot]
+
+
+@dataclass
+class Section:
+    title: str
+    blocks: list[Block] = field(default_factory=list)
+    sections: list["Section"] = field(default_factory=list)
+
+    def verdicts(self) -> list[Verdict]:
+        """Every verdict of this section and its sub-sections, in order (the report's header cards)."""
+        return [b for b in self.blocks if isinstance(b, Verdict)] + [v for s in self.sections for v in s.verdicts()]
+
+
+def number(header: str, drop: int = 0) -> Column:
+    return Column(header, "number", drop)
+
+
+def name(header: str, drop: int = 0, least: int = 0) -> Column:
+    return Column(header, "name", drop, least)
+
+
+def text(header: str, drop: int = 0) -> Column:
+    return Column(header, "text", drop)

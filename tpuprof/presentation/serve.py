@@ -1,0 +1,100 @@
+"""What `tpuprof serve` shows, from its `tpuprof.serve/1` document (tpuprof/documents_serve.py): one section with a
+verdict per slice, the comparison table, per slice the figures with how each was obtained and the launch command,
+and the ranking. The terminal, Markdown, the report page and the notebook all print this section."""
+
+from __future__ import annotations
+
+from tpuprof.presentation.model import Caveats, Command, Fact, Note, Section, Table, Verdict, name, number, text
+from tpuprof.units import fmt_bytes
+
+
+def _ms(value) -> str:
+    return "n/a" if value is None else f"{value:,.1f} ms"
+
+
+def _usd(value) -> str:
+    return "n/a" if value is None else f"${value:,.3f}"
+
+
+def _prefill(e: dict) -> str:
+    band = e.get("prefill_ms")
+    return "" if not band else f" (prefill chunk {_ms(band['point'])}, {_ms(band['low'])} to {_ms(band['high'])})"
+
+
+def _utilization(t: dict) -> str:
+    safe = t["safe_gpu_memory_utilization"]
+    return f"{t['gpu_memory_utilization']:.2f}" + (f" (safe ≤ {safe:.2f})" if safe is not None else "")
+
+
+COLUMNS = (name("slice"), number("TP"), text("fits"), number("weights/dev"), number("KV/token/dev", drop=3),
+           number("KV tokens"), number("max conc.", drop=4), number("utilization", drop=5), number("TPOT"),
+           number("TTFT", drop=2), number("out tok/s"), number("$/1M out", drop=1), number("programs", drop=2))
+
+
+def _row(t: dict) -> tuple[str, ...]:
+    e = t["estimate"] or {}
+    return (t["slice"]["name"], f"{t['tensor_parallel_size']}" + (f" x{t['replicas']}" if t["replicas"] > 1 else ""),
+            "yes" if t["fits"] else "no", fmt_bytes(t["weights_bytes_per_device"]),
+            f"{t['kv_bytes_per_token_per_device']:,} B", f"{t['kv_cache_tokens']:,}", f"{t['max_concurrency']:.1f}",
+            _utilization(t), _ms(e.get("tpot_ms")), _ms(e.get("ttft_ms")),
+            "n/a" if not e else f"{e['output_tokens_per_s']:,.0f}", _usd(e.get("cost_per_million_output_tokens")),
+            "n/a" if not t["programs"] else f"{t['programs']['count']:,}")
+
+
+def section(document: dict) -> Section:
+    model, workload, targets = document["model"], document["workload"], document["targets"]
+    out = Section(f"tpuprof serve: {model['name']} ({model['parameters'] / 1e9:.1f}B parameters), "
+                  f"{workload['input_len']} in / {workload['output_len']} out tokens per request")
+    out.blocks += [Verdict(t["slice"]["name"], t["fits"], t["verdict"]) for t in targets]
+    out.blocks.append(Table(COLUMNS, tuple(_row(t) for t in targets)))
+    out.sections += [_target(t) for t in targets]
+    ranking = document["ranking"]
+    if len(targets) > 1 and ranking["speed"]:
+        out.sections.append(Section("ranking", [Note(f"fastest first: {', '.join(ranking['speed'])}; cheapest first: "
+                                                     f"{', '.join(ranking['cost']) or 'n/a'}")]))
+    return out
+
+
+def _target(t: dict) -> Section:
+    kv = t["kv"]
+    blocks = [
+        Fact("weights", f"{fmt_bytes(t['weights_bytes_per_device'])} per device ({t['weights_how']})"),
+        Fact("KV per token", f"{t['kv_bytes_per_token_per_device']:,} B per device ({kv['kv_heads_per_device']} KV "
+                             f"head(s) per device{', replicated' if kv['replicated'] else ''}, head_dim "
+                             f"{kv['head_dim']} stored as {kv['padded_head_dim']}, {kv['cache_slots']} {kv['dtype']} "
+                             f"slots for {2 * kv['kv_heads_per_device']} K/V heads, page {kv['page_size']} tokens: "
+                             f"{kv['page_size_rule']})"),
+        Fact("KV cache", f"at utilization {t['gpu_memory_utilization']:.2f} of "
+                         f"{fmt_bytes(t['bytes_limit_per_device'])}: {t['kv_cache_pages']:,} pages, "
+                         f"{t['kv_cache_tokens']:,} tokens, {t['max_concurrency']:.2f} requests of "
+                         f"{t['max_model_len']} tokens; longest --max-model-len for the concurrency asked: "
+                         f"{t['largest_max_model_len']:,}"),
+    ]
+    programs = t["programs"]
+    if programs:
+        largest = programs["largest"]
+        where = (f"largest: the {largest['tokens']}-token {largest['kind']}, temporaries "
+                 f"{fmt_bytes(programs['largest_temp_bytes'])} + code {fmt_bytes(programs['largest_code_bytes'])}"
+                 if largest else "none compiled")
+        safe = t["safe_gpu_memory_utilization"]
+        blocks.append(Fact("programs", f"the engine compiles {programs['count']} at start-up "
+                                       f"({programs['count_rule']}); tpuprof compiled {programs['compiled']} ({where}); "
+                                       f"safe --gpu-memory-utilization {safe if safe is not None else 'n/a'} with a "
+                                       f"{fmt_bytes(t['margin_bytes'])} margin"))
+    e = t["estimate"]
+    if e:
+        step = e["decode_step_ms"]
+        blocks.append(Fact("speed and cost",
+                           f"at {e['concurrency']} requests: decode step {_ms(step['point'])} ({_ms(step['low'])} to "
+                           f"{_ms(step['high'])}, {e['bound']}-bound), TPOT {_ms(e['tpot_ms'])} "
+                           f"({_ms(e['tpot_ms_low'])} to {_ms(e['tpot_ms_high'])}), TTFT {_ms(e['ttft_ms'])}{_prefill(e)}, "
+                           f"{e['output_tokens_per_s']:,.0f} output tokens/s ({e['output_tokens_per_s_per_chip']:,.0f} "
+                           f"per chip), {_usd(e['cost_per_million_output_tokens'])} per 1M output tokens (estimated)"))
+    blocks += [Note(p, "problem") for p in t["problems"][1:]]  # the first is the verdict's reason
+    blocks.append(Command("launch", t["command"]))
+    name_ = t["slice"]["name"]
+    if programs:
+        blocks.append(Caveats(f"{name_} programs", tuple(programs.get("caveats") or ())))
+    if e:
+        blocks.append(Caveats(f"{name_} estimate", tuple(e.get("caveats") or ())))
+    return Section(f"{name_} ({t['engine']['name']} rules of {t['engine']['version']})", blocks)
