@@ -6,6 +6,7 @@ The helpers live in tests/helpers/ (a package); tests import them as `helpers.<m
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import pytest
@@ -38,10 +39,26 @@ def cli():
 
 
 @pytest.fixture(scope="session")
-def compile_cache(tmp_path_factory):
+def compile_cache(cache_home):
     """The session's preflight compile cache (its XDG_CACHE_HOME): a program compiled by one test is a cache hit
     for every other. Tests about the cache itself (what it holds, what a first run compiles) use their own."""
-    return tmp_path_factory.mktemp("compile-cache")
+    return cache_home
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cache_home(tmp_path_factory):
+    """What runs without naming a cache (tpuprof.serve() and tpuprof.preflight() in this process, CLI processes)
+    caches its compiles in the session's compile cache, never in the user's ~/.cache: a fresh clone compiles what
+    its tests need once, and no run is faster or slower for what an earlier run left in the home folder. (Not named
+    compile_cache, which marks the tests that use it as compiling.)"""
+    folder = tmp_path_factory.mktemp("compile-cache")
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(folder)
+    yield folder
+    if saved is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
 
 
 def sample_dump(name: str):
