@@ -23,13 +23,21 @@ for _former, _module in FORMER_NAMES.items():
     sys.modules.setdefault(_former, importlib.import_module(_module))
 
 
+# Session fixtures that compile with libtpu (besides compile_cache) or start a job, by name (tests/test_*.py).
+COMPILING_FIXTURES = {"compile_cache", "family_runs", "gemma3_1b_v5e", "llama8b_v6e4", "compiled", "sharded",
+                      "sparsecore_all_reduce", "oom_job"}
+JOB_FIXTURES = {"profiler_job", "oom_job", "ray_cluster"}
+
+
 def pytest_collection_modifyitems(items):
-    """Tests that use the session's compile cache compile with libtpu, those that use a training job start one:
-    marked so (pyproject.toml registers the markers) without each test saying it again."""
+    """Tests that use a compiling fixture (the session's compile cache, a family's or a serving model's compiles)
+    compile with libtpu, those that use a training job start one: marked so (pyproject.toml registers the
+    markers) without each test saying it again."""
     for item in items:
-        if "compile_cache" in item.fixturenames or "[preflight/" in item.nodeid:  # or a preflight sample's document
+        fixtures = set(item.fixturenames)
+        if fixtures & COMPILING_FIXTURES or "[preflight/" in item.nodeid:  # or a preflight sample's document
             item.add_marker(pytest.mark.compile)
-        if "profiler_job" in item.fixturenames:
+        if fixtures & JOB_FIXTURES:
             item.add_marker(pytest.mark.jobs)
 
 
