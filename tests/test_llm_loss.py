@@ -55,28 +55,27 @@ def test_the_loss_is_cut_so_that_one_piece_of_fp32_logits_stays_within_the_budge
 
 @pytest.mark.slow
 def test_the_compiled_step_never_holds_the_whole_logits(monkeypatch):
-    """A 1-layer model with a large vocabulary on v6e-4 (libtpu, compile-only): the fp32 logits of the whole
-    sequence would be 64 MiB per chip. In one piece the compiler's temporaries exceed that; in 16 pieces of
-    4 MiB they stay far below it (about a tenth). One layer and 512 tokens: the logits are what is checked, and
-    the two compiles cost 53 s of CPU here against 77 s at two layers and 1,024 tokens."""
+    """A 2-layer model with a large vocabulary on v6e-4 (libtpu, compile-only): the fp32 logits of the whole
+    sequence would be 256 MiB per chip. In one piece the compiler's temporaries exceed that; in 16 pieces of
+    16 MiB they stay far below it."""
     from tpuprof.sources import tpu_compile
 
     if not tpu_compile.jax_available():
         pytest.skip("libtpu is not installed")
-    config = llm.parse_config({"model_type": "llama", "vocab_size": 16384, "hidden_size": 256,
-                               "intermediate_size": 512, "num_hidden_layers": 1, "num_attention_heads": 4,
+    config = llm.parse_config({"model_type": "llama", "vocab_size": 32768, "hidden_size": 256,
+                               "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
                                "num_key_value_heads": 2}, "wide-vocab", "test")
     devices = tpu_compile.topology_devices("v6e-4")
-    step = llm.Step(config, "test", 512, "full", "bf16", llm.parse_mesh(None, len(devices)))
-    whole_logits = 2 * 512 * 16384 * 4  # 2 sequences per chip
+    step = llm.Step(config, "test", 1024, "full", "bf16", llm.parse_mesh(None, len(devices)))
+    whole_logits = 2 * 1024 * 32768 * 4  # 2 sequences per chip
 
     def temporaries(piece_bytes):
         monkeypatch.setattr(llm, "LOSS_CHUNK_BYTES", piece_bytes)
         fn, args = llm.build(step, devices, 2)
         return tpu_compile.compile_jax(fn, args, "v6e-4").temp_bytes
 
-    assert llm.loss_chunks(512, 2, 16384) == 1
+    assert llm.loss_chunks(1024, 2, 32768) == 1
     assert temporaries(whole_logits) > whole_logits
-    monkeypatch.setattr(llm, "LOSS_CHUNK_BYTES", 4 * 2**20)
-    assert llm.loss_chunks(512, 2, 16384) == 16
-    assert temporaries(4 * 2**20) < whole_logits / 2
+    monkeypatch.setattr(llm, "LOSS_CHUNK_BYTES", 16 * 2**20)
+    assert llm.loss_chunks(1024, 2, 32768) == 16
+    assert temporaries(16 * 2**20) < whole_logits / 2
