@@ -6,6 +6,7 @@ The helpers live in tests/helpers/ (a package); tests import them as `helpers.<m
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import pytest
@@ -22,13 +23,21 @@ for _former, _module in FORMER_NAMES.items():
     sys.modules.setdefault(_former, importlib.import_module(_module))
 
 
+# Session fixtures that compile with libtpu (besides compile_cache) or start a job, by name (tests/test_*.py).
+COMPILING_FIXTURES = {"compile_cache", "family_runs", "gemma3_1b_v5e", "llama8b_v6e4", "compiled", "sharded",
+                      "sparsecore_all_reduce", "oom_job"}
+JOB_FIXTURES = {"profiler_job", "oom_job", "ray_cluster"}
+
+
 def pytest_collection_modifyitems(items):
-    """Tests that use the session's compile cache compile with libtpu, those that use a training job start one:
-    marked so (pyproject.toml registers the markers) without each test saying it again."""
+    """Tests that use a compiling fixture (the session's compile cache, a family's or a serving model's compiles)
+    compile with libtpu, those that use a training job start one: marked so (pyproject.toml registers the
+    markers) without each test saying it again."""
     for item in items:
-        if "compile_cache" in item.fixturenames or "[preflight/" in item.nodeid:  # or a preflight sample's document
+        fixtures = set(item.fixturenames)
+        if fixtures & COMPILING_FIXTURES or "[preflight/" in item.nodeid:  # or a preflight sample's document
             item.add_marker(pytest.mark.compile)
-        if "profiler_job" in item.fixturenames:
+        if fixtures & JOB_FIXTURES:
             item.add_marker(pytest.mark.jobs)
 
 
@@ -38,10 +47,26 @@ def cli():
 
 
 @pytest.fixture(scope="session")
-def compile_cache(tmp_path_factory):
+def compile_cache(cache_home):
     """The session's preflight compile cache (its XDG_CACHE_HOME): a program compiled by one test is a cache hit
     for every other. Tests about the cache itself (what it holds, what a first run compiles) use their own."""
-    return tmp_path_factory.mktemp("compile-cache")
+    return cache_home
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cache_home(tmp_path_factory):
+    """What runs without naming a cache (tpuprof.serve() and tpuprof.preflight() in this process, CLI processes)
+    caches its compiles in the session's compile cache, never in the user's ~/.cache: a fresh clone compiles what
+    its tests need once, and no run is faster or slower for what an earlier run left in the home folder. (Not named
+    compile_cache, which marks the tests that use it as compiling.)"""
+    folder = tmp_path_factory.mktemp("compile-cache")
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(folder)
+    yield folder
+    if saved is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
 
 
 def sample_dump(name: str):
