@@ -1,6 +1,7 @@
 """`preflight --model` against every published MaxText / tpu-recipes training run (not part of the test suite).
 
-    XDG_CACHE_HOME=/tmp/x nice -n 19 .venv/bin/python bench/bench_training_published.py [--list] [--results F] [NAME ...]
+    XDG_CACHE_HOME=/tmp/x nice -n 19 .venv/bin/python bench/bench_training_published.py [--list] [--results F]
+        [--table F] [NAME ...]
 
 The runs and their settings are in bench/training_published.json (one entry per published run, with its source).
 For each run (or the NAMEs given), `tpuprof preflight --model ... --tpu ... --seq ... --batch-per-chip ... --json`
@@ -227,7 +228,8 @@ def run_preflight(command: list[str], workdir: Path) -> tuple[dict | None, str, 
     result = subprocess.run(full, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     seconds = time.perf_counter() - started
     if result.returncode not in (0, 1):  # 1: does not fit
-        return None, result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.returncode}", seconds
+        last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.returncode}"
+        return None, last, seconds
     return json.loads(result.stdout)["targets"][0], "", seconds
 
 
@@ -238,7 +240,7 @@ def compare(run: dict, target: dict | None, error: str, seconds: float) -> dict:
         return out
     estimate = target.get("estimate") or {}
     out["fits"] = target.get("fits")
-    out["memory_per_chip"] = (target.get("memory") or {}).get("peak_bytes_per_chip") or target.get("peak_bytes")
+    out["required_bytes"], out["hbm_capacity_bytes"] = target.get("required_bytes"), target.get("hbm_capacity_bytes")
     out["fast"] = (target.get("fast") or {}).get("method")
     if not estimate:
         out["error"] = "does not fit at the recipe's batch" if not target.get("fits") else "no estimate"
@@ -251,20 +253,42 @@ def compare(run: dict, target: dict | None, error: str, seconds: float) -> dict:
     return out
 
 
+def short(note: str) -> str:
+    """A table cell's words for a --list note."""
+    import re
+
+    rules = [(r"^offloads (.*) too .*", r"+offload \1"), (r"^does not offload (.*) \(.*", r"no offload of \1"),
+             (r"^keeps (.*) on the device .*", r"saves \1"), (r"^saves only (.*) on the device .*", r"saves only \1"),
+             (r"^offloads q/k/v only.*", "offloads q/k/v only"),
+             (r"^MaxText's (\w+) .*approximated by tpuprof (--remat \w+).*", r"\1 as \2"),
+             (r"^collectives offloaded to the SparseCores.*", "SparseCore collectives"),
+             (r"^collective matmuls kept.*", "collective matmuls on"), (r"^dropless MoE.*", "dropless MoE (gmm)"),
+             (r"^XLA flag sets (.*)", r"flags \1"), (r"^the recipe's own LIBTPU flags.*", "own LIBTPU flags"),
+             (r"^splash blocks (\[.*\]) .*", r"splash blocks \1"), (r"^other settings: (.*)", r"\1"),
+             (r"^mu_dtype=bfloat16.*", "bf16 moments, fp32 weights"), (r"^fp8_full through qwix.*", "qwix fp8_full"),
+             (r"^quantization=int8.*", "int8 (run bf16)"), (r"^(ici_fsdp_transpose_parallelism=\S+) .*", r"\1"),
+             (r"^MaxText's 'default' model.*", "MaxText default model"), (r"^remat policy (.*)", r"remat \1")]
+    for pattern, replacement in rules:
+        if re.match(pattern, note):
+            return re.sub(pattern, replacement, note)
+    return note
+
+
 def row_text(run: dict, p: dict, r: dict | None) -> str:
     name = run["name"]
     published = published_step(run)
     pub = f"{published:.3f} s" if published else "-"
     if "skip" in p:
-        return f"| {name} | {pub} | | | | | {p['skip']} |"
+        return f"| {name} | {pub} | | | | | {p['skip']} | |"
     if r is None:
-        return f"| {name} | {pub} | | | | | not run (time) | {'; '.join(p['cannot_express']) or '-'} |"
+        return f"| {name} | {pub} | | | | | not run (time) | {'; '.join(map(short, p['cannot_express'])) or '-'} |"
     if r.get("error"):
         return (f"| {name} | {pub} | | | | | {r['error']} ({r['compile_s']} s) | "
-                f"{'; '.join(p['cannot_express']) or '-'} |")
+                f"{'; '.join(map(short, p['cannot_express'])) or '-'} |")
     return (f"| {name} | {pub} | {r['low_s']:.2f} - {r['high_s']:.2f} s | {r['point_s']:.2f} s | {r['ratio']:.2f} | "
             f"{'yes' if r['inside_band'] else 'no'} / {'yes' if r['within_goal'] else 'no'} | "
-            f"batch {p['batch_per_chip']}/chip, {r['compile_s']} s | {'; '.join(p['cannot_express']) or '-'} |")
+            f"batch {p['batch_per_chip']}/chip, {r['compile_s']} s | "
+            f"{'; '.join(map(short, p['cannot_express'])) or '-'} |")
 
 
 def table(runs: list[dict], results: dict[str, dict]) -> str:
@@ -278,12 +302,13 @@ def table(runs: list[dict], results: dict[str, dict]) -> str:
 def read_results(path: Path | None) -> dict[str, dict]:
     if not path or not path.is_file():
         return {}
-    return {r["name"]: r for r in map(json.loads, path.read_text().splitlines()) if r.strip() if True}
+    return {r["name"]: r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip())}
 
 
 def main(arguments: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", help="runs by name (bench/training_published.json); all by default")
+    parser.add_argument("names", nargs="*", help="runs by name (bench/training_published.json), run in the order "
+                        "given; all by default")
     parser.add_argument("--list", action="store_true", help="print each run's command or why it is not run")
     parser.add_argument("--results", type=Path, help="append results as JSON lines here; skip runs already in it")
     parser.add_argument("--table", type=Path, help="print the Markdown table of the results in this file")
@@ -292,7 +317,8 @@ def main(arguments: list[str]) -> int:
     unknown = set(options.names) - {r["name"] for r in runs}
     if unknown:
         raise SystemExit(f"no published run named {', '.join(sorted(unknown))}")
-    chosen = [r for r in runs if not options.names or r["name"] in options.names]
+    by_name = {r["name"]: r for r in runs}
+    chosen = [by_name[n] for n in options.names] if options.names else runs  # in the order given
     if options.table:
         print(table(chosen, read_results(options.table)))
         return 0
