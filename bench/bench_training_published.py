@@ -246,7 +246,10 @@ def compare(run: dict, target: dict | None, error: str, seconds: float) -> dict:
         out["error"] = "does not fit at the recipe's batch" if not target.get("fits") else "no estimate"
         return out
     low, high, point = (estimate.get(k) / 1e3 for k in ("step_ms_low", "step_ms_high", "step_ms"))
-    out.update({"low_s": low, "high_s": high, "point_s": point, "mfu_percent": estimate.get("mfu_percent")})
+    out.update({"low_s": low, "high_s": high, "point_s": point, "mfu_percent": estimate.get("mfu_percent"),
+                "collective_s": (estimate.get("collective_ms") or 0) / 1e3,
+                "exposed_collective_s": (estimate.get("exposed_collective_ms") or 0) / 1e3,
+                "dcn_s": (estimate.get("dcn_ms") or 0) / 1e3, "not_modelled": estimate.get("not_modelled")})
     if published:
         out.update({"ratio": point / published, "inside_band": low <= published <= high,
                     "within_goal": abs(point / published - 1) <= GOAL})
