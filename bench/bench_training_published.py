@@ -121,6 +121,8 @@ def remat_option(run: dict) -> tuple[str | None, list[str]]:
 
 
 def mesh_option(run: dict) -> tuple[str | None, list[str]]:
+    """tpuprof's --mesh for the recipe's ici_* parallelism (None: its default, fsdp over every device), and the
+    axes tpuprof's mesh does not have."""
     parallelism = run.get("parallelism") or {}
     notes, axes = [], {}
     for key, value in parallelism.items():
