@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = "https://github.com/AI-Hypercomputer/tpu-recipes/blob/main/training/trillium/"
+PUBLISHED = Path(__file__).resolve().parent / "training_published.json"
+BENCH_RUNS = ("llama3.1-8b v6e-8", "llama3.1-8b v6e-16", "llama3.1-70b v6e-256")  # this bench's three
 
 
 @dataclass
@@ -47,12 +48,14 @@ class Run:
     batch_here: int | None = None  # a smaller batch when the published one does not fit this definition
 
 
-RUNS = [
-    Run("8B v6e-8", "llama3.1-8b", "v6e-8", 8192, 3, 3.443, RECIPES + "Llama3.1-8B-MaxText/v6e-8/README.md"),
-    Run("8B v6e-16", "llama3.1-8b", "v6e-16", 8192, 3, 3.393, RECIPES + "Llama3.1-8B-MaxText/v6e-16/README.md"),
-    Run("70B v6e-256", "llama3.1-70b", "v6e-256", 8192, 5, 42.656,
-        RECIPES + "Llama3.1-70B-MaxText/v6e-256/README.md"),
-]
+def published_runs() -> list[Run]:
+    """This bench's runs, as bench/training_published.json records them (with the recipe's settings and source)."""
+    runs = {r["name"]: r for r in json.loads(PUBLISHED.read_text())["runs"]}
+    return [Run(name, runs[name]["model"], runs[name]["slice"], runs[name]["seq"], runs[name]["batch_per_device"],
+                runs[name]["published"]["step_s"], runs[name]["source"]) for name in BENCH_RUNS]
+
+
+RUNS = published_runs()
 
 
 def preflight(run: Run, batch: int, remat: str) -> dict:
@@ -69,11 +72,11 @@ def main(arguments: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--remat", default="offload", choices=("full", "offload"),
                         help="offload: the published recipes' host offload of layer inputs and q/k/v (default)")
-    parser.add_argument("names", nargs="*", help="runs (e.g. '8B v6e-8') or models; all by default")
+    parser.add_argument("names", nargs="*", help="runs (e.g. 'llama3.1-8b v6e-8') or models; all by default")
     options = parser.parse_args(arguments)
     chosen = [r for r in RUNS if not options.names or r.name in options.names or r.model in options.names]
     print(f"remat: {options.remat}")
-    print(f"{'run':12} {'published':>9} {'batch':>5} {'low':>8} {'high':>8} {'point':>8} {'per token':>9} "
+    print(f"{'run':20} {'published':>9} {'batch':>5} {'low':>8} {'high':>8} {'point':>8} {'per token':>9} "
           f"{'point/pub':>9}  collectives (exposed)  MFU")
     for run in chosen:
         started = time.perf_counter()
@@ -85,11 +88,11 @@ def main(arguments: list[str]) -> int:
         seconds = time.perf_counter() - started
         e = target.get("estimate")
         if not e:
-            print(f"{run.name:12} does not fit at batch 1 ({target.get('oom', {}).get('message', '')})")
+            print(f"{run.name:20} does not fit at batch 1 ({target.get('oom', {}).get('message', '')})")
             continue
         scale = run.batch / batch  # the point per token, at the published batch
         ratio = e["step_ms"] / 1e3 * scale / run.seconds
-        print(f"{run.name:12} {run.seconds:8.3f}s {batch:5d} {e['step_ms_low'] / 1e3:7.3f}s {e['step_ms_high'] / 1e3:7.3f}s "
+        print(f"{run.name:20} {run.seconds:8.3f}s {batch:5d} {e['step_ms_low'] / 1e3:7.3f}s {e['step_ms_high'] / 1e3:7.3f}s "
               f"{e['step_ms'] / 1e3:7.3f}s {e['step_ms'] / 1e3 * scale:8.3f}s {ratio:9.2f}  "
               f"{e['collective_ms'] / 1e3:.3f}s ({e['exposed_collective_ms'] / 1e3:.3f}s)  {e['mfu_percent']}%   "
               f"(published batch {run.batch}; {run.source}; {seconds:.0f} s; estimated kernels: "

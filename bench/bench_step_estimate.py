@@ -17,16 +17,13 @@ logits (about 1% of the FLOPs at these sizes) are not in the compile. `--one-dev
 one device instead (no collectives), as this bench did before collectives were modelled.
 
 Published step time = MaxText's model FLOPs per device per step (its calculate_tflops_training_per_device:
-6 x tokens x matmul parameters + 6 x causal attention) / the published TFLOP/s per chip. Sources:
-- https://github.com/AI-Hypercomputer/maxtext/blob/main/MaxText/configs/v5e/README.md (1x v5e-256:
-  16B 120 TFLOP/s/chip, 32B 132), configs v5e/16b.sh (per_device_batch_size=6, global_parameter_scale=16,
-  remat_policy=full), v5e/32b.sh (4, 32, full); max_target_length=2048.
-- https://github.com/AI-Hypercomputer/maxtext/blob/main/MaxText/configs/v5p/README.md (1x v5p-128: 32B
-  328 TFLOP/s/chip), v5p/32b.sh (per_device_batch_size=7, scale 32, remat_policy=minimal).
-- the 2x rows: the same READMEs' "2x v5e-256" (16B 117 TFLOP/s/chip) and "2x v5p-128" (32B 319) rows, and
-  v5e 64B (1x v5e-256: 118; v5e/64b.sh per_device_batch_size=2, remat full).
-- base.yml: base_emb_dim 2048, base_num_query_heads 16, base_mlp_dim 7168, base_num_decoder_layers 16,
-  head_dim 128, vocab 32000; global_parameter_scale 2^k doubles heads and mlp, then emb, then layers in turn.
+6 x tokens x matmul parameters + 6 x causal attention) / the published TFLOP/s per chip. The runs, their
+settings (per_device_batch_size, global_parameter_scale, remat_policy, ici_tensor_parallelism) and sources
+(MaxText configs/v5e/README.md and configs/v5p/README.md, the v5e/*.sh and v5p/*.sh run scripts) are the
+"MaxText configs README table" entries of bench/training_published.json; by default the six this bench has
+always run (16B, 32B, 64B on 1x v5e-256, 16B on 2x v5e-256, 32B on 1x and 2x v5p-128), any of them by name.
+base.yml: base_emb_dim 2048, base_num_query_heads 16, base_mlp_dim 7168, base_num_decoder_layers 16,
+head_dim 128, vocab 32000; global_parameter_scale 2^k doubles heads and mlp, then emb, then layers in turn.
 Pass: the point is within 25% of the published step time (whether the band holds it is reported too).
 """
 
@@ -47,6 +44,33 @@ VOCAB = 32000
 HEAD_DIM = 128
 
 
+PUBLISHED = Path(__file__).resolve().parent / "training_published.json"
+DEFAULT_RUNS = ("maxtext 16b v5e-256", "maxtext 32b v5e-256", "maxtext 64b v5e-256", "maxtext 32b v5p-128",
+                "maxtext 16b 2xv5e-256", "maxtext 32b 2xv5p-128")
+
+
+def dims(scale: int) -> dict:
+    """MaxText's 'default' model at global_parameter_scale (base.yml): heads and mlp double first, then emb, then
+    layers, in turn."""
+    log2 = int(math.log2(scale))
+    base, rem = divmod(log2, 3)
+    heads_scale = base + int(rem > 0)
+    emb_scale = base + int(rem > 1)
+    return {"emb": 2048 * 2**emb_scale, "heads": 16 * 2**heads_scale, "mlp": 7168 * 2**heads_scale,
+            "layers": 16 * 2**base}
+
+
+def model_flops_per_device(scale: int, batch: int, seq: int = SEQ) -> float:
+    """MaxText's accounting: matmul FLOPs x 3 (forward and backward) plus causal attention."""
+    d = dims(scale)
+    tokens = batch * seq
+    q = d["heads"] * HEAD_DIM
+    per_layer = 2 * tokens * (d["emb"] * 3 * q + q * d["emb"] + 3 * d["emb"] * d["mlp"])
+    attention = 4 * batch * seq * seq * q / 2  # causal: half the score matrix
+    embedding = 2 * tokens * d["emb"] * VOCAB
+    return 3 * (d["layers"] * (per_layer + attention) + embedding)
+
+
 @dataclass
 class Config:
     name: str
@@ -62,23 +86,23 @@ class Config:
     flags: str = ""  # how the bench compiled it (set by run)
 
     def dims(self):
-        log2 = int(math.log2(self.scale))
-        base, rem = divmod(log2, 3)
-        heads_scale = base + int(rem > 0)
-        emb_scale = base + int(rem > 1)
-        return {"emb": 2048 * 2**emb_scale, "heads": 16 * 2**heads_scale, "mlp": 7168 * 2**heads_scale,
-                "layers": 16 * 2**base}
+        return dims(self.scale)
+
+    @classmethod
+    def from_published(cls, run: dict) -> "Config":
+        """A "MaxText configs README table" entry of bench/training_published.json."""
+        generation = "v5e" if run["generation"] == "v5e" else run["generation"]
+        return cls(run["name"], generation, run["maxtext_global_parameter_scale"], run["batch_per_device"],
+                   (run.get("remat") or {}).get("policy") == "full", run["published"]["tflops_per_chip"],
+                   run["source"], run["slice"], run["num_slices"],
+                   (run.get("parallelism") or {}).get("ici_tensor_parallelism", 1))
 
 
-CONFIGS = [
-    Config("v5e-16B", "v5e", 16, 6, True, 120, "MaxText configs/v5e/README.md, 1x v5e-256", "v5e-256"),
-    Config("v5e-32B", "v5e", 32, 4, True, 132, "MaxText configs/v5e/README.md, 1x v5e-256", "v5e-256"),
-    Config("v5e-64B", "v5e", 64, 2, True, 118, "MaxText configs/v5e/README.md, 1x v5e-256", "v5e-256"),
-    Config("v5p-32B", "v5p", 32, 7, False, 328, "MaxText configs/v5p/README.md, 1x v5p-128", "v5p-128", tensor=4),
-    Config("2xv5e-16B", "v5e", 16, 6, True, 117, "MaxText configs/v5e/README.md, 2x v5e-256", "v5e-256", 2),
-    Config("2xv5p-32B", "v5p", 32, 7, False, 319, "MaxText configs/v5p/README.md, 2x v5p-128", "v5p-128", 2,
-           tensor=4),
-]
+def configs() -> list[Config]:
+    runs = json.loads(PUBLISHED.read_text())["runs"]
+    return [Config.from_published(r) for r in runs if r["source_kind"] == "MaxText configs README table"]
+
+
 # MaxText's run scripts set these libtpu flags (v5e/*.sh, v5p/*.sh LIBTPU_INIT_ARGS): async collective fusion and
 # collective/compute overlap. Passed as compile options when libtpu accepts them.
 MAXTEXT_FLAGS = {"xla_tpu_enable_async_collective_fusion": True,
@@ -94,17 +118,6 @@ def parameters(config: Config) -> float:
     d = config.dims()
     q = d["heads"] * HEAD_DIM
     return d["layers"] * (4 * d["emb"] * q + 3 * d["emb"] * d["mlp"]) + 2 * VOCAB * d["emb"]
-
-
-def model_flops_per_device(config: Config) -> float:
-    """MaxText's accounting: matmul FLOPs x 3 (forward and backward) plus causal attention."""
-    d = config.dims()
-    tokens = config.batch * SEQ
-    q = d["heads"] * HEAD_DIM
-    per_layer = 2 * tokens * (d["emb"] * 3 * q + q * d["emb"] + 3 * d["emb"] * d["mlp"])
-    attention = 4 * config.batch * SEQ * SEQ * q / 2  # causal: half the score matrix
-    embedding = 2 * tokens * d["emb"] * VOCAB
-    return 3 * (d["layers"] * (per_layer + attention) + embedding)
 
 
 def layer_step(config: Config, mesh=None):
@@ -213,7 +226,8 @@ def cache_folder(config: Config, one_device: bool) -> Path:
     key = json.dumps([config.target, config.scale, config.batch, config.remat_full, config.slice, config.tensor,
                       one_device, version("libtpu"), LAYER_VERSION])
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tpuprof" / "bench"
-    return base / f"{config.name.removeprefix('2x')}-{hashlib.sha256(key.encode()).hexdigest()[:12]}" / "dump"
+    # One folder for the 1x and 2x runs of a configuration: a 2x run compiles its 1x run's program.
+    return base / f"{config.scale}b-{config.slice}-{hashlib.sha256(key.encode()).hexdigest()[:12]}" / "dump"
 
 
 def run(config: Config, one_device: bool = False) -> dict:
@@ -241,7 +255,7 @@ def run(config: Config, one_device: bool = False) -> dict:
     compile_s = time.perf_counter() - started
     estimate = step_estimate.estimate(step_estimate.load(folder), config.target)
     layers = config.dims()["layers"]
-    published = model_flops_per_device(config) / (config.published_tflops_per_chip * 1e12)
+    published = model_flops_per_device(config.scale, config.batch) / (config.published_tflops_per_chip * 1e12)
     devices = 1 if one_device else len(tpu_compile.topology_devices(config.slice))
     dcn = collectives.dcn_all_reduce_seconds(4 * parameters(config) / devices, config.num_slices,
                                              targets.get(config.target)) if not one_device else 0.0
@@ -255,7 +269,8 @@ def run(config: Config, one_device: bool = False) -> dict:
 def main(arguments: list[str]) -> int:
     one_device = "--one-device" in arguments
     names = [a for a in arguments if not a.startswith("--")]
-    chosen = [c for c in CONFIGS if (not names or c.name in names) and (c.num_slices == 1 or not one_device)]
+    chosen = [c for c in configs() if (c.name in names if names else c.name in DEFAULT_RUNS)
+              and (c.num_slices == 1 or not one_device)]
     failures = 0
     print(f"{'config':10} {'published':>10} {'low':>8} {'high':>8} {'point':>8} {'point/pub':>9}  in band  "
           f"{'collectives (exposed)':>22} {'DCN':>7}")
