@@ -281,7 +281,7 @@ def test_a_proto_read_in_part_answers_as_the_whole_one_and_is_read_whole_when_th
     """The part read first holds every computation but the fusion bodies: it serves without XLA's id numbering
     too; a logical buffer defined in a fusion body (no compiler makes one; a damaged proto can) is not in it, so the
     proto is then read whole, with the same answer."""
-    from tpuprof.analyses.buffers import MissingInstructions
+    from tpuprof.models.hlo_module import MissingInstructions
     from tpuprof.sources import hlo_dump
 
     proto = hlo_dump.read_hlo_proto(hlo_pb("transformer_bf16_v6e"))

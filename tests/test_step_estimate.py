@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 
 from tpuprof import prices
-from tpuprof.analyses import step_estimate
+from tpuprof.analyses import op_costs, step_estimate
 from tpuprof.errors import UserError
+from tpuprof.models.hlo_module import HloModule
 
 GOLDEN = Path(__file__).parent / "fixtures" / "step_estimate"
 MANIFEST = json.loads((GOLDEN / "manifest.json").read_text())
 
 
-def cost(name: str) -> step_estimate.ProgramCost:
+def cost(name: str) -> op_costs.ProgramCost:
     return step_estimate.load(GOLDEN / name)
 
 
@@ -52,7 +53,7 @@ def test_known_trip_count_wins_over_inference():
     module = hlo_pb2().HloProto.FromString(path.read_bytes()).hlo_module
     loop = next(i for c in module.computations for i in c.instructions if i.opcode == "while")
     loop.backend_config = json.dumps({"known_trip_count": {"n": "9"}}).encode()
-    program = step_estimate.analyse(module)
+    program = op_costs.walk(HloModule(module))
     assert [(l.trip_count, l.trip_count_source) for l in program.loops] == [(9, "known_trip_count")]
     assert program.flops == pytest.approx(9 / 6 * cost("scan_v5e").flops, rel=0.02)
 

@@ -15,9 +15,10 @@ import math
 from operator import attrgetter
 from pathlib import Path
 
-from tpuprof.analyses.buffers import InstructionIndex, MissingInstructions, aggregate_ops, fill_shape_details
+from tpuprof.analyses.buffers import aggregate_ops, fill_shape_details
 from tpuprof.errors import UserError
 from tpuprof.models import shape as shapes
+from tpuprof.models.hlo_module import HloModule, MissingInstructions
 from tpuprof.models.memory import (
     CONSTANT, OUTPUT, PARAMETER, TEMP, THREAD_LOCAL, Buffer, ModuleMemory,
 )
@@ -86,7 +87,8 @@ def needs_tpu_compile(path: Path, module: str | None = None) -> bool:
 
 def analyze_file(file: hlo_dump.DumpFile, target: str | None = None) -> ModuleMemory:
     # The generation sizes tuple tables and default tiles of an estimate: the dump's own record of it counts.
-    target = target or (hlo_dump.detect_target(file) if file.kind != "buffer_assignment" else None)
+    detected = None if target else hlo_dump.detect_target(file)
+    target = target or (detected if file.kind != "buffer_assignment" else None)
     if file.kind == "hlo_proto":
         with _collector_paused():
             result = _from_buffer_definers(file.path)
@@ -105,7 +107,7 @@ def analyze_file(file: hlo_dump.DumpFile, target: str | None = None) -> ModuleMe
         from tpuprof.analyses import hlo_estimate
 
         result = hlo_estimate.from_text(hlo_dump.read_text(file.path), str(file.path), target)
-    result.target = target or result.target or hlo_dump.detect_target(file)
+    result.target = target or result.target or detected
     return result
 
 
@@ -202,8 +204,8 @@ def from_hlo_proto(proto, source: str, whole_module: bool = True) -> ModuleMemor
         row = (lb.id, lb.size, lb.color, defined_at.instruction_id, index[:] if index else ())
         rows.append(row)
         logical[row[0]] = row
-    instructions = InstructionIndex(module, {row[3] for row in logical.values()}, whole_module)
-    by_id = instructions.by_id
+    hlo = HloModule(module)
+    by_id = hlo.find({row[3] for row in logical.values()}, whole_module)
 
     allocations = [_Allocation(a) for a in assignment.buffer_allocations]
     # Which allocation holds each logical buffer.
@@ -302,7 +304,7 @@ def from_hlo_proto(proto, source: str, whole_module: bool = True) -> ModuleMemor
     # Largest first, ties by id: two stable sorts by attribute, cheaper than one by a built tuple key.
     buffers.sort(key=attrgetter("id"))
     buffers.sort(key=attrgetter("size_bytes"), reverse=True)
-    result.details_source = (instructions, logical)
+    result.details_source = (hlo, by_id, logical)
     result.ops, result.ops_scope = aggregate_ops(result.buffers, has_peak=bool(live_at_peak))
     return result
 
@@ -311,7 +313,7 @@ def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
     """Fill shape text, padded dims and source lines for the buffers about to be shown."""
     if result.details_source is None:
         return
-    instructions, logical = result.details_source
+    hlo, by_id, logical = result.details_source
     # A model's layers repeat their shapes: convert each once, and write each element's text once.
     converted: dict[bytes, shapes.Shape] = {}
     filled: dict[tuple[bytes, tuple[int, ...]], tuple] = {}  # (shape, index) -> the details written for it
@@ -320,7 +322,7 @@ def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
             continue
         row = logical.get(buffer.id)
         # A damaged proto can repeat a logical buffer id with another defining instruction: keep it unshaped.
-        instruction = instructions.by_id.get(row[3]) if row is not None else None
+        instruction = by_id.get(row[3]) if row is not None else None
         if instruction is None:
             continue
         key = instruction.shape.SerializeToString()
@@ -335,7 +337,7 @@ def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
         else:
             buffer.shape, buffer.dtype, padded_dims, buffer.minor_to_major, buffer.tile = details
             buffer.padded_dims = list(padded_dims)
-        buffer.source_line = instructions.source_line(instruction)
+        buffer.source_line = hlo.source_line(instruction)
 
 
 # ---------------------------------------------------------------------------------------------
