@@ -62,29 +62,6 @@ def _collector_paused():
             gc.enable()
 
 
-def needs_tpu_compile(path: Path, module: str | None = None) -> bool:
-    """Whether PATH holds module protos without a TPU buffer assignment (CPU/GPU dumps, protos before
-    optimization): what `--compile` turns into exact TPU figures."""
-    try:
-        files = hlo_dump.discover(path, module)
-    except UserError:
-        return False
-    if path.is_dir() and not files:
-        return False
-    for file in files:
-        if file.kind != "hlo_proto":
-            continue
-        name = file.path.name
-        if name.endswith(".after_optimizations.hlo.pb") and not any(m in name for m in hlo_dump.NON_TPU_MARKERS):
-            continue  # XLA:TPU's own dump name (analyze_file still checks its layouts)
-        proto = hlo_dump.read_hlo_proto(file.path)
-        if hlo_dump.non_tpu_platform(file.path, proto.hlo_module) or not proto.buffer_assignment.logical_buffers:
-            return True
-    if path.is_dir() and any(path.glob("*before_optimizations.hlo.pb")):
-        return not any(f.kind in ("hlo_proto", "buffer_assignment") for f in files)
-    return False
-
-
 def analyze_file(file: hlo_dump.DumpFile, target: str | None = None) -> ModuleMemory:
     # The generation sizes tuple tables and default tiles of an estimate: the dump's own record of it counts.
     detected = None if target else hlo_dump.detect_target(file)
@@ -102,7 +79,8 @@ def analyze_file(file: hlo_dump.DumpFile, target: str | None = None) -> ModuleMe
             raise UserError(f"{file.path.name} is XLA:{platform}'s buffer assignment, not TPU memory: give the dump "
                             "folder (or the module's *.after_optimizations.txt) with --target to estimate it for a TPU.")
 
-        result = buffer_assignment_text.analyze(file.path)
+        result = buffer_assignment_text.from_text(hlo_dump.read_text(file.path), str(file.path),
+                                                  hlo_dump.read_hlo_text_beside(file.path))
     else:
         from tpuprof.analyses import hlo_estimate
 

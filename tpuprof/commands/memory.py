@@ -10,7 +10,7 @@ from tpuprof.advice import memory as advice
 from tpuprof.analyses import memory as analysis
 from tpuprof.errors import UserError
 from tpuprof.models.memory import ModuleMemory
-from tpuprof.sources import inputs
+from tpuprof.sources import hlo_dump, inputs
 
 
 def analyze(path: Path, module: str | None = None, target: str | None = None, top: int = 15,
@@ -25,7 +25,7 @@ def analyze(path: Path, module: str | None = None, target: str | None = None, to
     automatic = compile_ is None
     if automatic:
         compile_ = False
-        if generation is not None and analysis.needs_tpu_compile(Path(path), module):
+        if generation is not None and hlo_dump.needs_tpu_compile(Path(path), module):
             from tpuprof.sources import tpu_compile  # here: it imports shutil (and lzma, bz2) for nothing otherwise
 
             compile_ = tpu_compile.jax_available()
@@ -101,8 +101,6 @@ def compile_with_libtpu(path, module: str | None, target: str) -> list[ModuleMem
 def _module_protos(path: Path, module: str | None) -> list[Path]:
     """The HLO module protos to recompile: one per module of a dump folder (before optimizations preferred), or
     the file given (a CPU/GPU proto after optimizations is swapped for its module before them)."""
-    from tpuprof.sources import hlo_dump
-
     if path.is_dir():
         modules: dict[str, Path] = {}
         for proto in sorted(path.glob("*.hlo.pb")):
@@ -168,7 +166,7 @@ def _recompiled(path: Path, target: str) -> list[ModuleMemory]:
     import tempfile
 
     from tpuprof.models.memory import METHOD_RECOMPILED, METHOD_RECOMPILED_ONE_DEVICE
-    from tpuprof.sources import hlo_dump, tpu_compile
+    from tpuprof.sources import tpu_compile
 
     module = hlo_dump.read_hlo_proto(path).hlo_module
     devices = sharded_devices(module)

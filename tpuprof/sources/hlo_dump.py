@@ -134,6 +134,29 @@ def discover(path: Path, module: str | None = None) -> list[DumpFile]:
     return files
 
 
+def needs_tpu_compile(path: Path, module: str | None = None) -> bool:
+    """Whether PATH holds module protos without a TPU buffer assignment (CPU/GPU dumps, protos before
+    optimization): what `--compile` turns into exact TPU figures."""
+    try:
+        files = discover(path, module)
+    except UserError:
+        return False
+    if path.is_dir() and not files:
+        return False
+    for file in files:
+        if file.kind != "hlo_proto":
+            continue
+        name = file.path.name
+        if name.endswith(".after_optimizations.hlo.pb") and not any(m in name for m in NON_TPU_MARKERS):
+            continue  # XLA:TPU's own dump name (the memory analysis still checks its layouts)
+        proto = read_hlo_proto(file.path)
+        if non_tpu_platform(file.path, proto.hlo_module) or not proto.buffer_assignment.logical_buffers:
+            return True
+    if path.is_dir() and any(path.glob("*before_optimizations.hlo.pb")):
+        return not any(f.kind in ("hlo_proto", "buffer_assignment") for f in files)
+    return False
+
+
 def _sniff(path: Path) -> str:
     """Guess the kind of a single file whose name does not say."""
     with open(path, "rb") as handle:
@@ -253,6 +276,14 @@ def read_text(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{path} is not text: expected HLO or buffer-assignment text.") from None
+
+
+def read_hlo_text_beside(buffer_assignment: Path) -> str | None:
+    """The module's HLO text beside its `*-buffer-assignment.txt`, or None when the dump holds none."""
+    candidate = buffer_assignment.with_name(buffer_assignment.name.split("-buffer-assignment")[0] + ".txt")
+    if not candidate.is_file():
+        return None
+    return candidate.read_text(encoding="utf-8", errors="replace")
 
 
 def detect_target(file: DumpFile) -> str | None:
