@@ -24,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,13 +35,6 @@ MANIFEST = OUT / "manifest.json"
 
 
 # --- the programs: factory(target) -> (function or jitted function, example arguments, donate_argnums) -------
-
-def _mlp_params(layers, width, dtype):
-    import jax
-
-    return [{"w": jax.ShapeDtypeStruct((width, width), dtype), "b": jax.ShapeDtypeStruct((width,), dtype)}
-            for _ in range(layers)]
-
 
 def scan_remat(target):
     """A 12-layer residual MLP scanned with jax.lax.scan, each layer rematerialised, SGD train step."""

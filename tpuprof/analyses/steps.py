@@ -51,8 +51,6 @@ COMPILE = re.compile(r"(?i)(compile|pjit_lower|lower_sharding|trace_to_jaxpr|TfF
 COMPILE_EXCLUDE = re.compile(r"^XlaCompile|:XlaCompile$")  # TF's per-step cache lookup op, not a compile
 # Host lines that run the program's ops (TF executor, XLA:CPU thunks, Eigen pools).
 EXEC_LINE = re.compile(r"^(tf_Compute|tf_XLA|tf_inter_op|tf_numa|tf_pjrt|tf_Eigen|XLA)", re.I)
-# Bookkeeping events on executor lines that do not mean the program is running.
-NOT_WORK = re.compile(r"^(ThreadpoolListener|MutexLock|end: |Memory(Allocation|Deallocation)|SlinkyThreadPool::Await)")
 
 
 def _stat_names(plane) -> dict[int, str]:

@@ -29,7 +29,6 @@ from typing import Callable, Optional
 from tpuprof.errors import UserError
 
 PROFILE_DIR = ("plugins", "profile")
-RUN_NAME_FORMAT = "%Y_%m_%d_%H_%M_%S"  # what the profiler client and TensorBoard use
 
 
 @dataclass
