@@ -104,7 +104,7 @@ def _module_protos(path: Path, module: str | None) -> list[Path]:
     if path.is_dir():
         modules: dict[str, Path] = {}
         for proto in sorted(path.glob("*.hlo.pb")):
-            key = hlo_dump._module_key(proto.name)
+            key = hlo_dump.module_key(proto.name)
             if key not in modules or proto.name.endswith("before_optimizations.hlo.pb"):
                 modules[key] = proto
         protos = [p for key, p in modules.items() if not module or module == key or module in p.name]

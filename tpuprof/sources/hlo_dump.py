@@ -34,7 +34,7 @@ class DumpFile:
         return self.path.stat().st_size
 
 
-def _module_key(name: str) -> str:
+def module_key(name: str) -> str:
     """`module_0001.jit_f.cl_123.after_optimizations.hlo.pb` -> `module_0001.jit_f.cl_123`."""
     for marker in (".cpu_after_optimizations", ".gpu_after_optimizations",  # XLA:CPU/GPU dumps
                    ".after_optimizations", ".before_optimizations", ".after_codegen", ".hlo_proto.pb",
@@ -107,14 +107,14 @@ def discover(path: Path, module: str | None = None) -> list[DumpFile]:
     if path.is_file():
         classified = classify(path)
         kind = classified[0] if classified else _sniff(path)
-        return [DumpFile(_module_key(path.name), path, kind)]
+        return [DumpFile(module_key(path.name), path, kind)]
     candidates: dict[str, tuple[int, DumpFile]] = {}
     for file in sorted(path.iterdir()):
         classified = classify(file) if file.is_file() else None
         if classified is None:
             continue
         kind, rank = classified
-        key = _module_key(file.name)
+        key = module_key(file.name)
         if key not in candidates or rank < candidates[key][0]:
             candidates[key] = (rank, DumpFile(key, file, kind))
     if not candidates:
@@ -331,7 +331,7 @@ def _bounds(text: str, name: str) -> tuple[int, int, int] | None:
 
 def _beside(module_file: Path, suffix: str) -> Path | None:
     """The file libtpu wrote beside MODULE_FILE for the same module, e.g. `<module>.target_arguments.txt`."""
-    key = _module_key(module_file.name)
+    key = module_key(module_file.name)
     exact = module_file.with_name(key + suffix)
     if exact.is_file():
         return exact
@@ -351,7 +351,7 @@ def read_target_arguments(module_file: Path) -> TargetArguments | None:
 
 def read_device_assignment(module_file: Path) -> list[int]:
     """Partition (logical id) -> device id, from the module's `*.execution_options.txt`; [] without one."""
-    found = module_file.with_name(_module_key(module_file.name) + ".execution_options.txt")
+    found = module_file.with_name(module_key(module_file.name) + ".execution_options.txt")
     if not found.is_file():
         return []
     return [int(v) for v in re.findall(r"replica_device_ids:\s*(\d+)", found.read_text(errors="replace"))]
