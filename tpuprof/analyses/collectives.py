@@ -239,7 +239,7 @@ class Communication:
     torus: Torus | None = None
 
 
-def analyse(module: HloModule, torus: Torus, op_seconds: dict[tuple[str, str], float]) -> Communication:
+def communication(module: HloModule, torus: Torus, op_seconds: dict[tuple[str, str], float]) -> Communication:
     """Walk the compiled schedule from the entry computation. `op_seconds[(computation, instruction)]` is the
     estimated time of one execution of each compute op."""
     proto = module.proto

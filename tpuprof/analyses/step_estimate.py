@@ -205,7 +205,7 @@ def estimate(cost: ProgramCost, target_name: str, num_slices: int = 1,
         for name, op in sorted(by_name.items())]
     if untimed and cost.torus is not None and cost.hlo_module is not None:
         per_execution = {(t.op.computation, t.op.name): t.point_s / max(t.op.count, 1) for t in timed}
-        result.communication = collectives.analyse(cost.hlo_module, cost.torus, per_execution)
+        result.communication = collectives.communication(cost.hlo_module, cost.torus, per_execution)
     else:
         result.untimed_collectives = untimed
     if replica_of:
