@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from conftest import ROOT, SAMPLES
+from helpers.paths import ROOT, SAMPLES
 
 from tpuprof.models.hlo_module import HloModule
 from tpuprof.sources import hlo_dump
