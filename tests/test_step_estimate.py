@@ -11,15 +11,14 @@ from pathlib import Path
 import pytest
 
 from tpuprof import prices
-from tpuprof.analyses import op_costs, step_estimate
+from tpuprof.analyses import step_estimate
 from tpuprof.errors import UserError
-from tpuprof.models.hlo_module import HloModule
 
 GOLDEN = Path(__file__).parent / "fixtures" / "step_estimate"
 MANIFEST = json.loads((GOLDEN / "manifest.json").read_text())
 
 
-def cost(name: str) -> op_costs.ProgramCost:
+def cost(name: str) -> step_estimate.ProgramCost:
     return step_estimate.load(GOLDEN / name)
 
 
@@ -47,6 +46,8 @@ def test_loop_bodies_count_once_per_trip(name):
 
 def test_known_trip_count_wins_over_inference():
     """When the compiler records known_trip_count in the while's backend_config, that is the count."""
+    from tpuprof.analyses import op_costs
+    from tpuprof.models.hlo_module import HloModule
     from tpuprof.protos import hlo_pb2
 
     path = next((GOLDEN / "scan_v5e").glob("*.after_codegen.hlo.pb"))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpuprof.analyses import op_costs, step_estimate
+from tpuprof.analyses import step_estimate
 
 pytestmark = pytest.mark.compile  # libtpu compiles in this process
 
@@ -101,7 +101,7 @@ def kernels(which: str, causal: bool, layers: int = 0):
     return jax.grad(lambda q, k, v: jnp.sum(attention(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2))
 
 
-def compiled_cost(fn, arguments: int, folder) -> op_costs.ProgramCost:
+def compiled_cost(fn, arguments: int, folder) -> step_estimate.ProgramCost:
     import jax
     import jax.numpy as jnp
 
