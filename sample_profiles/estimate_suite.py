@@ -425,7 +425,7 @@ def generate(program: str, target: str) -> dict:
             fn, args, donate = made
             result = tpu_compile.compile_jax(fn, args, target, dump, donate_argnums=donate)
         text = next(Path(f) for f in result.files if f.endswith(".after_optimizations.txt"))
-        exact = analysis.analyze_path(Path(result.hlo_proto))[0]
+        exact = analysis.dump_memory(Path(result.hlo_proto))[0]
         name = case_name(program, target)
         OUT.mkdir(exist_ok=True)
         # mtime=0: the same compile gives the same bytes (no spurious diffs when regenerated).

@@ -27,14 +27,14 @@ from tpuprof.sources import hlo_dump
 HBM = 0  # memory color of HBM in TPU buffer assignments
 
 
-def analyze_path(path: Path, module: str | None = None, target: str | None = None) -> list[ModuleMemory]:
+def dump_memory(path: Path, module: str | None = None, target: str | None = None) -> list[ModuleMemory]:
     """Analyse every module under PATH (or the one named), largest peak first. A module that cannot be read is
     left out and named in a note of the first result; when none can, the first module's reason is the error."""
     files = hlo_dump.discover(path, module)
     results, dropped = [], []
     for file in files:
         try:
-            results.append(analyze_file(file, target))
+            results.append(module_memory(file, target))
         except UserError as error:
             if len(files) == 1:
                 raise
@@ -62,7 +62,8 @@ def _collector_paused():
             gc.enable()
 
 
-def analyze_file(file: hlo_dump.DumpFile, target: str | None = None) -> ModuleMemory:
+def module_memory(file: hlo_dump.DumpFile, target: str | None = None) -> ModuleMemory:
+    """The memory of the module in one dump file (HloProto, buffer-assignment text or HLO text)."""
     # The generation sizes tuple tables and default tiles of an estimate: the dump's own record of it counts.
     detected = None if target else hlo_dump.detect_target(file)
     target = target or (detected if file.kind != "buffer_assignment" else None)

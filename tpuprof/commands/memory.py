@@ -37,7 +37,7 @@ def analyze(path: Path, module: str | None = None, target: str | None = None, to
         except UserError as error:
             if not automatic:
                 raise
-            results = analysis.analyze_path(path, module, generation.name)
+            results = analysis.dump_memory(path, module, generation.name)
             for result in results:
                 result.notes.insert(0, f"Not recompiled with libtpu ({error}); estimated instead.")
         else:
@@ -46,7 +46,7 @@ def analyze(path: Path, module: str | None = None, target: str | None = None, to
                     result.notes.insert(0, "This dump has no TPU buffer assignment and libtpu is installed: "
                                            f"recompiled for {generation.name} (--no-compile estimates instead).")
     else:
-        results = analysis.analyze_path(path, module, generation.name if generation else None)
+        results = analysis.dump_memory(path, module, generation.name if generation else None)
     for result in results:
         if generation is None and result.target:
             generation = targets.get(result.target)
@@ -190,7 +190,7 @@ def _recompiled(path: Path, target: str) -> list[ModuleMemory]:
                 raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    results = analysis.analyze_path(folder, None, target)
+    results = analysis.dump_memory(folder, None, target)
     for result in results:
         result.method = METHOD_RECOMPILED_ONE_DEVICE if devices > 1 else METHOD_RECOMPILED
         if devices > 1:
