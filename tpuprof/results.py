@@ -220,7 +220,7 @@ class CaptureResult(Result):
     command = "capture"
 
     capture: Any  # tpuprof.sources.capture.CaptureResult
-    target: Any  # tpuprof.sources.addresses.Target: the addresses and why they were chosen
+    target: Any  # tpuprof.sources.addresses.ProfilerAddresses: the addresses and why they were chosen
     options: Any  # tpuprof.sources.capture.TraceOptions
     analysis: AnalyzeResult | None = None
     analysis_error: str | None = None  # why the new run could not be analysed (it is saved all the same)

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Optional
 
-from tpuprof.sources.addresses import Target
+from tpuprof.sources.addresses import ProfilerAddresses
 from tpuprof.sources.capture import CaptureResult, TraceOptions, attempts_started
 
 
@@ -27,7 +27,7 @@ def next_commands(result: CaptureResult) -> list[str]:
     ]
 
 
-def to_json(result: CaptureResult, target: Target, options: TraceOptions) -> dict:
+def to_json(result: CaptureResult, target: ProfilerAddresses, options: TraceOptions) -> dict:
     return {
         "run": result.run,
         "run_dir": result.run_dir,
@@ -57,7 +57,7 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def print_summary(result: CaptureResult, target: Target, options: TraceOptions) -> None:
+def print_summary(result: CaptureResult, target: ProfilerAddresses, options: TraceOptions) -> None:
     from rich.markup import escape
 
     from tpuprof.renderers import tables
