@@ -219,7 +219,7 @@ class CaptureResult(Result):
 
     command = "capture"
 
-    capture: Any  # tpuprof.sources.capture.CaptureResult
+    capture: Any  # tpuprof.sources.capture.CapturedRun
     target: Any  # tpuprof.sources.addresses.ProfilerAddresses: the addresses and why they were chosen
     options: Any  # tpuprof.sources.capture.TraceOptions
     analysis: AnalyzeResult | None = None
