@@ -7,7 +7,7 @@ import posixpath
 from tpuprof.advice import steps as advice
 from tpuprof.analyses import coverage
 from tpuprof.analyses.summary import Report, summarize
-from tpuprof.commands.hosts import analyze_hosts
+from tpuprof.commands.hosts import host_profiles
 from tpuprof.errors import UserError
 from tpuprof.sources import inputs, xplane
 
@@ -43,7 +43,7 @@ def analyze(path, top: int = 10, workers: int | None = None, ray: str | None = N
     if not paths:
         raise UserError("name a profile to analyze.")
     files, run = find_hosts(paths)
-    profiles = analyze_hosts(files, workers=workers, ray=ray)
+    profiles = host_profiles(files, workers=workers, ray=ray)
     _distinct_hosts(profiles)
     if all(profile.platform == "gpu" for profile in profiles):
         # A GPU's step time, kernels and roofline are not a TPU's: XProf reads those captures, tpuprof does not.

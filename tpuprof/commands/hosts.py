@@ -22,7 +22,7 @@ def ray_address(option: str | None) -> str | None:
     return option or os.environ.get(RAY_ADDRESS_ENV) or None
 
 
-def analyze_hosts(files: list[str], workers: int | None = None, ray: str | None = None) -> list[HostProfile]:
+def host_profiles(files: list[str], workers: int | None = None, ray: str | None = None) -> list[HostProfile]:
     address = ray_address(ray)
     if address:
         return _on_ray(files, address)
