@@ -121,7 +121,7 @@ class AnalyzeResult(Result):
     command = "analyze"
 
     path: str
-    report: Any  # tpuprof.analyses.summary.Report
+    report: Any  # tpuprof.analyses.summary.ProfileSummary
     top: int = 10
     suggestions: list = field(default_factory=list)
 

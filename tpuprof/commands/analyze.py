@@ -6,7 +6,7 @@ import posixpath
 
 from tpuprof.advice import steps as advice
 from tpuprof.analyses import coverage
-from tpuprof.analyses.summary import Report, summarize
+from tpuprof.analyses.summary import ProfileSummary, summarize
 from tpuprof.commands.hosts import host_profiles
 from tpuprof.errors import UserError
 from tpuprof.sources import inputs, xplane
@@ -38,7 +38,7 @@ def _distinct_hosts(profiles) -> None:
         profile.host = run if runs.count(run) == 1 else f"{posixpath.dirname(profile.path)}/{profile.host}"
 
 
-def analyze(path, top: int = 10, workers: int | None = None, ray: str | None = None) -> Report:
+def analyze(path, top: int = 10, workers: int | None = None, ray: str | None = None) -> ProfileSummary:
     paths = _paths(path)
     if not paths:
         raise UserError("name a profile to analyze.")
