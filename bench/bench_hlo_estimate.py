@@ -60,7 +60,7 @@ def main() -> None:
         folder = compiled(layers)
         text_path = next(folder.glob("*.after_optimizations.txt"))
         text = text_path.read_text()
-        exact = analysis.analyze_path(next(folder.glob("*.after_optimizations.hlo.pb")))[0]
+        exact = analysis.dump_memory(next(folder.glob("*.after_optimizations.hlo.pb")))[0]
         estimate = hlo_estimate.from_text(text, str(text_path), "v5p")
         seconds = median_time(lambda: hlo_estimate.from_text(text, str(text_path), "v5p"), options.runs)
         command = [sys.executable, "-m", "tpuprof", "memory", str(text_path), "--target", "v5p", "--json"]

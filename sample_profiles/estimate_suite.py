@@ -24,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,13 +35,6 @@ MANIFEST = OUT / "manifest.json"
 
 
 # --- the programs: factory(target) -> (function or jitted function, example arguments, donate_argnums) -------
-
-def _mlp_params(layers, width, dtype):
-    import jax
-
-    return [{"w": jax.ShapeDtypeStruct((width, width), dtype), "b": jax.ShapeDtypeStruct((width,), dtype)}
-            for _ in range(layers)]
-
 
 def scan_remat(target):
     """A 12-layer residual MLP scanned with jax.lax.scan, each layer rematerialised, SGD train step."""
@@ -433,7 +425,7 @@ def generate(program: str, target: str) -> dict:
             fn, args, donate = made
             result = tpu_compile.compile_jax(fn, args, target, dump, donate_argnums=donate)
         text = next(Path(f) for f in result.files if f.endswith(".after_optimizations.txt"))
-        exact = analysis.analyze_path(Path(result.hlo_proto))[0]
+        exact = analysis.dump_memory(Path(result.hlo_proto))[0]
         name = case_name(program, target)
         OUT.mkdir(exist_ok=True)
         # mtime=0: the same compile gives the same bytes (no spurious diffs when regenerated).

@@ -85,7 +85,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_walker_sees_imports_inside_functions():
     graph = import_graph()
-    # analyses/memory.py imports hlo_estimate only inside analyze_file: the edge must be there.
+    # analyses/memory.py imports hlo_estimate only inside module_memory: the edge must be there.
     assert "tpuprof.analyses.hlo_estimate" in graph["tpuprof.analyses.memory"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

@@ -21,7 +21,7 @@ PROTO_SAMPLES = sorted(p.parent.name for p in DUMPS.glob("*/*.after_optimization
 def test_peak_and_max_heap_equal_xprof_memory_viewer(name, tmp_path):
     pb = hlo_pb(name)
     xprof = memory_viewer(pb, tmp_path)
-    ours = analysis.analyze_path(pb)[0]
+    ours = analysis.dump_memory(pb)[0]
 
     assert ours.peak_heap_bytes == round(xprof["peakHeapMib"] * MiB)
     assert ours.peak_unpadded_heap_bytes == round(xprof["peakUnpaddedHeapMib"] * MiB)
@@ -281,7 +281,7 @@ def test_a_proto_read_in_part_answers_as_the_whole_one_and_is_read_whole_when_th
     """The part read first holds every computation but the fusion bodies: it serves without XLA's id numbering
     too; a logical buffer defined in a fusion body (no compiler makes one; a damaged proto can) is not in it, so the
     proto is then read whole, with the same answer."""
-    from tpuprof.analyses.buffers import MissingInstructions
+    from tpuprof.models.hlo_module import MissingInstructions
     from tpuprof.sources import hlo_dump
 
     proto = hlo_dump.read_hlo_proto(hlo_pb("transformer_bf16_v6e"))
@@ -300,7 +300,7 @@ def test_a_proto_read_in_part_answers_as_the_whole_one_and_is_read_whole_when_th
         analysis.from_hlo_proto(hlo_dump.read_buffer_definers(damaged), "x", whole_module=False)
     expected = analysis.from_hlo_proto(proto, str(damaged))
     assert any(b.instruction == fused.name for b in expected.buffers)
-    assert _described(analysis.analyze_path(damaged)[0]) == _described(expected)
+    assert _described(analysis.dump_memory(damaged)[0]) == _described(expected)
 
 
 def test_compile_turns_a_cpu_module_proto_into_the_real_tpu_figures(cli, tmp_path):

@@ -107,7 +107,7 @@ def test_tf1_detection_job_with_arguments_of_unknown_size(tmp_path):
 def test_pallas_matmul_hlo_proto_memory_equals_xprof_memory_viewer(tmp_path):
     proto = real_artefact(TPU_PALLAS_MATMUL_HLO_PROTO, tmp_path / "in")
     xprof = memory_viewer(proto, tmp_path / "xprof")
-    ours = memory.analyze_path(proto)[0]
+    ours = memory.dump_memory(proto)[0]
     assert ours.peak_heap_bytes == round(xprof["peakHeapMib"] * MiB)
     assert ours.peak_unpadded_heap_bytes == round(xprof["peakUnpaddedHeapMib"] * MiB)
     theirs = sorted(round(o["logicalBufferSizeMib"] * MiB) for o in xprof["maxHeap"])

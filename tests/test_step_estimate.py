@@ -46,13 +46,15 @@ def test_loop_bodies_count_once_per_trip(name):
 
 def test_known_trip_count_wins_over_inference():
     """When the compiler records known_trip_count in the while's backend_config, that is the count."""
+    from tpuprof.analyses import op_costs
+    from tpuprof.models.hlo_module import HloModule
     from tpuprof.protos import hlo_pb2
 
     path = next((GOLDEN / "scan_v5e").glob("*.after_codegen.hlo.pb"))
     module = hlo_pb2().HloProto.FromString(path.read_bytes()).hlo_module
     loop = next(i for c in module.computations for i in c.instructions if i.opcode == "while")
     loop.backend_config = json.dumps({"known_trip_count": {"n": "9"}}).encode()
-    program = step_estimate.analyse(module)
+    program = op_costs.walk(HloModule(module))
     assert [(l.trip_count, l.trip_count_source) for l in program.loops] == [(9, "known_trip_count")]
     assert program.flops == pytest.approx(9 / 6 * cost("scan_v5e").flops, rel=0.02)
 

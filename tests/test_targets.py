@@ -20,6 +20,7 @@ from conftest import ROOT, SAMPLES, run_cli
 
 from tpuprof import slices, targets
 from tpuprof.errors import UserError
+from tpuprof.sources import hlo_dump
 from tpuprof.units import read_size
 
 GiB = 1 << 30
@@ -91,8 +92,9 @@ def test_each_generation_compiles_for_the_device_users_run_with_the_capacity_tpu
     # rounding of the published figure to whole GiB (v5p: the docs say 95, the compiler offers 95.74G).
     assert target.compiler_hbm_bytes < target.published_hbm_bytes + GiB
     # A dump says which generation and chip config it was compiled for.
-    assert targets.from_target_arguments(facts.target_arguments) == name
-    assert targets.chip_config_of_target_arguments(facts.target_arguments) == (target.chip_config_name or "default")
+    arguments = hlo_dump.parse_target_arguments(facts.target_arguments)
+    assert arguments.generation == name
+    assert arguments.chip_config == (target.chip_config_name or "default")
 
 
 def test_v4_is_the_megacore_chip_a_v4_vm_runs():

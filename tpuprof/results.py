@@ -121,7 +121,7 @@ class AnalyzeResult(Result):
     command = "analyze"
 
     path: str
-    report: Any  # tpuprof.analyses.summary.Report
+    report: Any  # tpuprof.analyses.summary.ProfileSummary
     top: int = 10
     suggestions: list = field(default_factory=list)
 
@@ -222,8 +222,8 @@ class CaptureResult(Result):
 
     command = "capture"
 
-    capture: Any  # tpuprof.sources.capture.CaptureResult
-    target: Any  # tpuprof.sources.addresses.Target: the addresses and why they were chosen
+    capture: Any  # tpuprof.sources.capture.CapturedRun
+    target: Any  # tpuprof.sources.addresses.ProfilerAddresses: the addresses and why they were chosen
     options: Any  # tpuprof.sources.capture.TraceOptions
     analysis: AnalyzeResult | None = None
     analysis_error: str | None = None  # why the new run could not be analysed (it is saved all the same)

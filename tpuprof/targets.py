@@ -272,20 +272,7 @@ _CODENAMES = {(t.codename, t.codename_variant): t.name for t in TARGETS.values()
 _CODENAMES[("TPU_VERSION_GHOSTLITE", "lite")] = "v6e"
 
 
-def from_target_arguments(text: str) -> str | None:
-    """The generation a dump was compiled for, from its target_arguments.txt; None if unknown.
-
-    A v4 dump compiled per TensorCore (chip_config_name "default", which v4 VMs do not run) is still v4; its
-    capacity is then half the chip's that tpuprof assumes.
-    """
-    version = re.search(r"version:\s*(TPU_VERSION_\w+)", text)
-    variant = re.search(r'variant:\s*"(\w*)"', text)
-    if not version:
-        return None
-    return _CODENAMES.get((version.group(1), variant.group(1) if variant else ""))
-
-
-def chip_config_of_target_arguments(text: str) -> str | None:
-    """The chip_config_name a dump was compiled with ("megacore", "default"); None if it does not say."""
-    match = re.search(r'chip_config_name:\s*"(\w*)"', text)
-    return match.group(1) if match else None
+def from_codename(version: str, variant: str = "") -> str | None:
+    """`TPU_VERSION_GHOSTLITE` (a dump's target_arguments.txt: tpuprof.sources.hlo_dump reads it) -> `v6e`;
+    None if unknown."""
+    return _CODENAMES.get((version, variant))

@@ -17,7 +17,7 @@ from tpuprof.models import shape as shapes
 from tpuprof.models.oom import (
     COMPILE, EARLY_ABORT, RESERVATION, RUNTIME_ALLOCATION, BatchEstimate, OomAllocation, OomReport,
 )
-from tpuprof.models.suggestion import KIND_TITLES, Suggestion, rank  # noqa: F401 (KIND_TITLES: older imports)
+from tpuprof.models.suggestion import Suggestion, rank
 
 DUMP_FLAGS = "XLA_FLAGS='--xla_dump_to=/tmp/xla_dump --xla_dump_hlo_as_proto --xla_dump_hlo_as_text'"
 FAST_EXIT_FLAG = "--xla_tpu_impure_oom_fast_exit_threshold=-1"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from tpuprof.analyses import input_pipeline
-from tpuprof.analyses.summary import COMPILE_BOUND, MODERATELY_INPUT_BOUND, Report
+from tpuprof.analyses.summary import COMPILE_BOUND, MODERATELY_INPUT_BOUND, ProfileSummary
 from tpuprof.models.profile import median
 from tpuprof.models.suggestion import Suggestion, rank
 from tpuprof.units import fmt_bytes
@@ -29,13 +29,13 @@ MIN_F32_MATMUL_SHARE = 0.5
 MIN_MATMUL_PERCENT = 10.0
 
 
-def _framework(report: Report) -> str:
+def _framework(report: ProfileSummary) -> str:
     """jax, tf, or "" when the hosts' events do not say (then advice names both)."""
     found = {h.framework for h in report.hosts if h.steps}
     return found.pop() if len(found) == 1 else ""
 
 
-def _input(report: Report) -> Suggestion | None:
+def _input(report: ProfileSummary) -> Suggestion | None:
     share = report.breakdown_percent.get("input", 0.0)
     if share < MODERATELY_INPUT_BOUND:
         return None
@@ -102,7 +102,7 @@ def steps_per_execution_for(overhead_ms: float, compute_ms_per_batch: float, cur
     return n if n >= 2 * current else None
 
 
-def _host_overhead(report: Report) -> Suggestion | None:
+def _host_overhead(report: ProfileSummary) -> Suggestion | None:
     share = report.breakdown_percent.get("host_overhead", 0.0)
     if share < MIN_OVERHEAD_PERCENT:
         return None
@@ -142,7 +142,7 @@ def _host_overhead(report: Report) -> Suggestion | None:
                       framework=framework or None, extra={"steps_per_execution": n})
 
 
-def _precision(report: Report) -> Suggestion | None:
+def _precision(report: ProfileSummary) -> Suggestion | None:
     matmul = sum(h.matmul_ps for h in report.hosts)
     wide = sum(h.matmul_f32_ps for h in report.hosts)
     compute = sum(h.total("compute") for h in report.hosts)
@@ -166,7 +166,7 @@ def _precision(report: Report) -> Suggestion | None:
         saving_ms_per_step=per_step_ms / 2, saving_ms_range=(0.0, per_step_ms / 2), framework=framework or None)
 
 
-def _compile(report: Report) -> Suggestion | None:
+def _compile(report: ProfileSummary) -> Suggestion | None:
     share = report.breakdown_percent.get("compile", 0.0)
     if share < COMPILE_BOUND / 2:
         return None
@@ -201,7 +201,7 @@ def _straggler(host: str, evidence: str, saving: float) -> Suggestion:
                       evidence=evidence, saving_ms_per_step=saving, saving_ms_range=(0.0, saving))
 
 
-def _stragglers(report: Report) -> list[Suggestion]:
+def _stragglers(report: ProfileSummary) -> list[Suggestion]:
     pod = report.pod
     if pod is not None and pod.matched_steps:
         # The hosts' steps are matched: name the hosts the collective waited for, by how long.
@@ -229,7 +229,7 @@ def _stragglers(report: Report) -> list[Suggestion]:
     return found
 
 
-def _host_transfer(report: Report) -> Suggestion | None:
+def _host_transfer(report: ProfileSummary) -> Suggestion | None:
     share = report.breakdown_percent.get("host_transfer", 0.0)
     if share < MIN_HOST_TRANSFER_PERCENT:
         return None
@@ -268,7 +268,7 @@ def _host_transfer(report: Report) -> Suggestion | None:
                       extra={"host_transfer_bytes_per_step": int(incoming + outgoing)})
 
 
-def _collective(report: Report) -> Suggestion | None:
+def _collective(report: ProfileSummary) -> Suggestion | None:
     share = report.breakdown_percent.get("collective", 0.0)
     if share < MIN_COLLECTIVE_PERCENT:
         return None
@@ -288,7 +288,7 @@ def _collective(report: Report) -> Suggestion | None:
         saving_ms_range=(0.0, per_step))
 
 
-def _memory_bound(report: Report) -> Suggestion | None:
+def _memory_bound(report: ProfileSummary) -> Suggestion | None:
     if report.verdict != "memory-bound":
         return None
     ops = report.verdict_ops
@@ -307,7 +307,7 @@ def _memory_bound(report: Report) -> Suggestion | None:
         saving_ms_per_step=spent / 2, saving_ms_range=(0.0, spent / 2))
 
 
-def suggest(report: Report) -> list[Suggestion]:
+def suggest(report: ProfileSummary) -> list[Suggestion]:
     found = [_input(report), _host_overhead(report), _compile(report), _host_transfer(report), _collective(report),
              _memory_bound(report), _precision(report), *_stragglers(report)]
     return rank([s for s in found if s])

@@ -47,18 +47,19 @@ class KernelFlops:
     how_blocks: str
 
 
-def estimate(walker, instruction, config: dict) -> KernelFlops | None:
-    """The FLOPs of a recognised attention kernel (a tpu_custom_call), else None."""
+def estimate(module, instruction, config: dict) -> KernelFlops | None:
+    """The FLOPs of a recognised attention kernel (a tpu_custom_call of MODULE, a models.hlo_module.HloModule),
+    else None."""
     names = f"{instruction.name} {instruction.metadata.op_name}"
     flash, splash = FLASH.search(names), SPLASH.search(names)
     if not (flash or splash):
         return None
     phase = (flash or splash).group(1)
-    operands = [walker.by_id[o] for o in instruction.operand_ids if o in walker.by_id]
-    arrays = [o for o in operands if walker.shape(o).dtype not in INTEGER and not walker.shape(o).is_tuple]
+    operands = [module.by_id[o] for o in instruction.operand_ids if o in module.by_id]
+    arrays = [o for o in operands if module.shape(o).dtype not in INTEGER and not module.shape(o).is_tuple]
     if len(arrays) < 2:
         return None
-    q, k = walker.shape(arrays[0]), walker.shape(arrays[1])
+    q, k = module.shape(arrays[0]), module.shape(arrays[1])
     layout = _layouts(instruction)
     q_dims = list(q.dims) if layout.get("q_layout", 1) == 1 else list(q.dims[:-2]) + [q.dims[-1], q.dims[-2]]
     k_seq = k.dims[-2] if layout.get("k_layout", 1) == 1 else k.dims[-1]
@@ -66,12 +67,12 @@ def estimate(walker, instruction, config: dict) -> KernelFlops | None:
         return None
     head_dim, q_seq = q_dims[-1], q_dims[-2]
     matmuls = MATMULS[phase]
-    if splash and phase == "dkv" and _gradients_out(walker, instruction, q.dims) > 2:
+    if splash and phase == "dkv" and _gradients_out(module, instruction, q.dims) > 2:
         matmuls += 1  # the fused backward kernel accumulates dQ too
     if flash:
         fraction, how = _flash_blocks(instruction, config, q_seq, k_seq)
     else:
-        fraction, how = _splash_blocks(walker, operands)
+        fraction, how = _splash_blocks(module, operands)
     dense = 2.0 * math.prod(q_dims[:-1]) * k_seq * head_dim
     return KernelFlops(f"{'flash' if flash else 'splash'} {phase}", matmuls * dense * fraction, fraction, how)
 
@@ -85,10 +86,10 @@ def _layouts(instruction) -> dict:
         return {}
 
 
-def _gradients_out(walker, instruction, q_dims) -> int:
+def _gradients_out(module, instruction, q_dims) -> int:
     """How many of the kernel's results are per-token gradients: dk, dv [, dq, per key block when fused],
     at least q's rank and ending in its head dim (its scratch outputs are [block, lanes])."""
-    out = walker.shape(instruction)
+    out = module.shape(instruction)
     parts = list(out.tuple_shapes) if out.is_tuple else [out]
     return sum(1 for p in parts if len(p.dims) >= len(q_dims) and p.dims[-1] == q_dims[-1])
 
@@ -110,24 +111,24 @@ def _flash_blocks(instruction, config: dict, q_seq: int, k_seq: int) -> tuple[fl
     return run / (rows * columns), f"causal: {run} of {rows} x {columns} blocks of {block_q} x {block_k}"
 
 
-def _splash_blocks(walker, operands) -> tuple[float, str]:
+def _splash_blocks(module, operands) -> tuple[float, str]:
     """The non-empty fraction of splash's block mask: the scalar-prefetch operands come first (data_next,
     block_mask, mask_next; None ones dropped), so the mask is the second integer operand, or the only one."""
     leading = []
     for operand in operands:
-        if walker.shape(operand).dtype not in INTEGER:
+        if module.shape(operand).dtype not in INTEGER:
             break
         leading.append(operand)
     if not leading:
         return 1.0, "every block (no block mask)"
-    values = _constant_values(walker, leading[1] if len(leading) > 1 else leading[0])
+    values = _constant_values(module, leading[1] if len(leading) > 1 else leading[0])
     if not values:
         return 1.0, "every block (the block mask is not a constant of the program)"
     run = sum(1 for v in values if v)
     return run / len(values), f"block mask: {run} of {len(values)} blocks non-empty"
 
 
-def _constant_values(walker, instruction, depth: int = 0) -> list[int] | None:
+def _constant_values(module, instruction, depth: int = 0) -> list[int] | None:
     """The integer values of a constant, followed through copies, bitcasts and loop-invariant tuple slots."""
     if instruction is None or depth > 32:
         return None
@@ -143,35 +144,28 @@ def _constant_values(walker, instruction, depth: int = 0) -> list[int] | None:
                 return [int(v) for v in values]
         return None
     if instruction.opcode in ("copy", "copy-done", "copy-start", "bitcast") and instruction.operand_ids:
-        return _constant_values(walker, walker.by_id.get(instruction.operand_ids[0]), depth + 1)
+        return _constant_values(module, module.by_id.get(instruction.operand_ids[0]), depth + 1)
     if instruction.opcode == "get-tuple-element" and instruction.operand_ids:
-        source = walker.by_id.get(instruction.operand_ids[0])
+        source = module.by_id.get(instruction.operand_ids[0])
         if source is None:
             return None
         if source.opcode == "tuple":
-            return _constant_values(walker, walker.by_id.get(source.operand_ids[instruction.tuple_index]), depth + 1)
+            return _constant_values(module, module.by_id.get(source.operand_ids[instruction.tuple_index]), depth + 1)
         if source.opcode == "while":  # a loop's result: what its body returns in that slot (a pass-through)
-            body, _ = walker.loop_parts(source)
-            root = walker.by_id.get(body.root_id) if body is not None else None
+            body, _ = module.loop_parts(source)
+            root = module.by_id.get(body.root_id) if body is not None else None
             if root is not None and root.opcode == "tuple" and instruction.tuple_index < len(root.operand_ids):
-                return _constant_values(walker, walker.by_id.get(root.operand_ids[instruction.tuple_index]),
+                return _constant_values(module, module.by_id.get(root.operand_ids[instruction.tuple_index]),
                                         depth + 1)
         if source.opcode == "parameter":  # a loop body's parameter: the loop's initial tuple holds the value
-            init = _loop_init(walker, source)
+            init = _loop_init(module, source)
             if init is not None and init.opcode == "tuple" and instruction.tuple_index < len(init.operand_ids):
-                return _constant_values(walker, walker.by_id.get(init.operand_ids[instruction.tuple_index]),
+                return _constant_values(module, module.by_id.get(init.operand_ids[instruction.tuple_index]),
                                         depth + 1)
     return None
 
 
-def _loop_init(walker, parameter):
+def _loop_init(module, parameter):
     """The initial value of the while loop whose body or condition `parameter` belongs to."""
-    owners = getattr(walker, "_parameter_loops", None)
-    if owners is None:  # parameter id -> the while whose body or condition declares it, once per module
-        loops = {called: i for c in walker.module.computations for i in c.instructions
-                 if i.opcode == "while" and i.operand_ids for called in i.called_computation_ids}
-        owners = walker._parameter_loops = {
-            i.id: loops[c.id] for c in walker.module.computations if c.id in loops
-            for i in c.instructions if i.opcode == "parameter"}
-    loop = owners.get(parameter.id)
-    return walker.by_id.get(loop.operand_ids[0]) if loop is not None else None
+    loop = module.loop_of(parameter)
+    return module.by_id.get(loop.operand_ids[0]) if loop is not None else None

@@ -15,7 +15,7 @@ from tpuprof.analyses.buffers import aggregate_ops, fill_shape_details
 from tpuprof.errors import UserError
 from tpuprof.models import shape as shapes
 from tpuprof.models.memory import CONSTANT, OUTPUT, PARAMETER, TEMP, THREAD_LOCAL, Buffer, ModuleMemory
-from tpuprof.sources import hlo_dump, hlo_text
+from tpuprof.sources import hlo_text
 from tpuprof.units import read_int
 
 # Possessive digits: with `(\d+)(.*):` a million-digit size was split every way before failing (27 s a line).
@@ -36,10 +36,11 @@ def _kind(attributes: str) -> str:
     return TEMP
 
 
-def analyze(path: Path) -> ModuleMemory:
-    text = hlo_dump.read_text(path)
-    metadata = _sibling_metadata(path)
-    result = ModuleMemory(name=path.name.split(".after_optimizations")[0], source=str(path),
+def from_text(text: str, source: str, hlo_text_beside: str | None = None) -> ModuleMemory:
+    """The memory of a buffer-assignment text (read from SOURCE); op names, source lines and opcodes from the
+    module's HLO text beside it when there is one (hlo_dump.read_hlo_text_beside)."""
+    metadata = _metadata(hlo_text_beside, source) if hlo_text_beside is not None else {}
+    result = ModuleMemory(name=Path(source).name.split(".after_optimizations")[0], source=source,
                           source_kind="buffer_assignment")
     result.notes.append("From buffer-assignment text: the peak adds up allocation sizes (fragmentation "
                         "included); the HloProto dump (--xla_dump_hlo_as_proto) gives the exact simulated peak.")
@@ -81,7 +82,7 @@ def analyze(path: Path) -> ModuleMemory:
         fill_shape_details(buffer, shape)
         result.buffers.append(buffer)
     if not allocations:
-        raise UserError(f"{path} holds no buffer allocations: not a buffer-assignment dump.")
+        raise UserError(f"{source} holds no buffer allocations: not a buffer-assignment dump.")
     if result.peak_heap_bytes is not None:
         result.peak_unpadded_heap_bytes = None
     result.buffers.sort(key=lambda b: (-b.size_bytes, -b.padding_bytes, b.id))
@@ -89,14 +90,10 @@ def analyze(path: Path) -> ModuleMemory:
     return result
 
 
-def _sibling_metadata(path: Path) -> dict[str, tuple[str, str, str]]:
-    """op_name, source line and opcode per instruction, from the module's HLO text beside the file."""
-    stem = path.name.split("-buffer-assignment")[0]
-    candidate = path.with_name(stem + ".txt")
-    if not candidate.is_file():
-        return {}
+def _metadata(text: str, source: str) -> dict[str, tuple[str, str, str]]:
+    """op_name, source line and opcode per instruction of the module's HLO text."""
     try:
-        module = hlo_text.parse(candidate.read_text(encoding="utf-8", errors="replace"), str(candidate))
+        module = hlo_text.parse(text, source)
     except UserError:
         return {}
     return {i.name: (i.op_name, i.source_line, i.opcode) for i in module.by_name().values()}

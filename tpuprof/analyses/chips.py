@@ -318,7 +318,7 @@ def _events(chip: Chip) -> int:
     return sum(len(line.mid) for line in (chip.ops, chip.modules, chip.steps_line) if line is not None)
 
 
-def analyze(planes, host_wait: Spans, host_compile: Spans) -> ChipsResult | None:
+def chips_of_host(planes, host_wait: Spans, host_compile: Spans) -> ChipsResult | None:
     """Every TPU chip of one host, or None when no chip has steps. PLANES: one callable per TPU plane that reads it
     (a sources.xspace_stream.PlaneStream).
 

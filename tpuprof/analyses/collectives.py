@@ -33,10 +33,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from tpuprof import targets
 from tpuprof.models import shape as shapes
+from tpuprof.models.hlo_module import HloModule
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute", "ragged-all-to-all")
 SYNC = set(KINDS)
@@ -66,29 +66,17 @@ class Torus:
         return math.prod(self.bounds)
 
 
-def torus_from_dump(folder: Path, module_file: str, target: targets.Target) -> Torus | None:
-    """The torus of a dump (None when its files do not say, or the generation has no published ICI figure)."""
-    if not target.ici_link_gbps:
+def compiled_torus(arguments, assignment: list[int], target: targets.Target) -> Torus | None:
+    """The torus a module was compiled for, from its dump's target arguments (hlo_dump.TargetArguments) and device
+    assignment; None when they do not say, or the generation has no published ICI figure."""
+    if not target.ici_link_gbps or arguments is None:
         return None
-    stem = module_file.split(".after_")[0]
-    arguments = folder / f"{stem}.target_arguments.txt"
-    options = folder / f"{stem}.execution_options.txt"
-    if not arguments.is_file():
-        return None
-    text = arguments.read_text(errors="replace")
-    per_host = _bounds(text, "chips_per_host_bounds")
-    hosts = _bounds(text, "host_bounds")
+    per_host, hosts = arguments.chips_per_host_bounds, arguments.host_bounds
     if per_host is None or hosts is None:
         return None
     bounds = tuple(a * b for a, b in zip(per_host, hosts))
-    declared = re.search(r"wrap\s*\{([^}]*)\}", text)
-    declared_wrap = tuple(bool(declared and re.search(rf"\b{axis}:\s*true", declared.group(1)))
-                          for axis in "xyz")
-    wrap = tuple(a or b for a, b in zip(declared_wrap, published_wrap(target, bounds)))
-    assignment = []
-    if options.is_file():
-        assignment = [int(v) for v in re.findall(r"replica_device_ids:\s*(\d+)", options.read_text(errors="replace"))]
-    return Torus(bounds, wrap, max(target.devices_per_chip, 1), assignment, target.ici_link_gbps * 1e9)
+    wrap = tuple(a or b for a, b in zip(arguments.wrap, published_wrap(target, bounds)))
+    return Torus(bounds, wrap, max(target.devices_per_chip, 1), list(assignment), target.ici_link_gbps * 1e9)
 
 
 def slice_torus(topology: str, target: targets.Target) -> Torus | None:
@@ -119,14 +107,6 @@ def published_wrap(target: targets.Target, bounds) -> tuple[bool, bool, bool]:
     if target.ici_wraparound == "16":
         return tuple(b == 16 for b in bounds)
     return (False, False, False)
-
-
-def _bounds(text: str, name: str) -> tuple[int, int, int] | None:
-    match = re.search(r"(?<![a-z_])" + name + r"\s*\{([^}]*)\}", text)
-    if not match:
-        return None
-    values = {axis: int(v) for axis, v in re.findall(r"([xyz]):\s*(\d+)", match.group(1))}
-    return values.get("x", 1), values.get("y", 1), values.get("z", 1)
 
 
 # --- replica groups ------------------------------------------------------------------------------------
@@ -259,28 +239,27 @@ class Communication:
     torus: Torus | None = None
 
 
-def analyse(walker, torus: Torus, op_seconds: dict[tuple[str, str], float]) -> Communication:
-    """Walk the compiled schedule from the entry computation. `walker` is step_estimate's _Walker (trip
-    counts, loop parts); `op_seconds[(computation, instruction)]` is the estimated time of one execution of
-    each compute op."""
-    module = walker.module
-    schedule = {seq_id: list(seq.instruction_ids) for seq_id, seq in module.schedule.sequences.items()} \
-        if module.HasField("schedule") else {}
+def communication(module: HloModule, torus: Torus, op_seconds: dict[tuple[str, str], float]) -> Communication:
+    """Walk the compiled schedule from the entry computation. `op_seconds[(computation, instruction)]` is the
+    estimated time of one execution of each compute op."""
+    proto = module.proto
+    schedule = {seq_id: list(seq.instruction_ids) for seq_id, seq in proto.schedule.sequences.items()} \
+        if proto.HasField("schedule") else {}
     result = Communication(torus=torus)
     devices = len(torus.assignment) or torus.chips * torus.devices_per_chip
-    entry = walker.computations.get(module.entry_computation_id) or module.computations[-1]
+    entry = module.entry
 
     def collective_of(instruction):
-        return collective_in(instruction, walker.computations)
+        return collective_in(instruction, module.computations)
 
     def volume(kind, holder, instruction) -> float:
-        operands = [walker.by_id[o] for o in holder.operand_ids if o in walker.by_id]
+        operands = [module.by_id[o] for o in holder.operand_ids if o in module.by_id]
         if kind == "all-gather":
-            out = walker.shape(holder)
+            out = module.shape(holder)
             if holder.opcode == "all-gather-start" and out.is_tuple:
                 out = out.tuple_shapes[-1]
             return _bytes(out)
-        return sum(_bytes(walker.shape(o)) for o in operands)
+        return sum(_bytes(module.shape(o)) for o in operands)
 
     def time_of(instruction, kind, holder, computation, count):
         pairs = [(p.source, p.target) for p in holder.source_target_pairs]
@@ -309,20 +288,19 @@ def analyse(walker, torus: Torus, op_seconds: dict[tuple[str, str], float]) -> C
                     in_flight.pop(0)
 
         for instruction_id in order:
-            instruction = walker.by_id.get(instruction_id)
+            instruction = module.by_id.get(instruction_id)
             if instruction is None:
                 continue
             opcode = instruction.opcode
             found = collective_of(instruction)
             if opcode == "while":
-                trips, _ = walker.trip_count(instruction)
-                body, condition = walker.loop_parts(instruction)
+                trips, _ = module.trip_count(instruction)
+                body, condition = module.loop_parts(instruction)
                 spent = sum(trips * walk(part, count * trips, depth + 1) for part in (body, condition) if part)
                 duration += spent
                 drain(spent)
             elif opcode in ("call", "conditional"):
-                called = [walker.computations[c] for c in instruction.called_computation_ids
-                          if c in walker.computations]
+                called = module.called(instruction)
                 spent = max((walk(c, count, depth + 1) for c in called[:1 if opcode == "call" else None]),
                             default=0.0)
                 duration += spent

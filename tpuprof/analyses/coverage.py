@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from tpuprof.analyses.summary import Report
+from tpuprof.analyses.summary import ProfileSummary
 
 MIN_STEPS = 5  # below this, one slow or fast step moves every share by 20 % or more
 WANTED_STEPS = 20
@@ -17,7 +17,7 @@ def capture_seconds_for(steps: int, mean_step_ms: float) -> float:
     return (steps + 1) * mean_step_ms / 1000
 
 
-def few_steps_warning(report: Report) -> str | None:
+def few_steps_warning(report: ProfileSummary) -> str | None:
     """One sentence when a host has fewer than MIN_STEPS measured steps (None otherwise, or with no step)."""
     counts = [len(h.steps) for h in report.hosts if h.steps]
     if not counts or min(counts) >= MIN_STEPS or not report.mean_ms:

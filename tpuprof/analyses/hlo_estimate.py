@@ -28,6 +28,7 @@ from tpuprof import targets
 from tpuprof.analyses.buffers import aggregate_ops, fill_shape_details
 from tpuprof.errors import UserError
 from tpuprof.models import shape as shapes
+from tpuprof.models.hlo_module import HloModule
 from tpuprof.models.memory import (
     CONSTANT, OUTPUT, PARAMETER, TEMP, Buffer, ModuleMemory, METHOD_HLO_LIVENESS, METHOD_UNSCHEDULED_BOUND,
 )
@@ -154,10 +155,7 @@ def _text_of(config) -> str:
 
 
 def module_from_proto(module_proto) -> hlo_text.TextModule:
-    from tpuprof.analyses.buffers import InstructionIndex
-
-    instructions = InstructionIndex(module_proto)
-    computation_names = {c.id: c.name for c in module_proto.computations}
+    index = HloModule(module_proto)
     module = hlo_text.TextModule(name=module_proto.name)
     sequences = {sid: list(seq.instruction_ids) for sid, seq in module_proto.schedule.sequences.items()}
     module.scheduled = bool(sequences)
@@ -175,8 +173,7 @@ def module_from_proto(module_proto) -> hlo_text.TextModule:
                 name=i.name, shape=shapes.from_proto(i.shape), opcode=i.opcode,
                 operands=[names[o] for o in i.operand_ids if o in names], computation=computation.name,
                 is_root=i.id == computation.root_id, op_name=i.metadata.op_name,
-                source_line=instructions.source_line(i),
-                called=tuple(computation_names[c] for c in i.called_computation_ids if c in computation_names),
+                source_line=index.source_line(i), called=tuple(c.name for c in index.called(i)),
                 index=i.tuple_index if i.opcode == "get-tuple-element" else None,
                 parameter_number=i.parameter_number if i.opcode == "parameter" else None,
                 fusion_kind=_FUSION_KINDS.get(i.fusion_kind, "") if i.opcode == "fusion" else "",

@@ -15,9 +15,10 @@ import math
 from operator import attrgetter
 from pathlib import Path
 
-from tpuprof.analyses.buffers import InstructionIndex, MissingInstructions, aggregate_ops, fill_shape_details
+from tpuprof.analyses.buffers import aggregate_ops, fill_shape_details
 from tpuprof.errors import UserError
 from tpuprof.models import shape as shapes
+from tpuprof.models.hlo_module import HloModule, MissingInstructions
 from tpuprof.models.memory import (
     CONSTANT, OUTPUT, PARAMETER, TEMP, THREAD_LOCAL, Buffer, ModuleMemory,
 )
@@ -26,14 +27,14 @@ from tpuprof.sources import hlo_dump
 HBM = 0  # memory color of HBM in TPU buffer assignments
 
 
-def analyze_path(path: Path, module: str | None = None, target: str | None = None) -> list[ModuleMemory]:
+def dump_memory(path: Path, module: str | None = None, target: str | None = None) -> list[ModuleMemory]:
     """Analyse every module under PATH (or the one named), largest peak first. A module that cannot be read is
     left out and named in a note of the first result; when none can, the first module's reason is the error."""
     files = hlo_dump.discover(path, module)
     results, dropped = [], []
     for file in files:
         try:
-            results.append(analyze_file(file, target))
+            results.append(module_memory(file, target))
         except UserError as error:
             if len(files) == 1:
                 raise
@@ -61,32 +62,11 @@ def _collector_paused():
             gc.enable()
 
 
-def needs_tpu_compile(path: Path, module: str | None = None) -> bool:
-    """Whether PATH holds module protos without a TPU buffer assignment (CPU/GPU dumps, protos before
-    optimization): what `--compile` turns into exact TPU figures."""
-    try:
-        files = hlo_dump.discover(path, module)
-    except UserError:
-        return False
-    if path.is_dir() and not files:
-        return False
-    for file in files:
-        if file.kind != "hlo_proto":
-            continue
-        name = file.path.name
-        if name.endswith(".after_optimizations.hlo.pb") and not any(m in name for m in hlo_dump.NON_TPU_MARKERS):
-            continue  # XLA:TPU's own dump name (analyze_file still checks its layouts)
-        proto = hlo_dump.read_hlo_proto(file.path)
-        if hlo_dump.non_tpu_platform(file.path, proto.hlo_module) or not proto.buffer_assignment.logical_buffers:
-            return True
-    if path.is_dir() and any(path.glob("*before_optimizations.hlo.pb")):
-        return not any(f.kind in ("hlo_proto", "buffer_assignment") for f in files)
-    return False
-
-
-def analyze_file(file: hlo_dump.DumpFile, target: str | None = None) -> ModuleMemory:
+def module_memory(file: hlo_dump.DumpFile, target: str | None = None) -> ModuleMemory:
+    """The memory of the module in one dump file (HloProto, buffer-assignment text or HLO text)."""
     # The generation sizes tuple tables and default tiles of an estimate: the dump's own record of it counts.
-    target = target or (hlo_dump.detect_target(file) if file.kind != "buffer_assignment" else None)
+    detected = None if target else hlo_dump.detect_target(file)
+    target = target or (detected if file.kind != "buffer_assignment" else None)
     if file.kind == "hlo_proto":
         with _collector_paused():
             result = _from_buffer_definers(file.path)
@@ -100,12 +80,13 @@ def analyze_file(file: hlo_dump.DumpFile, target: str | None = None) -> ModuleMe
             raise UserError(f"{file.path.name} is XLA:{platform}'s buffer assignment, not TPU memory: give the dump "
                             "folder (or the module's *.after_optimizations.txt) with --target to estimate it for a TPU.")
 
-        result = buffer_assignment_text.analyze(file.path)
+        result = buffer_assignment_text.from_text(hlo_dump.read_text(file.path), str(file.path),
+                                                  hlo_dump.read_hlo_text_beside(file.path))
     else:
         from tpuprof.analyses import hlo_estimate
 
         result = hlo_estimate.from_text(hlo_dump.read_text(file.path), str(file.path), target)
-    result.target = target or result.target or hlo_dump.detect_target(file)
+    result.target = target or result.target or detected
     return result
 
 
@@ -202,8 +183,8 @@ def from_hlo_proto(proto, source: str, whole_module: bool = True) -> ModuleMemor
         row = (lb.id, lb.size, lb.color, defined_at.instruction_id, index[:] if index else ())
         rows.append(row)
         logical[row[0]] = row
-    instructions = InstructionIndex(module, {row[3] for row in logical.values()}, whole_module)
-    by_id = instructions.by_id
+    hlo = HloModule(module)
+    by_id = hlo.find({row[3] for row in logical.values()}, whole_module)
 
     allocations = [_Allocation(a) for a in assignment.buffer_allocations]
     # Which allocation holds each logical buffer.
@@ -302,7 +283,7 @@ def from_hlo_proto(proto, source: str, whole_module: bool = True) -> ModuleMemor
     # Largest first, ties by id: two stable sorts by attribute, cheaper than one by a built tuple key.
     buffers.sort(key=attrgetter("id"))
     buffers.sort(key=attrgetter("size_bytes"), reverse=True)
-    result.details_source = (instructions, logical)
+    result.details_source = (hlo, by_id, logical)
     result.ops, result.ops_scope = aggregate_ops(result.buffers, has_peak=bool(live_at_peak))
     return result
 
@@ -311,7 +292,7 @@ def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
     """Fill shape text, padded dims and source lines for the buffers about to be shown."""
     if result.details_source is None:
         return
-    instructions, logical = result.details_source
+    hlo, by_id, logical = result.details_source
     # A model's layers repeat their shapes: convert each once, and write each element's text once.
     converted: dict[bytes, shapes.Shape] = {}
     filled: dict[tuple[bytes, tuple[int, ...]], tuple] = {}  # (shape, index) -> the details written for it
@@ -320,7 +301,7 @@ def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
             continue
         row = logical.get(buffer.id)
         # A damaged proto can repeat a logical buffer id with another defining instruction: keep it unshaped.
-        instruction = instructions.by_id.get(row[3]) if row is not None else None
+        instruction = by_id.get(row[3]) if row is not None else None
         if instruction is None:
             continue
         key = instruction.shape.SerializeToString()
@@ -335,7 +316,7 @@ def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
         else:
             buffer.shape, buffer.dtype, padded_dims, buffer.minor_to_major, buffer.tile = details
             buffer.padded_dims = list(padded_dims)
-        buffer.source_line = instructions.source_line(instruction)
+        buffer.source_line = hlo.source_line(instruction)
 
 
 # ---------------------------------------------------------------------------------------------

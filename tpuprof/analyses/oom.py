@@ -457,11 +457,6 @@ def _shape_token(text: str, pos: int) -> str | None:
     return match.group(0) if match else None
 
 
-def detect_framework(text: str) -> str | None:
-    """The framework of the job that printed TEXT (tpuprof.analyses.framework), None when it does not say."""
-    return framework.from_text(text).framework
-
-
 # A GPU's out-of-memory text can use the same words as a TPU runtime's ("Failed to allocate request for").
 _GPU = re.compile(r"\b(?:GTX|RTX|Tesla|Quadro|GeForce|Titan)\b(?: [A-Z]?\d{2,4}\w{0,3})?|\b[ABHL]100\b|\bH200\b|\bCUDA\b|cuDNN"
                   r"|/(?:device:)?gpu:\d|/device:GPU|\bGPU\b|NVIDIA|ROCm")

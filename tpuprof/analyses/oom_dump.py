@@ -18,7 +18,7 @@ def join_dump(report, dump: Path, target: str | None, batch: int | None = None) 
 
     if not dump.exists():
         raise UserError(f"{dump} does not exist.")
-    modules = [m for m in memory.analyze_path(dump, None, target) if m.buffers]
+    modules = [m for m in memory.dump_memory(dump, None, target) if m.buffers]
     if not modules:
         raise UserError(f"{dump} holds no buffer assignment.")
     module = next((m for m in modules if "oom_intermediate_module" in m.source), modules[0])

@@ -51,8 +51,6 @@ COMPILE = re.compile(r"(?i)(compile|pjit_lower|lower_sharding|trace_to_jaxpr|TfF
 COMPILE_EXCLUDE = re.compile(r"^XlaCompile|:XlaCompile$")  # TF's per-step cache lookup op, not a compile
 # Host lines that run the program's ops (TF executor, XLA:CPU thunks, Eigen pools).
 EXEC_LINE = re.compile(r"^(tf_Compute|tf_XLA|tf_inter_op|tf_numa|tf_pjrt|tf_Eigen|XLA)", re.I)
-# Bookkeeping events on executor lines that do not mean the program is running.
-NOT_WORK = re.compile(r"^(ThreadpoolListener|MutexLock|end: |Memory(Allocation|Deallocation)|SlinkyThreadPool::Await)")
 
 
 def _stat_names(plane) -> dict[int, str]:
@@ -310,7 +308,7 @@ def _host_waiting(view: HostView) -> Spans:
     return view.input_wait | untraced
 
 
-def analyze_xspace(space, host: str, path: str = "") -> HostProfile:
+def host_profile(space, host: str, path: str = "") -> HostProfile:
     """One host's capture, SPACE a sources.xspace_stream.XSpaceStream: planes are read one at a time, each line's
     events batch by batch, keeping only the arrays the analyses need."""
     names = space.plane_names()
@@ -333,7 +331,7 @@ def analyze_xspace(space, host: str, path: str = "") -> HostProfile:
             view.work = view.work | _spans([(k.start, k.end) for k in kernels])
     host_wait = _host_waiting(view) if view is not None and tpu_planes else Spans.empty()
     host_compile = view.compile if view is not None else Spans.empty()
-    found = chips.analyze([partial(space.plane, i) for i in tpu_planes], host_wait, host_compile) \
+    found = chips.chips_of_host([partial(space.plane, i) for i in tpu_planes], host_wait, host_compile) \
         if tpu_planes else None
     if found is not None and found.steps:
         profile.steps = found.steps
@@ -386,9 +384,9 @@ def _lost_device_data(profile: HostProfile, view: HostView, found) -> None:
         f"jax-ml/jax#23446); the device figures cover the steps it has")
 
 
-def analyze_file(path: str) -> HostProfile:
+def host_profile_of_file(path: str) -> HostProfile:
     """Read and analyse one host file (runs in a worker process when there are several hosts)."""
     from tpuprof.sources import xplane
 
     with xplane.open_stream(path) as space, xplane.readable(path):
-        return analyze_xspace(space, xplane.host_name(path), path)
+        return host_profile(space, xplane.host_name(path), path)

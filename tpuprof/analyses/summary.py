@@ -43,7 +43,9 @@ class SlowChip:
 
 
 @dataclass
-class Report:
+class ProfileSummary:
+    """What `tpuprof analyze` makes of a profile: its hosts' steps, their breakdown, the verdict."""
+
     hosts: list[HostProfile]
     step_count: int = 0
     mean_ms: float = 0.0
@@ -147,12 +149,12 @@ def _shape_list(ops: list[Op]) -> str:
     return ", ".join(f"{n} x {shape}" if n > 1 else shape for shape, n in shapes.items())
 
 
-def _weighty(report: Report, ops: list[Op], most: int = 5) -> list[Op]:
+def _weighty(report: ProfileSummary, ops: list[Op], most: int = 5) -> list[Op]:
     """The ops (largest first) that each take at least 1 % of the step: the ones behind a bound."""
     return [o for o in ops if (report.ms_per_step(o) or 0) >= 0.01 * report.mean_ms][:most]
 
 
-def _host_transfer_reason(report: Report) -> str:
+def _host_transfer_reason(report: ProfileSummary) -> str:
     per_step = report.breakdown_ms_per_step["host_transfer"]
     ops = [o for o in report.device_ops if o.category == "host_transfer" and o.step_count]
     report.verdict_ops = _weighty(report, ops)
@@ -179,7 +181,7 @@ def _host_transfer_reason(report: Report) -> str:
             f"{report.mean_ms:.1f} ms per step) waits for copies between the host{pinned} and the chip: {what}{rate}.")
 
 
-def _ops_reason(report: Report, category: str, what: str) -> str:
+def _ops_reason(report: ProfileSummary, category: str, what: str) -> str:
     ops = _weighty(report, [o for o in report.device_ops if o.category == category])
     report.verdict_ops = ops
     named = ", ".join(f"{o.hlo_op} {o.shape.split('{')[0]} ({report.ms_per_step(o):.2f} ms)" for o in ops[:3])
@@ -188,7 +190,7 @@ def _ops_reason(report: Report, category: str, what: str) -> str:
             + (f": {named}." if named else "."))
 
 
-def _compute_split(report: Report) -> tuple[float, list[Op]]:
+def _compute_split(report: ProfileSummary) -> tuple[float, list[Op]]:
     """(share of device compute time in HBM-bound ops, those ops largest first) from the roofline."""
     compute = [o for o in report.device_ops if o.category == "compute" and o.step_self_ps]
     total = sum(o.step_self_ps for o in compute)
@@ -196,7 +198,7 @@ def _compute_split(report: Report) -> tuple[float, list[Op]]:
     return (sum(o.step_self_ps for o in memory) / total if total else 0.0), memory
 
 
-def _verdict(report: Report) -> None:
+def _verdict(report: ProfileSummary) -> None:
     share = report.breakdown_percent
     candidates = [(share[c], c) for c in THRESHOLDS if share.get(c, 0.0) >= THRESHOLDS[c]]
     shares = (f"{share['input']:.1f}% of step time waiting for input, {share['compute']:.1f}% compute, "
@@ -230,8 +232,8 @@ def _verdict(report: Report) -> None:
     report.verdict_reason = (lead + " " if lead else "") + shares[0].upper() + shares[1:]
 
 
-def summarize(hosts: list[HostProfile], top: int = 10) -> Report:
-    report = Report(hosts=hosts)
+def summarize(hosts: list[HostProfile], top: int = 10) -> ProfileSummary:
+    report = ProfileSummary(hosts=hosts)
     steps = [s for h in hosts for s in h.steps]
     report.stages = _merge_stages(hosts)
     report.bottleneck_stage = input_pipeline.bottleneck(report.stages)

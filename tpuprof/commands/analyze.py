@@ -6,8 +6,8 @@ import posixpath
 
 from tpuprof.advice import steps as advice
 from tpuprof.analyses import coverage
-from tpuprof.analyses.summary import Report, summarize
-from tpuprof.commands.hosts import analyze_hosts
+from tpuprof.analyses.summary import ProfileSummary, summarize
+from tpuprof.commands.hosts import host_profiles
 from tpuprof.errors import UserError
 from tpuprof.sources import inputs, xplane
 
@@ -38,12 +38,12 @@ def _distinct_hosts(profiles) -> None:
         profile.host = run if runs.count(run) == 1 else f"{posixpath.dirname(profile.path)}/{profile.host}"
 
 
-def analyze(path, top: int = 10, workers: int | None = None, ray: str | None = None) -> Report:
+def analyze(path, top: int = 10, workers: int | None = None, ray: str | None = None) -> ProfileSummary:
     paths = _paths(path)
     if not paths:
         raise UserError("name a profile to analyze.")
     files, run = find_hosts(paths)
-    profiles = analyze_hosts(files, workers=workers, ray=ray)
+    profiles = host_profiles(files, workers=workers, ray=ray)
     _distinct_hosts(profiles)
     if all(profile.platform == "gpu" for profile in profiles):
         # A GPU's step time, kernels and roofline are not a TPU's: XProf reads those captures, tpuprof does not.

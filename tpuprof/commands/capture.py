@@ -80,14 +80,14 @@ def trace_options(duration: str = "3s", attempts: int = 3, delay: str = "0ms", h
 
 def resolve(options: capturing.TraceOptions, service_addr: Optional[str] = None, tpu: Optional[str] = None,
             zone: Optional[str] = None, project: Optional[str] = None,
-            port: Optional[int] = None) -> addressing.Target:
+            port: Optional[int] = None) -> addressing.ProfilerAddresses:
     """The profiler addresses (and why those), each checked to answer."""
     target = addressing.resolve(service_addr=service_addr, tpu=tpu, zone=zone, project=project, port=port)
     addressing.check_reachable(target.addresses, attempts=options.attempts, why=target.why)
     return target
 
 
-def result(target: addressing.Target, logdir: str, options: capturing.TraceOptions, analyze: bool = False,
+def result(target: addressing.ProfilerAddresses, logdir: str, options: capturing.TraceOptions, analyze: bool = False,
            on_start: Optional[Callable] = None):
     """Trace every address in one client call and publish the run under LOGDIR (never overwriting one); with
     ANALYZE, the new run through the analyze pipeline. The typed result `tpuprof.capture()` returns."""

@@ -22,20 +22,20 @@ def ray_address(option: str | None) -> str | None:
     return option or os.environ.get(RAY_ADDRESS_ENV) or None
 
 
-def analyze_hosts(files: list[str], workers: int | None = None, ray: str | None = None) -> list[HostProfile]:
+def host_profiles(files: list[str], workers: int | None = None, ray: str | None = None) -> list[HostProfile]:
     address = ray_address(ray)
     if address:
         return _on_ray(files, address)
     if len(files) == 1:
-        return [analysis.analyze_file(files[0])]
+        return [analysis.host_profile_of_file(files[0])]
     # One process per host file: parsing is CPU-bound Python and the hosts are independent.
     from concurrent.futures import ProcessPoolExecutor
 
     workers = workers or min(len(files), os.cpu_count() or 1)
     if workers == 1:
-        return [analysis.analyze_file(f) for f in files]
+        return [analysis.host_profile_of_file(f) for f in files]
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(analysis.analyze_file, files))
+        return list(pool.map(analysis.host_profile_of_file, files))
 
 
 def _on_ray(files: list[str], address: str) -> list[HostProfile]:
@@ -53,7 +53,7 @@ def _on_ray(files: list[str], address: str) -> list[HostProfile]:
         except (ConnectionError, ValueError, RuntimeError) as error:
             raise UserError(_unreachable(address, error)) from None
     try:
-        task = ray.remote(num_cpus=1, max_retries=0)(analysis.analyze_file)
+        task = ray.remote(num_cpus=1, max_retries=0)(analysis.host_profile_of_file)
         refs = [task.remote(f) for f in files]
         try:
             return ray.get(refs)

@@ -10,7 +10,7 @@ from tpuprof.advice import memory as advice
 from tpuprof.analyses import memory as analysis
 from tpuprof.errors import UserError
 from tpuprof.models.memory import ModuleMemory
-from tpuprof.sources import inputs
+from tpuprof.sources import hlo_dump, inputs
 
 
 def analyze(path: Path, module: str | None = None, target: str | None = None, top: int = 15,
@@ -25,7 +25,7 @@ def analyze(path: Path, module: str | None = None, target: str | None = None, to
     automatic = compile_ is None
     if automatic:
         compile_ = False
-        if generation is not None and analysis.needs_tpu_compile(Path(path), module):
+        if generation is not None and hlo_dump.needs_tpu_compile(Path(path), module):
             from tpuprof.sources import tpu_compile  # here: it imports shutil (and lzma, bz2) for nothing otherwise
 
             compile_ = tpu_compile.jax_available()
@@ -37,7 +37,7 @@ def analyze(path: Path, module: str | None = None, target: str | None = None, to
         except UserError as error:
             if not automatic:
                 raise
-            results = analysis.analyze_path(path, module, generation.name)
+            results = analysis.dump_memory(path, module, generation.name)
             for result in results:
                 result.notes.insert(0, f"Not recompiled with libtpu ({error}); estimated instead.")
         else:
@@ -46,7 +46,7 @@ def analyze(path: Path, module: str | None = None, target: str | None = None, to
                     result.notes.insert(0, "This dump has no TPU buffer assignment and libtpu is installed: "
                                            f"recompiled for {generation.name} (--no-compile estimates instead).")
     else:
-        results = analysis.analyze_path(path, module, generation.name if generation else None)
+        results = analysis.dump_memory(path, module, generation.name if generation else None)
     for result in results:
         if generation is None and result.target:
             generation = targets.get(result.target)
@@ -101,12 +101,10 @@ def compile_with_libtpu(path, module: str | None, target: str) -> list[ModuleMem
 def _module_protos(path: Path, module: str | None) -> list[Path]:
     """The HLO module protos to recompile: one per module of a dump folder (before optimizations preferred), or
     the file given (a CPU/GPU proto after optimizations is swapped for its module before them)."""
-    from tpuprof.sources import hlo_dump
-
     if path.is_dir():
         modules: dict[str, Path] = {}
         for proto in sorted(path.glob("*.hlo.pb")):
-            key = hlo_dump._module_key(proto.name)
+            key = hlo_dump.module_key(proto.name)
             if key not in modules or proto.name.endswith("before_optimizations.hlo.pb"):
                 modules[key] = proto
         protos = [p for key, p in modules.items() if not module or module == key or module in p.name]
@@ -168,7 +166,7 @@ def _recompiled(path: Path, target: str) -> list[ModuleMemory]:
     import tempfile
 
     from tpuprof.models.memory import METHOD_RECOMPILED, METHOD_RECOMPILED_ONE_DEVICE
-    from tpuprof.sources import hlo_dump, tpu_compile
+    from tpuprof.sources import tpu_compile
 
     module = hlo_dump.read_hlo_proto(path).hlo_module
     devices = sharded_devices(module)
@@ -192,7 +190,7 @@ def _recompiled(path: Path, target: str) -> list[ModuleMemory]:
                 raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    results = analysis.analyze_path(folder, None, target)
+    results = analysis.dump_memory(folder, None, target)
     for result in results:
         result.method = METHOD_RECOMPILED_ONE_DEVICE if devices > 1 else METHOD_RECOMPILED
         if devices > 1:

@@ -2,7 +2,7 @@
 as a Perfetto trace (protobuf), for ui.perfetto.dev.
 
 Two streamed passes per host file, each in bounded memory (sources.xspace_stream): the step analysis `tpuprof
-analyze` runs (steps.analyze_file), which gives the steps and so the time window; then the window's events
+analyze` runs (steps.host_profile_of_file), which gives the steps and so the time window; then the window's events
 (renderers.trace). The window is the chosen steps, on the host and every TPU core; by default the median step
 (by duration, on the first host) and one either side.
 
@@ -106,7 +106,7 @@ def export(path: str, output: Path, steps: str | None = None, hosts: str | None 
     inputs.expect(path, inputs.STEPS)
     files, _ = xplane.find_capture(path)
     files = choose_hosts(files, hosts)
-    profiles = [analysis.analyze_file(f) for f in files]  # the step analysis of `tpuprof analyze`
+    profiles = [analysis.host_profile_of_file(f) for f in files]  # the step analysis of `tpuprof analyze`
     first = next((p for p in profiles if p.steps), None)
     if first is None:
         raise UserError(f"no steps found in {path}: `tpuprof analyze` says why; a trace needs steps to pick.")

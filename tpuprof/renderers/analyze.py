@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpuprof.analyses.summary import Report
+from tpuprof.analyses.summary import ProfileSummary
 from tpuprof.models.profile import CATEGORIES
 
 
@@ -25,7 +25,7 @@ def _rate(value: float | None, digits: int = 0):
     return None if value is None else round(float(value), digits) if digits else int(round(float(value)))
 
 
-def op_json(report: Report, o) -> dict:
+def op_json(report: ProfileSummary, o) -> dict:
     row = {"name": o.name, "kind": o.kind, "where": o.where, "count": o.count, "self_ms": _ms(o.self_ps)}
     if o.where != "device":
         return row
@@ -49,7 +49,7 @@ def op_json(report: Report, o) -> dict:
     return row
 
 
-def roofline_json(report: Report) -> dict | None:
+def roofline_json(report: ProfileSummary) -> dict | None:
     roof, program = report.roof, report.roofline
     if roof is None:
         return None
@@ -72,7 +72,7 @@ def roofline_json(report: Report) -> dict | None:
     }
 
 
-def duty_cycle_json(report: Report) -> dict | None:
+def duty_cycle_json(report: ProfileSummary) -> dict | None:
     """XProf's device duty cycle (overview_page), summed over chips: op time over the time from each chip's
     first device op to its last. It counts every program run but only the gaps between runs, so with few runs
     it is higher than the steps' share of compute, which counts each run with the gap after it."""
@@ -87,7 +87,7 @@ def duty_cycle_json(report: Report) -> dict | None:
                    "the last, summed over chips; every program run counts, the gap after the last one does not"}
 
 
-def duty_cycle_sentence(report: Report) -> str | None:
+def duty_cycle_sentence(report: ProfileSummary) -> str | None:
     duty = duty_cycle_json(report)
     if duty is None or not report.step_count:
         return None
@@ -107,7 +107,7 @@ def duty_cycle_sentence(report: Report) -> str | None:
     return sentence
 
 
-def devices_json(report: Report) -> list[dict]:
+def devices_json(report: ProfileSummary) -> list[dict]:
     out = []
     for host, d in report.devices:
         total = sum(s.duration_ps for s in d.steps)
@@ -119,7 +119,7 @@ def devices_json(report: Report) -> list[dict]:
     return out
 
 
-def to_json(report: Report, top: int) -> dict:
+def to_json(report: ProfileSummary, top: int) -> dict:
     stage = report.bottleneck_stage
     return {
         "hosts": [
@@ -228,7 +228,7 @@ def _as_typed(folder: str) -> str:
     return folder if relative.startswith("..") else relative
 
 
-def _precision(report: Report) -> dict:
+def _precision(report: ProfileSummary) -> dict:
     """Device time in matmuls/convolutions and the part with 32-bit results (TPU planes only)."""
     matmul = sum(h.matmul_ps for h in report.hosts)
     wide = sum(h.matmul_f32_ps for h in report.hosts)
@@ -237,7 +237,7 @@ def _precision(report: Report) -> dict:
             "f32_matmul_percent_of_compute": round(100.0 * wide / compute, 1) if compute and matmul else None}
 
 
-def print_tables(report: Report, top: int) -> None:
+def print_tables(report: ProfileSummary, top: int) -> None:
     from rich.markup import escape
 
     from tpuprof.renderers import tables

@@ -8,8 +8,8 @@ import threading
 import time
 from typing import Optional
 
-from tpuprof.sources.addresses import Target
-from tpuprof.sources.capture import CaptureResult, TraceOptions, attempts_started
+from tpuprof.sources.addresses import ProfilerAddresses
+from tpuprof.sources.capture import CapturedRun, TraceOptions, attempts_started
 
 
 # XProf's own viewer: the `xprof` command that tensorboard-plugin-profile installs (TensorBoard is not
@@ -17,7 +17,7 @@ from tpuprof.sources.capture import CaptureResult, TraceOptions, attempts_starte
 VIEWER_PORT = 8791
 
 
-def next_commands(result: CaptureResult) -> list[str]:
+def next_commands(result: CapturedRun) -> list[str]:
     fetch = list(dict.fromkeys(h.fetch for h in result.elsewhere if not h.fetch.startswith("tpuprof ")))
     analyze = result.run_dir if result.run_dir and not fetch else result.logdir
     return [
@@ -27,7 +27,7 @@ def next_commands(result: CaptureResult) -> list[str]:
     ]
 
 
-def to_json(result: CaptureResult, target: Target, options: TraceOptions) -> dict:
+def to_json(result: CapturedRun, target: ProfilerAddresses, options: TraceOptions) -> dict:
     return {
         "run": result.run,
         "run_dir": result.run_dir,
@@ -57,7 +57,7 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def print_summary(result: CaptureResult, target: Target, options: TraceOptions) -> None:
+def print_summary(result: CapturedRun, target: ProfilerAddresses, options: TraceOptions) -> None:
     from rich.markup import escape
 
     from tpuprof.renderers import tables

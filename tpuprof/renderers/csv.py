@@ -51,7 +51,7 @@ def print_memory(results, table: str) -> None:
 
 
 def print_analyze(report, table: str) -> None:
-    """The analyze command's Report: one row per step (per host), per top op, or per tf.data stage."""
+    """The analyze command's ProfileSummary: one row per step (per host), per top op, or per tf.data stage."""
     from tpuprof.models.profile import CATEGORIES
 
     check_analyze(table)

@@ -29,7 +29,9 @@ METADATA_TIMEOUT_S = 2.0
 
 
 @dataclass
-class Target:
+class ProfilerAddresses:
+    """The profiler servers a capture reaches, and which rule chose them."""
+
     addresses: list[str]  # host:port of each profiler server, no scheme
     why: str  # one sentence, without its full stop: which rule chose these addresses
     # A TPU Node name: the node's profiler service can run one session over all workers
@@ -93,7 +95,7 @@ def resolve(
     project: Optional[str] = None,
     port: Optional[int] = None,
     environ: Optional[Mapping[str, str]] = None,
-) -> Target:
+) -> ProfilerAddresses:
     """The profiler servers to capture from, and why those."""
     env = os.environ if environ is None else environ
     notes: list[str] = []
@@ -139,11 +141,11 @@ def _noun(addresses: list[str]) -> str:
     return "address was" if len(addresses) == 1 else "addresses were"
 
 
-def _target(addresses: list[str], why: str, notes: list[str], tpu_master: Optional[str] = None) -> Target:
+def _target(addresses: list[str], why: str, notes: list[str], tpu_master: Optional[str] = None) -> ProfilerAddresses:
     unique = list(dict.fromkeys(addresses))  # the same worker listed twice would be traced twice
     if not unique:
         raise UserError("No profiler address was found: pass --service-addr host:port or --tpu NAME.")
-    return Target(unique, why, tpu_master, notes)
+    return ProfilerAddresses(unique, why, tpu_master, notes)
 
 
 def _on_tpu_vm() -> bool:
@@ -176,7 +178,7 @@ def _tpu_vm_workers() -> list[str]:
     return hosts
 
 
-def resolve_tpu_name(tpu: str, zone: Optional[str], project: Optional[str], port: Optional[int]) -> Target:
+def resolve_tpu_name(tpu: str, zone: Optional[str], project: Optional[str], port: Optional[int]) -> ProfilerAddresses:
     """A Cloud TPU name -> its workers' profiler addresses, through TensorFlow's TPUClusterResolver.
 
     TPUClusterResolver asks the Cloud TPU API (googleapiclient + application-default credentials) and

@@ -29,7 +29,6 @@ from typing import Callable, Optional
 from tpuprof.errors import UserError
 
 PROFILE_DIR = ("plugins", "profile")
-RUN_NAME_FORMAT = "%Y_%m_%d_%H_%M_%S"  # what the profiler client and TensorBoard use
 
 
 @dataclass
@@ -60,7 +59,9 @@ class HostFile:
 
 
 @dataclass
-class CaptureResult:
+class CapturedRun:
+    """A run the profiler wrote: its folder, the host files in it, and how the capture went."""
+
     run: str  # run folder name
     run_dir: str  # logdir/plugins/profile/<run>
     logdir: str
@@ -332,7 +333,7 @@ def _silent_hosts(addresses: list[str], hosts: list[HostFile]) -> list[str]:
 
 
 def capture(addresses: list[str], logdir: str, options: TraceOptions, tpu_master: Optional[str] = None,
-            on_start: Optional[Callable[[tuple[int, int], str], None]] = None) -> CaptureResult:
+            on_start: Optional[Callable[[tuple[int, int], str], None]] = None) -> CapturedRun:
     """Trace every address in one client call (the hosts share one start time, so runs line up).
 
     Each profiler server writes its own trace, to the path the client passes, resolved in the server's working
@@ -365,7 +366,7 @@ def capture(addresses: list[str], logdir: str, options: TraceOptions, tpu_master
         final_dir = place_remote(run_folder, wanted, logdir) if remote else place_local(run_folder, wanted, logdir)
         for host in hosts:
             host.path = f"{final_dir.rstrip('/')}/{host.path}"
-        return CaptureResult(
+        return CapturedRun(
             run=final_dir.rstrip("/").rsplit("/", 1)[-1],
             run_dir=final_dir,
             logdir=logdir,
@@ -415,7 +416,7 @@ def where_elsewhere(address: str, logdir: str, tpu_master: Optional[str] = None)
 
 def _capture_with_other_machines(addresses: list[str], elsewhere: list[str], logdir: str, options: TraceOptions,
                                  tpu_master: Optional[str], on_start: Optional[Callable],
-                                 started: float) -> CaptureResult:
+                                 started: float) -> CapturedRun:
     """Servers on other machines write where they run: the run folder of a local LOGDIR on each host's own disk
     (the same absolute path), or a gs:// LOGDIR that every host writes itself. The client is given the logdir
     itself (no scratch folder: a host's scratch would be left on its disk). Files written here (servers on
@@ -435,7 +436,7 @@ def _capture_with_other_machines(addresses: list[str], elsewhere: list[str], log
                 for host in hosts:
                     host.path = f"{run_dir}/{host.path}"
         local = [a for a in addresses if a not in elsewhere]
-        return CaptureResult(
+        return CapturedRun(
             run=run, run_dir=run_dir, logdir=logdir, addresses=list(addresses), hosts=hosts,
             attempts_used=max(1, attempts_started(log_path)), seconds=time.monotonic() - started,
             silent=_silent_hosts(local, hosts) if local else [],

@@ -1,8 +1,11 @@
-"""Find and read XLA dumps: HloProto (`*.hlo.pb`), buffer-assignment text, HLO text.
+"""Find and read XLA dumps: HloProto (`*.hlo.pb`), buffer-assignment text, HLO text, and what libtpu writes
+beside a module (`*.target_arguments.txt`: the TPU and torus it was compiled for; `*.execution_options.txt`: the
+device assignment).
 
-A dump folder from `--xla_dump_to` holds many files per module; we pick, per module, the most
+A dump folder from `--xla_dump_to` holds many files per module; for memory we pick, per module, the most
 informative one: the after-optimizations HloProto (buffer assignment and heap trace), else the
-buffer-assignment text, else the after-optimizations HLO text.
+buffer-assignment text, else the after-optimizations HLO text. The step estimate reads the module libtpu
+compiled (read_compiled_module).
 """
 
 from __future__ import annotations
@@ -10,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import mmap
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpuprof import targets
 from tpuprof.errors import UserError
 
 PROTO_SUFFIXES = (".hlo.pb", ".hlo_proto.pb")
@@ -30,7 +34,7 @@ class DumpFile:
         return self.path.stat().st_size
 
 
-def _module_key(name: str) -> str:
+def module_key(name: str) -> str:
     """`module_0001.jit_f.cl_123.after_optimizations.hlo.pb` -> `module_0001.jit_f.cl_123`."""
     for marker in (".cpu_after_optimizations", ".gpu_after_optimizations",  # XLA:CPU/GPU dumps
                    ".after_optimizations", ".before_optimizations", ".after_codegen", ".hlo_proto.pb",
@@ -103,14 +107,14 @@ def discover(path: Path, module: str | None = None) -> list[DumpFile]:
     if path.is_file():
         classified = classify(path)
         kind = classified[0] if classified else _sniff(path)
-        return [DumpFile(_module_key(path.name), path, kind)]
+        return [DumpFile(module_key(path.name), path, kind)]
     candidates: dict[str, tuple[int, DumpFile]] = {}
     for file in sorted(path.iterdir()):
         classified = classify(file) if file.is_file() else None
         if classified is None:
             continue
         kind, rank = classified
-        key = _module_key(file.name)
+        key = module_key(file.name)
         if key not in candidates or rank < candidates[key][0]:
             candidates[key] = (rank, DumpFile(key, file, kind))
     if not candidates:
@@ -128,6 +132,29 @@ def discover(path: Path, module: str | None = None) -> list[DumpFile]:
             raise UserError(f"no module matching {module!r} in {path}; modules: {names}.")
         files = chosen
     return files
+
+
+def needs_tpu_compile(path: Path, module: str | None = None) -> bool:
+    """Whether PATH holds module protos without a TPU buffer assignment (CPU/GPU dumps, protos before
+    optimization): what `--compile` turns into exact TPU figures."""
+    try:
+        files = discover(path, module)
+    except UserError:
+        return False
+    if path.is_dir() and not files:
+        return False
+    for file in files:
+        if file.kind != "hlo_proto":
+            continue
+        name = file.path.name
+        if name.endswith(".after_optimizations.hlo.pb") and not any(m in name for m in NON_TPU_MARKERS):
+            continue  # XLA:TPU's own dump name (the memory analysis still checks its layouts)
+        proto = read_hlo_proto(file.path)
+        if non_tpu_platform(file.path, proto.hlo_module) or not proto.buffer_assignment.logical_buffers:
+            return True
+    if path.is_dir() and any(path.glob("*before_optimizations.hlo.pb")):
+        return not any(f.kind in ("hlo_proto", "buffer_assignment") for f in files)
+    return False
 
 
 def _sniff(path: Path) -> str:
@@ -173,7 +200,7 @@ def read_buffer_definers(path: Path):
 
     The instructions of a fusion body define no logical buffer (its fusion instruction does, in the caller); in a
     48-layer transformer they are 3,598 of 4,317 computations, 6.7 of 8.4 MB, skipped unparsed. Whoever reads the
-    result checks that it holds every instruction the buffers name (analyses.buffers.InstructionIndex,
+    result checks that it holds every instruction the buffers name (models.hlo_module.HloModule.find,
     whole_module=False)."""
     from google.protobuf.message import DecodeError
 
@@ -251,13 +278,123 @@ def read_text(path: Path) -> str:
         raise UserError(f"{path} is not text: expected HLO or buffer-assignment text.") from None
 
 
+def read_hlo_text_beside(buffer_assignment: Path) -> str | None:
+    """The module's HLO text beside its `*-buffer-assignment.txt`, or None when the dump holds none."""
+    candidate = buffer_assignment.with_name(buffer_assignment.name.split("-buffer-assignment")[0] + ".txt")
+    if not candidate.is_file():
+        return None
+    return candidate.read_text(encoding="utf-8", errors="replace")
+
+
 def detect_target(file: DumpFile) -> str | None:
     """The TPU generation of a dump, from the `<module>.target_arguments.txt` libtpu writes beside it."""
-    from tpuprof import targets
+    arguments = read_target_arguments(file.path)
+    return arguments.generation if arguments is not None else None
 
-    for candidate in file.path.parent.glob(file.module + "*target_arguments.txt"):
-        try:
-            return targets.from_target_arguments(candidate.read_text(errors="replace"))
-        except OSError:
-            return None
-    return None
+
+# --- what libtpu writes beside a module ------------------------------------------------------------------
+
+@dataclass
+class TargetArguments:
+    """A dump's `<module>.target_arguments.txt` (libtpu's tpu_topology_args): the TPU and torus compiled for."""
+
+    generation: str | None  # tpuprof.targets name, None for a chip tpuprof does not know
+    chip_config: str | None  # "megacore", "default"; None when the file does not say
+    chips_per_host_bounds: tuple[int, int, int] | None
+    host_bounds: tuple[int, int, int] | None
+    wrap: tuple[bool, bool, bool]  # the axes the file declares wrapped (rings)
+
+
+def parse_target_arguments(text: str) -> TargetArguments:
+    """The fields tpuprof reads. A v4 dump compiled per TensorCore (chip_config_name "default", which v4 VMs do
+    not run) is still v4; its capacity is then half the chip's that tpuprof assumes."""
+    version = re.search(r"version:\s*(TPU_VERSION_\w+)", text)
+    variant = re.search(r'variant:\s*"(\w*)"', text)
+    chip_config = re.search(r'chip_config_name:\s*"(\w*)"', text)
+    declared = re.search(r"wrap\s*\{([^}]*)\}", text)
+    return TargetArguments(
+        generation=targets.from_codename(version.group(1), variant.group(1) if variant else "") if version else None,
+        chip_config=chip_config.group(1) if chip_config else None,
+        chips_per_host_bounds=_bounds(text, "chips_per_host_bounds"),
+        host_bounds=_bounds(text, "host_bounds"),
+        wrap=tuple(bool(declared and re.search(rf"\b{axis}:\s*true", declared.group(1))) for axis in "xyz"),
+    )
+
+
+def _bounds(text: str, name: str) -> tuple[int, int, int] | None:
+    match = re.search(r"(?<![a-z_])" + name + r"\s*\{([^}]*)\}", text)
+    if not match:
+        return None
+    values = {axis: int(v) for axis, v in re.findall(r"([xyz]):\s*(\d+)", match.group(1))}
+    return values.get("x", 1), values.get("y", 1), values.get("z", 1)
+
+
+def _beside(module_file: Path, suffix: str) -> Path | None:
+    """The file libtpu wrote beside MODULE_FILE for the same module, e.g. `<module>.target_arguments.txt`."""
+    key = module_key(module_file.name)
+    exact = module_file.with_name(key + suffix)
+    if exact.is_file():
+        return exact
+    return next(iter(sorted(module_file.parent.glob(key + "*" + suffix))), None)
+
+
+def read_target_arguments(module_file: Path) -> TargetArguments | None:
+    """The target arguments of the module in MODULE_FILE, or None when the dump holds none."""
+    found = _beside(module_file, ".target_arguments.txt")
+    if found is None:
+        return None
+    try:
+        return parse_target_arguments(found.read_text(errors="replace"))
+    except OSError:
+        return None
+
+
+def read_device_assignment(module_file: Path) -> list[int]:
+    """Partition (logical id) -> device id, from the module's `*.execution_options.txt`; [] without one."""
+    found = module_file.with_name(module_key(module_file.name) + ".execution_options.txt")
+    if not found.is_file():
+        return []
+    return [int(v) for v in re.findall(r"replica_device_ids:\s*(\d+)", found.read_text(errors="replace"))]
+
+
+# --- the module libtpu compiled, for the step estimate ---------------------------------------------------
+
+COMPILED_STAGES = ("after_codegen", "after_optimizations")
+
+
+@dataclass
+class CompiledModule:
+    """The module libtpu compiled (`*.after_codegen.hlo.pb`, which carries the compiler's cycles, else
+    `*.after_optimizations.hlo.pb`) and what the dump says beside it."""
+
+    path: Path
+    stage: str  # after_codegen | after_optimizations
+    proto: object  # its HloModuleProto
+    target_arguments: TargetArguments | None = None
+    device_assignment: list[int] = field(default_factory=list)
+
+    @property
+    def target(self) -> str | None:
+        return self.target_arguments.generation if self.target_arguments else None
+
+
+def find_compiled_module(dump_dir: Path) -> Path:
+    """The module proto of a compile's dump: after_codegen (carries the compiler's cycles) if kept."""
+    for stage in COMPILED_STAGES:
+        found = sorted(dump_dir.glob(f"*.{stage}.hlo.pb"), key=lambda p: (-p.stat().st_size, p.name))
+        if found:
+            return found[0]
+    raise UserError(f"{dump_dir} holds no *.after_codegen.hlo.pb or *.after_optimizations.hlo.pb to estimate from.")
+
+
+def read_compiled_module(path: str | Path) -> CompiledModule:
+    """A compile's dump folder, or one of its module protos."""
+    path = Path(path)
+    proto_path = find_compiled_module(path) if path.is_dir() else path
+    try:
+        module = read_hlo_proto(proto_path).hlo_module
+    except OSError as error:
+        raise UserError(f"{proto_path} is not a readable HLO proto ({type(error).__name__}).") from None
+    stage = "after_codegen" if ".after_codegen." in proto_path.name else "after_optimizations"
+    return CompiledModule(proto_path, stage, module, read_target_arguments(proto_path),
+                          read_device_assignment(proto_path))

@@ -24,7 +24,7 @@ def spec_from_objects(value, example_args: tuple):
     from tpuprof.sources import tpu_compile
 
     name = getattr(value, "__name__", None) or type(value).__name__
-    if tpu_compile._is_keras_model(value):
+    if tpu_compile.is_keras_model(value):
         if len(example_args) != 2:
             raise UserError("preflight of a Keras model takes the model, example inputs and example labels: "
                             "tpuprof.preflight(model, x, y, tpu=...).")

@@ -578,7 +578,7 @@ def _module_of(value) -> str:
     return type(value).__module__ or ""
 
 
-def _is_keras_model(value) -> bool:
+def is_keras_model(value) -> bool:
     return any((c.__module__ or "").split(".")[0] in ("keras", "tf_keras") for c in type(value).__mro__) \
         and hasattr(value, "trainable_variables")
 
@@ -594,7 +594,7 @@ def _is_tensor_spec(value) -> bool:
 def _classify(value) -> str | None:
     if not isinstance(value, (tuple, list)):
         return None
-    if len(value) == 3 and _is_keras_model(value[0]) and _is_tensor_spec(value[1]) and _is_tensor_spec(value[2]):
+    if len(value) == 3 and is_keras_model(value[0]) and _is_tensor_spec(value[1]) and _is_tensor_spec(value[2]):
         return "keras"
     if len(value) == 2 and callable(value[0]) and isinstance(value[1], (tuple, list)):
         if _is_tf_function(value[0]):

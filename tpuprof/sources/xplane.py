@@ -22,7 +22,7 @@ SUFFIX = ".xplane.pb"
 
 
 class _LocalFS:
-    """The three file-system calls `find_host_files` makes, for local paths without importing fsspec (60 ms of
+    """The three file-system calls `find_capture` makes, for local paths without importing fsspec (60 ms of
     start-up that a local capture does not need)."""
 
     protocol = "file"
@@ -75,13 +75,9 @@ class RunChoice:
     others: int
 
 
-def find_host_files(path: str) -> list[str]:
-    """The xplane.pb files (one per host) of the capture PATH names; URLs keep their protocol."""
-    return find_capture(path)[0]
-
-
 def find_capture(path: str) -> tuple[list[str], RunChoice | None]:
-    """find_host_files, and for a logdir the run it chose (the newest) among how many."""
+    """The xplane.pb files (one per host) of the capture PATH names (URLs keep their protocol), and for a logdir
+    the run it chose (the newest) among how many."""
     path = str(path)
     if not _is_local(path):
         return remote.call(path, "listing the capture", _find_capture, path)
