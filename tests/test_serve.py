@@ -147,7 +147,65 @@ def test_the_safe_utilization_lies_below_one_whose_headroom_the_largest_program_
     safe = tpuprof.serve(str(GEMMA3_1B), "v5e-1", max_model_len=512, block_size=32,
                          gpu_memory_utilization=target.safe_gpu_memory_utilization, **SMALL).targets[0]
     assert safe.fits
-    assert (1 - safe.capacity.gpu_memory_utilization) * limit >= largest.reserve_bytes + target.margin_bytes - limit / 100
+    # The headroom holds the largest temporaries, the code of every program (the logits program's besides the
+    # backbone's: loaded programs keep their code) and the margin.
+    programs = target.programs
+    assert programs.all_code_bytes > largest.code_bytes
+    assert target.headroom_bytes == programs.largest_temp_bytes + programs.all_code_bytes + target.margin_bytes
+    assert (1 - safe.capacity.gpu_memory_utilization) * limit >= target.headroom_bytes
+
+
+FAILURES = Path(__file__).parent / "fixtures" / "oom" / "serving"
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def reservation_in(name: str) -> tuple[int, int | None]:
+    """(bytes the failing program asked for, bytes free when it asked, if the log says) in a failure fixture."""
+    text = (FAILURES / name).read_text()
+    assert text.startswith("# source: https://")
+    asked = re.search(r"Attempting to (?:reserve|allocate) ([\d.]+)([KMG])", text)
+    free = re.search(r"There are ([\d.]+)([KMG]) free", text)
+    size = lambda m: int(float(m.group(1)) * UNITS[m.group(2)])  # noqa: E731
+    return size(asked), size(free) if free else None
+
+
+# Every public E0101 failure we have: (fixture, generation, the utilization that failed, the program memory the
+# source states in all when the failing log under-counts it, a utilization that started). None of these models can
+# be built by tpuprof (gemma-4 and GPT-OSS's attention are not modelled), so the rule is applied to each log's own
+# figures: the failing program's reservation, plus what the loaded programs already held (the headroom the
+# utilization left minus the free memory the log prints), plus the margin.
+E0101_FAILURES = [
+    # gemma-4-E2B-it on v5e-1: 384.11M asked, 346.77M free of the 0.7875 GiB headroom; the same run started at 0.92.
+    ("xbill9_gemma4_e2b_v5e1_e0101_reserve.txt", "v5e", 0.95, None, 0.92),
+    # gemma-4-26B/31B on tpu7x-8, TP 8 (tpu-inference PR #3408): 1.13G asked with 528.72M free at 0.98. The log's
+    # figures hold only the programs loaded before that one; the PR found 0.95 fails too, the programs totalling
+    # "~6GiB+" at load (the vision encoder's among them), and set 0.90: the rule takes that total.
+    ("tpu_inference_3408_e0101_allocate_tpu7x.txt", "tpu7x", 0.98, 6 * GiB, 0.90),
+    # GPT-OSS on TPU7X (tpu-recipes #151): 6.14G to reserve at 0.93 (63.64% of start-ups fail), no free figure;
+    # 0.83 starts.
+    ("tpu_recipes_151_gpt_oss_tpu7x_reserve.txt", "tpu7x", 0.93, None, 0.83),
+]
+
+
+@pytest.mark.parametrize("name, generation, failed, stated_total, started", E0101_FAILURES)
+def test_the_safe_utilization_lies_below_every_public_e0101_failure(name, generation, failed, stated_total, started):
+    from tpuprof import targets
+    from tpuprof.analyses import serve_programs
+
+    limit = targets.get(generation).compiler_hbm_bytes
+    asked, free = reservation_in(name)
+    held = int((1 - failed) * limit) - free if free is not None else 0
+    assert held >= 0
+    programs = max(asked + held, stated_total or 0)
+    margin = int(limit * serve_programs.MARGIN_FRACTION)
+    safe = serve_memory.safe_utilization(limit, serve_memory.headroom_bytes(asked, programs - asked, margin))
+    assert safe < failed
+    # The one that started: xbill9's 0.92 equals ours; PR #3408's 0.90 and #151's 0.83 are below ours (0.91),
+    # and whether 0.91 starts there no log says.
+    assert (safe == started) if name.startswith("xbill9") else (started < safe < failed)
+    # Without the code the loaded programs hold, the largest program alone gave 0.95 on xbill9's log: the failure.
+    if name.startswith("xbill9"):
+        assert serve_memory.safe_utilization(limit, asked + margin) >= failed
 
 
 @needs_libtpu

@@ -210,10 +210,18 @@ def default_max_num_batched_tokens(generation: str) -> int:
     return DEFAULT_MAX_NUM_BATCHED_TOKENS.get(generation, GENERAL_MAX_NUM_BATCHED_TOKENS)
 
 
-def safe_utilization(bytes_limit: int, largest_reserve: int, margin: int) -> float:
-    """XLA error 0101: each loaded program reserves temporaries + code contiguously below the KV cache, so
-    (1 - u) x limit must hold the largest of them plus a margin for fragmentation. Rounded down to 0.01."""
-    return math.floor((1 - (largest_reserve + margin) / bytes_limit) * 100) / 100
+def headroom_bytes(largest_temp: int, all_code: int, margin: int) -> int:
+    """What must lie below the KV cache for every program to load (XLA error 0101): a loaded program keeps its code
+    resident, and the one being loaded reserves its temporaries + code contiguously "at the bottom of memory" next
+    to them (the failures in public logs show memory already held by the programs loaded before: 459.6 MiB of the
+    0.79 GiB headroom in xbill9's gemma-4-E2B log, 1.37 GiB of 1.85 GiB in tpu-inference PR #3408). So the largest
+    temporaries, the code of every program, and a margin for what is not compiled and for fragmentation."""
+    return largest_temp + all_code + margin
+
+
+def safe_utilization(bytes_limit: int, headroom: int) -> float:
+    """The largest utilization whose `(1 - u) x limit` below the KV cache holds HEADROOM, rounded down to 0.01."""
+    return math.floor((1 - headroom / bytes_limit) * 100) / 100
 
 
 def shape_weights_bytes_per_device(config, tp: int, quantization: str, expert_parallel: bool) -> int:

@@ -235,6 +235,15 @@ class ProgramSet:
     def failures(self) -> list:
         return [r for r in self.records if r.failure is not None]
 
+    @property
+    def largest_temp_bytes(self) -> int:
+        return max((r.temp_bytes or 0 for r in self.records if r.failure is None), default=0)
+
+    @property
+    def all_code_bytes(self) -> int:
+        """The code of every program compiled: loaded programs keep it resident, side by side."""
+        return sum(r.code_bytes or 0 for r in self.records if r.failure is None)
+
 
 @dataclass(frozen=True)
 class Band:
@@ -277,7 +286,7 @@ class ServeTarget:
     kv: KvLayout
     capacity: Capacity  # at the utilization used
     utilization_given: bool  # the user set --gpu-memory-utilization
-    safe_gpu_memory_utilization: float | None  # 1 - (largest temp + code + margin) / limit
+    safe_gpu_memory_utilization: float | None  # 1 - (largest temp + all code + margin) / limit
     margin_bytes: int
     programs: ProgramSet | None
     fits: bool
@@ -287,6 +296,7 @@ class ServeTarget:
     command: str = ""  # the engine's launch command, ready to paste
     smem_page_table_bytes: int = 0
     smem_limit_bytes: int = 0
+    headroom_bytes: int | None = None  # below the KV cache: largest temp + all code + margin (None: not compiled)
 
 
 @dataclass
