@@ -208,6 +208,68 @@ def test_the_safe_utilization_lies_below_every_public_e0101_failure(name, genera
         assert serve_memory.safe_utilization(limit, asked + margin) >= failed
 
 
+QWEN3_MOE_1_LAYER = SERVING / "qwen3-30b-a3b-1layer.config.json"  # Qwen3-30B-A3B's config, 1 decoder layer
+
+
+def moe_weights_by_hand(config, tp: int) -> int:
+    """Qwen3-30B-A3B's weights on one of TP devices, from its config: q and o split over TP, k and v with the 4 KV
+    heads replicated to one per device, 128 experts of gate/up/down split over TP, the router and the norms
+    replicated, the embedding and the LM head split over the vocabulary; bf16."""
+    d, hd = config.hidden_size, config.head_dim
+    attention = 2 * d * config.num_attention_heads * hd // tp + 2 * d * max(config.num_key_value_heads // tp, 1) * hd
+    experts = config.num_experts * 3 * d * config.moe_intermediate_size // tp
+    router, norms = d * config.num_experts, 2 * d
+    layer = attention + experts + router + norms
+    return 2 * (config.num_hidden_layers * layer + 2 * config.vocab_size * d // tp + d)
+
+
+@needs_libtpu
+def test_moe_layers_compile_routed_as_the_engine_runs_them_with_the_weights_of_the_config():
+    """The routed step (top-k, the megablox grouped matmul over each expert's rows) compiled for v6e-8, TP 8: its
+    weights per device are the config's arithmetic (to the 3.5 KiB of the step's int32 inputs, 0.001%)."""
+    result = tpuprof.serve(str(QWEN3_MOE_1_LAYER), "v6e-8", max_model_len=2048, **SMALL)
+    target = result.targets[0]
+    config = result.answer.options.model
+    assert config.moe and config.num_experts == 128 and config.num_hidden_layers == 1
+    expected = moe_weights_by_hand(config, 8)
+    assert expected == 312_356_864
+    assert abs(target.programs.weights_bytes_per_device - expected) <= 4096
+    # The routed experts are 48% of the weights on a device; a decode step of 8 requests reads the experts
+    # 8 tokens x top-8 reach: 1 - (1 - 8/128)^8 = 40% of them.
+    experts = serve_memory.expert_weights_bytes_per_device(config, 8, "bf16")
+    assert experts == 150_994_944
+    from tpuprof.analyses import serve_estimate
+
+    assert serve_estimate.experts_touched(config, 8) == pytest.approx(1 - (120 / 128) ** 8)
+    assert not target.programs.failures and target.programs.largest.temp_bytes is not None
+
+
+@needs_libtpu
+@pytest.mark.parametrize("expert_parallel, expert_shard", [(False, (128, 2048, 96)), (True, (16, 2048, 768))])
+def test_expert_parallelism_gives_each_device_whole_experts(expert_parallel, expert_shard):
+    """vLLM's --enable-expert-parallel shards the experts themselves over the devices (tpu-inference's
+    expert_parallel_gmm); without it each device holds every expert's slice of the intermediate width. The
+    program is lowered (the grouped matmul with its expert offset traced), not compiled."""
+    import jax
+
+    from tpuprof.analyses import serve_programs
+    from tpuprof.sources import llm_serve
+
+    options = tpuprof.serve(str(QWEN3_MOE_1_LAYER), "v6e-8", max_model_len=2048, compile=False, **SMALL).answer.options
+    config, slice_ = options.model, options.slices[0]
+    kv = serve_memory.kv_layout(config, "vllm", 8, "auto", 2048, None, 8)
+    backbones, _ = serve_programs.programs(config, kv, tp=8, max_num_seqs=8, max_model_len=2048,
+                                           max_num_batched_tokens=16, quantization="bf16",
+                                           expert_parallel=expert_parallel, generation="v6e")
+    fn, args, mesh = llm_serve.build(config, backbones[0], tpu_compile.topology_devices(slice_.name))
+    gate = args[1][0]["we_gate"]
+    assert gate.sharding.shard_shape(gate.shape) == expert_shard
+    with jax.set_mesh(mesh):
+        text = fn.lower(*args).as_text()
+    # The megablox grouped matmul, a Pallas kernel (the dense einsum of every expert had none).
+    assert re.search(r"func\.func private @gmm\b", text) and text.count('kernel_name = "kernel"') >= 2
+
+
 @needs_libtpu
 def test_the_json_document_follows_its_schema_and_markdown_renders_it(gemma3_1b_v5e):
     from test_schemas import validate

@@ -224,6 +224,16 @@ def safe_utilization(bytes_limit: int, headroom: int) -> float:
     return math.floor((1 - headroom / bytes_limit) * 100) / 100
 
 
+def expert_weights_bytes_per_device(config, tp: int, quantization: str) -> int:
+    """The routed experts' weights on one device (gate, up and down of every expert, split over the TP devices by
+    width or, with expert parallelism, by whole experts: the same bytes when the experts divide evenly)."""
+    if not config.moe:
+        return 0
+    w = {"bf16": 2, "fp8": 1, "int8": 1}[quantization]
+    return config.num_hidden_layers * config.num_experts * 3 * config.hidden_size * config.moe_intermediate_size \
+        * w // tp
+
+
 def shape_weights_bytes_per_device(config, tp: int, quantization: str, expert_parallel: bool) -> int:
     """Weights per device from the shapes and the engine's sharding (no compile): q/o over TP, k/v over TP with
     replication, MLP over TP, vocabulary over TP; norms replicated. Unpadded (the compile gives the padded figure)."""

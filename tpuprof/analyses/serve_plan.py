@@ -109,7 +109,9 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
 
         estimate = serve_estimate.estimate(config, slice_, tp, replicas, weights, kv.kv_bytes_per_token_per_device,
                                            concurrency, options.input_len, options.output_len, batched,
-                                           prices.price_for(slice_.generation, dict(options.prices)))
+                                           prices.price_for(slice_.generation, dict(options.prices)),
+                                           serve_memory.expert_weights_bytes_per_device(config, tp,
+                                                                                        options.quantization))
     verdict = (f"serves: {cap.tokens:,} KV tokens per engine, {cap.max_concurrency:.1f} requests of "
                f"{max_model_len} tokens at once" if fits else "does not serve as asked: " + problems[0])
     return ServeTarget(

@@ -67,7 +67,8 @@ def programs(config, kv: KvLayout, *, tp: int, max_num_seqs: int, max_model_len:
         num_kv_pages_per_block=max(1, min(pages_per_request, KV_TOKENS_PER_BLOCK // kv.page_size)),
         num_queries_per_block=QUERIES_PER_BLOCK, vmem_limit_bytes=vmem_limit_bytes(generation))
     backbones = [replace(base, tokens=t, num_queries_per_block=min(QUERIES_PER_BLOCK, t)) for t in tokens]
-    logits = [replace(base, kind="logits", tokens=0, requests=r, layers=0) for r in requests]
+    # The logits programs hold no experts: one compile serves with and without expert parallelism.
+    logits = [replace(base, kind="logits", tokens=0, requests=r, layers=0, expert_parallel=False) for r in requests]
     return backbones, logits
 
 

@@ -32,6 +32,7 @@ from tpuprof.sources.llm import ModelConfig
 
 IMPLEMENTATION = "tpuprof compact JAX serving step (tpuprof/sources/llm_serve.py)"
 DTYPES = {"bf16": "bfloat16", "fp8": "float8_e4m3fn", "int8": "int8"}
+GMM_TILE = 128  # the megablox grouped matmul's (m, k, n) tile, at most: its default, given explicitly
 
 
 @dataclass(frozen=True)
@@ -182,17 +183,37 @@ def _backbone(config: ModelConfig, program: ServeProgram, devices):
         return x if hd_pad == hd else jnp.pad(x, ((0, 0), (0, 0), (0, hd_pad - hd)))
 
     def experts(y, w):
-        # Every expert's slice on this device over every token, weighted by the top-k routing (zero elsewhere): the
-        # shapes of a dense MoE step, not a grouped-matmul kernel's (its FLOPs are the experts' count over top-k).
+        # Routed as tpu-inference runs MoE on TPU (layers/common/fused_moe_gmm.py): top-k routing, the (token,
+        # expert) pairs sorted by expert, the megablox grouped matmul (jax.experimental.pallas.ops.tpu.megablox
+        # gmm) over each expert's rows (gate, up, then down), the rows put back and weighted, and a psum. Tensor
+        # parallel: every device holds every expert's slice of the intermediate width; expert parallel
+        # (--enable-expert-parallel): each device holds whole experts and computes only their rows.
+        from jax.experimental.pallas.ops.tpu.megablox.gmm import gmm
+
+        top_k = config.num_experts_per_tok
         logits = (y @ w["router"]).astype(jnp.float32)
-        weights, chosen = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), config.num_experts_per_tok)
+        weights, chosen = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
+        flat = chosen.reshape(-1)
+        order = jnp.argsort(flat)
+        rows = y[order // top_k]
+        group_sizes = jnp.bincount(flat, length=config.num_experts).astype(jnp.int32)
         local = w["we_gate"].shape[0]
-        first = jax.lax.axis_index("tensor") * local if program.expert_parallel else 0
-        combine = jnp.sum(jax.nn.one_hot(chosen - first, local, dtype=jnp.float32) * weights[..., None], axis=1)
-        gate = jnp.einsum("td,edf->tef", y, w["we_gate"].astype(jnp.bfloat16))
-        up = jnp.einsum("td,edf->tef", y, w["we_up"].astype(jnp.bfloat16))
-        hidden = act(gate) * up * combine.astype(jnp.bfloat16)[..., None]
-        out = jnp.einsum("tef,efd->td", hidden, w["we_down"].astype(jnp.bfloat16))
+        offset = (jax.lax.axis_index("tensor") * local).astype(jnp.int32) if program.expert_parallel else None
+        pairs = rows.shape[0]
+        tiling = lambda m, k, n: (min(GMM_TILE, m), min(GMM_TILE, k), min(GMM_TILE, n))  # noqa: E731
+
+        def grouped(x, weight):
+            return gmm(x, weight.astype(jnp.bfloat16), group_sizes, preferred_element_type=jnp.bfloat16,
+                       tiling=tiling, group_offset=offset)
+
+        hidden = act(grouped(rows, w["we_gate"])) * grouped(rows, w["we_up"])
+        out_rows = grouped(hidden, w["we_down"])
+        if program.expert_parallel:  # rows of other devices' experts are not computed here
+            bounds = jnp.cumulative_sum(group_sizes, include_initial=True)
+            index = jnp.arange(pairs)
+            out_rows = jnp.where(((index >= bounds[offset]) & (index < bounds[offset + local]))[:, None], out_rows, 0)
+        unsorted = out_rows[jnp.argsort(order)].reshape(-1, top_k, out_rows.shape[-1])
+        out = jnp.sum(unsorted.astype(jnp.float32) * weights[..., None], axis=1).astype(jnp.bfloat16)
         if config.shared_expert_intermediate_size:
             shared = matmul(act(matmul(y, w, "ws_gate")) * matmul(y, w, "ws_up"), w, "ws_down")
             out = out + jax.nn.sigmoid((y @ w["ws_router"]).astype(jnp.float32)).astype(jnp.bfloat16) * shared
