@@ -318,6 +318,15 @@ def test_bad_input_is_one_sentence_and_exit_2(args, flag):
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 
+def test_mla_models_are_refused_in_one_sentence_rather_than_given_a_wrong_kv_figure():
+    """DeepSeek's MLA cache is a latent per token; the KV-heads rule gave deepseek-v2-lite 55,296 B per token per
+    device on v6e-8 before."""
+    result = run_cli("serve", "--model", "deepseek-v2-lite", "--tpu", "v6e-8", "--no-compile")
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    assert "multi-head latent attention (MLA), whose serving is not modelled" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_api_errors_name_the_keyword_not_the_flag():
     with pytest.raises(tpuprof.UserError, match=r"^max_model_len 200000 is beyond"):
         tpuprof.serve("llama3.1-70b", "v6e-8", max_model_len=200000, compile=False)

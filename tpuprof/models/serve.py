@@ -124,6 +124,10 @@ def serve_options(model: str, tpu: str | list | tuple, *, engine: str = "vllm", 
     if input_len + output_len > length:
         raise OptionError("input_len", f"{{option}} {input_len} plus {{output_len}} {output_len} exceed the max "
                                        f"model length {length}.")
+    if config.mla:  # tpu-inference keeps one latent per token (runner/kv_cache.py, mla.get_kv_cache_shape)
+        raise OptionError("model", f"{{option}}: {config.name} uses multi-head latent attention (MLA), whose serving "
+                                   "is not modelled: its KV cache holds a latent of kv_lora_rank + rope dimensions per "
+                                   "token, not KV heads x head_dim, so no figure tpuprof gives would be right.")
     if enable_expert_parallel and not config.moe:
         raise OptionError("enable_expert_parallel", f"{{option}}: {config.name} has no experts.")
     if isinstance(prices, Mapping):
