@@ -264,10 +264,36 @@ def test_expert_parallelism_gives_each_device_whole_experts(expert_parallel, exp
     fn, args, mesh = llm_serve.build(config, backbones[0], tpu_compile.topology_devices(slice_.name))
     gate = args[1][0]["we_gate"]
     assert gate.sharding.shard_shape(gate.shape) == expert_shard
+    if not expert_parallel:
+        return  # the tensor-parallel step is compiled by the test above
     with jax.set_mesh(mesh):
         text = fn.lower(*args).as_text()
     # The megablox grouped matmul, a Pallas kernel (the dense einsum of every expert had none).
     assert re.search(r"func\.func private @gmm\b", text) and text.count('kernel_name = "kernel"') >= 2
+
+
+LLAMA_HD64_1_LAYER = SERVING / "llama-3.2-1b-1layer.config.json"  # Llama-3.2-1B's config (head_dim 64), 1 layer
+
+
+def test_head_dim_64_pads_the_heads_not_the_kv_slots_to_the_packing():
+    """vLLM's head_dim-64 kernel (RPA v3 kernel_hd64.get_kv_cache_shape) stores a head's K and V side by side in 128
+    lanes and pads the heads to the packing: one 64-wide KV head per device (8 heads over TP 8) takes 2 x 128 x 2 B
+    = 512 B per token and layer in bf16, not the 2 K/V slots x 64 x 2 B = 256 B of the other heads' rule."""
+    config = tpuprof.serve(str(LLAMA_HD64_1_LAYER), "v6e-8", max_model_len=2048, compile=False).answer.options.model
+    assert config.head_dim == 64
+    one_head = serve_memory.kv_layout(config, "vllm", 8, "auto", 2048, None, 8)
+    assert one_head.padded_head_dim == 64 and one_head.kv_bytes_per_token_per_device == 512
+    assert serve_memory.kv_layout(config, "vllm", 8, "fp8", 2048, None, 8).kv_bytes_per_token_per_device == 4 * 128
+    # Two heads per device (TP 4) fill the bf16 packing: 2 x 128 x 2 B, as the 128-wide rule would also say.
+    assert serve_memory.kv_layout(config, "vllm", 4, "auto", 2048, None, 8).kv_bytes_per_token_per_device == 512
+
+
+@needs_libtpu
+def test_a_head_dim_64_model_is_compiled_in_the_engines_cache_layout():
+    """Compiled with its K and V merged in 128 lanes, the cache page the compiler allocates is the engine's."""
+    target = tpuprof.serve(str(LLAMA_HD64_1_LAYER), "v6e-8", max_model_len=2048, **SMALL).targets[0]
+    assert target.programs.kv_page_bytes_per_layer == target.kv.page_bytes_per_layer == target.kv.page_size * 512
+    assert not target.programs.failures
 
 
 @needs_libtpu

@@ -5,6 +5,9 @@ vLLM TPU = vllm-project/tpu-inference 0.32.0 (see ../shared/reference/serving-fa
 - KV cache shape, RPA v3 `get_kv_cache_shape`: `(pages, page_size, align(2 x kv_heads_per_device, packing) / packing,
   packing, padded head_dim)`, packing = 32 / dtype bits (bf16 2, fp8 4); `get_padded_head_dim`: head_dim 64 stays,
   others round up to 128; `get_num_kv_heads_by_tp`: KV heads are replicated up to TP when TP exceeds them.
+  head_dim 64 has its own kernel and layout (`runner/kv_cache.get_kv_cache_shape_with_mesh` -> RPA v3
+  `kernel_hd64.get_kv_cache_shape`): `(pages, page_size, align(kv_heads_per_device, packing) / packing, packing,
+  128)`, each head's K and V side by side in 128 lanes: the heads, not the K/V slots, pad to the packing.
 - page size, `flash_attn.get_page_size`: 16 when max_model_len > 8192, else next_pow2(max_model_len) / 16 clamped
   to [16, 256]; `--block-size` overrides it. SMEM: the int32 page table `[max_num_seqs, ceil(L / page)]` must fit
   half of the 1 MiB SMEM (`get_min_page_size`, `get_max_num_seqs`).
@@ -125,7 +128,10 @@ def kv_layout(config, engine: str, tp: int, kv_cache_dtype: str, max_model_len: 
     hd = padded_head_dim(config.head_dim, engine)
     per_device, replicated = kv_heads_per_device(config.num_key_value_heads, tp)
     packing = 32 // (8 * DTYPE_BYTES[dtype]) if engine == "vllm" else 1
-    slots = -(-2 * per_device // packing) * packing
+    if engine == "vllm" and hd == 64:  # K|V of a head in 128 lanes, heads padded to the packing (kernel_hd64)
+        slots = 2 * (-(-per_device // packing) * packing)
+    else:
+        slots = -(-2 * per_device // packing) * packing
     page, rule = page_size(max_model_len, block_size, engine, max_num_seqs)
     page_bytes = page * slots * hd * DTYPE_BYTES[dtype]
     layers = config.num_hidden_layers

@@ -44,10 +44,14 @@ def vmem_limit_bytes(generation: str) -> int:
     return min(64, VMEM_PER_CORE.get(generation, 16) * 3 // 4) << 20
 
 
-def compiled_head_dim(kv: KvLayout) -> int:
-    """JAX's ragged paged attention kernel works on 128-lane heads: a 64-wide head (which vLLM keeps, with its own
-    kernel) is compiled at 128, so that model's compiled KV page is twice the engine's."""
-    return max(kv.padded_head_dim, 128)
+def compiled_kv_layout(kv: KvLayout) -> tuple[int, int, bool]:
+    """(combined heads per device, head_dim, K and V merged) of the cache as compiled. JAX's ragged paged attention
+    kernel works on 128-lane heads; vLLM's head_dim-64 kernel stores a head's K and V side by side in 128 lanes
+    (kernel_hd64), so a 64-wide model is compiled in that layout: half the slots, 128 wide, the engine's page bytes
+    (the attention then pairs the lanes as the JAX kernel does: its temporaries are those of a 128-wide head)."""
+    if kv.padded_head_dim == 64:
+        return kv.cache_slots // 2, 128, True
+    return kv.cache_slots, max(kv.padded_head_dim, 128), False
 
 
 def programs(config, kv: KvLayout, *, tp: int, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int,
@@ -58,11 +62,12 @@ def programs(config, kv: KvLayout, *, tp: int, max_num_seqs: int, max_model_len:
     tokens = serve_memory.token_paddings(max_num_batched_tokens)
     requests = serve_memory.request_paddings(max_num_seqs)
     pages_per_request = -(-max_model_len // kv.page_size)
+    combined, head_dim, merged = compiled_kv_layout(kv)
     base = ServeProgram(
         kind="backbone", tokens=tokens[0], requests=max_num_seqs, layers=config.num_hidden_layers,
         pages_per_request=pages_per_request,
-        page_size=kv.page_size, kv_pages=KV_PAGES_COMPILED, combined_kv_heads=kv.cache_slots,
-        head_dim=compiled_head_dim(kv), kv_dtype=kv.dtype, weight_dtype=quantization, tensor_parallel_size=tp,
+        page_size=kv.page_size, kv_pages=KV_PAGES_COMPILED, combined_kv_heads=combined, head_dim=head_dim,
+        kv_merged=merged, kv_dtype=kv.dtype, weight_dtype=quantization, tensor_parallel_size=tp,
         expert_parallel=expert_parallel,
         num_kv_pages_per_block=max(1, min(pages_per_request, KV_TOKENS_PER_BLOCK // kv.page_size)),
         num_queries_per_block=QUERIES_PER_BLOCK, vmem_limit_bytes=vmem_limit_bytes(generation))

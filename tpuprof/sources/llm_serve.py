@@ -48,6 +48,7 @@ class ServeProgram:
     kv_pages: int  # pages per layer passed in (their bytes are known exactly; the count is nominal)
     combined_kv_heads: int  # per device, K and V interleaved, padded to the KV dtype's packing
     head_dim: int  # as the engine pads it
+    kv_merged: bool  # a head's K and V side by side in the last dimension (vLLM's head_dim-64 layout)
     kv_dtype: str  # bf16 | fp8
     weight_dtype: str  # bf16 | fp8 | int8
     tensor_parallel_size: int
@@ -234,13 +235,23 @@ def _backbone(config: ModelConfig, program: ServeProgram, devices):
             q = rope(q.reshape(tokens, q_per_device, hd), meta["positions"]) * (hd ** -0.5)
             k = rope(k.reshape(tokens, kv_per_device, hd), meta["positions"])
             v = v.reshape(tokens, kv_per_device, hd)
-            new = jnp.stack([pad_head(k), pad_head(v)], axis=2).reshape(tokens, 2 * kv_per_device, hd_pad)
-            if combined > 2 * kv_per_device:  # slots the dtype's packing adds (fp8 with one KV head: 2 of 4 used)
-                new = jnp.pad(new, ((0, 0), (0, combined - 2 * kv_per_device), (0, 0)))
+            if program.kv_merged:  # [K | V] of each head in the 128 lanes, heads padded to the packing
+                new = jnp.concatenate([k, v], axis=-1)
+                used = kv_per_device
+            else:
+                new = jnp.stack([pad_head(k), pad_head(v)], axis=2).reshape(tokens, 2 * kv_per_device, hd_pad)
+                used = 2 * kv_per_device
+            if combined > used:  # slots the dtype's packing adds (fp8 with one KV head: 2 of 4 used)
+                new = jnp.pad(new, ((0, 0), (0, combined - used), (0, 0)))
             flat = kv_cache.reshape(-1, combined, hd_pad).at[meta["slots"]].set(new.astype(kv_dtype))
             kv_cache = flat.reshape(kv_cache.shape)
             new_caches.append(kv_cache)
-            q_heads = q_per_device if combined == 2 * kv_per_device else combined // 2 * max(q_per_device // kv_per_device, 1)
+            if program.kv_merged:  # the kernel reads combined / 2 heads: the q heads, a multiple of them
+                q_heads = -(-q_per_device // max(combined // 2, 1)) * max(combined // 2, 1)
+            elif combined == 2 * kv_per_device:
+                q_heads = q_per_device
+            else:
+                q_heads = combined // 2 * max(q_per_device // kv_per_device, 1)
             q_in = pad_head(q) if q_heads == q_per_device else jnp.pad(
                 pad_head(q), ((0, 0), (0, q_heads - q_per_device), (0, 0)))
             scales = {} if program.kv_dtype == "bf16" else {"k_scale": 1.0, "v_scale": 1.0}
