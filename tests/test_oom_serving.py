@@ -70,6 +70,11 @@ FAILURE_FACTS = {
              free_bytes=b("528.72M"), framework="vllm"),
         "program_load",
         dict(tpu="tpu7x-8", tensor_parallel_size=8, gpu_memory_utilization=0.98)),
+    "tpu_recipes_151_gpt_oss_tpu7x_reserve": (
+        dict(kind="reservation", program_name="jit__multi_slice", requested_bytes=b("6.14G"), free_bytes=None,
+             framework="vllm"),
+        "program_load",
+        dict(gpu_memory_utilization=0.93)),
     "tpu_inference_2458_e1001_code_only": (
         dict(kind="compile", memory_space="vmem", error_code="E1001", error_name="CompileTimeScopedVmemOom",
              kernel="flash_attention.27", framework="vllm"),

@@ -70,6 +70,7 @@ def target(t: ServeTarget) -> dict:
         "problems": list(t.problems),
         "safe_gpu_memory_utilization": t.safe_gpu_memory_utilization,
         "margin_bytes": t.margin_bytes,
+        "headroom_bytes": t.headroom_bytes,
         "smem": {"page_table_bytes": t.smem_page_table_bytes, "limit_bytes": t.smem_limit_bytes},
         "programs": _programs(programs),
         "estimate": _estimate(t.estimate),
@@ -84,9 +85,10 @@ def _programs(programs) -> dict | None:
 
     largest = programs.largest
     return {
-        "caveats": [f"The safe utilization keeps a margin of {MARGIN_FRACTION:.0%} of the limit on top of the largest "
-                    "program's temporaries + code (fragmentation); whether the runtime's reservation equals them "
-                    "exactly is not verified on a TPU.",
+        "caveats": [f"The safe utilization leaves below the KV cache the largest temporaries, the code of every "
+                    f"program compiled (loaded programs keep theirs resident) and a margin of {MARGIN_FRACTION:.0%} of "
+                    "the limit for the engine's helper programs tpuprof does not compile and for fragmentation; "
+                    "whether the runtime's reservation equals temporaries + code exactly is not verified on a TPU.",
                     "Programs as tpuprof builds them with JAX's ragged paged attention kernel; the engine's own "
                     "differ in detail (its kernel, fused KV update, sampler)."],
         "count": programs.engine_count,
@@ -97,8 +99,8 @@ def _programs(programs) -> dict | None:
         "largest_temp_bytes": largest.temp_bytes if largest else None,
         "largest_code_bytes": largest.code_bytes if largest else None,
         "largest_reserve_bytes": largest.reserve_bytes if largest else None,
-        # Loaded programs keep their code resident: all of it, for a reader who wants the sum as well as the largest.
-        "all_code_bytes": sum(r.code_bytes or 0 for r in programs.records),
+        # Loaded programs keep their code resident: the safe utilization counts all of it.
+        "all_code_bytes": programs.all_code_bytes,
         "largest": {"kind": largest.kind, "tokens": largest.tokens, "requests": largest.requests} if largest else None,
         "failures": len(programs.failures),
         "compile_seconds": round(sum(r.seconds for r in programs.records), 1),

@@ -4,7 +4,9 @@ Pure functions.
 
 Decode step of B requests (one token each) on one device of a tensor-parallel engine:
 - HBM: the weights on the device plus the K/V of every request's context, read once per step
-  (`weights + B x context x kv_bytes_per_token`) / HBM bandwidth per device;
+  (`weights + B x context x kv_bytes_per_token`) / HBM bandwidth per device; of an MoE's experts only those some
+  token is routed to (the grouped matmul skips empty groups): `1 - (1 - top_k / experts)^B` of them, routing taken
+  as uniform;
 - compute: `2 x active parameters x B / TP` plus attention `4 x B x context x heads x head_dim x layers / TP` FLOPs /
   the bf16 peak per device;
 - ICI: two all-reduces per layer (after attention's output projection and the MLP) of `B x hidden x 2` bytes over the
@@ -49,12 +51,21 @@ def _all_reduce_s(bytes_: float, tp: int, target, latency_us: float) -> float:
     return 2 * (tp - 1) / tp * bytes_ / link + latency_us * 1e-6
 
 
+def experts_touched(config, batch: int) -> float:
+    """The expected fraction of an MoE layer's experts that BATCH tokens are routed to (uniform top-k routing)."""
+    if not config.moe:
+        return 1.0
+    return 1 - (1 - config.num_experts_per_tok / config.num_experts) ** batch
+
+
 def decode_step_s(config, target, tp: int, weights: int, kv_per_token: int, batch: int, context: float,
-                  end: int) -> dict:
-    """Seconds of one decode step on one device at band end END (0 low, 1 point, 2 high): hbm, compute, ici, total."""
+                  end: int, expert_bytes: int = 0) -> dict:
+    """Seconds of one decode step on one device at band end END (0 low, 1 point, 2 high): hbm, compute, ici, total.
+    EXPERT_BYTES: the routed experts' share of WEIGHTS (only the experts tokens are routed to are read)."""
     bw = target.hbm_gbps_per_device * 1e9 * HBM_EFFICIENCY[end]
     peak = target.peak_bf16_tflops_per_device * 1e12 * (1.0 if end == 0 else MXU_EFFICIENCY[end])
-    hbm = (weights + batch * context * kv_per_token) / bw
+    read = weights - expert_bytes * (1 - experts_touched(config, batch))
+    hbm = (read + batch * context * kv_per_token) / bw
     attention = 4 * batch * context * config.num_attention_heads * config.head_dim * config.num_hidden_layers
     compute = (2 * active_parameters(config) * batch + attention) / tp / peak
     ici = 2 * config.num_hidden_layers * _all_reduce_s(batch * config.hidden_size * 2, tp, target,
@@ -82,9 +93,9 @@ def prefill_s(config, target, tp: int, weights: int, tokens: int, chunk: int, en
 
 
 def estimate(config, slice_, tp: int, replicas: int, weights: int, kv_per_token: int, concurrency: int,
-             input_len: int, output_len: int, chunk: int, price) -> ServeEstimate:
+             input_len: int, output_len: int, chunk: int, price, expert_bytes: int = 0) -> ServeEstimate:
     context = input_len + output_len / 2  # a request's mean context over its decode steps
-    steps = [decode_step_s(config, slice_.target, tp, weights, kv_per_token, concurrency, context, end)
+    steps = [decode_step_s(config, slice_.target, tp, weights, kv_per_token, concurrency, context, end, expert_bytes)
              for end in range(3)]
     prefills = [prefill_s(config, slice_.target, tp, weights, input_len, chunk, end) for end in range(3)]
     interference = [concurrency / output_len * prefill_s(config, slice_.target, tp, weights, input_len, chunk, end,
@@ -108,7 +119,7 @@ def estimate(config, slice_, tp: int, replicas: int, weights: int, kv_per_token:
         price_usd_per_chip_hour=None if price is None else price.usd_per_chip_hour,
         price_source=None if price is None else price.source, bound=bound,
         decode_breakdown_ms={k: round(point[k] * 1e3, 4) for k in ("hbm", "compute", "ici")},
-        how=("roofline of the decode step (weights + KV read from HBM, FLOPs at the bf16 peak, 2 all-reduces per "
+        how=("roofline of the decode step (weights (of an MoE, the experts tokens are routed to) + KV read from HBM, FLOPs at the bf16 peak, 2 all-reduces per "
              "layer over ICI) at the efficiencies of tpuprof/analyses/serve_estimate.py; weights per device "
              "from the compile"))
 

@@ -5,6 +5,9 @@ vLLM TPU = vllm-project/tpu-inference 0.32.0 (see ../shared/reference/serving-fa
 - KV cache shape, RPA v3 `get_kv_cache_shape`: `(pages, page_size, align(2 x kv_heads_per_device, packing) / packing,
   packing, padded head_dim)`, packing = 32 / dtype bits (bf16 2, fp8 4); `get_padded_head_dim`: head_dim 64 stays,
   others round up to 128; `get_num_kv_heads_by_tp`: KV heads are replicated up to TP when TP exceeds them.
+  head_dim 64 has its own kernel and layout (`runner/kv_cache.get_kv_cache_shape_with_mesh` -> RPA v3
+  `kernel_hd64.get_kv_cache_shape`): `(pages, page_size, align(kv_heads_per_device, packing) / packing, packing,
+  128)`, each head's K and V side by side in 128 lanes: the heads, not the K/V slots, pad to the packing.
 - page size, `flash_attn.get_page_size`: 16 when max_model_len > 8192, else next_pow2(max_model_len) / 16 clamped
   to [16, 256]; `--block-size` overrides it. SMEM: the int32 page table `[max_num_seqs, ceil(L / page)]` must fit
   half of the 1 MiB SMEM (`get_min_page_size`, `get_max_num_seqs`).
@@ -125,7 +128,10 @@ def kv_layout(config, engine: str, tp: int, kv_cache_dtype: str, max_model_len: 
     hd = padded_head_dim(config.head_dim, engine)
     per_device, replicated = kv_heads_per_device(config.num_key_value_heads, tp)
     packing = 32 // (8 * DTYPE_BYTES[dtype]) if engine == "vllm" else 1
-    slots = -(-2 * per_device // packing) * packing
+    if engine == "vllm" and hd == 64:  # K|V of a head in 128 lanes, heads padded to the packing (kernel_hd64)
+        slots = 2 * (-(-per_device // packing) * packing)
+    else:
+        slots = -(-2 * per_device // packing) * packing
     page, rule = page_size(max_model_len, block_size, engine, max_num_seqs)
     page_bytes = page * slots * hd * DTYPE_BYTES[dtype]
     layers = config.num_hidden_layers
@@ -210,10 +216,28 @@ def default_max_num_batched_tokens(generation: str) -> int:
     return DEFAULT_MAX_NUM_BATCHED_TOKENS.get(generation, GENERAL_MAX_NUM_BATCHED_TOKENS)
 
 
-def safe_utilization(bytes_limit: int, largest_reserve: int, margin: int) -> float:
-    """XLA error 0101: each loaded program reserves temporaries + code contiguously below the KV cache, so
-    (1 - u) x limit must hold the largest of them plus a margin for fragmentation. Rounded down to 0.01."""
-    return math.floor((1 - (largest_reserve + margin) / bytes_limit) * 100) / 100
+def headroom_bytes(largest_temp: int, all_code: int, margin: int) -> int:
+    """What must lie below the KV cache for every program to load (XLA error 0101): a loaded program keeps its code
+    resident, and the one being loaded reserves its temporaries + code contiguously "at the bottom of memory" next
+    to them (the failures in public logs show memory already held by the programs loaded before: 459.6 MiB of the
+    0.79 GiB headroom in xbill9's gemma-4-E2B log, 1.37 GiB of 1.85 GiB in tpu-inference PR #3408). So the largest
+    temporaries, the code of every program, and a margin for what is not compiled and for fragmentation."""
+    return largest_temp + all_code + margin
+
+
+def safe_utilization(bytes_limit: int, headroom: int) -> float:
+    """The largest utilization whose `(1 - u) x limit` below the KV cache holds HEADROOM, rounded down to 0.01."""
+    return math.floor((1 - headroom / bytes_limit) * 100) / 100
+
+
+def expert_weights_bytes_per_device(config, tp: int, quantization: str) -> int:
+    """The routed experts' weights on one device (gate, up and down of every expert, split over the TP devices by
+    width or, with expert parallelism, by whole experts: the same bytes when the experts divide evenly)."""
+    if not config.moe:
+        return 0
+    w = {"bf16": 2, "fp8": 1, "int8": 1}[quantization]
+    return config.num_hidden_layers * config.num_experts * 3 * config.hidden_size * config.moe_intermediate_size \
+        * w // tp
 
 
 def shape_weights_bytes_per_device(config, tp: int, quantization: str, expert_parallel: bool) -> int:

@@ -67,7 +67,9 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
     weights = programs.weights_bytes_per_device if programs and programs.weights_bytes_per_device else \
         serve_memory.shape_weights_bytes_per_device(config, tp, options.quantization, options.enable_expert_parallel)
     largest = programs.largest if programs else None
-    safe = serve_memory.safe_utilization(limit, largest.reserve_bytes, margin) if largest else None
+    headroom = serve_memory.headroom_bytes(programs.largest_temp_bytes, programs.all_code_bytes, margin) \
+        if largest else None
+    safe = serve_memory.safe_utilization(limit, headroom) if largest else None
     utilization = options.gpu_memory_utilization or (
         min(safe, MAX_RECOMMENDED_UTILIZATION) if safe is not None else serve_memory.DEFAULT_UTILIZATION)
     wanted = options.concurrency or max_num_seqs
@@ -86,8 +88,9 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
     if safe is not None and options.gpu_memory_utilization and options.gpu_memory_utilization > safe:
         problems.append(f"--gpu-memory-utilization {options.gpu_memory_utilization:g} leaves "
                         f"{_gib(limit * (1 - options.gpu_memory_utilization))} below the KV cache, less than the "
-                        f"largest program's {_gib(largest.reserve_bytes)} plus a {_gib(margin)} margin: loading it can "
-                        f"fail (XLA error 0101, 'Attempting to reserve ... at the bottom of memory'): use {safe:.2f}.")
+                        f"{_gib(headroom)} the programs need (the largest temporaries, "
+                        f"{_gib(programs.largest_temp_bytes)}, the code of every program, "
+                        f"{_gib(programs.all_code_bytes)}, and a {_gib(margin)} margin): loading them can fail (XLA error 0101, 'Attempting to reserve ... at the bottom of memory'): use {safe:.2f}.")
     table = serve_memory.smem_page_table_bytes(max_num_seqs, max_model_len, kv.page_size)
     if options.engine == "vllm" and table > serve_memory.smem_limit_bytes():
         fix = serve_programs.fix_for("smem", kv, max_num_seqs, max_model_len)
@@ -106,7 +109,9 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
 
         estimate = serve_estimate.estimate(config, slice_, tp, replicas, weights, kv.kv_bytes_per_token_per_device,
                                            concurrency, options.input_len, options.output_len, batched,
-                                           prices.price_for(slice_.generation, dict(options.prices)))
+                                           prices.price_for(slice_.generation, dict(options.prices)),
+                                           serve_memory.expert_weights_bytes_per_device(config, tp,
+                                                                                        options.quantization))
     verdict = (f"serves: {cap.tokens:,} KV tokens per engine, {cap.max_concurrency:.1f} requests of "
                f"{max_model_len} tokens at once" if fits else "does not serve as asked: " + problems[0])
     return ServeTarget(
@@ -116,7 +121,7 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
         margin_bytes=margin, programs=programs, fits=fits, verdict=verdict, problems=tuple(problems),
         estimate=estimate,
         command=launch_command(options, slice_, tp, replicas, max_model_len, max_num_seqs, utilization, kv),
-        smem_page_table_bytes=table, smem_limit_bytes=serve_memory.smem_limit_bytes())
+        smem_page_table_bytes=table, smem_limit_bytes=serve_memory.smem_limit_bytes(), headroom_bytes=headroom)
 
 
 def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_model_len: int, max_num_seqs: int,

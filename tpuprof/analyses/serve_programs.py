@@ -26,7 +26,12 @@ QUERIES_PER_BLOCK = 32
 # The kernel's scoped VMEM limit: three quarters of a core's VMEM, at most 64 MiB (jax tpu_info: v4 16 MiB,
 # v5e/v6e 128 MiB, v5p/TPU7x 64 MiB per core).
 VMEM_PER_CORE = {"v2": 16, "v3": 16, "v4": 16, "v5e": 128, "v5p": 64, "v6e": 128, "tpu7x": 64}
-MARGIN_FRACTION = 0.02  # of bytes_limit, on top of the largest program: fragmentation (error 0101), stated
+# Of bytes_limit, below the KV cache besides the largest temporaries and every compiled program's code: what tpuprof
+# does not compile (the engine's helper programs: 33 of 44 for Llama-3.1-70B on v6e-8; arrays made after the cache)
+# and fragmentation. Not fitted: public E0101 logs bound it (docs/serve.md): GPT-OSS on TPU7X failed in 64% of
+# start-ups with 0.49 GiB (0.5% of the limit) beyond its one program, and with 2% every public failing
+# utilization lies above tpuprof's rule (tests/test_serve.py).
+MARGIN_FRACTION = 0.02
 
 
 def cache_root() -> Path:
@@ -39,10 +44,14 @@ def vmem_limit_bytes(generation: str) -> int:
     return min(64, VMEM_PER_CORE.get(generation, 16) * 3 // 4) << 20
 
 
-def compiled_head_dim(kv: KvLayout) -> int:
-    """JAX's ragged paged attention kernel works on 128-lane heads: a 64-wide head (which vLLM keeps, with its own
-    kernel) is compiled at 128, so that model's compiled KV page is twice the engine's."""
-    return max(kv.padded_head_dim, 128)
+def compiled_kv_layout(kv: KvLayout) -> tuple[int, int, bool]:
+    """(combined heads per device, head_dim, K and V merged) of the cache as compiled. JAX's ragged paged attention
+    kernel works on 128-lane heads; vLLM's head_dim-64 kernel stores a head's K and V side by side in 128 lanes
+    (kernel_hd64), so a 64-wide model is compiled in that layout: half the slots, 128 wide, the engine's page bytes
+    (the attention then pairs the lanes as the JAX kernel does: its temporaries are those of a 128-wide head)."""
+    if kv.padded_head_dim == 64:
+        return kv.cache_slots // 2, 128, True
+    return kv.cache_slots, max(kv.padded_head_dim, 128), False
 
 
 def programs(config, kv: KvLayout, *, tp: int, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int,
@@ -53,16 +62,18 @@ def programs(config, kv: KvLayout, *, tp: int, max_num_seqs: int, max_model_len:
     tokens = serve_memory.token_paddings(max_num_batched_tokens)
     requests = serve_memory.request_paddings(max_num_seqs)
     pages_per_request = -(-max_model_len // kv.page_size)
+    combined, head_dim, merged = compiled_kv_layout(kv)
     base = ServeProgram(
         kind="backbone", tokens=tokens[0], requests=max_num_seqs, layers=config.num_hidden_layers,
         pages_per_request=pages_per_request,
-        page_size=kv.page_size, kv_pages=KV_PAGES_COMPILED, combined_kv_heads=kv.cache_slots,
-        head_dim=compiled_head_dim(kv), kv_dtype=kv.dtype, weight_dtype=quantization, tensor_parallel_size=tp,
+        page_size=kv.page_size, kv_pages=KV_PAGES_COMPILED, combined_kv_heads=combined, head_dim=head_dim,
+        kv_merged=merged, kv_dtype=kv.dtype, weight_dtype=quantization, tensor_parallel_size=tp,
         expert_parallel=expert_parallel,
         num_kv_pages_per_block=max(1, min(pages_per_request, KV_TOKENS_PER_BLOCK // kv.page_size)),
         num_queries_per_block=QUERIES_PER_BLOCK, vmem_limit_bytes=vmem_limit_bytes(generation))
     backbones = [replace(base, tokens=t, num_queries_per_block=min(QUERIES_PER_BLOCK, t)) for t in tokens]
-    logits = [replace(base, kind="logits", tokens=0, requests=r, layers=0) for r in requests]
+    # The logits programs hold no experts: one compile serves with and without expert parallelism.
+    logits = [replace(base, kind="logits", tokens=0, requests=r, layers=0, expert_parallel=False) for r in requests]
     return backbones, logits
 
 

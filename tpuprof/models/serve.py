@@ -106,6 +106,10 @@ def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm"
     if input_len + output_len > length:
         raise OptionError("input_len", f"{{option}} {input_len} plus {{output_len}} {output_len} exceed the max "
                                        f"model length {length}.")
+    if config.mla:  # tpu-inference keeps one latent per token (runner/kv_cache.py, mla.get_kv_cache_shape)
+        raise OptionError("model", f"{{option}}: {config.name} uses multi-head latent attention (MLA), whose serving "
+                                   "is not modelled: its KV cache holds a latent of kv_lora_rank + rope dimensions per "
+                                   "token, not KV heads x head_dim, so no figure tpuprof gives would be right.")
     if enable_expert_parallel and not config.moe:
         raise OptionError("enable_expert_parallel", f"{{option}}: {config.name} has no experts.")
     overrides = options.price_overrides(prices, OptionError)
@@ -212,6 +216,15 @@ class ProgramSet:
     def failures(self) -> list:
         return [r for r in self.records if r.failure is not None]
 
+    @property
+    def largest_temp_bytes(self) -> int:
+        return max((r.temp_bytes or 0 for r in self.records if r.failure is None), default=0)
+
+    @property
+    def all_code_bytes(self) -> int:
+        """The code of every program compiled: loaded programs keep it resident, side by side."""
+        return sum(r.code_bytes or 0 for r in self.records if r.failure is None)
+
 
 @dataclass(frozen=True)
 class Band:
@@ -254,7 +267,7 @@ class ServeTarget:
     kv: KvLayout
     capacity: Capacity  # at the utilization used
     utilization_given: bool  # the user set --gpu-memory-utilization
-    safe_gpu_memory_utilization: float | None  # 1 - (largest temp + code + margin) / limit
+    safe_gpu_memory_utilization: float | None  # 1 - (largest temp + all code + margin) / limit
     margin_bytes: int
     programs: ProgramSet | None
     fits: bool
@@ -264,6 +277,7 @@ class ServeTarget:
     command: str = ""  # the engine's launch command, ready to paste
     smem_page_table_bytes: int = 0
     smem_limit_bytes: int = 0
+    headroom_bytes: int | None = None  # below the KV cache: largest temp + all code + margin (None: not compiled)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from tpuprof.sources.llm import ModelConfig
 
 IMPLEMENTATION = "tpuprof compact JAX serving step (tpuprof/sources/llm_serve.py)"
 DTYPES = {"bf16": "bfloat16", "fp8": "float8_e4m3fn", "int8": "int8"}
+GMM_TILE = 128  # the megablox grouped matmul's (m, k, n) tile, at most: its default, given explicitly
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class ServeProgram:
     kv_pages: int  # pages per layer passed in (their bytes are known exactly; the count is nominal)
     combined_kv_heads: int  # per device, K and V interleaved, padded to the KV dtype's packing
     head_dim: int  # as the engine pads it
+    kv_merged: bool  # a head's K and V side by side in the last dimension (vLLM's head_dim-64 layout)
     kv_dtype: str  # bf16 | fp8
     weight_dtype: str  # bf16 | fp8 | int8
     tensor_parallel_size: int
@@ -182,17 +184,37 @@ def _backbone(config: ModelConfig, program: ServeProgram, devices):
         return x if hd_pad == hd else jnp.pad(x, ((0, 0), (0, 0), (0, hd_pad - hd)))
 
     def experts(y, w):
-        # Every expert's slice on this device over every token, weighted by the top-k routing (zero elsewhere): the
-        # shapes of a dense MoE step, not a grouped-matmul kernel's (its FLOPs are the experts' count over top-k).
+        # Routed as tpu-inference runs MoE on TPU (layers/common/fused_moe_gmm.py): top-k routing, the (token,
+        # expert) pairs sorted by expert, the megablox grouped matmul (jax.experimental.pallas.ops.tpu.megablox
+        # gmm) over each expert's rows (gate, up, then down), the rows put back and weighted, and a psum. Tensor
+        # parallel: every device holds every expert's slice of the intermediate width; expert parallel
+        # (--enable-expert-parallel): each device holds whole experts and computes only their rows.
+        from jax.experimental.pallas.ops.tpu.megablox.gmm import gmm
+
+        top_k = config.num_experts_per_tok
         logits = (y @ w["router"]).astype(jnp.float32)
-        weights, chosen = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), config.num_experts_per_tok)
+        weights, chosen = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), top_k)
+        flat = chosen.reshape(-1)
+        order = jnp.argsort(flat)
+        rows = y[order // top_k]
+        group_sizes = jnp.bincount(flat, length=config.num_experts).astype(jnp.int32)
         local = w["we_gate"].shape[0]
-        first = jax.lax.axis_index("tensor") * local if program.expert_parallel else 0
-        combine = jnp.sum(jax.nn.one_hot(chosen - first, local, dtype=jnp.float32) * weights[..., None], axis=1)
-        gate = jnp.einsum("td,edf->tef", y, w["we_gate"].astype(jnp.bfloat16))
-        up = jnp.einsum("td,edf->tef", y, w["we_up"].astype(jnp.bfloat16))
-        hidden = act(gate) * up * combine.astype(jnp.bfloat16)[..., None]
-        out = jnp.einsum("tef,efd->td", hidden, w["we_down"].astype(jnp.bfloat16))
+        offset = (jax.lax.axis_index("tensor") * local).astype(jnp.int32) if program.expert_parallel else None
+        pairs = rows.shape[0]
+        tiling = lambda m, k, n: (min(GMM_TILE, m), min(GMM_TILE, k), min(GMM_TILE, n))  # noqa: E731
+
+        def grouped(x, weight):
+            return gmm(x, weight.astype(jnp.bfloat16), group_sizes, preferred_element_type=jnp.bfloat16,
+                       tiling=tiling, group_offset=offset)
+
+        hidden = act(grouped(rows, w["we_gate"])) * grouped(rows, w["we_up"])
+        out_rows = grouped(hidden, w["we_down"])
+        if program.expert_parallel:  # rows of other devices' experts are not computed here
+            bounds = jnp.cumulative_sum(group_sizes, include_initial=True)
+            index = jnp.arange(pairs)
+            out_rows = jnp.where(((index >= bounds[offset]) & (index < bounds[offset + local]))[:, None], out_rows, 0)
+        unsorted = out_rows[jnp.argsort(order)].reshape(-1, top_k, out_rows.shape[-1])
+        out = jnp.sum(unsorted.astype(jnp.float32) * weights[..., None], axis=1).astype(jnp.bfloat16)
         if config.shared_expert_intermediate_size:
             shared = matmul(act(matmul(y, w, "ws_gate")) * matmul(y, w, "ws_up"), w, "ws_down")
             out = out + jax.nn.sigmoid((y @ w["ws_router"]).astype(jnp.float32)).astype(jnp.bfloat16) * shared
@@ -213,13 +235,23 @@ def _backbone(config: ModelConfig, program: ServeProgram, devices):
             q = rope(q.reshape(tokens, q_per_device, hd), meta["positions"]) * (hd ** -0.5)
             k = rope(k.reshape(tokens, kv_per_device, hd), meta["positions"])
             v = v.reshape(tokens, kv_per_device, hd)
-            new = jnp.stack([pad_head(k), pad_head(v)], axis=2).reshape(tokens, 2 * kv_per_device, hd_pad)
-            if combined > 2 * kv_per_device:  # slots the dtype's packing adds (fp8 with one KV head: 2 of 4 used)
-                new = jnp.pad(new, ((0, 0), (0, combined - 2 * kv_per_device), (0, 0)))
+            if program.kv_merged:  # [K | V] of each head in the 128 lanes, heads padded to the packing
+                new = jnp.concatenate([k, v], axis=-1)
+                used = kv_per_device
+            else:
+                new = jnp.stack([pad_head(k), pad_head(v)], axis=2).reshape(tokens, 2 * kv_per_device, hd_pad)
+                used = 2 * kv_per_device
+            if combined > used:  # slots the dtype's packing adds (fp8 with one KV head: 2 of 4 used)
+                new = jnp.pad(new, ((0, 0), (0, combined - used), (0, 0)))
             flat = kv_cache.reshape(-1, combined, hd_pad).at[meta["slots"]].set(new.astype(kv_dtype))
             kv_cache = flat.reshape(kv_cache.shape)
             new_caches.append(kv_cache)
-            q_heads = q_per_device if combined == 2 * kv_per_device else combined // 2 * max(q_per_device // kv_per_device, 1)
+            if program.kv_merged:  # the kernel reads combined / 2 heads: the q heads, a multiple of them
+                q_heads = -(-q_per_device // max(combined // 2, 1)) * max(combined // 2, 1)
+            elif combined == 2 * kv_per_device:
+                q_heads = q_per_device
+            else:
+                q_heads = combined // 2 * max(q_per_device // kv_per_device, 1)
             q_in = pad_head(q) if q_heads == q_per_device else jnp.pad(
                 pad_head(q), ((0, 0), (0, q_heads - q_per_device), (0, 0)))
             scales = {} if program.kv_dtype == "bf16" else {"k_scale": 1.0, "v_scale": 1.0}

@@ -92,7 +92,9 @@ _SHARDING = re.compile(r"ShardingStrategy\(tensor_parallelism=(\d+)")
 _SLICE_PROSE = re.compile(r"\b((?:v5litepod|v5e|v6e|v5p|v4|tpu7x|v7x)-\d+)\b")
 _TP_PROSE = re.compile(r"\bTP\s*=\s*(\d+)\b")
 _CLI_OPTION = re.compile(r"--([a-z][\w-]*)(?:[= ]+(?!--)('[^']*'|\"[^\"]*\"|\S+))?")
-_GPU_UTIL_PROSE = re.compile(r"gpu[_-]memory[_-]utilization\s*[=: ]\s*([01]?\.\d+)\b")
+# "gpu_memory_utilization=0.98", "gpu-memory-utilization 0.95", "the gpu-memory-utilization value from 0.93 to 0.83"
+# (the value the failing server had comes first).
+_GPU_UTIL_PROSE = re.compile(r"gpu[_-]memory[_-]utilization(?: value)?(?: from)?\s*[=: ]\s*([01]?\.\d+)\b")
 
 
 def read(text: str) -> ServingSettings:
