@@ -168,7 +168,9 @@ def test_bash_completion_offers_commands_generations_and_tables(shell_env):
 @pytest.mark.subprocess
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 def test_install_completion_writes_the_script_for_the_detected_shell(shell_env):
-    result = _bash("tpuprof --install-completion", shell_env)
+    # Not the script's last command, so bash does not exec it: tpuprof's parent is the bash the user typed in,
+    # whatever started the test run (a run under nohup or a service has no shell among the ancestors).
+    result = _bash("tpuprof --install-completion; status=$?; exit $status", shell_env)
     assert result.returncode == 0, result.stderr
     home = shell_env["HOME"]
     script = open(f"{home}/.bash_completions/tpuprof.sh").read()
