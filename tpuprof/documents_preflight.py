@@ -26,6 +26,9 @@ def target(t: PreflightTarget, top: int) -> dict:
     out: dict = {"target": generation.name, "topology": t.slice.topology, "slice": t.slice.to_json()}
     if t.model is not None:
         out["mesh"] = dict(t.mesh)
+        if t.fast is not None:  # the figures are extrapolated from fewer layers: the document says so
+            out["fast"] = {"layers_compiled": list(t.fast.layers_compiled), "layers": t.fast.layers,
+                           "method": t.fast.method}
         out["model"] = t.model
     out["device"] = generation.device_info()
     out["hbm_capacity_bytes"] = generation.compiler_hbm_bytes
@@ -120,15 +123,12 @@ def _oom(c: Compiled) -> dict:
 
 def table_rows(targets_: list, top: int) -> list[dict]:
     """What the terminal table (tpuprof.renderers.preflight.print_report) reads: each slice's entry with the
-    memory analysis itself (its tables) and how a fast answer was made."""
+    memory analysis itself (its tables)."""
     rows = []
     for t in targets_:
         row = target(t, top)
         if t.compiled.memory is not None:
             row["memory"] = t.compiled.memory
-        if t.fast is not None:
-            row["fast"] = {"layers_compiled": list(t.fast.layers_compiled), "layers": t.fast.layers,
-                           "method": t.fast.method}
         rows.append(row)
     return rows
 
