@@ -12,7 +12,7 @@ import pytest
 
 import tpuprof
 
-from conftest import run_cli
+from conftest import SAMPLES, run_cli
 
 SERVE = ["serve", "--model", "llama3.1-70b", "--tpu", "v6e-8,v5p-16,v5e-8", "--max-model-len", "8192",
          "--concurrency", "64", "--no-compile"]
@@ -187,3 +187,24 @@ def test_a_compiled_plan_shows_its_programs_and_safe_utilization(gemma3_1b_v5e, 
     tpuprof.report([gemma3_1b_v5e], page)
     for output in (render(document), "\n".join(markdown(section)), html(section), _text(page.read_text())):
         assert said in output and f"safe --gpu-memory-utilization {safe}" in output
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d.update(framework={"name": "jax"}), "oom.framework"),
+    (lambda d: d.update(largest_free_bytes=[1]), "oom.largest_free_bytes"),
+    (lambda d: d.update(serving={"engine": "vllm", "cause": "program_load", "settings": {"max_concurrency": [1]}}),
+     "oom.serving.settings.max_concurrency"),
+    (lambda d: d.update(dump={"module": "m"}), "oom.dump.argument_bytes is missing"),
+])
+def test_an_edited_oom_document_is_one_sentence(tmp_path, edit, field):
+    """Every field the oom section prints is checked when the document is read back (the fuzz run found four
+    that reached the page unchecked)."""
+    document = json.loads(run_cli("oom", SAMPLES / "oom" / "libtpu_transformer_v5e.txt", "--json").stdout)
+    edit(document)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(document))
+    page = tmp_path / "page.html"
+    done = run_cli("report", bad, "-o", page)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert field in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not page.exists()

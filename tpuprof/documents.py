@@ -76,7 +76,25 @@ STEPS = {
 ALLOCATION = {"index": "?int", "size_bytes": "?int", "unpadded_bytes": "?int", "recomputed_unpadded_bytes": "?int",
               "recomputed_padded_bytes": "?int", "padding_bytes": "?int", "expansion": "?num", "shape": "?str",
               "op_name": "?str", "op_type": "?str", "source": "?str", "xla_label": "?str", "allocation_type": "?str"}
+ALLOCATION["disagreements"] = ["str"]
+ALLOCATION["assumed_tiling"] = "?str"
+OOM_SERVING = {"engine!": "str", "cause!": "str", "estimated_max_model_len": "?int",
+               "settings": "?", "settings?": {"engine_version": "?str", "model": "?str", "tpu": "?str",
+                                              "tensor_parallel_size": "?int", "max_model_len": "?int",
+                                              "max_num_seqs": "?int", "max_num_batched_tokens": "?int",
+                                              "gpu_memory_utilization": "?num", "kv_cache_dtype": "?str",
+                                              "block_size": "?int", "kv_cache_tokens": "?int",
+                                              "max_concurrency": "?num", "concurrency_tokens": "?int"}}
+OOM_DUMP = {"module!": "str", "argument_bytes!": "int", "temp_bytes!": "int", "output_bytes!": "int",
+            "buffers!": [{"index": "?int", "instruction!": "str", "shape!": "str", "size_bytes!": "int",
+                          "unpadded_bytes!": "int", "allocation_type": "?str", "op_name": "?str"}]}
 OOM = {"headline!": "?str", "allocations!": [ALLOCATION], "kind": "str", "memory_space": "?str",
+       "required_bytes": "?int", "largest_free_bytes": "?int", "reservable_bytes": "?int", "total_bytes": "?int",
+       "output_bytes": "?int", "currently_allocated_bytes": "?int", "tensorcore_bytes": "?int",
+       "sparsecore_bytes": "?int", "global_bytes": "?int", "scoped_bytes": "?int", "temp_bytes": "?int",
+       "scoped_limit": "?bool", "program_unknown": "?bool", "arguments_unknown": "?bool", "utilization": "?num",
+       "error_code": "?str", "error_name": "?str", "program_name": "?str", "framework": "?str", "training": "?bool",
+       "kernel": "?str", "serving": "?", "serving?": OOM_SERVING, "dump": "?", "dump?": OOM_DUMP,
        "used_bytes": "?int", "capacity_bytes": "?int", "exceeded_bytes": "?int", "requested_bytes": "?int",
        "free_bytes": "?int", "hlo_temp_bytes": "?int", "unpadded_bytes": "?int", "padded_bytes": "?int",
        "arguments_bytes": "?int", "program_bytes": "?int", "reserved_bytes": "?int", "line_number": "?int",
