@@ -67,7 +67,7 @@ def print_tables(result: dict) -> None:
     from rich.markup import escape
 
     from tpuprof.renderers import tables
-    from tpuprof.renderers.memory import wrappable_shape
+    from tpuprof.presentation.memory import wrappable_shape
     from tpuprof.renderers.output import console
 
     out = console()
@@ -167,7 +167,7 @@ def print_tables(result: dict) -> None:
 
 def _shape_change(a: str, b: str) -> str:
     """'f32[64,8]{1,0:T(8,128)}' and 'f32[128,8]{1,0:T(8,128)}' -> 'f32[64,8] -> f32[128,8] {1,0:T(8,128)}'."""
-    from tpuprof.renderers.memory import wrappable_shape
+    from tpuprof.presentation.memory import wrappable_shape
 
     if a == b:
         return wrappable_shape(b)

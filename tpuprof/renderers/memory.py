@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from tpuprof.documents_memory import document
 from tpuprof.models.memory import ModuleMemory
-from tpuprof.presentation.memory import method_words, wrappable_shape  # noqa: F401 (diff, oom, the page use them)
 
 
 def print_document(document: dict, top: int) -> None:
