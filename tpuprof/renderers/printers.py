@@ -47,8 +47,9 @@ def terminal(section: Section, out=None) -> None:
             elif isinstance(block, Table):
                 columns = [tables.Column(c.header, c.kind, "right" if c.kind == "number" else "left", c.drop, c.least)
                            for c in block.columns]
-                out.print(tables.table(columns, [[escape(cell) for cell in row] for row in block.rows], out.width,
-                                       title=block.title))
+                if block.title:  # a line of its own: as a rich title it wraps to the width of a narrow table
+                    line(block.title, "italic")
+                out.print(tables.table(columns, [[escape(cell) for cell in row] for row in block.rows], out.width))
             elif isinstance(block, Fact):
                 line(f"- {block.label}: {block.value}")
             elif isinstance(block, Note):
