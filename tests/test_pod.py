@@ -201,12 +201,13 @@ def test_a_damaged_host_file_on_ray_is_the_same_one_sentence(ray_cluster, pod16,
     assert outs[0] == outs[1] and outs[0].count("\n") == 0 and "host_001.xplane.pb" in outs[0]
 
 
-def test_an_address_where_nothing_listens_is_said_at_once(pod16):
+@pytest.mark.parametrize("scheme", ["", "ray://"])  # a cluster's GCS port, and the Ray client's
+def test_an_address_where_nothing_listens_is_said_at_once(pod16, scheme):
     import socket
 
     with socket.socket() as unused:  # a port nothing listens on: bound, never listening
         unused.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{unused.getsockname()[1]}"
+        address = f"{scheme}127.0.0.1:{unused.getsockname()[1]}"
         started = time.monotonic()
         done = run_cli("analyze", pod16.runs[0], "--ray", address)
     assert done.returncode == 2 and done.stdout == ""

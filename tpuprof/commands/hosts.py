@@ -76,9 +76,9 @@ def _check_listening(address: str) -> None:
     """A HOST:PORT where nothing accepts connections is said at once: Ray itself retries for 20 s to 2 min."""
     import socket
 
-    host, _, port = address.rpartition(":")
-    if address in ("auto", "local") or "://" in address or not port.isdigit() or not host:
-        return  # Ray finds these itself (RAY_ADDRESS, the local cluster, the Ray client)
+    host, _, port = address.removeprefix("ray://").rpartition(":")  # the Ray client's port (10001) alike
+    if address in ("auto", "local") or "://" in host or not port.isdigit() or not host:
+        return  # Ray finds these itself (RAY_ADDRESS, the local cluster)
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
     except OSError as error:
