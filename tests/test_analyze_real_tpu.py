@@ -21,7 +21,8 @@ from helpers.real_data import TPU_HOST_OFFLOAD_MANGLED, TPU_HOST_OFFLOAD_V6E_4, 
 from helpers.xprof_oracle import roofline_rows, tool_data
 
 from tpuprof.commands import analyze as command
-from tpuprof.renderers import analyze as render
+from tpuprof import documents_analyze as render
+from tpuprof.presentation.analyze import duty_cycle_sentence
 
 GiB = 1 << 30
 ARRAY = "f32[5,1024,1024,256]"
@@ -308,7 +309,7 @@ def test_report_page_shows_the_roofline_and_the_categories(offload, pallas, tmp_
     step_bars, _ = next(f for t, f in figures.items() if t.startswith("Step time per step, by category"))
     assert [t["name"] for t in step_bars] == ["compute", "waiting for input", "host transfers", "collectives",
                                               "host overhead", "compilation", "other"]
-    assert "Where the step time goes" in page and "Chips (aligned steps)" in page
+    assert "Where the step time goes" in page and "Chips (aligned steps" in page
     assert "matmul_optimized.1: 113." in page and "estimated: a custom call" in page
 
 
@@ -378,7 +379,7 @@ def test_pallas_steps_leave_out_the_last_run_that_the_duty_cycle_counts(pallas, 
     third_run = chip.op_busy_ps - sum(s.compute_ps for s in chip.steps)
     # The duty cycle's span is the two steps plus the last run: nothing else ran on the chip.
     assert abs(chip.op_span_ps - sum(s.duration_ps for s in chip.steps) - third_run) < 0.01 * chip.op_span_ps
-    sentence = render.duty_cycle_sentence(report)
+    sentence = duty_cycle_sentence(render.document(report, 10))
     assert "37.4%" in sentence and "28.5%" in sentence and "the last run" in sentence
     assert _xprof_duty_cycle(xprof, path) == 37.4
 

@@ -47,7 +47,7 @@ def expected_figures(doc: dict) -> list[str]:
             out += [s["message"] for s in module["suggestions"][:markdown.MAX_FIXES]]
             out += module["caveats"]
     elif command == "analyze":
-        out += [doc["verdict"], str(doc["steps"]["median_ms"]), str(doc["steps"]["count"])]
+        out += [doc["verdict"], f"median {doc['steps']['median_ms']:.2f} ms", str(doc["steps"]["count"])]
         out += [str(v) for v in doc["breakdown_percent"].values() if v]
         out += [o["name"] for o in doc["top_ops"][:markdown.TOP]]
         out += [s["message"] for s in doc["suggestions"][:markdown.MAX_FIXES]] + doc["caveats"] + doc["warnings"]
@@ -108,7 +108,7 @@ def test_a_pipe_in_a_name_stays_in_its_cell():
            "breakdown_percent": {"compute": 100.0}, "breakdown_ms_per_step": {"compute": 1.0},
            "top_ops": [{"name": "a|b`c", "kind": "k", "where": "TPU", "count": 1, "self_ms": 2.0}]}
     ops = tables(markdown.render(doc))[1]
-    assert len(ops[1]) == 5 and ops[1][0] == "a|b`c"
+    assert ops[0] == ["op", "type", "count", "self ms"] and ops[1] == ["a|b`c", "k", "1", "2.00"]
 
 
 def test_a_preflight_target_on_a_slice_is_named_by_its_slice():

@@ -71,33 +71,10 @@ def _oom(document: dict, top: int) -> list[str]:
 # --- analyze -----------------------------------------------------------------------------------------------
 
 def _analyze(document: dict, top: int) -> list[str]:
-    steps = document.get("steps") or {}
-    out = ["## tpuprof analyze", ""]
-    if document.get("verdict"):
-        out += [f"**{cell(document['verdict'])}**: {cell(document.get('verdict_reason'))}", ""]
-    if steps.get("count"):
-        out += [f"{steps['count']} steps over {len(document.get('hosts') or [])} host(s): median "
-                f"{steps.get('median_ms')} ms, mean {steps.get('mean_ms')} ms, p90 {steps.get('p90_ms')} ms.", ""]
-    percent, per_step = document.get("breakdown_percent") or {}, document.get("breakdown_ms_per_step") or {}
-    out += table(["step time", "%", "ms/step"],
-                 [[name.replace("_", " "), value, per_step.get(name)] for name, value in percent.items() if value],
-                 right={1, 2})
-    bottleneck = (document.get("input_pipeline") or {}).get("bottleneck")
-    if bottleneck:
-        out += [f"Slowest tf.data stage: {code(bottleneck.get('stage'))} ({bottleneck.get('self_ms')} ms self).", ""]
-    ops = document.get("top_ops") or []
-    if ops:
-        out += ["**Top ops** (self time over the capture)", ""]
-        out += table(["op", "kind", "where", "count", "self ms"],
-                     [[code(o.get("name")), cell(o.get("kind")), o.get("where"), o.get("count"), o.get("self_ms")]
-                      for o in ops[:top]], right={3, 4})
-    stragglers = document.get("stragglers") or []
-    if stragglers:
-        out += table(["straggler host", "median ms", "hosts' median ms"],
-                     [[s.get("host"), s.get("median_ms"), s.get("hosts_median_ms")] for s in stragglers[:top]],
-                     right={1, 2})
-    out += [f"> ⚠️ {cell(w)}" for w in document.get("warnings") or []] + [""]
-    return out + fixes(document.get("suggestions") or []) + caveats(document.get("caveats"))
+    from tpuprof.presentation.analyze import section
+    from tpuprof.renderers.printers import markdown
+
+    return markdown(section(document, top))
 
 
 # --- preflight ---------------------------------------------------------------------------------------------

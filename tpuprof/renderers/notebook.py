@@ -68,17 +68,10 @@ def _memory(document: dict) -> str:
 
 
 def _analyze(document: dict) -> str:
-    steps = document["steps"]
-    parts = [f"<p><b>{esc(document.get('verdict'))}</b>: {esc(document.get('verdict_reason') or '')}</p>",
-             _facts([("steps measured", steps.get("count")), ("median step", f"{steps['median_ms']:.3f} ms"),
-                     ("p90 step", f"{steps['p90_ms']:.3f} ms")]),
-             _table(["category", "% of step", "ms per step"],
-                    [[c, f"{p:.1f}", f"{document.get('breakdown_ms_per_step', {}).get(c, 0):.3f}"]
-                     for c, p in document.get("breakdown_percent", {}).items() if p], numeric={1, 2}),
-             _table(["op", "where", "self ms"], [[o["name"], o["where"], f"{o['self_ms']:.3f}"]
-                                                  for o in document.get("top_ops", [])[:ROWS]], numeric={2})]
-    parts += [f"<p>{esc(w)}</p>" for w in document.get("warnings", [])]
-    return "".join(parts)
+    from tpuprof.presentation.analyze import section
+    from tpuprof.renderers.printers import html
+
+    return html(section(document, ROWS))
 
 
 def _oom(document: dict) -> str:
