@@ -9,7 +9,7 @@ from markdown_it import MarkdownIt
 from conftest import run_cli
 from helpers.sample_documents import commands, document
 from tpuprof.renderers import markdown
-from tpuprof.renderers.diff import fmt_change, fmt_value
+from tpuprof.presentation.diff import fmt_change, fmt_value
 from tpuprof.units import fmt_bytes
 
 PARSER = MarkdownIt("commonmark").enable("table")
@@ -91,14 +91,14 @@ def test_markdown_shows_the_json_figures(sample):
 
 
 def test_the_tables_hold_the_figures_in_their_cells():
-    """Not only somewhere in the text: the parser puts the diff's tripped threshold and its metric in cells."""
+    """Not only somewhere in the text: the parser puts the diff's metrics in cells; the tripped threshold is the
+    verdict, then its line with the figure it compared."""
     sample = next(c for c in commands() if c[0] == "diff/memory")
     doc = document(sample)
-    built = tables(markdown.render(doc))
-    thresholds = built[0]
-    assert thresholds[0][:3] == ["threshold", "group", "A"]
-    assert thresholds[1][0] == "peak_heap_bytes>+5%" and thresholds[1][-1] == "❌ tripped"
-    metrics = {row[0]: row for row in built[1][1:]}
+    text = markdown.render(doc)
+    assert "- ❌ FAIL --fail-if peak_heap_bytes>+5% (jit_train_step): peak_heap_bytes +99.0%." in text
+    built = tables(text)
+    metrics = {row[0]: row for row in built[0][1:]}
     peak = next(m for m in doc["groups"][0]["metrics"] if m["name"] == "peak_heap_bytes")
     assert metrics["peak_heap_bytes"][1:3] == [fmt_bytes(peak["a"]), fmt_bytes(peak["b"])]
 
@@ -132,7 +132,7 @@ def test_cli_markdown_is_the_json_document_rendered():
     result = run_cli(*sample[1], "--format", "markdown")
     assert result.returncode == 1, result.stderr
     assert result.stdout == markdown.render(document(sample))
-    assert result.stdout.startswith("## tpuprof diff\n\n**❌ Regression: 1 of 1 thresholds tripped**")
+    assert result.stdout.startswith("## tpuprof diff\n\n- ❌ **--fail-if**: regression: 1 of 1 thresholds tripped")
 
 
 def test_json_and_another_format_is_one_sentence():

@@ -89,14 +89,10 @@ def _preflight(document: dict) -> str:
 
 
 def _diff(document: dict) -> str:
-    parts = [f"<p><b>{esc(document['kind'])} diff</b>: {esc(document['summary'])}"
-             f"{' — <b class=oom>regression</b>' if document.get('regression') else ''}</p>"]
-    for group in document["groups"]:
-        rows = [[m["name"], m["a"], m["b"], m["change"], "" if m["percent"] is None else f"{m['percent']:+.1f}%"]
-                for m in group["metrics"] if m["change"]]
-        parts.append(f"<p>{esc(group['name'])}</p>" + (_table(["metric", "A", "B", "change", "%"], rows,
-                                                                 numeric={1, 2, 3, 4}) if rows else "<p>no change</p>"))
-    return "".join(parts)
+    from tpuprof.presentation.diff import section
+    from tpuprof.renderers.printers import html
+
+    return html(section(document, ROWS))
 
 
 def _capture(document: dict) -> str:
