@@ -198,6 +198,21 @@ def test_tables_show_chips_roofline_and_host_transfers(offload):
     assert "copy-done.4" in out and "host link 44%" in out
 
 
+def test_hbm_bandwidth_utilisation_is_the_hbm_bytes_per_step_over_the_step_at_the_chips_peak(offload):
+    """Per chip per step the fusions move 3 x 10 GiB and the copies 6 x 5 GiB of HBM (as the roofline test counts
+    them), in the mean step, against v6e's published 1638 GB/s: about 5%, said beside MFU wherever the roofline is."""
+    from tpuprof.renderers.markdown import render
+
+    path, report = offload
+    document = json.loads(run_cli("analyze", path, "--json").stdout)
+    expected = 100 * (3 * 2 * ARRAY_BYTES + 6 * ARRAY_BYTES) / (report.mean_ms / 1e3) / 1638e9
+    assert document["roofline"]["hbm_utilization_percent"] == pytest.approx(expected, rel=1e-3)
+    assert 4.9 < expected < 5.1
+    said = f"MFU 0.00%, HBM bandwidth utilisation {expected:.1f}%."
+    assert said in " ".join(run_cli("analyze", path, env={"COLUMNS": "200"}).stdout.split())
+    assert said in render(document)
+
+
 def test_a_capture_committed_mangled_is_one_clear_error(tmp_path):
     """openxla/xprof later committed the same file with every byte above 0x7f replaced by U+FFFD."""
     path = real_artefact(TPU_HOST_OFFLOAD_MANGLED, tmp_path)

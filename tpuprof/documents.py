@@ -66,7 +66,7 @@ STEPS = {
     "roofline": "?", "roofline?": {"device_kind": "?str", "peak_flops_per_s": "?num", "peak_hbm_bytes_per_s": "?num",
                                    "host_link_bytes_per_s": "?num", "ridge_flops_per_byte": "?num",
                                    "peak_source": "?str", "flops_per_s": "?num", "hbm_bytes_per_s": "?num",
-                                   "mfu_percent": "?num"},
+                                   "mfu_percent": "?num", "hbm_utilization_percent": "?num"},
     "input_pipeline": {"bottleneck": "?", "bottleneck?": STAGE, "stages": [STAGE]},
     "top_ops": [TOP_OP], "roofline_points": [TOP_OP], "suggestions": [SUGGESTION], "warnings": ["str"],
     "stragglers": [{"host!": "str", "median_ms!": "num", "hosts_median_ms!": "num"}],

@@ -54,12 +54,15 @@ def roofline_json(report: "ProfileSummary") -> dict | None:
         "flops_per_s": _rate(program.flops_per_s) if program else None,
         "hbm_bytes_per_s": _rate(program.hbm_bytes_per_s) if program else None,
         "mfu_percent": _rate(program.mfu_percent, 4) if program else None,
+        "hbm_utilization_percent": _rate(100.0 * program.hbm_bytes_per_s / roof.peak_hbm_bytes_per_s, 4)
+        if program and program.hbm_bytes_per_s and roof.peak_hbm_bytes_per_s else None,
         "flops_per_step": _rate(program.flops_per_step) if program else None,
         "model_flops_per_step": _rate(program.model_flops_per_step) if program else None,
         "hbm_bytes_per_step": _rate(program.hbm_bytes_per_step) if program else None,
         "host_transfer_bytes_per_step": _rate(program.host_transfer_bytes_per_step) if program else None,
         "how": "per chip per step: FLOPs and bytes from the capture's op stats over the ops inside the measured "
-               "steps, averaged over chips, divided by the mean step time; MFU = model FLOPs / (step time x peak)",
+               "steps, averaged over chips, divided by the mean step time; MFU = model FLOPs / (step time x peak); HBM "
+               "bandwidth utilisation = HBM bytes / (step time x peak HBM bandwidth)",
     }
 
 

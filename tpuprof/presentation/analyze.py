@@ -139,9 +139,10 @@ def roofline_sentence(roofline: dict | None) -> str | None:
                  else " per step (HBM bandwidth not measured: no op has bytes in the capture)")
     if peak:
         source = f" ({roofline['peak_source']})" if roofline.get("peak_source") else ""
-        mfu = roofline.get("mfu_percent")
+        mfu, mbu = roofline.get("mfu_percent"), roofline.get("hbm_utilization_percent")
         sentence += (f" against {peak / 1e12:g} TFLOP/s and {(roofline.get('peak_hbm_bytes_per_s') or 0) / 1e9:g} "
-                     f"GB/s peaks{source}" + (f"; MFU {mfu:.2f}%" if mfu is not None else ""))
+                     f"GB/s peaks{source}" + (f"; MFU {mfu:.2f}%" if mfu is not None else "")
+                     + (f", HBM bandwidth utilisation {mbu:.1f}%" if mbu is not None else ""))
     return sentence + "."
 
 
