@@ -1,7 +1,7 @@
 """The `tpuprof.analyze/1` document (without its schema line and caveats, which `Result.to_dict` adds), built in this
-one place from the analyze pipeline's typed summary (tpuprof.analyses.summary.ProfileSummary, named here only in
-annotations so that this module reads models alone): `AnalyzeResult.to_dict()`, `report`, `diff` and `capture`
-call `document`; `page_document` adds what the report page draws beyond it (every step, every rated op)."""
+one place from the analyze pipeline's typed summary (tpuprof.analyses.summary.ProfileSummary, passed in: this
+module imports models alone). `AnalyzeResult.to_dict()` (the CLI, the API, `capture`) calls `document`; `report` and
+`diff` call `page_document`, which adds what the report page draws beyond it (every step, every rated op)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def _rate(value: float | None, digits: int = 0):
     return None if value is None else round(float(value), digits) if digits else int(round(float(value)))
 
 
-def op_json(report: "ProfileSummary", o) -> dict:
+def op_json(report, o) -> dict:
     row = {"name": o.name, "kind": o.kind, "where": o.where, "count": o.count, "self_ms": _ms(o.self_ps)}
     if o.where != "device":
         return row
@@ -40,7 +40,7 @@ def op_json(report: "ProfileSummary", o) -> dict:
     return row
 
 
-def roofline_json(report: "ProfileSummary") -> dict | None:
+def roofline_json(report) -> dict | None:
     roof, program = report.roof, report.roofline
     if roof is None:
         return None
@@ -66,7 +66,7 @@ def roofline_json(report: "ProfileSummary") -> dict | None:
     }
 
 
-def duty_cycle_json(report: "ProfileSummary") -> dict | None:
+def duty_cycle_json(report) -> dict | None:
     """XProf's device duty cycle (overview_page), summed over chips: op time over the time from each chip's
     first device op to its last. It counts every program run but only the gaps between runs, so with few runs
     it is higher than the steps' share of compute, which counts each run with the gap after it."""
@@ -84,7 +84,7 @@ def duty_cycle_json(report: "ProfileSummary") -> dict | None:
                    "the last, summed over chips; every program run counts, the gap after the last one does not"}
 
 
-def devices_json(report: "ProfileSummary") -> list[dict]:
+def devices_json(report) -> list[dict]:
     out = []
     for host, d in report.devices:
         total = sum(s.duration_ps for s in d.steps)
@@ -96,7 +96,7 @@ def devices_json(report: "ProfileSummary") -> list[dict]:
     return out
 
 
-def document(report: "ProfileSummary", top: int) -> dict:
+def document(report, top: int) -> dict:
     stage = report.bottleneck_stage
     return {
         "hosts": [
@@ -184,7 +184,7 @@ def pod_json(pod) -> dict | None:
     }
 
 
-def _precision(report: "ProfileSummary") -> dict:
+def _precision(report) -> dict:
     """Device time in matmuls/convolutions and the part with 32-bit results (TPU planes only)."""
     matmul = sum(h.matmul_ps for h in report.hosts)
     wide = sum(h.matmul_f32_ps for h in report.hosts)
@@ -193,7 +193,7 @@ def _precision(report: "ProfileSummary") -> dict:
             "f32_matmul_percent_of_compute": round(100.0 * wide / compute, 1) if compute and matmul else None}
 
 
-def page_document(report: "ProfileSummary", top: int) -> dict:
+def page_document(report, top: int) -> dict:
     """The document with what the report page draws beyond the JSON: every tf.data stage (the page keeps the top
     ones), every device op with a rate (the roofline chart; top_ops holds only the top ones) and every step of
     every host (the step chart and the pod's heat map)."""

@@ -21,6 +21,8 @@ CATEGORY_LABELS = {"compute": "compute", "input": "waiting for input",
 BREAKDOWN_TITLE = "Where the step time goes"
 STAGES_TITLE = "tf.data stages by own time (summed over repeat epochs)"
 POD_TITLE = "Pod: per host, per step"
+DEVICE_OPS_TITLE = "Device ops by time per step (per chip: averaged over chips)"
+HOST_OPS_TITLE = "Host ops by self time"
 ROOFLINE = "Roofline"
 
 
@@ -202,11 +204,11 @@ def _ops(d: dict, top: int) -> list:
                          _num(o.get("intensity"), 2), bound))
         columns = (name("op", least=20), name("HLO op", drop=4), text("category", drop=3), number("ms/step"),
                    number("TFLOP/s", drop=2), number("GB/s", drop=2), number("FLOP/B", drop=1), number("bound"))
-        out.append(Table(columns, tuple(rows), "Device ops by time per step (per chip: averaged over chips)"))
+        out.append(Table(columns, tuple(rows), DEVICE_OPS_TITLE))
     if host:
         out.append(Table((name("op", least=24), text("type", drop=2), number("count", drop=1), number("self ms")),
                          tuple((o["name"], o.get("kind") or "", str(o.get("count") or ""), _num(o["self_ms"], 2))
-                               for o in host), "Host ops by self time"))
+                               for o in host), HOST_OPS_TITLE))
     return out
 
 

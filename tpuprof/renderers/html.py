@@ -525,7 +525,8 @@ def _steps(page: _Page, item: Input, top: int) -> None:
     """What `tpuprof analyze` presents (tpuprof/presentation/analyze.py), with the page's charts: the step time per
     step (or the mean step), the pod's heat map, the roofline and the tf.data stages."""
     from tpuprof.presentation import Note, Table
-    from tpuprof.presentation.analyze import BREAKDOWN_TITLE, POD_TITLE, ROOFLINE, STAGES_TITLE, section
+    from tpuprof.presentation.analyze import (BREAKDOWN_TITLE, DEVICE_OPS_TITLE, HOST_OPS_TITLE, POD_TITLE, ROOFLINE,
+                                              STAGES_TITLE, section)
     from tpuprof.renderers.printers import html
 
     d = item.document
@@ -543,7 +544,7 @@ def _steps(page: _Page, item: Input, top: int) -> None:
     else:
         _place(shown.blocks, [Note("No tf.data stages in this capture (a JAX process records only its own events; the "
                                    "breakdown above counts untraced gaps between steps as waiting for input).")],
-               before=lambda b: isinstance(b, Table) and (b.title or "").startswith(("Device ops", "Host ops")))
+               before=lambda b: titled(DEVICE_OPS_TITLE)(b) or titled(HOST_OPS_TITLE)(b))
     page.add(html(shown, page.figure_html))
 
 
