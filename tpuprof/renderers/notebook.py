@@ -38,17 +38,6 @@ def _table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _facts(pairs: list[tuple[str, object]]) -> str:
-    return _table(["", ""], [[name, value] for name, value in pairs if value not in (None, "")])
-
-
-def _fits(used, capacity) -> str:
-    from tpuprof.presentation import fits_share
-
-    said = fits_share(used, capacity, of=fmt_bytes(capacity))
-    return "" if said is None else f' <b class="{"fit" if used <= capacity else "oom"}">{esc(said)}</b>'
-
-
 def _suggestions(suggestions: list) -> str:
     if not suggestions:
         return ""
