@@ -132,7 +132,7 @@ def duty_cycle_sentence(d: dict) -> str | None:
 
 
 def roofline_sentence(roofline: dict | None) -> str | None:
-    """The program's achieved rates per chip against the chip's peaks, and its MFU."""
+    """The program's achieved rates per chip against the chip's peaks, its MFU and HBM bandwidth utilisation."""
     if not roofline or roofline.get("flops_per_s") is None:
         return None
     peak, hbm = roofline.get("peak_flops_per_s"), roofline.get("hbm_bytes_per_s")
@@ -142,8 +142,9 @@ def roofline_sentence(roofline: dict | None) -> str | None:
     if peak:
         source = f" ({roofline['peak_source']})" if roofline.get("peak_source") else ""
         mfu, mbu = roofline.get("mfu_percent"), roofline.get("hbm_utilization_percent")
-        sentence += (f" against {peak / 1e12:g} TFLOP/s and {(roofline.get('peak_hbm_bytes_per_s') or 0) / 1e9:g} "
-                     f"GB/s peaks{source}" + (f"; MFU {mfu:.2f}%" if mfu is not None else "")
+        peak_hbm = roofline.get("peak_hbm_bytes_per_s")
+        sentence += (f" against {peak / 1e12:g} TFLOP/s" + (f" and {peak_hbm / 1e9:g} GB/s" if peak_hbm else "")
+                     + f" peaks{source}" + (f"; MFU {mfu:.2f}%" if mfu is not None else "")
                      + (f", HBM bandwidth utilisation {mbu:.1f}%" if mbu is not None else ""))
     return sentence + "."
 
