@@ -20,7 +20,7 @@ from helpers.synthetic_xspace import Layout, tpu_xspace, write_run
 
 from tpuprof import cli
 from tpuprof.commands import analyze as command
-from tpuprof.renderers import analyze as render
+from tpuprof import documents_analyze
 
 CAPTURES = SAMPLES / "captures"
 
@@ -228,7 +228,7 @@ def test_json_contract_from_the_cli(capsys):
 def test_tables_render(capsys):
     cli.main(["analyze", str(capture("tf_slow_map"))])
     out = capsys.readouterr().out
-    assert "highly input-bound" in out and "[input_pipeline]" in out and "tf.data stages" in out
+    assert "highly input-bound" in out and "Input pipeline: " in out and "tf.data stages" in out
     assert "Host ops by self time" in out and "EagerPyFunc" in out
 
 
@@ -318,7 +318,7 @@ def test_tpu_f32_matmuls_get_bf16_advice(tmp_path):
     assert "mixed_bfloat16" in bf16["message"] or "bfloat16" in bf16["message"]
     device_ops = [op for op in report.top_ops if op.where == "device"]
     assert device_ops[0].name == "model/dense/MatMul" and device_ops[0].kind == "convolution"
-    precision = render.to_json(report, 5)["precision"]
+    precision = documents_analyze.document(report, 5)["precision"]
     assert precision["f32_matmul_percent_of_compute"] == pytest.approx(100 * 8 / 9, abs=0.2)
 
 
@@ -349,7 +349,7 @@ def test_tpu_slowest_chip_is_named_and_op_times_are_per_chip(tmp_path):
     layout = Layout(idle_ms=0.2, matmul_ms=4.0, other_ms=1.0, collective_ms=0.5, cores=2, slow_core=1,
                     slow_core_ms=1.5, matmul_dtype="bf16")
     report = analyze_layout(tmp_path, layout)
-    devices = render.to_json(report, 5)["devices"]
+    devices = documents_analyze.document(report, 5)["devices"]
     assert [(d["id"], d["steps"], d["median_ms"]) for d in devices] == [
         ("TPU:0", 20, pytest.approx(layout.step_ms, abs=0.01)), ("TPU:1", 20, pytest.approx(layout.step_ms, abs=0.01))]
     assert devices[0]["breakdown_percent"]["collective"] > devices[1]["breakdown_percent"]["collective"]
@@ -441,7 +441,7 @@ def test_json_renderer_keeps_no_steps_honest(tmp_path):
     line = plane.lines.add(id=1, name="python")
     line.events.add(metadata_id=1, offset_ps=0, duration_ps=1000)
     report = command.analyze(str(write_run(tmp_path, {"h": space})))
-    document = render.to_json(report, 5)
+    document = documents_analyze.document(report, 5)
     assert document["verdict"] == "unknown" and document["steps"]["count"] == 0
     assert "no step markers" in document["verdict_reason"] and document["suggestions"] == []
 
@@ -503,8 +503,9 @@ def test_the_run_folder_is_named_as_the_user_typed_it():
     result = run_cli("analyze", "sample_profiles/captures/jax_compute")
     assert result.returncode == 0, result.stderr
     run_name = next((SAMPLES / "captures" / "jax_compute" / "plugins" / "profile").iterdir()).name
-    assert result.stdout.startswith(
-        f"Run {run_name}, the only run in sample_profiles/captures/jax_compute/plugins/profile.")
+    title, first = result.stdout.splitlines()[:2]
+    assert title == "tpuprof analyze"
+    assert first == f"Run {run_name}, the only run in sample_profiles/captures/jax_compute/plugins/profile."
     document = json.loads(run_cli("analyze", "sample_profiles/captures/jax_compute", "--json").stdout)
     assert document["run"]["folder"] == str(SAMPLES / "captures" / "jax_compute" / "plugins" / "profile")
 

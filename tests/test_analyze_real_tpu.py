@@ -21,7 +21,8 @@ from helpers.real_data import TPU_HOST_OFFLOAD_MANGLED, TPU_HOST_OFFLOAD_V6E_4, 
 from helpers.xprof_oracle import roofline_rows, tool_data
 
 from tpuprof.commands import analyze as command
-from tpuprof.renderers import analyze as render
+from tpuprof import documents_analyze as render
+from tpuprof.presentation.analyze import duty_cycle_sentence
 
 GiB = 1 << 30
 ARRAY = "f32[5,1024,1024,256]"
@@ -197,6 +198,21 @@ def test_tables_show_chips_roofline_and_host_transfers(offload):
     assert "copy-done.4" in out and "host link 44%" in out
 
 
+def test_hbm_bandwidth_utilisation_is_the_hbm_bytes_per_step_over_the_step_at_the_chips_peak(offload):
+    """Per chip per step the fusions move 3 x 10 GiB and the copies 6 x 5 GiB of HBM (as the roofline test counts
+    them), in the mean step, against v6e's published 1638 GB/s: about 5%, said beside MFU wherever the roofline is."""
+    from tpuprof.renderers.markdown import render
+
+    path, report = offload
+    document = json.loads(run_cli("analyze", path, "--json").stdout)
+    expected = 100 * (3 * 2 * ARRAY_BYTES + 6 * ARRAY_BYTES) / (report.mean_ms / 1e3) / 1638e9
+    assert document["roofline"]["hbm_utilization_percent"] == pytest.approx(expected, rel=1e-3)
+    assert 4.9 < expected < 5.1
+    said = f"MFU 0.00%, HBM bandwidth utilisation {expected:.1f}%."
+    assert said in " ".join(run_cli("analyze", path, env={"COLUMNS": "200"}).stdout.split())
+    assert said in render(document)
+
+
 def test_a_capture_committed_mangled_is_one_clear_error(tmp_path):
     """openxla/xprof later committed the same file with every byte above 0x7f replaced by U+FFFD."""
     path = real_artefact(TPU_HOST_OFFLOAD_MANGLED, tmp_path)
@@ -308,7 +324,7 @@ def test_report_page_shows_the_roofline_and_the_categories(offload, pallas, tmp_
     step_bars, _ = next(f for t, f in figures.items() if t.startswith("Step time per step, by category"))
     assert [t["name"] for t in step_bars] == ["compute", "waiting for input", "host transfers", "collectives",
                                               "host overhead", "compilation", "other"]
-    assert "Where the step time goes" in page and "Chips (aligned steps)" in page
+    assert "Where the step time goes" in page and "Chips (aligned steps" in page
     assert "matmul_optimized.1: 113." in page and "estimated: a custom call" in page
 
 
@@ -378,7 +394,7 @@ def test_pallas_steps_leave_out_the_last_run_that_the_duty_cycle_counts(pallas, 
     third_run = chip.op_busy_ps - sum(s.compute_ps for s in chip.steps)
     # The duty cycle's span is the two steps plus the last run: nothing else ran on the chip.
     assert abs(chip.op_span_ps - sum(s.duration_ps for s in chip.steps) - third_run) < 0.01 * chip.op_span_ps
-    sentence = render.duty_cycle_sentence(report)
+    sentence = duty_cycle_sentence(render.document(report, 10))
     assert "37.4%" in sentence and "28.5%" in sentence and "the last run" in sentence
     assert _xprof_duty_cycle(xprof, path) == 37.4
 

@@ -137,7 +137,8 @@ def test_analyze_names_the_run_it_reads_among_several(jax_capture, jax_job, tmp_
     newest, others = runs[-1], len(runs) - 1
     expected = (f"Run {newest.name}, the newest in {logdir}/plugins/profile; {others} older run"
                 if others else f"Run {newest.name}, the only run in {logdir}/plugins/profile.")
-    assert " ".join(result.stdout.split()).startswith(expected), result.stdout[:300]
+    title, said = result.stdout.split("\n", 1)
+    assert title == "tpuprof analyze" and " ".join(said.split()).startswith(expected), result.stdout[:300]
     document = json.loads(run_cli("analyze", logdir, "--json").stdout)
     assert document["run"] == {"name": newest.name, "folder": f"{logdir}/plugins/profile", "other_runs": others}
     assert json.loads(run_cli("analyze", newest, "--json").stdout)["run"] is None  # a run folder: nothing chosen

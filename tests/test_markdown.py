@@ -9,7 +9,7 @@ from markdown_it import MarkdownIt
 from conftest import run_cli
 from helpers.sample_documents import commands, document
 from tpuprof.renderers import markdown
-from tpuprof.renderers.diff import fmt_change, fmt_value
+from tpuprof.presentation.diff import fmt_change, fmt_value
 from tpuprof.units import fmt_bytes
 
 PARSER = MarkdownIt("commonmark").enable("table")
@@ -47,7 +47,7 @@ def expected_figures(doc: dict) -> list[str]:
             out += [s["message"] for s in module["suggestions"][:markdown.MAX_FIXES]]
             out += module["caveats"]
     elif command == "analyze":
-        out += [doc["verdict"], str(doc["steps"]["median_ms"]), str(doc["steps"]["count"])]
+        out += [doc["verdict"], f"median {doc['steps']['median_ms']:.2f} ms", str(doc["steps"]["count"])]
         out += [str(v) for v in doc["breakdown_percent"].values() if v]
         out += [o["name"] for o in doc["top_ops"][:markdown.TOP]]
         out += [s["message"] for s in doc["suggestions"][:markdown.MAX_FIXES]] + doc["caveats"] + doc["warnings"]
@@ -91,14 +91,14 @@ def test_markdown_shows_the_json_figures(sample):
 
 
 def test_the_tables_hold_the_figures_in_their_cells():
-    """Not only somewhere in the text: the parser puts the diff's tripped threshold and its metric in cells."""
+    """Not only somewhere in the text: the parser puts the diff's metrics in cells; the tripped threshold is the
+    verdict, then its line with the figure it compared."""
     sample = next(c for c in commands() if c[0] == "diff/memory")
     doc = document(sample)
-    built = tables(markdown.render(doc))
-    thresholds = built[0]
-    assert thresholds[0][:3] == ["threshold", "group", "A"]
-    assert thresholds[1][0] == "peak_heap_bytes>+5%" and thresholds[1][-1] == "❌ tripped"
-    metrics = {row[0]: row for row in built[1][1:]}
+    text = markdown.render(doc)
+    assert "- ❌ FAIL --fail-if peak_heap_bytes>+5% (jit_train_step): peak_heap_bytes +99.0%." in text
+    built = tables(text)
+    metrics = {row[0]: row for row in built[0][1:]}
     peak = next(m for m in doc["groups"][0]["metrics"] if m["name"] == "peak_heap_bytes")
     assert metrics["peak_heap_bytes"][1:3] == [fmt_bytes(peak["a"]), fmt_bytes(peak["b"])]
 
@@ -108,7 +108,7 @@ def test_a_pipe_in_a_name_stays_in_its_cell():
            "breakdown_percent": {"compute": 100.0}, "breakdown_ms_per_step": {"compute": 1.0},
            "top_ops": [{"name": "a|b`c", "kind": "k", "where": "TPU", "count": 1, "self_ms": 2.0}]}
     ops = tables(markdown.render(doc))[1]
-    assert len(ops[1]) == 5 and ops[1][0] == "a|b`c"
+    assert ops[0] == ["op", "type", "count", "self ms"] and ops[1] == ["a|b`c", "k", "1", "2.00"]
 
 
 def test_a_preflight_target_on_a_slice_is_named_by_its_slice():
@@ -132,7 +132,7 @@ def test_cli_markdown_is_the_json_document_rendered():
     result = run_cli(*sample[1], "--format", "markdown")
     assert result.returncode == 1, result.stderr
     assert result.stdout == markdown.render(document(sample))
-    assert result.stdout.startswith("## tpuprof diff\n\n**❌ Regression: 1 of 1 thresholds tripped**")
+    assert result.stdout.startswith("## tpuprof diff\n\n- ❌ **--fail-if**: regression: 1 of 1 thresholds tripped")
 
 
 def test_json_and_another_format_is_one_sentence():

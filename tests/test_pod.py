@@ -98,7 +98,7 @@ def test_64_hosts_give_the_compact_table(source_report):
         hosts.append(replace(profile, host=f"h{i:02d}", steps=steps))
     pod = pod_view.build(hosts)
     from tpuprof.analyses.summary import summarize
-    from tpuprof.renderers.analyze import to_json
+    from tpuprof.documents_analyze import document as to_json
 
     assert validate({"schema": "tpuprof.analyze/1", **to_json(summarize(hosts), 10)}) == "analyze"
     assert pod.compact["slowest"][0].host == "h17" and [r.host for r in pod.compact["outliers"]] == ["h17"]

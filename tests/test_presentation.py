@@ -208,3 +208,91 @@ def test_an_edited_oom_document_is_one_sentence(tmp_path, edit, field):
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert field in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not page.exists()
+
+
+def _facts(section) -> list[str]:
+    """A section's sentences and figures as a reader sees them (code spans' backticks aside), sub-sections too."""
+    from tpuprof.presentation import Fact, Note, Verdict
+
+    blocks = section.blocks + [b for s in section.sections for b in s.blocks]
+    said = [b.value if isinstance(b, Fact) else b.text for b in blocks if isinstance(b, (Fact, Verdict, Note))]
+    return [s.replace("`", "") for s in said]
+
+
+def _cells(section, rows: int, columns: int) -> list[str]:
+    from tpuprof.presentation import Table
+
+    blocks = section.blocks + [b for s in section.sections for b in s.blocks]
+    return [c for b in blocks if isinstance(b, Table) for row in b.rows[:rows] for c in row[:columns] if c]
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"\s+", " ", text.replace("**", "").replace("`", "").replace("\\|", "|"))
+
+
+def test_analyze_terminal_markdown_page_and_notebook_say_the_same_facts(tmp_path):
+    """A real two-host capture: the run, the hosts, the steps, the verdict, the straggler and the pod, and the rows of
+    the breakdown, the ops and the pod table, in every printer."""
+    from tpuprof.presentation.analyze import section
+    from tpuprof.renderers.markdown import render
+
+    capture = SAMPLES / "captures" / "jax_two_hosts_straggler"
+    document = json.loads(run_cli("analyze", capture, "--json").stdout)
+    shown = section(document, top=5)
+    said, cells = _facts(shown), _cells(shown, 5, 2)
+    assert any(s.startswith("highly input-bound. 80.7% of step time waiting for input") for s in said)
+    assert any(s.startswith("Straggler: localhost_54739 median step 23.10 ms") for s in said)
+    assert "waiting for input" in cells and "localhost_54739" in cells and "ynn_fusion.5" in cells
+    terminal = _plain(run_cli("analyze", capture, "--top", "5", env={"COLUMNS": "400"}).stdout)
+    markdown = _plain(render(document))
+    run_cli("report", capture, "-o", tmp_path / "page.html")
+    page = _text((tmp_path / "page.html").read_text())
+    notebook = _text(tpuprof.analyze(str(capture))._repr_html_())
+    for name, output in (("terminal", terminal), ("markdown", markdown), ("page", page), ("notebook", notebook)):
+        missing = [fact for fact in said + cells if fact not in output]
+        assert not missing, (name, missing)
+
+
+def test_diff_terminal_markdown_and_notebook_say_the_same_facts():
+    """Two real dumps (batch 64 and 128): the tripped threshold with the figure it compared, the metrics, the growth
+    per example and the buffers that changed, in every printer; the worse rows are marked as worse."""
+    from conftest import DUMPS
+    from tpuprof.presentation.diff import section
+    from tpuprof.renderers.markdown import render
+
+    a, b = DUMPS / "diff_b64", DUMPS / "diff_b128"
+    args = ("diff", a, b, "--fail-if", "peak_heap_bytes>+5%")
+    document = json.loads(run_cli(*args, "--json").stdout)
+    shown = section(document, top=5)
+    said, cells = _facts(shown), _cells(shown, 5, 5)
+    assert "FAIL --fail-if peak_heap_bytes>+5% (jit_train_step): peak_heap_bytes +99.0%." in said
+    assert any(s.startswith("Per example: +18.50 MiB of peak HBM per example") for s in said)
+    assert "peak_heap_bytes" in cells and "+99.0%" in cells and "fusion.107{1}" in cells
+    done = run_cli(*args, env={"COLUMNS": "400"})
+    assert done.returncode == 1
+    terminal, markdown = _plain(done.stdout), _plain(render(document))
+    result = tpuprof.diff(str(a), str(b), fail_if=["peak_heap_bytes>+5%"])
+    notebook = _text(result._repr_html_())
+    for name, output in (("terminal", terminal), ("markdown", markdown), ("notebook", notebook)):
+        missing = [fact for fact in said + cells if fact not in output]
+        assert not missing, (name, missing)
+    peak_row = re.search(r'<tr class="(\w+)"><td><span class="mono">peak_heap_bytes<', result._repr_html_())
+    assert peak_row and peak_row.group(1) == "oom"  # a larger peak is worse
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d.update(stragglers=[{"host": "h", "median_ms": "slow", "hosts_median_ms": 1.0}]),
+     "steps.stragglers[0].median_ms"),
+    (lambda d: d.update(duty_cycle={"percent": 50.0}), "steps.duty_cycle.op_ms_per_chip is missing"),
+])
+def test_an_edited_analyze_document_is_one_sentence(tmp_path, edit, field):
+    """The figures the analyze section prints from a saved document are checked when it is read back."""
+    document = json.loads(run_cli("analyze", SAMPLES / "captures" / "jax_two_hosts_straggler", "--json").stdout)
+    edit(document)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(document))
+    page = tmp_path / "page.html"
+    done = run_cli("report", bad, "-o", page)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert field in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not page.exists()

@@ -142,9 +142,9 @@ class AnalyzeResult(Result):
         return self.report.breakdown_percent
 
     def _document(self) -> dict:
-        from tpuprof.renderers.analyze import to_json
+        from tpuprof.documents_analyze import document
 
-        return to_json(self.report, self.top)
+        return document(self.report, self.top)
 
     def __repr__(self) -> str:
         return (f"AnalyzeResult({self.path!r}: {self.report.step_count} steps, median {self.report.median_ms:.3f} ms, "
@@ -274,9 +274,9 @@ class DiffResult(Result):
         return self.diff["kind"]
 
     def _document(self) -> dict:
-        from tpuprof.renderers.diff import to_json
+        from tpuprof.documents_diff import document
 
-        return to_json(self.diff)
+        return document(self.diff)
 
     def __repr__(self) -> str:
         state = "no change" if self.identical else "changed"

@@ -78,4 +78,4 @@ def run(path, top: int, as_json: bool, csv: str | None = None, format_: str | No
         return
     steps = result(path, top, workers=workers, ray=ray)
     if not print_document(steps, format_):
-        render.print_tables(steps.report, top)
+        render.print_document(steps.to_dict(), top)

@@ -52,7 +52,7 @@ def run(
     if captured.analysis is not None:
         from tpuprof.renderers import analyze as analyze_render
 
-        analyze_render.print_tables(captured.analysis.report, captured.analysis.top)
+        analyze_render.print_document(captured.analysis.to_dict(), captured.analysis.top)
 
 
 def trace_options(duration: str = "3s", attempts: int = 3, delay: str = "0ms", host_tracer_level: int = 2,

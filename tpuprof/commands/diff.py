@@ -77,7 +77,7 @@ def run(a: str, b: str, fail_if: list[str], batches: str | None, target: str | N
     format_ = output_format(as_json, format_)
     compared = result(a, b, fail_if, batches, target, top)
     if not print_document(compared, format_):
-        render.print_tables(compared.diff)
+        render.print_document(compared.to_dict())
     if compared.regression:
         sys.stdout.flush()
         sys.exit(1)

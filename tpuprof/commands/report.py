@@ -136,23 +136,9 @@ def _load_steps(path: str, top: int) -> Input:
 
 def steps_input(path: str, report, top: int) -> Input:
     """The steps document of REPORT (the analyze pipeline's), with what the page draws beyond the JSON."""
-    from tpuprof.models.profile import CATEGORIES
-    from tpuprof.renderers.analyze import op_json, to_json
+    from tpuprof.documents_analyze import page_document
 
-    document = to_json(report, top)
-    # Every tf.data stage: the page sums them over repeat() epochs before it keeps the top ones.
-    document["input_pipeline"]["stages"] = to_json(report, 0)["input_pipeline"]["stages"]
-    # Every device op with a rate, for the roofline chart (the JSON's top_ops holds only the top ones).
-    document["roofline_points"] = [op_json(report, o) for o in report.device_ops if report.rates(o)
-                                   and (report.rates(o).flops_per_s or report.rates(o).bytes_per_s)]
-    document["per_step"] = [
-        {"host": h.host,
-         "steps": [{"number": s.number, "duration_ms": round(s.duration_ps / 1e9, 4),
-                    **{f"{c}_ms": round(getattr(s, f"{c}_ps") / 1e9, 4) for c in CATEGORIES}}
-                   for s in h.steps]}
-        for h in report.hosts
-    ]
-    return Input(path, STEPS, document)
+    return Input(path, STEPS, page_document(report, top))
 
 
 def _load_oom(path: str, target: str | None) -> Input:

@@ -22,6 +22,18 @@ def build(document: dict) -> Section:
     return BUILDERS[command](document)
 
 
+def _analyze(document: dict) -> Section:
+    from tpuprof.presentation.analyze import section
+
+    return section(document)
+
+
+def _diff(document: dict) -> Section:
+    from tpuprof.presentation.diff import section
+
+    return section(document)
+
+
 def _memory(document: dict) -> Section:
     from tpuprof.presentation.memory import section
 
@@ -40,4 +52,5 @@ def _serve(document: dict) -> Section:
     return section(document)
 
 
-BUILDERS: dict[str, Callable[[dict], Section]] = {"memory": _memory, "oom": _oom, "serve": _serve}
+BUILDERS: dict[str, Callable[[dict], Section]] = {"analyze": _analyze, "diff": _diff, "memory": _memory, "oom": _oom,
+                                                  "serve": _serve}

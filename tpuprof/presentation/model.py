@@ -9,7 +9,8 @@ Block kinds:
 - `Verdict`: whether something fits (or serves), with the sentence that says why: `fits_word` words it.
 - `Fact`: one labelled figure (or short line of figures), saying how it was obtained.
 - `Table`: rows of already-formatted cells; each column says its kind (number / name / text) and its rank to be
-  left out on a narrow terminal (tpuprof/renderers/tables.py's width rule).
+  left out on a narrow terminal (tpuprof/renderers/tables.py's width rule); a row may have a tone (a change for
+  the worse or the better: red or green where the format has colour).
 - `Note`: a sentence: a plain note, a warning (an estimate says so) or a problem (red).
 - `Fixes`: a command's suggestions (their dicts), numbered with their savings; the report page ranks every input's
   fixes at its top instead, so its printer leaves them out of the section.
@@ -65,6 +66,7 @@ class Table:
     columns: tuple[Column, ...]
     rows: tuple[tuple[str, ...], ...]
     title: str | None = None
+    tones: tuple[str, ...] = ()  # per row: "bad", "good" or "" (none); empty: no row has one
 
 
 @dataclass(frozen=True)

@@ -522,91 +522,44 @@ def _padding_by_op(page: _Page, m: dict, top: int) -> None:
 # ---------------------------------------------------------------- steps
 
 def _steps(page: _Page, item: Input, top: int) -> None:
-    import plotly.graph_objects as go
+    """What `tpuprof analyze` presents (tpuprof/presentation/analyze.py), with the page's charts: the step time per
+    step (or the mean step), the pod's heat map, the roofline and the tf.data stages."""
+    from tpuprof.presentation import Note, Table
+    from tpuprof.presentation.analyze import (BREAKDOWN_TITLE, DEVICE_OPS_TITLE, HOST_OPS_TITLE, POD_TITLE, ROOFLINE,
+                                              STAGES_TITLE, section)
+    from tpuprof.renderers.printers import html
 
     d = item.document
-    s = d.get("steps", {})
-    page.add(f'<p><b>{esc(d.get("verdict"))}</b>. {prose(d.get("verdict_reason"))}</p>')
-    if s.get("count"):
-        page.add(f'<p>{esc(s["count"])} step{"s" if s["count"] != 1 else ""}: mean {s["mean_ms"]:.2f} ms, median {s["median_ms"]:.2f} ms, '
-                 f'p90 {s["p90_ms"]:.2f} ms.</p>')
-    pod = d.get("pod") or {}
-    for h in d.get("hosts", []):
-        notes = "; ".join(h.get("notes") or [])
-        if pod.get("compact") is not None and not notes:
-            continue  # 64+ hosts: the pod section has them; only the hosts with something to say here
-        page.add(f'<p class="meta">{esc(h["host"])} ({esc(h.get("platform"))}): {esc(h.get("steps", 0))} steps, '
-                 f'{prose(h.get("step_source") or "no steps found")}{prose(". " + notes if notes else "")}</p>')
-    if d.get("run"):
-        run = d["run"]
-        others = run.get("other_runs") or 0
-        which = f"the newest of {others + 1} runs" if others else "the only run"
-        page.add(f'<p class="meta">Run <span class="mono">{esc(run["name"])}</span>, {which} in '
-                 f'<span class="mono">{esc(run["folder"])}</span>.</p>')
-    for warning in d.get("warnings") or []:
-        page.add(f'<p class="warn">{prose(warning)}</p>')
+    shown = section(d, max(top, 1))
 
-    hosts = [h for h in d.get("per_step", []) if h["steps"]]
-    if hosts and len(hosts[0]["steps"]) >= MIN_STEP_BARS:
-        _step_chart(page, hosts)
-    elif hosts:
-        pass  # a bar or two: the table below has the same numbers
-    elif d.get("breakdown_ms_per_step"):
-        fig = go.Figure()
-        for category, label in CATEGORY_LABELS.items():
-            fig.add_bar(x=["mean step"], y=[d["breakdown_ms_per_step"].get(category, 0)], name=label,
-                        marker_color=CATEGORY_COLOURS[category], hovertemplate=f"{label}: %{{y:.2f}} ms<extra></extra>")
-        fig.update_layout(barmode="stack", title="Mean step time by category", yaxis_title="time per step (ms)",
-                          legend=_TOP_LEGEND)
-        page.figure(fig, height=360)
-    _breakdown(page, d)
-    _chips(page, d)
-    _pod(page, d)
-    _roofline(page, d)
+    def titled(start: str):
+        return lambda b: isinstance(b, Table) and (b.title or "").startswith(start)
 
-    stages = _merged_stages(d.get("input_pipeline", {}).get("stages", []))[: max(top, 1)]
+    stages = _stages_plot(d, top)
+    _place(shown.blocks, _step_plots(d), before=titled(BREAKDOWN_TITLE))
+    _place(shown.blocks, _pod_heat_map(d.get("hosts") or []), after=titled(POD_TITLE))
+    _place(shown.blocks, _roofline(d), after=lambda b: isinstance(b, Note) and b.text.startswith(ROOFLINE + " ("))
     if stages:
-        labels = [esc(_short(st["stage"], 70)) for st in stages]
-        fig = go.Figure()
-        fig.add_bar(y=labels, x=[max(st["self_ms"] - st.get("py_function_ms", 0), 0) for st in stages],
-                    orientation="h", name="own time, not Python", marker_color="#1f6feb",
-                    customdata=[[st["count"]] for st in stages],
-                    hovertemplate="%{y}<br>%{x:.1f} ms own time outside Python, %{customdata[0]} calls<extra></extra>")
-        fig.add_bar(y=labels, x=[st.get("py_function_ms", 0) for st in stages], orientation="h",
-                    name="Python (py_function)", marker_color="#cf222e",
-                    hovertemplate="%{y}<br>%{x:.1f} ms in Python<extra></extra>")
-        fig.update_layout(barmode="stack", title="Input pipeline: tf.data stages by own time (summed over repeat "
-                          "epochs, as the terminal)", xaxis_title="own time in the capture (ms)",
-                          yaxis=dict(autorange="reversed", automargin=True), legend=_TOP_LEGEND)
-        page.figure(fig, height=max(260, 110 + 30 * len(stages)))
-        bottleneck = d["input_pipeline"].get("bottleneck")
-        if bottleneck:
-            page.add(f'<p>Slowest stage: <span class="mono">{esc(bottleneck["stage"])}</span> '
-                     f'({bottleneck["self_ms"]:.1f} ms own time, {bottleneck["py_function_ms"]:.1f} ms in Python).</p>')
+        _place(shown.blocks, [stages], before=titled(STAGES_TITLE))
     else:
-        page.add('<p class="note">No tf.data stages in this capture (a JAX process records only its own '
-                 "events; the breakdown above counts untraced gaps between steps as waiting for input).</p>")
-    ops = d.get("top_ops", [])[: max(top, 1)]
-    device = [o for o in ops if o.get("where") == "device"]
-    host = [o for o in ops if o.get("where") != "device"]
-    if device:
-        def rate(value, unit):
-            return "" if value is None else f"{value / unit:.2f}"
+        _place(shown.blocks, [Note("No tf.data stages in this capture (a JAX process records only its own events; the "
+                                   "breakdown above counts untraced gaps between steps as waiting for input).")],
+               before=lambda b: titled(DEVICE_OPS_TITLE)(b) or titled(HOST_OPS_TITLE)(b))
+    page.add(html(shown, page.figure_html))
 
-        rows = [[f'<span class="mono">{esc(o["name"])}</span>', f'<span class="mono">{esc(o.get("hlo_op") or "")}</span>'
-                 if o.get("hlo_op") else "", esc(o.get("category") or ""), esc(_num(o.get("self_ms_per_step"), 3)),
-                 rate(o.get("flops_per_s"), 1e12), rate(o.get("bytes_per_s"), 1e9), esc(_num(o.get("intensity"), 3)),
-                 esc((o.get("bound") or "") + (" " + format(o["percent_of_roof"], ".0f") + "%"
-                                               if o.get("percent_of_roof") is not None else "")).strip()]
-                for o in device]
-        page.add("<h3>Device ops by time per step (per chip: averaged over chips)</h3>" + _table(
-            ["op", "HLO op", "category", "ms per step", "TFLOP/s", "GB/s", "FLOP/byte", "bound, % of roof"], rows,
-            {3, 4, 5, 6}))
-    if host:
-        rows = [[f'<span class="mono">{esc(o["name"])}</span>', esc(o["kind"]), esc(o["where"]), esc(o["count"]),
-                 f'{o["self_ms"]:.2f}'] for o in host]
-        page.add("<h3>Host ops by self time</h3>" + _table(["op", "type", "where", "count", "self ms"], rows, {3, 4}))
-    _caveats(page, d.get("caveats"))
+
+def _place(blocks: list, added: list, before=None, after=None) -> None:
+    """ADDED into BLOCKS before the first block BEFORE matches, or after the first AFTER matches (else at the end)."""
+    if not added:
+        return
+    for i, block in enumerate(blocks):
+        if before is not None and before(block):
+            blocks[i:i] = added
+            return
+        if after is not None and after(block):
+            blocks[i + 1:i + 1] = added
+            return
+    blocks.extend(added)
 
 
 # Beyond this many steps one bar per step is a blur of hairlines: bins of consecutive steps, and the
@@ -615,13 +568,41 @@ MAX_STEP_BARS = 150
 MIN_STEP_BARS = 3  # fewer steps are not worth a chart: the breakdown table says the same
 
 
-def _step_chart(page: _Page, hosts: list[dict]) -> None:
+def _step_plots(d: dict) -> list:
+    """Each step's time by category (binned beyond MAX_STEP_BARS, with the distribution beside it); without the
+    steps (a saved --json document) the mean step's."""
+    from tpuprof.presentation import Plot
+
+    hosts = [h for h in d.get("per_step", []) if h["steps"]]
+    if hosts and len(hosts[0]["steps"]) >= MIN_STEP_BARS:
+        width = -(-len(hosts[0]["steps"]) // MAX_STEP_BARS)  # steps per bar
+        plots = [Plot(lambda: _step_chart(hosts, width))]
+        if width > 1:
+            plots.append(Plot(lambda: _step_distribution(hosts), 340))
+        return plots
+    if hosts or not d.get("breakdown_ms_per_step"):
+        return []  # a bar or two: the table has the same numbers
+    return [Plot(lambda: _mean_step_chart(d["breakdown_ms_per_step"]), 360)]
+
+
+def _mean_step_chart(per_step: dict):
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for category, label in CATEGORY_LABELS.items():
+        fig.add_bar(x=["mean step"], y=[per_step.get(category, 0)], name=label,
+                    marker_color=CATEGORY_COLOURS[category], hovertemplate=f"{label}: %{{y:.2f}} ms<extra></extra>")
+    fig.update_layout(barmode="stack", title="Mean step time by category", yaxis_title="time per step (ms)",
+                      legend=_TOP_LEGEND)
+    return fig
+
+
+def _step_chart(hosts: list[dict], width: int):
     import plotly.graph_objects as go
 
     host = hosts[0]
     steps = host["steps"]
     more = f" (host {host['host']}; {len(hosts) - 1} more hosts in the table above)" if len(hosts) > 1 else ""
-    width = -(-len(steps) // MAX_STEP_BARS)  # steps per bar
     bins = [steps[i:i + width] for i in range(0, len(steps), width)]
     x = [b[0]["number"] for b in bins]
     spans = [f"step {b[0]['number']}" if len(b) == 1 else f"steps {b[0]['number']}-{b[-1]['number']}" for b in bins]
@@ -635,10 +616,12 @@ def _step_chart(page: _Page, hosts: list[dict]) -> None:
     fig.update_layout(barmode="stack", title=esc(f"Step time per step, by category{more}{binned}"),
                       xaxis_title="step number", yaxis_title="time per step (ms)", legend=_TOP_LEGEND,
                       bargap=0.1 if len(bins) > 20 else 0.4)
-    page.figure(fig)
-    if width == 1:
-        return
+    return fig
+
+
+def _step_distribution(hosts: list[dict]):
     import numpy as np
+    import plotly.graph_objects as go
 
     durations = np.array([st["duration_ms"] for h in hosts for st in h["steps"]])
     fig = go.Figure()
@@ -650,121 +633,82 @@ def _step_chart(page: _Page, hosts: list[dict]) -> None:
                       annotation_text=f"p{q} {value:.2f} ms", annotation_position="top right")
     fig.update_layout(title=f"Step time distribution ({len(durations)} steps, every host)",
                       xaxis_title="step time (ms)", yaxis_title="steps", showlegend=False)
-    page.figure(fig, height=340)
+    return fig
 
 
-def _merged_stages(stages: list[dict]) -> list[dict]:
-    """tf.data stages summed over the `[n]` that repeat() epochs add to their names, as in the terminal."""
-    from tpuprof.analyses.input_pipeline import without_epochs
+def _stages_plot(d: dict, top: int):
+    """The tf.data stages by own time, split into Python and the rest (the document sums them over epochs)."""
+    from tpuprof.presentation import Plot
 
-    merged: dict[str, dict] = {}
-    for st in stages:
-        into = merged.setdefault(without_epochs(st["stage"]), {"stage": without_epochs(st["stage"]), "count": 0,
-                                                               "self_ms": 0.0, "py_function_ms": 0.0})
-        into["count"] += st.get("count", 0)
-        into["self_ms"] += st.get("self_ms", 0)
-        into["py_function_ms"] += st.get("py_function_ms", 0)
-    return sorted(merged.values(), key=lambda st: -st["self_ms"])
+    stages = (d.get("input_pipeline") or {}).get("stages", [])[: max(top, 1)]
+    if not stages:
+        return None
+
+    def figure():
+        import plotly.graph_objects as go
+
+        labels = [esc(_short(st["stage"], 70)) for st in stages]
+        fig = go.Figure()
+        fig.add_bar(y=labels, x=[max(st["self_ms"] - st.get("py_function_ms", 0), 0) for st in stages],
+                    orientation="h", name="own time, not Python", marker_color="#1f6feb",
+                    customdata=[[st.get("count")] for st in stages],
+                    hovertemplate="%{y}<br>%{x:.1f} ms own time outside Python, %{customdata[0]} calls<extra></extra>")
+        fig.add_bar(y=labels, x=[st.get("py_function_ms", 0) for st in stages], orientation="h",
+                    name="Python (py_function)", marker_color="#cf222e",
+                    hovertemplate="%{y}<br>%{x:.1f} ms in Python<extra></extra>")
+        fig.update_layout(barmode="stack", title="Input pipeline: tf.data stages by own time (summed over repeat "
+                          "epochs, as the terminal)", xaxis_title="own time in the capture (ms)",
+                          yaxis=dict(autorange="reversed", automargin=True), legend=_TOP_LEGEND)
+        return fig
+
+    return Plot(figure, max(260, 110 + 30 * len(stages)))
 
 
 def _num(value, digits: int) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
-def _breakdown(page: _Page, d: dict) -> None:
-    """The mean step split into the categories, as a table (the chart above shows them per step)."""
-    shares, per_step = d.get("breakdown_percent") or {}, d.get("breakdown_ms_per_step") or {}
-    if not shares:
-        return
-    rows = "".join(f'<tr><td><span style="color:{CATEGORY_COLOURS[c]}">&#9632;</span> {esc(label)}</td>'
-                   f'<td class="n">{shares.get(c, 0):.1f}</td><td class="n">{per_step.get(c, 0):.2f}</td></tr>'
-                   for c, label in CATEGORY_LABELS.items() if c in shares)
-    page.add("<h3>Where the step time goes</h3><table><tr><th>category</th><th>% of step</th>"
-             f"<th>ms per step</th></tr>{rows}</table>")
-
-
-def _chips(page: _Page, d: dict) -> None:
-    devices = d.get("devices") or []
-    if len(devices) < 2:
-        return
-    rows = "".join(f'<tr><td class="mono">{esc(x["host"])}/{esc(x["id"])}</td><td>{esc(x["kind"])}</td>'
-                   f'<td class="n">{esc(x["steps"])}</td><td class="n">{x["median_ms"]:.2f}</td>'
-                   f'<td class="n">{x["work_median_ms"]:.2f}</td>'
-                   + "".join(f'<td class="n">{x["breakdown_percent"].get(c, 0):.1f}</td>'
-                             for c in ("compute", "host_transfer", "collective", "host_overhead")) + "</tr>"
-                   for x in devices)
-    slow = "".join(f'<p class="warn">Slowest chip: {esc(c["chip"])} of {esc(c["host"])}, {c["work_median_ms"]:.2f} ms '
-                   f'of its own work per step vs {c["fastest_work_median_ms"]:.2f} ms</p>' for c in d.get("slow_chips", []))
-    page.add("<h3>Chips (aligned steps)</h3><table><tr><th>chip</th><th>kind</th><th>steps</th><th>median step ms</th>"
-             "<th>own work ms</th><th>compute %</th><th>host transfers %</th><th>collectives %</th>"
-             f"<th>host overhead %</th></tr>{rows}</table>{slow}")
-
-
-def _pod(page: _Page, d: dict) -> None:
-    """Several hosts: each host's figures (or the compact rows from 64 hosts), who holds the pod up, and a
-    host x step heat map of step times."""
-    pod = d.get("pod")
-    if not pod:
-        return
-    columns = [("host", lambda r: f'<span class="mono">{esc(r["label"] + r["host"])}</span>'),
-               ("steps", lambda r: esc(r["steps"])), ("median step ms", lambda r: f'{r["median_ms"]:.2f}'),
-               ("input ms", lambda r: _num(r.get("input_ms"), 2)),
-               ("host overhead ms", lambda r: _num(r.get("host_overhead_ms"), 2)),
-               ("collective ms", lambda r: _num(r.get("collective_ms"), 2)),
-               ("clock offset ms", lambda r: "" if r.get("clock_offset_ms") is None else f'{r["clock_offset_ms"]:+.3f}'),
-               ("delay ms", lambda r: f'{r["delay_ms"]:.2f}'),
-               ("steps with no device data", lambda r: esc(r.get("steps_without_device") or ""))]
-    compact = pod.get("compact")
-    shown = [dict(r, label=f"{kind.rstrip('s')}: ") for kind in ("slowest", "median", "fastest", "outliers")
-             for r in compact[kind]] if compact is not None else [dict(r, label="") for r in pod["hosts"]]
-    residual = "" if pod.get("residual_ms") is None else f', residual up to {pod["residual_ms"]:.3f} ms'
-    how = (f'Clocks against <span class="mono">{esc(pod["reference_host"])}</span> from matching step starts'
-           f'{esc(residual)}; delay: how much a host held up the collective everyone waits on, summed over '
-           f'{esc(pod["matched_steps"])} matched steps.') if pod.get("matched_steps") else \
-        "Clocks not aligned: the hosts ran no step number in common."
-    page.add(f'<h3>Pod: {len(pod["hosts"])} hosts{" (slowest, median, fastest, outliers)" if compact else ""}</h3>'
-             f'<p class="meta">{how}</p>'
-             + _table([name for name, _ in columns], [[cell(r) for _, cell in columns] for r in shown],
-                      set(range(1, len(columns)))))
-    for r in pod.get("stragglers") or []:
-        page.add(f'<p class="warn">Holds up the pod: <span class="mono">{esc(r["host"])}</span>, {r["delay_ms"]:.2f} ms '
-                 f'over {esc(pod["matched_steps"])} steps (the last to arrive in {esc(r["last_steps"])}).</p>')
-    _pod_heat_map(page, d.get("hosts") or [])
-
-
 MAX_HEAT_MAP_STEPS = 400  # beyond, columns are the mean of consecutive steps
 
 
-def _pod_heat_map(page: _Page, hosts: list[dict]) -> None:
-    import plotly.graph_objects as go
+def _pod_heat_map(hosts: list[dict]) -> list:
+    """Several hosts: a host x step heat map of step times (same step number = same step)."""
+    from tpuprof.presentation import Plot
 
     hosts = [h for h in hosts if h.get("step_list")]
     numbers = sorted({st["number"] for h in hosts for st in h["step_list"]})
     if len(hosts) < 2 or not numbers:
-        return
-    width = -(-len(numbers) // MAX_HEAT_MAP_STEPS)
-    column = {n: i // width for i, n in enumerate(numbers)}
-    columns = -(-len(numbers) // width)
-    z = []
-    for h in hosts:
-        sums, counts = [0.0] * columns, [0] * columns
-        for st in h["step_list"]:
-            sums[column[st["number"]]] += st["duration_ms"]
-            counts[column[st["number"]]] += 1
-        z.append([total / count if count else None for total, count in zip(sums, counts)])
-    x = [numbers[i * width] for i in range(columns)]
-    fig = go.Figure(go.Heatmap(z=z, x=x, y=[h["host"] for h in hosts], colorscale="YlOrRd",
-                               colorbar=dict(title="step time (ms)"), hoverongaps=False,
-                               hovertemplate="%{y}, step %{x}: %{z:.2f} ms<extra></extra>"))
-    binned = f"; each column the mean of {width} steps" if width > 1 else ""
-    fig.update_layout(title=esc(f"Step time per host and step (same step number = same step{binned})"),
-                      xaxis_title="step number", yaxis=dict(title="host", autorange="reversed", automargin=True))
-    page.figure(fig, height=min(1200, 160 + 14 * len(hosts)))
+        return []
+
+    def figure():
+        import plotly.graph_objects as go
+
+        width = -(-len(numbers) // MAX_HEAT_MAP_STEPS)
+        column = {n: i // width for i, n in enumerate(numbers)}
+        columns = -(-len(numbers) // width)
+        z = []
+        for h in hosts:
+            sums, counts = [0.0] * columns, [0] * columns
+            for st in h["step_list"]:
+                sums[column[st["number"]]] += st["duration_ms"]
+                counts[column[st["number"]]] += 1
+            z.append([total / count if count else None for total, count in zip(sums, counts)])
+        x = [numbers[i * width] for i in range(columns)]
+        fig = go.Figure(go.Heatmap(z=z, x=x, y=[h["host"] for h in hosts], colorscale="YlOrRd",
+                                   colorbar=dict(title="step time (ms)"), hoverongaps=False,
+                                   hovertemplate="%{y}, step %{x}: %{z:.2f} ms<extra></extra>"))
+        binned = f"; each column the mean of {width} steps" if width > 1 else ""
+        fig.update_layout(title=esc(f"Step time per host and step (same step number = same step{binned})"),
+                          xaxis_title="step number", yaxis=dict(title="host", autorange="reversed", automargin=True))
+        return fig
+
+    return [Plot(figure, min(1200, 160 + 14 * len(hosts)))]
 
 
-def _roofline(page: _Page, d: dict) -> None:
-    """Device ops as points against the chip's roofs (log-log), and the transfers against their links."""
-    import plotly.graph_objects as go
+def _roofline(d: dict) -> list:
+    """Device ops as points against the chip's roofs (log-log), and the transfers against their links; the ops
+    the chart cannot place, said in a sentence."""
+    from tpuprof.presentation import Note, Plot
 
     roof = d.get("roofline") or {}
     points = d.get("roofline_points") or [o for o in d.get("top_ops", []) if o.get("where") == "device"]
@@ -773,65 +717,71 @@ def _roofline(page: _Page, d: dict) -> None:
     transfers = [o for o in points if o.get("bytes_per_s") and not o.get("flops_per_s")]
     unplaced = [o for o in points if o.get("flops_per_s") and not o.get("intensity")]
     if not peak or not hbm or not (placed or transfers or unplaced):
-        return
-    page.add(f'<h3>Roofline ({esc(roof.get("device_kind"))}, per chip)</h3><p class="meta">Peaks: '
-             f'{peak / 1e12:g} TFLOP/s, HBM {hbm / 1e9:g} GB/s ({esc(roof.get("peak_source"))}). Program: '
-             f'{_num((roof.get("flops_per_s") or 0) / 1e12, 3)} TFLOP/s, '
-             + (f'{_num(roof["hbm_bytes_per_s"] / 1e9, 1)} GB/s of HBM' if roof.get("hbm_bytes_per_s") else
-                'HBM bandwidth not measured (no op has bytes in the capture)') + ', MFU '
-             f'{_num(roof.get("mfu_percent"), 3)}%. Op rates are FLOPs (bytes) over self time, as XProf measures them.'
-             '</p>')
-    for o in unplaced:
-        page.add(f'<p class="note">{esc(o.get("hlo_op"))}: {o["flops_per_s"] / 1e12:.2f} TFLOP/s '
-                 f'({esc(o.get("bound"))} {_num(o.get("percent_of_roof"), 0)}% of peak), not placed on the chart: the '
-                 f'capture gives no bytes for it. FLOPs: {esc(o.get("flops_source") or "from the capture")}.</p>')
+        return []
+    out: list = [Note("Op rates are FLOPs (bytes) over self time, as XProf measures them.")]
+    out += [Note(f'{o.get("hlo_op")}: {o["flops_per_s"] / 1e12:.2f} TFLOP/s ({o.get("bound")} '
+                 f'{_num(o.get("percent_of_roof"), 0)}% of peak), not placed on the chart: the capture gives no bytes '
+                 f'for it. FLOPs: {o.get("flops_source") or "from the capture"}.') for o in unplaced]
     if placed:
         intensities = [o["intensity"] for o in placed] + [roof.get("ridge_flops_per_byte") or peak / hbm]
         low, high = min(intensities) / 4, max(intensities) * 4
         if not 0 < low < high < math.inf:  # a log axis needs a positive, finite range (a hand-edited document)
             placed = []
     if placed:
-        xs = [low * (high / low) ** (i / 60) for i in range(61)]
-        fig = go.Figure()
-        fig.add_scatter(x=xs, y=[min(peak, x * hbm) for x in xs], mode="lines", name="roof: min(peak, intensity x HBM)",
-                        line=dict(color="#57606a"),
-                        hovertemplate="roof at %{x:.3g} FLOP/byte: %{y:.3g} FLOP/s<extra></extra>")
-        by_category: dict[str, list] = {}
-        for o in placed:
-            by_category.setdefault(o.get("category") or "compute", []).append(o)
-        for category, ops in by_category.items():
-            fig.add_scatter(
-                x=[o["intensity"] for o in ops], y=[o["flops_per_s"] for o in ops], mode="markers",
-                name=CATEGORY_LABELS.get(category, category),
-                marker=dict(color=CATEGORY_COLOURS.get(category, "#333"), size=[
-                    8 + min(24, 4 * (o.get("self_ms_per_step") or 0) ** 0.5) for o in ops]),
-                text=[esc(f'{o.get("hlo_op")} ({o.get("name")}): {(o.get("self_ms_per_step") or 0):.3f} ms per step, '
-                          f'{o.get("bound")} {_num(o.get("percent_of_roof"), 0)}% of roof') for o in ops],
-                hovertemplate="%{text}<br>%{x:.3g} FLOP/byte, %{y:.3g} FLOP/s<extra></extra>")
-        fig.update_layout(title="Device ops against the roof (marker size: time per step)",
-                          xaxis=dict(type="log", title="operational intensity (FLOP/byte of HBM)"),
-                          yaxis=dict(type="log", title="achieved FLOP/s"), legend=dict(orientation="h", y=-0.25))
-        page.figure(fig)
+        out.append(Plot(lambda: _roof_chart(placed, peak, hbm, low, high)))
     if transfers:
-        link = roof.get("host_link_bytes_per_s")
-        labels = [esc(f'{o.get("hlo_op")} ({o.get("category")})') for o in transfers]
-        fig = go.Figure()
-        fig.add_bar(y=labels, x=[o["bytes_per_s"] / 1e9 for o in transfers], orientation="h", name="achieved",
-                    hovertemplate="%{y}: %{x:.3g} GB/s<extra></extra>",
-                    marker_color=[CATEGORY_COLOURS.get(o.get("category"), "#333") for o in transfers])
-        # On a log axis plotly places shapes and annotations at log10 of the value (the axis range too), while
-        # traces take values: the reference lines go at log10(GB/s), and the range holds bars and lines.
-        references = [hbm / 1e9] + ([link / 1e9] if link else [])
-        fig.add_vline(x=math.log10(hbm / 1e9), line_dash="dot", annotation_text=f"HBM {hbm / 1e9:g} GB/s")
-        if link:
-            fig.add_vline(x=math.log10(link / 1e9), line_dash="dash",
-                          annotation_text=esc(f"host link {link / 1e9:g} GB/s"))
-        shown = [v for v in [o["bytes_per_s"] / 1e9 for o in transfers] + references if 0 < v < math.inf]
-        fig.update_layout(title="Ops that move bytes without FLOPs (copies, collectives): achieved bandwidth",
-                          xaxis=dict(type="log", title="GB/s (log)",
-                                     range=[math.log10(min(shown) / 2), math.log10(max(shown) * 2)]),
-                          yaxis=dict(autorange="reversed", automargin=True), showlegend=False)
-        page.figure(fig, height=max(300, 100 + 30 * len(transfers)))
+        out.append(Plot(lambda: _transfers_chart(transfers, hbm, roof.get("host_link_bytes_per_s")),
+                        max(300, 100 + 30 * len(transfers))))
+    return out
+
+
+def _roof_chart(placed: list[dict], peak: float, hbm: float, low: float, high: float):
+    import plotly.graph_objects as go
+
+    xs = [low * (high / low) ** (i / 60) for i in range(61)]
+    fig = go.Figure()
+    fig.add_scatter(x=xs, y=[min(peak, x * hbm) for x in xs], mode="lines", name="roof: min(peak, intensity x HBM)",
+                    line=dict(color="#57606a"),
+                    hovertemplate="roof at %{x:.3g} FLOP/byte: %{y:.3g} FLOP/s<extra></extra>")
+    by_category: dict[str, list] = {}
+    for o in placed:
+        by_category.setdefault(o.get("category") or "compute", []).append(o)
+    for category, ops in by_category.items():
+        fig.add_scatter(
+            x=[o["intensity"] for o in ops], y=[o["flops_per_s"] for o in ops], mode="markers",
+            name=CATEGORY_LABELS.get(category, category),
+            marker=dict(color=CATEGORY_COLOURS.get(category, "#333"), size=[
+                8 + min(24, 4 * (o.get("self_ms_per_step") or 0) ** 0.5) for o in ops]),
+            text=[esc(f'{o.get("hlo_op")} ({o.get("name")}): {(o.get("self_ms_per_step") or 0):.3f} ms per step, '
+                      f'{o.get("bound")} {_num(o.get("percent_of_roof"), 0)}% of roof') for o in ops],
+            hovertemplate="%{text}<br>%{x:.3g} FLOP/byte, %{y:.3g} FLOP/s<extra></extra>")
+    fig.update_layout(title="Device ops against the roof (marker size: time per step)",
+                      xaxis=dict(type="log", title="operational intensity (FLOP/byte of HBM)"),
+                      yaxis=dict(type="log", title="achieved FLOP/s"), legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def _transfers_chart(transfers: list[dict], hbm: float, link: float | None):
+    import plotly.graph_objects as go
+
+    labels = [esc(f'{o.get("hlo_op")} ({o.get("category")})') for o in transfers]
+    fig = go.Figure()
+    fig.add_bar(y=labels, x=[o["bytes_per_s"] / 1e9 for o in transfers], orientation="h", name="achieved",
+                hovertemplate="%{y}: %{x:.3g} GB/s<extra></extra>",
+                marker_color=[CATEGORY_COLOURS.get(o.get("category"), "#333") for o in transfers])
+    # On a log axis plotly places shapes and annotations at log10 of the value (the axis range too), while
+    # traces take values: the reference lines go at log10(GB/s), and the range holds bars and lines.
+    references = [hbm / 1e9] + ([link / 1e9] if link else [])
+    fig.add_vline(x=math.log10(hbm / 1e9), line_dash="dot", annotation_text=f"HBM {hbm / 1e9:g} GB/s")
+    if link:
+        fig.add_vline(x=math.log10(link / 1e9), line_dash="dash",
+                      annotation_text=esc(f"host link {link / 1e9:g} GB/s"))
+    shown = [v for v in [o["bytes_per_s"] / 1e9 for o in transfers] + references if 0 < v < math.inf]
+    fig.update_layout(title="Ops that move bytes without FLOPs (copies, collectives): achieved bandwidth",
+                      xaxis=dict(type="log", title="GB/s (log)",
+                                 range=[math.log10(min(shown) / 2), math.log10(max(shown) * 2)]),
+                      yaxis=dict(autorange="reversed", automargin=True), showlegend=False)
+    return fig
 
 
 # ---------------------------------------------------------------- OOM and preflight

@@ -9,7 +9,6 @@ every figure here is a field of the document, formatted. `render(document)` pick
 from __future__ import annotations
 
 from tpuprof import schemas
-from tpuprof.renderers.diff import fmt_change, fmt_percent, fmt_value
 from tpuprof.presentation import fits_word
 from tpuprof.renderers.printers import (  # noqa: F401 (the building blocks, importable from here)
     MAX_FIXES, caveats, cell, code, fixes, more, table)
@@ -71,33 +70,10 @@ def _oom(document: dict, top: int) -> list[str]:
 # --- analyze -----------------------------------------------------------------------------------------------
 
 def _analyze(document: dict, top: int) -> list[str]:
-    steps = document.get("steps") or {}
-    out = ["## tpuprof analyze", ""]
-    if document.get("verdict"):
-        out += [f"**{cell(document['verdict'])}**: {cell(document.get('verdict_reason'))}", ""]
-    if steps.get("count"):
-        out += [f"{steps['count']} steps over {len(document.get('hosts') or [])} host(s): median "
-                f"{steps.get('median_ms')} ms, mean {steps.get('mean_ms')} ms, p90 {steps.get('p90_ms')} ms.", ""]
-    percent, per_step = document.get("breakdown_percent") or {}, document.get("breakdown_ms_per_step") or {}
-    out += table(["step time", "%", "ms/step"],
-                 [[name.replace("_", " "), value, per_step.get(name)] for name, value in percent.items() if value],
-                 right={1, 2})
-    bottleneck = (document.get("input_pipeline") or {}).get("bottleneck")
-    if bottleneck:
-        out += [f"Slowest tf.data stage: {code(bottleneck.get('stage'))} ({bottleneck.get('self_ms')} ms self).", ""]
-    ops = document.get("top_ops") or []
-    if ops:
-        out += ["**Top ops** (self time over the capture)", ""]
-        out += table(["op", "kind", "where", "count", "self ms"],
-                     [[code(o.get("name")), cell(o.get("kind")), o.get("where"), o.get("count"), o.get("self_ms")]
-                      for o in ops[:top]], right={3, 4})
-    stragglers = document.get("stragglers") or []
-    if stragglers:
-        out += table(["straggler host", "median ms", "hosts' median ms"],
-                     [[s.get("host"), s.get("median_ms"), s.get("hosts_median_ms")] for s in stragglers[:top]],
-                     right={1, 2})
-    out += [f"> ⚠️ {cell(w)}" for w in document.get("warnings") or []] + [""]
-    return out + fixes(document.get("suggestions") or []) + caveats(document.get("caveats"))
+    from tpuprof.presentation.analyze import section
+    from tpuprof.renderers.printers import markdown
+
+    return markdown(section(document, top))
 
 
 # --- preflight ---------------------------------------------------------------------------------------------
@@ -159,78 +135,10 @@ def _preflight(document: dict, top: int) -> list[str]:
 # --- diff --------------------------------------------------------------------------------------------------
 
 def _diff(document: dict, top: int) -> list[str]:
-    checks = document.get("thresholds") or []
-    tripped = [c for c in checks if c.get("tripped")]
-    out = ["## tpuprof diff", ""]
-    if checks:
-        out.append(f"**❌ Regression: {len(tripped)} of {len(checks)} thresholds tripped**" if tripped
-                   else f"**✅ No regression: {len(checks)} threshold(s) checked**")
-        out.append("")
-        ordered = tripped + [c for c in checks if not c.get("tripped")]
-        out += table(["threshold", "group", "A", "B", "change", "", ],
-                     [[code(c["expression"]), cell(c.get("group")), _threshold_value(c, "a"), _threshold_value(c, "b"),
-                       _threshold_change(c), "❌ tripped" if c.get("tripped") else
-                       ("✅ ok" if c.get("evaluated") else "not evaluated")] for c in ordered], right={2, 3, 4})
-    a, b = document.get("a") or {}, document.get("b") or {}
-    out += [f"A: {code(a.get('path'))} → B: {code(b.get('path'))} ({document.get('kind')}): "
-            f"**{document.get('summary')}**.", ""]
-    for group in document.get("groups") or []:
-        name = group.get("name")
-        if group.get("a_name") and group.get("b_name") and group["a_name"] != group["b_name"]:
-            name = f"{group['a_name']} → {group['b_name']}"
-        out += [f"### {code(name)}", ""]
-        out += table(["metric", "A", "B", "change", "%"],
-                     [[m["name"], fmt_value(m.get("a"), m.get("unit")), fmt_value(m.get("b"), m.get("unit")),
-                       fmt_change(m.get("change"), m.get("unit")), fmt_percent(m.get("percent"))]
-                      for m in group.get("metrics") or [] if m.get("change")], right={1, 2, 3, 4})
-        verdict = group.get("verdict")
-        if isinstance(verdict, dict) and verdict.get("a") != verdict.get("b"):
-            out += [f"Verdict: {cell(verdict.get('a'))} → **{cell(verdict.get('b'))}**.", ""]
-        per_example = group.get("per_example") or {}
-        if per_example.get("not_linear"):
-            out += [f"Per example: about {fmt_bytes(per_example['per_example_bytes'])}; not linear (a line through "
-                    "the two batches has a negative fixed part), so no batch is extrapolated.", ""]
-        elif per_example.get("per_example_bytes") is not None:
-            out += [f"Per example: {fmt_bytes(per_example['per_example_bytes'])}, fixed "
-                    f"{fmt_bytes(per_example.get('fixed_bytes'))}; largest batch if linear: "
-                    f"{per_example.get('largest_batch_if_linear')}.", ""]
-        changed = (group.get("buffers") or {}).get("changed") or []
-        if changed:
-            out += ["**Buffers that changed most**", ""]
-            out += table(["buffer", "A", "B", "change", "op"],
-                         [[code(c["instruction"]), fmt_bytes(c.get("a_bytes")), fmt_bytes(c.get("b_bytes")),
-                           fmt_change(c.get("change"), "bytes"), cell(c.get("op_name"))] for c in changed[:top]],
-                         right={1, 2, 3})
-        ops = group.get("ops") or []
-        if ops:
-            out += table(["op", "where", "A ms/step", "B ms/step", "change ms"],
-                         [[code(o.get("name")), o.get("where"), _ms(o.get("a_ms_per_step")),
-                           _ms(o.get("b_ms_per_step")), _ms(o.get("change_ms"), signed=True)] for o in ops[:top]],
-                         right={2, 3, 4})
-        out += caveats(group.get("caveats"))
-    return out
+    from tpuprof.presentation.diff import section
+    from tpuprof.renderers.printers import markdown
 
-
-def _ms(value, signed: bool = False) -> str:
-    return "" if value is None else f"{value:+.3f}" if signed else f"{value:.3f}"
-
-
-def _unit(metric: str | None) -> str:
-    """A threshold names its metric, not its unit: the metrics' names end in it."""
-    for suffix, unit in (("_bytes", "bytes"), ("_ms", "ms"), ("_percent", "percent")):
-        if (metric or "").endswith(suffix):
-            return unit
-    return ""
-
-
-def _threshold_value(check: dict, side: str) -> str:
-    return fmt_value(check.get(side), _unit(check.get("metric")))
-
-
-def _threshold_change(check: dict) -> str:
-    if check.get("on") == "percent":
-        return fmt_percent(check.get("percent")) or "n/a"
-    return fmt_change(check.get("change"), _unit(check.get("metric")))
+    return markdown(section(document, top))
 
 
 def _serve(document: dict, top: int) -> list[str]:

@@ -38,17 +38,6 @@ def _table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _facts(pairs: list[tuple[str, object]]) -> str:
-    return _table(["", ""], [[name, value] for name, value in pairs if value not in (None, "")])
-
-
-def _fits(used, capacity) -> str:
-    from tpuprof.presentation import fits_share
-
-    said = fits_share(used, capacity, of=fmt_bytes(capacity))
-    return "" if said is None else f' <b class="{"fit" if used <= capacity else "oom"}">{esc(said)}</b>'
-
-
 def _suggestions(suggestions: list) -> str:
     if not suggestions:
         return ""
@@ -68,17 +57,10 @@ def _memory(document: dict) -> str:
 
 
 def _analyze(document: dict) -> str:
-    steps = document["steps"]
-    parts = [f"<p><b>{esc(document.get('verdict'))}</b>: {esc(document.get('verdict_reason') or '')}</p>",
-             _facts([("steps measured", steps.get("count")), ("median step", f"{steps['median_ms']:.3f} ms"),
-                     ("p90 step", f"{steps['p90_ms']:.3f} ms")]),
-             _table(["category", "% of step", "ms per step"],
-                    [[c, f"{p:.1f}", f"{document.get('breakdown_ms_per_step', {}).get(c, 0):.3f}"]
-                     for c, p in document.get("breakdown_percent", {}).items() if p], numeric={1, 2}),
-             _table(["op", "where", "self ms"], [[o["name"], o["where"], f"{o['self_ms']:.3f}"]
-                                                  for o in document.get("top_ops", [])[:ROWS]], numeric={2})]
-    parts += [f"<p>{esc(w)}</p>" for w in document.get("warnings", [])]
-    return "".join(parts)
+    from tpuprof.presentation.analyze import section
+    from tpuprof.renderers.printers import html
+
+    return html(section(document, ROWS))
 
 
 def _oom(document: dict) -> str:
@@ -96,14 +78,10 @@ def _preflight(document: dict) -> str:
 
 
 def _diff(document: dict) -> str:
-    parts = [f"<p><b>{esc(document['kind'])} diff</b>: {esc(document['summary'])}"
-             f"{' — <b class=oom>regression</b>' if document.get('regression') else ''}</p>"]
-    for group in document["groups"]:
-        rows = [[m["name"], m["a"], m["b"], m["change"], "" if m["percent"] is None else f"{m['percent']:+.1f}%"]
-                for m in group["metrics"] if m["change"]]
-        parts.append(f"<p>{esc(group['name'])}</p>" + (_table(["metric", "A", "B", "change", "%"], rows,
-                                                                 numeric={1, 2, 3, 4}) if rows else "<p>no change</p>"))
-    return "".join(parts)
+    from tpuprof.presentation.diff import section
+    from tpuprof.renderers.printers import html
+
+    return html(section(document, ROWS))
 
 
 def _capture(document: dict) -> str:

@@ -24,11 +24,11 @@ def prose(value) -> str:
 # ---------------------------------------------------------------- terminal
 
 NOTE_STYLES = {"note": "", "warning": "yellow", "problem": "red"}
+TONE_STYLES = {"bad": "red", "good": "green", "": ""}
 
 
 def terminal(section: Section, out=None) -> None:
     """SECTION on the console, every line and table within its width (tpuprof/renderers/tables.py)."""
-    from rich.markup import escape
     from rich.text import Text
 
     from tpuprof.renderers import tables
@@ -49,7 +49,9 @@ def terminal(section: Section, out=None) -> None:
                            for c in block.columns]
                 if block.title:  # a line of its own: as a rich title it wraps to the width of a narrow table
                     line(block.title, "italic")
-                out.print(tables.table(columns, [[escape(cell) for cell in row] for row in block.rows], out.width))
+                tones = block.tones or ("",) * len(block.rows)
+                out.print(tables.table(columns, [[Text(cell, style=TONE_STYLES[tone]) for cell in row]
+                                                 for row, tone in zip(block.rows, tones)], out.width))
             elif isinstance(block, Fact):
                 line(f"- {block.label}: {block.value}")
             elif isinstance(block, Note):
@@ -173,6 +175,7 @@ def markdown(section: Section, level: int = 2) -> list[str]:
 # ---------------------------------------------------------------- HTML
 
 HTML_NOTE_CLASSES = {"note": "note", "warning": "warn", "problem": "oom"}
+HTML_TONE_CLASSES = {"bad": "oom", "good": "fit"}
 
 
 def _html_table(block: Table) -> str:
@@ -182,7 +185,10 @@ def _html_table(block: Table) -> str:
             "name": lambda v: f'<td><span class="mono">{esc(v)}</span></td>' if v else "<td></td>",
             "text": lambda v: f"<td>{esc(v)}</td>"}
     head = "".join(f"<th>{esc(block.columns[i].header)}</th>" for i in keep)
-    body = "".join("<tr>" + "".join(cell[block.columns[i].kind](row[i]) for i in keep) + "</tr>" for row in block.rows)
+    tones = block.tones or ("",) * len(block.rows)
+    body = "".join((f'<tr class="{HTML_TONE_CLASSES[tone]}">' if tone else "<tr>")
+                   + "".join(cell[block.columns[i].kind](row[i]) for i in keep) + "</tr>"
+                   for row, tone in zip(block.rows, tones))
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
