@@ -150,3 +150,56 @@ def test_compiler_options_reach_libtpu(tpu_compile):
     with pytest.raises(tpu_compile.CompileResourceExhausted, match="vmem"):
         tpu_compile.compile_jax(step, [q, kv, kv], "v6e")
     assert tpu_compile.compile_jax(step, [q, kv, kv], "v6e", options=llm.compiler_options("v6e")).required_bytes > 0
+
+
+def _children() -> list[int]:
+    """Processes whose parent is this one (from /proc: no process library is installed)."""
+    import os
+    from pathlib import Path
+
+    mine, found = os.getpid(), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == mine:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_compile_stopped_at_the_memory_layout_has_the_whole_compiles_figures(tpu_compile, tmp_path):
+    """compile_until_layout stops its child process once the buffer assignment is dumped: arguments, outputs and
+    the donated alias are the whole compile's to the byte; no code is counted; the child is gone."""
+    from tests.helpers.layout_specs import Doubled
+
+    before = set(_children())
+    layout = tpu_compile.compile_until_layout(Doubled(), 256, None, "v5e", tmp_path / "layout")
+    assert set(_children()) <= before
+    whole = Doubled().program(256).compile("v5e", tmp_path / "whole")
+    assert (layout.stage, whole.stage) == ("buffer_assignment", "code")
+    for name in ("argument_bytes", "output_bytes", "alias_bytes", "host_temp_bytes"):
+        assert getattr(layout, name) == getattr(whole, name), name
+    assert layout.alias_bytes == 256 * 1024 * 4 and layout.generated_code_bytes == 0 < whole.generated_code_bytes
+    assert any(f.endswith("-buffer-assignment.txt") for f in layout.files)
+
+
+def test_a_layout_shows_temporaries_beyond_hbm_or_the_compilers_refusal(tpu_compile, tmp_path):
+    """A [80000, 80000] float32 temporary (23.8 GiB) on a 16 GiB v5e chip: the layout says so in its figures, or
+    the compiler's refusal, if it comes first, is the same exception as a whole compile's."""
+    from tests.helpers.layout_specs import SortedProducts
+
+    try:
+        layout = tpu_compile.compile_until_layout(SortedProducts(), 80000, None, "v5e", tmp_path / "layout")
+    except tpu_compile.CompileResourceExhausted as refused:
+        assert "RESOURCE_EXHAUSTED" in refused.message
+    else:
+        assert layout.temp_bytes >= 80000 * 80000 * 4 > 16 * 2**30
+
+
+def test_a_spec_that_refuses_in_the_child_is_the_same_sentence(tpu_compile, tmp_path):
+    from tests.helpers.layout_specs import Refuses
+
+    with pytest.raises(tpu_compile.UserError, match="the factory takes no batch of 3"):
+        tpu_compile.compile_until_layout(Refuses(), 3, None, "v5e", tmp_path / "layout")
+    assert not any((tmp_path / "layout").iterdir())

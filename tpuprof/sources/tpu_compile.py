@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -80,6 +81,10 @@ class CompileResult:
     host_output_bytes: int = 0
     host_alias_bytes: int = 0
     host_temp_bytes: int = 0
+    # "code": the whole compile (the figures are libtpu's own); "buffer_assignment": stopped once the compiler
+    # had laid out the program's memory (compile_until_layout), so the program's code and the scratch that code
+    # generation adds are not known: generated_code_bytes is 0 and temp_bytes the buffer assignment's.
+    stage: str = "code"
 
     @property
     def required_bytes(self) -> int:
@@ -145,10 +150,15 @@ def jax_available() -> bool:
         return False
 
 
-@lru_cache(maxsize=None)
 def topology_devices(name: str) -> tuple:
     """The compile-only devices of a generation's smallest topology (or of an explicit `v5e:2x2`), in the
     chip config users' jobs run (`tpuprof.targets`: v4 is "megacore", one device per chip)."""
+    with _TOPOLOGY_LOCK:  # a sweep's threads (commands.preflight): libtpu registers its plugin once, unlocked
+        return _topology_devices(name)
+
+
+@lru_cache(maxsize=None)
+def _topology_devices(name: str) -> tuple:
     if not jax_available():
         raise UserError(INSTALL_HINT)
     _quiet_libtpu()
@@ -259,6 +269,39 @@ def _result(target: str, stats, dump_dir, keep_all: bool) -> CompileResult:
     )
 
 
+def layout_figures(proto_path: str | os.PathLike) -> dict[str, int]:
+    """Argument, output, alias and temporary bytes, in HBM and host memory, from the buffer assignment in a
+    compile's `*.after_optimizations.hlo.pb`, counted as XLA's CompiledMemoryStats counts its allocations
+    (PopulateBufferStatsFromAllocations): a parameter's allocation is an argument (and aliased when the module's
+    input/output aliasing names it), a live-out one an output, any other that is not thread-local a temporary;
+    memory space 0 is HBM, 5 the host's; the TPU's on-chip memories (1: VMEM, 2, 4, 6) are not counted, as
+    libtpu's own figures do not count them. `compiled.memory_analysis()` of the finished compile gives the same argument,
+    output, alias and host figures; its temporaries add the scratch code generation allocates."""
+    from tpuprof.protos import hlo_pb2
+
+    proto = hlo_pb2().HloProto.FromString(Path(proto_path).read_bytes())
+    aliased = {(entry.parameter_number, tuple(entry.parameter_shape_index))
+               for entry in proto.hlo_module.input_output_alias.entries}
+    figures = {f"{prefix}{kind}_bytes": 0 for prefix in ("", "host_") for kind in ("argument", "output", "alias", "temp")}
+    for allocation in proto.buffer_assignment.buffer_allocations:
+        if allocation.color not in (0, HOST_MEMORY_SPACE):  # on-chip memories (VMEM, SMEM, semaphores)
+            continue
+        prefix = "host_" if allocation.color == HOST_MEMORY_SPACE else ""
+        if allocation.is_entry_computation_parameter:
+            figures[f"{prefix}argument_bytes"] += allocation.size
+            if (allocation.parameter_number, tuple(allocation.parameter_shape_index)) in aliased:
+                figures[f"{prefix}alias_bytes"] += allocation.size
+        if allocation.maybe_live_out:
+            figures[f"{prefix}output_bytes"] += allocation.size
+        if not (allocation.is_entry_computation_parameter or allocation.maybe_live_out or allocation.is_thread_local):
+            figures[f"{prefix}temp_bytes"] += allocation.size
+    return figures
+
+
+HOST_MEMORY_SPACE = 5  # xla::Layout::kHostMemorySpace
+_TOPOLOGY_LOCK = threading.Lock()
+
+
 def _raise_compile_error(error: BaseException, target: str):
     if _is_resource_exhausted(error):
         raise CompileResourceExhausted(str(error), targets.get(target).name) from None
@@ -305,6 +348,109 @@ def compile_jax(fn, args: Sequence[Any], target: str, dump_dir: str | os.PathLik
     except Exception as error:  # noqa: BLE001 - jaxlib raises JaxRuntimeError with the status text
         _raise_compile_error(error, target)
     return _result(target, compiled.memory_analysis(), dump_dir, keep_all)
+
+
+# --- stopped once the memory is laid out -------------------------------------------------------------
+
+LAYOUT_SUFFIXES = (".after_optimizations.hlo.pb", ".after_optimizations-buffer-assignment.txt",
+                   ".after_optimizations-memory-usage-report.txt")
+
+
+def compile_until_layout(spec, batch: int, dtype: str | None, target: str, dump_dir: str | os.PathLike,
+                         poll_s: float = 0.25) -> CompileResult:
+    """Compile `spec.program(batch, dtype, target)` in a child process (tpuprof.sources.compile_child) and stop
+    it as soon as the compiler has dumped the optimized module with its buffer assignment, before code
+    generation (most of a large step's compile time: Llama 3.1 70B on v6e-256 is laid out in seconds, then
+    generates code for minutes). The figures come from the buffer assignment (layout_figures); a compile that
+    ends first (small programs, a refusal) gives its own result, and so does one that keeps memory on the host
+    (_offloads), which runs to the end. SPEC must pickle (llm.Spec does)."""
+    import json
+    import pickle
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    folder = Path(dump_dir)
+    _fresh_dir(folder)
+    with tempfile.TemporaryDirectory(prefix="tpuprof-compile-") as scratch:
+        outcome_path = Path(scratch) / "outcome.json"
+        log_path = Path(scratch) / "stderr.txt"
+        request = pickle.dumps((spec, batch, dtype, target, str(folder), str(outcome_path)))
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
+                                                            if p)}
+        with open(log_path, "wb") as log:
+            child = subprocess.Popen([sys.executable, "-m", "tpuprof.sources.compile_child"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, stderr=log, env=env)
+            try:
+                child.stdin.write(request)
+                child.stdin.close()
+                sizes, to_the_end = None, False
+                while child.poll() is None:
+                    ready = None if to_the_end else _layout_files(folder)
+                    if ready is not None:
+                        now = tuple(path.stat().st_size for path in ready)
+                        if now == sizes:  # written and no longer growing: freeze the child, then check
+                            child.send_signal(signal.SIGSTOP)
+                            figures = _readable_layout(ready[0])
+                            if figures is not None and not _offloads(figures):
+                                child.kill()
+                                child.wait()
+                                return _layout_result(target, figures, folder)
+                            to_the_end = figures is not None  # host offload: its HBM staging comes later
+                            child.send_signal(signal.SIGCONT)
+                        sizes = now
+                    time.sleep(poll_s)
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+        if not outcome_path.is_file():
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no message"]
+            raise CompileFailed(f"the compile process ended with code {child.returncode}: {tail[0]}")
+        outcome = json.loads(outcome_path.read_text())
+    if outcome["kind"] == "resource_exhausted":
+        raise CompileResourceExhausted(outcome["message"], targets.get(target).name)
+    if outcome["kind"] == "failed":
+        raise CompileFailed(outcome["message"])
+    if outcome["kind"] == "user_error":
+        raise UserError(outcome["message"])
+    data = outcome["result"]
+    data.pop("required_bytes", None)
+    return CompileResult(**data)
+
+
+def _offloads(figures: dict[str, int]) -> bool:
+    """Whether the program keeps anything in host memory. Code generation then allocates HBM for the transfers
+    in flight, which the buffer assignment does not show (Llama 3.1 70B on v6e-256 with --remat offload: 20.94
+    GiB of temporaries laid out, 27.42 GiB after code generation), so such a compile runs to the end."""
+    return any(figures[f"host_{kind}_bytes"] for kind in ("argument", "output", "temp"))
+
+
+def _layout_files(folder: Path) -> tuple[Path, ...] | None:
+    """The main module's optimized proto and buffer-assignment reports, once all are in the dump folder."""
+    protos = sorted(folder.glob("*.after_optimizations.hlo.pb"), key=lambda p: -p.stat().st_size)
+    if not protos:
+        return None
+    prefix = protos[0].name[: -len(LAYOUT_SUFFIXES[0])]
+    files = tuple(folder / f"{prefix}{suffix}" for suffix in LAYOUT_SUFFIXES)
+    return files if all(path.is_file() for path in files) else None
+
+
+def _readable_layout(proto_path: Path) -> dict[str, int] | None:
+    try:
+        figures = layout_figures(proto_path)
+    except Exception:  # noqa: BLE001 - a proto still being written does not parse
+        return None
+    return figures if figures["argument_bytes"] or figures["temp_bytes"] or figures["output_bytes"] else None
+
+
+def _layout_result(target: str, figures: dict[str, int], folder: Path) -> CompileResult:
+    return CompileResult(target=targets.get(target).name, topology=_topology_name(target),
+                         generated_code_bytes=0, dump_dir=str(folder), files=_collect_dump(folder, False),
+                         stage="buffer_assignment", **figures)
 
 
 # --- TensorFlow ------------------------------------------------------------------------------------
