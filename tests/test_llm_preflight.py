@@ -81,6 +81,28 @@ def test_multi_slice_is_one_slice_compiled_and_the_global_batch_over_all_slices(
     assert two["required_bytes"] == tiny["v6e-16"]["required_bytes"] and two["compiles"] == 0  # the same program
 
 
+def test_a_sweep_in_parallel_answers_as_one_at_a_time(tiny_document, llm_cache, tmp_path, monkeypatch):
+    """The three slices' first answers were compiled two at a time (child processes); one at a time, from the
+    same compile cache, the document is the same, slice for slice and in the order asked."""
+    from tpuprof.commands import preflight as command
+    from tpuprof.models.preflight import preflight_options
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(llm_cache))
+    monkeypatch.setattr(command, "SWEEP_WORKERS", 1)
+    options = preflight_options(model=str(tmp_path / "config.json"), tpu="v6e-16,v6e-64,2xv6e-16", seq=256,
+                                batch_per_chip=2)
+    serial = command.model_result(options).to_dict()
+
+    def comparable(document):  # the model is named after its config's folder, which differs here
+        return [{**{k: v for k, v in t.items() if k not in ("compiles", "memory", "dump_dir")},
+                 "model": {k: v for k, v in t["model"].items() if k not in ("name", "source")}}
+                for t in document["targets"]]
+
+    assert [t["slice"]["name"] for t in serial["targets"]] == ["v6e-16", "v6e-64", "v6e-16"]
+    assert comparable(serial) == comparable(tiny_document)
+
+
 def test_the_report_compares_the_slices_per_chip(tiny_document, tiny, tmp_path):
     saved = tmp_path / "preflight.json"
     saved.write_text(json.dumps(tiny_document))
@@ -114,6 +136,8 @@ def test_offloaded_activations_are_the_hosts_memory_not_hbm(llm_cache, tmp_path)
     # libtpu's budget for one device's host memory (128 GiB) is below a v6e host's DRAM per chip (192 GiB).
     assert offload["host_capacity_bytes"] == 128 * 2**30 and offload["host_fits"] is True
     hbm = ("argument_bytes", "output_bytes", "temp_bytes", "generated_code_bytes")
+    # Offloading, the compile runs to the end: code generation adds HBM for the transfers in flight.
+    assert "fast" not in offload and offload["generated_code_bytes"] > 0
     assert offload["required_bytes"] == sum(offload[k] for k in hbm) - offload["alias_bytes"]  # HBM's sum only
     full = preflight(llm_cache, *args, "--remat", "full")["targets"][0]
     assert "host_bytes" not in full  # nothing offloaded: no host figure

@@ -152,7 +152,8 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
         with max_batch: a batch x remat table), `dtype` ("bf16", "fp8") and `mesh` ("fsdp=-1,tensor=4").
     mesh: also for a factory with a `mesh` parameter: the Mesh it receives has these axes over the slice.
     weight_dtype: with model: "float32" (12 bytes a parameter of weights and AdamW moments) or "bfloat16" (6).
-    full: with model: compile every layer (default for a long model at one batch: a few layers, extrapolated).
+    full: with model: compile to the end, for the program's code and the compiler's cycle estimates (default: stop
+        once the compiler has laid out the memory; `fast` in the result says what that leaves out).
     tokens_per_example: tokens in one example (sequence length), for tokens/s and the cost per 1M tokens.
     price: on-demand price per chip-hour overriding tpuprof's table: {"v6e": 2.70} or "v6e=2.70,v5e=1.2".
     verbose: also show what TensorFlow, JAX and libtpu print while compiling (warnings, log lines): held back by

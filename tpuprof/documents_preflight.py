@@ -26,9 +26,8 @@ def target(t: PreflightTarget, top: int) -> dict:
     out: dict = {"target": generation.name, "topology": t.slice.topology, "slice": t.slice.to_json()}
     if t.model is not None:
         out["mesh"] = dict(t.mesh)
-        if t.fast is not None:  # the figures are extrapolated from fewer layers: the document says so
-            out["fast"] = {"layers_compiled": list(t.fast.layers_compiled), "layers": t.fast.layers,
-                           "method": t.fast.method}
+        if t.fast is not None:  # stopped before code generation: the document says what that leaves out
+            out["fast"] = fast(t.fast)
         out["model"] = t.model
     out["device"] = generation.device_info()
     out["hbm_capacity_bytes"] = generation.compiler_hbm_bytes
@@ -75,8 +74,8 @@ def target(t: PreflightTarget, top: int) -> dict:
         out["bf16"] = _bf16(t.bf16, t.searched)
     if c.oom is not None:
         out["oom"] = _oom(c)
-    if t.estimate is not None or (t.fast is not None and t.fast.layers is None):
-        out["estimate"] = t.estimate  # a fast answer whose reduced compile failed says null
+    if t.estimate is not None:
+        out["estimate"] = t.estimate
     if c.dump_dir is not None:
         out["dump_dir"] = c.dump_dir
     out["cache"] = t.cache
@@ -85,6 +84,15 @@ def target(t: PreflightTarget, top: int) -> dict:
 
         out["memory"] = memory_document([c.memory], top)["modules"][0]
     return out
+
+
+def fast(answer) -> dict:
+    """What the first answer (FastAnswer) is made of, in words a user reads in the table's "how" row."""
+    return {"stage": "buffer_assignment", "codegen_allowance_bytes": answer.allowance_bytes,
+            "method": ("the compiler's memory layout of the whole step (its buffer assignment), stopped before "
+                       f"code generation: {fmt_bytes(answer.allowance_bytes)} held for the program's code; step "
+                       "time from the roofline alone (the compiler's cycle estimates need code generation); "
+                       "--full compiles to the end")}
 
 
 def _peak(c: Compiled) -> dict:
@@ -166,34 +174,6 @@ def unsharded_words(unsharded: dict, mesh: dict) -> str:
 
 
 # --- the step time estimate --------------------------------------------------------------------------------
-
-# Figures of the estimate that grow with the layers: extrapolated in the layer count by the fast answer.
-_LINEAR_MS = ("step_ms", "step_ms_low", "step_ms_high", "roofline_ms", "compute_ms", "collective_ms",
-              "exposed_collective_ms", "flops_per_step", "hbm_bytes_per_step")
-
-
-def extrapolated_estimate(estimates: list[dict], plan, full_flops: float | None, reduced_flops: float | None) -> dict:
-    """The fast answer's estimate: the reduced compiles' (`estimate` each, fewest layers first) extrapolated
-    linearly in the layer count (PLAN: tpuprof.sources.llm.FastPlan); throughput and cost scale with the step
-    time, the MFU with the model FLOPs too; per-op figures are the small compile's, so none are given."""
-    out = dict(estimates[-1])
-    for key in _LINEAR_MS:
-        if all(e.get(key) is not None for e in estimates):
-            out[key] = round(plan.extrapolate([e[key] for e in estimates]), 4)
-    ratio = estimates[-1]["step_ms"] / out["step_ms"] if out.get("step_ms") else 1.0
-    for key in ("examples_per_s", "tokens_per_s", "tokens_per_s_per_chip", "flop_utilization_percent"):
-        if out.get(key) is not None:
-            out[key] = round(out[key] * ratio, 3)
-    for key in ("cost_per_million_examples", "cost_per_million_tokens"):
-        if out.get(key) is not None:
-            out[key] = out[key] / ratio
-    if out.get("mfu_percent") is not None and full_flops and reduced_flops:
-        out["mfu_percent"] = round(out["mfu_percent"] * ratio * full_flops / reduced_flops, 1)
-    out["top_ops"], out["top_collectives"] = [], []
-    out["method"] = (f"extrapolated linearly in the layer count from compiles of {plan.words()}; "
-                     + str(out.get("method", "")))
-    return out
-
 
 def estimate(estimate_: StepEstimate, batch_size: int, tokens_per_example: int | None = None,
              price=None, top: int = 5, model_flops_per_device: float | None = None,

@@ -24,6 +24,10 @@ from typing import Callable
 from tpuprof import slices
 
 CACHE_FORMAT = 2  # 2: dumps keep *.after_codegen.hlo.pb (the step-time estimate reads it)
+# Held for what a compile stopped before code generation cannot know: the program's code and the scratch code
+# generation allocates in HBM (libtpu's temporaries minus the buffer assignment's). Measured on the built-in
+# step: see docs/preflight-families.md ("The fast answer").
+CODEGEN_ALLOWANCE_BYTES = 256 << 20
 STEP = 8  # batch sizes searched are multiples of 8 ...
 PREFERRED = 128  # ... and multiples of 128 are recommended when they fit (Cloud TPU performance guide)
 BATCH_LIMIT = 1 << 20  # a search stops here: larger batches make compiles slow and are not realistic
@@ -45,6 +49,9 @@ class Measurement:
     oom_message: str | None = None
     dump_dir: str | None = None
     cached: bool = False
+    # "code": a whole compile; "buffer_assignment": stopped before code generation (Compiler(layout_only=True)):
+    # required_bytes then holds CODEGEN_ALLOWANCE_BYTES for the program's code and code generation's scratch.
+    stage: str = "code"
 
     @property
     def host_bytes(self) -> int:
@@ -233,10 +240,12 @@ class Compiler:
     """Compiles one SPEC for one target and dtype, through the on-disk cache."""
 
     def __init__(self, spec, slice_: slices.Slice, dtype: str | None, use_cache: bool = True,
-                 on_compile: Callable[[int], None] | None = None):
+                 on_compile: Callable[[int], None] | None = None, layout_only: bool = False):
         from tpuprof.sources import tpu_compile
 
         self.spec = spec
+        # Stop each compile once the memory is laid out (tpu_compile.compile_until_layout): a spec that pickles.
+        self.layout_only = layout_only
         self.target = slice_.topology  # what the compile layer takes: the libtpu topology, parsed back alike
         self.dtype = dtype
         self.use_cache = use_cache
@@ -261,7 +270,7 @@ class Compiler:
         `dump`): a cached result without a dump is not enough (the breakdown needs it)."""
         need_dump = dump if need_dump is None else need_dump
         memo = self._memo.get(batch)
-        if memo is not None and (not need_dump or memo.dump_dir or memo.oom_message):
+        if memo is not None and self._enough(memo, need_dump):
             return memo
         entry = cache_root() / f"{self._key(batch)}.json"
         if self.use_cache and entry.is_file():
@@ -271,13 +280,20 @@ class Compiler:
                 cached = None
             if cached is not None and cached.dump_dir and not Path(cached.dump_dir).is_dir():
                 cached.dump_dir = None  # the dump was deleted: the figures still hold
-            if cached is not None and (not need_dump or cached.dump_dir or cached.oom_message):
+            if cached is not None and self._enough(cached, need_dump):
                 self._memo[batch] = cached
                 return cached
-        result = self._compile(batch, cache_root() / self._key(batch) if dump or need_dump else None)
+        keep = dump or need_dump or self.layout_only  # a layout is read from its dump
+        result = self._compile(batch, cache_root() / self._key(batch) if keep else None)
         self._memo[batch] = result
         _write_json_atomically(entry, {k: v for k, v in result.__dict__.items() if k != "cached"})
         return result
+
+    def _enough(self, measurement: Measurement, need_dump: bool) -> bool:
+        """A whole compile answers a layout-only question; a layout does not answer a whole compile's."""
+        if measurement.stage != "code" and not self.layout_only:
+            return False
+        return not need_dump or bool(measurement.dump_dir or measurement.oom_message)
 
     def drop_dumps(self, keep: set[int]) -> None:
         """Delete the cached dumps of the batches not reported (a search dumps every compile, so
@@ -293,7 +309,6 @@ class Compiler:
     def _compile(self, batch: int, folder: Path | None) -> Measurement:
         if self.on_compile:
             self.on_compile(batch)
-        program = self.spec.program(batch, self.dtype, self.target)
         staging = None
         if folder is not None:
             try:
@@ -310,7 +325,11 @@ class Compiler:
         self.compiles += 1
         try:
             with _terminate_as_exit():
-                result = program.compile(self.target, staging)
+                if self.layout_only:
+                    result = self._tpu_compile.compile_until_layout(self.spec, batch, self.dtype, self.target,
+                                                                    staging)
+                else:
+                    result = self.spec.program(batch, self.dtype, self.target).compile(self.target, staging)
         except BaseException as error:
             # Ctrl-C, SIGTERM (a scheduler's time limit) or a failed compile: the half-written dump goes.
             if staging is not None:
@@ -330,7 +349,10 @@ class Compiler:
             shutil.rmtree(staging.parent, ignore_errors=True)
             dump_dir = str(folder)
         required = result.required_bytes
-        return Measurement(batch, required <= self.capacity, required, result.memory_analysis(), dump_dir=dump_dir)
+        if result.stage != "code":
+            required += CODEGEN_ALLOWANCE_BYTES
+        return Measurement(batch, required <= self.capacity, required, result.memory_analysis(), dump_dir=dump_dir,
+                           stage=result.stage)
 
 STAGING_MARK = "staging-"  # .<key>.staging-<pid>.<random>: a compile's dump until it is complete
 STALE_UNKNOWN_OWNER_S = 24 * 3600  # a staging folder without a process id (older tpuprof) is stale after a day

@@ -167,14 +167,15 @@ def _batches(chosen, batch_per_device: int | None, whole_slice: bool | None = No
     return out
 
 
-def _compile(spec, slice_, dtype, batch, max_batch, top, use_cache, report_progress):
-    """The step compiled for the slice in DTYPE (None: its own) at BATCH, or at the largest batch that fits."""
+def _compile(spec, slice_, dtype, batch, max_batch, top, use_cache, report_progress, layout_only=False):
+    """The step compiled for the slice in DTYPE (None: its own) at BATCH, or at the largest batch that fits.
+    LAYOUT_ONLY: each compile stops once the memory is laid out (Compiler)."""
     from tpuprof.analyses import preflight
     from tpuprof.models.preflight import BatchSearch, Compiled, CompilerFigures, CurvePoint, HostMemory
 
     label = f"{slice_.name}{' bf16' if dtype else ''}"
     compiler = preflight.Compiler(spec, slice_, dtype, use_cache,
-                                  on_compile=lambda b: report_progress(label, b))
+                                  on_compile=lambda b: report_progress(label, b), layout_only=layout_only)
     step = getattr(spec, "batch_step", preflight.STEP)
     host_capacity = compiler.host_capacity
     search = None
@@ -217,7 +218,8 @@ def _compile(spec, slice_, dtype, batch, max_batch, top, use_cache, report_progr
                                       getattr(spec, "host_advice", preflight.HOST_ADVICE))
     return Compiled(batch, chosen.fits, chosen.required_bytes, compiler.compiles,
                     tuple(CurvePoint(p.batch_size, p.required_bytes, p.fits, p.host_bytes) for p in points),
-                    preflight.fit_curve(points), figures, host, memory, dump_dir, search, parameters, oom, verdict)
+                    preflight.fit_curve(points), figures, host, memory, dump_dir, search, parameters, oom, verdict,
+                    chosen.stage)
 
 
 def _memory(dump_dir: str, generation: str, top: int):
@@ -252,9 +254,8 @@ def _oom(message: str, batch: int, capacity: int, parameters: int | None):
 
 # --- LLMs from a name or a config (--model) ------------------------------------------------------------
 
-def model_result(options, on_compile=None, fast: bool | None = None):
-    """Every slice's answer for the LLM train step (the typed result `tpuprof.preflight(model=...)` returns).
-    FAST: True forces the extrapolated answer, None lets the layer count decide (`options.full`: never)."""
+def model_result(options, on_compile=None):
+    """Every slice's answer for the LLM train step (the typed result `tpuprof.preflight(model=...)` returns)."""
     from dataclasses import replace
 
     from tpuprof.models.options import template
@@ -262,20 +263,50 @@ def model_result(options, on_compile=None, fast: bool | None = None):
     from tpuprof.results import PreflightResult
     from tpuprof.sources import llm
 
-    if options.full and fast:
-        raise PreflightOptionError("full", "{option} compiles every layer: not with a fast (extrapolated) answer.")
     try:
         config, source = llm.load_config(options.model)
     except UserError as error:
         raise PreflightOptionError("model", "{option}: " + template(str(error))) from None
     report_progress = on_compile or (lambda label, batch_size: None)
+    work = [(chosen, policy) for chosen in options.slices for policy in options.remat_policies]
+    answers = _in_parallel(lambda job: _model_target(config, source, *job, options, report_progress), work,
+                           workers=1 if options.full else SWEEP_WORKERS,
+                           same_program=lambda job: (job[0].compile_label, job[1]))
     checked = []
-    for chosen in options.slices:
-        rows = [_model_target(config, source, chosen, policy, options, report_progress,
-                              False if options.full else fast) for policy in options.remat_policies]
+    for index, chosen in enumerate(options.slices):
+        rows = answers[index * len(options.remat_policies):(index + 1) * len(options.remat_policies)]
         best = max(rows, key=_throughput)
         checked.append(replace(best, remat_table=tuple(rows)) if len(rows) > 1 else best)
     return PreflightResult(f"--model {config.name}", checked, options.top)
+
+
+# A sweep's first answers (several --tpu, --remat all) at once: each compile is a child process tpuprof stops
+# (analyses.preflight.Compiler(layout_only=True)), so a thread per target only waits on its child. libtpu's
+# compile is mostly one thread, so one child per core; whole compiles (--full) run in this process, one at a time.
+SWEEP_WORKERS = max(1, min(os.cpu_count() or 1, 8))
+
+
+def _in_parallel(function, jobs: list, workers: int, same_program) -> list:
+    """FUNCTION of each job, in the jobs' order whichever finishes first; the first error is raised. Jobs whose
+    SAME_PROGRAM key is equal (a multi-slice job and its one slice) run one after the other, so the second finds
+    the first's compiles in the cache instead of compiling them again alongside."""
+    groups: dict = {}
+    for index, job in enumerate(jobs):
+        groups.setdefault(same_program(job), []).append(index)
+    if workers <= 1 or len(groups) <= 1:
+        return [function(job) for job in jobs]
+    from concurrent.futures import ThreadPoolExecutor
+
+    answers: list = [None] * len(jobs)
+
+    def run(indices: list) -> None:
+        for index in indices:
+            answers[index] = function(jobs[index])
+
+    with ThreadPoolExecutor(max_workers=min(workers, len(groups))) as pool:
+        for done in [pool.submit(run, indices) for indices in groups.values()]:
+            done.result()
+    return answers
 
 
 def _throughput(target) -> float:
@@ -287,9 +318,9 @@ def _throughput(target) -> float:
     return float(estimate.get("tokens_per_s") or 0) or float(target.batch_per_chip or 0) * 1e-9
 
 
-def _model_target(config, source, chosen, remat, options, report_progress, fast=None):
+def _model_target(config, source, chosen, remat, options, report_progress):
     from tpuprof.analyses import preflight
-    from tpuprof.models.preflight import Compiled, PreflightOptionError, PreflightTarget
+    from tpuprof.models.preflight import Compiled, FastAnswer, PreflightOptionError, PreflightTarget
     from tpuprof.sources import llm
 
     seq, batch_per_chip, global_batch, max_batch = (options.seq, options.batch_per_chip, options.global_batch,
@@ -325,16 +356,8 @@ def _model_target(config, source, chosen, remat, options, report_progress, fast=
         compiled = Compiled(batch, False, None, 0, parameter_bytes=spec.state_bytes_per_device, verdict=verdict)
         return PreflightTarget(chosen, compiled, cache, **llm_fields, **_batches(chosen, batch, whole_slice=True))
     label = f"{chosen.name} {config.name} remat={remat}"
-    plan = llm.fast_plan(config, force=bool(fast)) if not max_batch and fast is not False else None
-    if fast and plan is None:
-        raise PreflightOptionError("full", f"{config.name} has too few layers for a faster answer than the full "
-                                   "compile: use {option}.")
-    if plan is not None:
-        compiled, estimate, answer = _fast_answer(step, plan, chosen, batch, options, report_progress, label, model)
-        return PreflightTarget(chosen, compiled, cache, estimate=estimate, fast=answer, **llm_fields,
-                               **_batches(chosen, compiled.batch_size, whole_slice=True))
     compiled = _compile(spec, chosen, None, batch, max_batch, options.top, options.use_cache,
-                        lambda _label, b: report_progress(label, b))
+                        lambda _label, b: report_progress(label, b), layout_only=not options.full)
     if compiled.memory is not None:  # tpuprof's own step: the options that build it, not edits of its code
         from tpuprof.advice.memory import for_builtin_step
 
@@ -345,66 +368,5 @@ def _model_target(config, source, chosen, remat, options, report_progress, fast=
     batches = _batches(chosen, compiled.batch_size, whole_slice=True)
     estimate = _estimate(chosen, compiled, options, tokens=seq, model=model, seq_len=seq,
                          batch_per_chip=batches.get("batch_per_chip"), whole_job="global_batch" in batches)
-    return PreflightTarget(chosen, compiled, cache, estimate=estimate, **llm_fields, **batches)
-
-
-def _fast_answer(step, plan, chosen, batch, options, report_progress, label, model):
-    """The first answer: the step compiled with each varied segment of the layer plan repeated a few times
-    (llm.fast_plan), every memory figure and the step time extrapolated linearly in the repeats to the model's
-    own, said as such. The memory breakdown shown is the largest compile's (its layers, not the model's).
-    Returns the Compiled, the estimate's document and the FastAnswer."""
-    from dataclasses import replace
-
-    from tpuprof.analyses import preflight
-    from tpuprof.documents_preflight import extrapolated_estimate
-    from tpuprof.models.preflight import CompilerFigures, CurvePoint, FastAnswer, HostMemory
-    from tpuprof.sources import llm
-
-    rows = []  # (repeats, Compiled, estimate document, the reduced model's info)
-    batch_per_chip = batch * chosen.target.devices_per_chip
-    for repeats in plan.points:
-        reduced = replace(step, config=step.config.with_repeats(repeats))
-        spec = llm.Spec(reduced, chosen.topology)
-        compiled = _compile(spec, chosen, None, batch, False, options.top, options.use_cache,
-                            lambda _label, b, n=reduced.config.num_hidden_layers:
-                            report_progress(f"{label} {n} layers", b))
-        reduced_model = spec.model_info()
-        estimate = _estimate(chosen, compiled, options, tokens=step.seq_len, model=reduced_model,
-                             seq_len=step.seq_len, batch_per_chip=batch_per_chip)
-        rows.append((repeats, compiled, estimate, reduced_model))
-    failed = next((compiled for _, compiled, _, _ in rows if compiled.required_bytes is None), None)
-    if failed is not None:  # a reduced compile already fails: say so plainly
-        layers = [sum(len(b) * n for (b, _), n in zip(step.config.plan, r)) for r, *_ in rows]
-        return failed, None, FastAnswer(tuple(layers), None, "a compile of fewer layers already does not fit")
-    last = rows[-1][1]
-
-    def linear(values: list) -> int:
-        return int(round(plan.extrapolate(values)))
-
-    figures = last.figures
-    if any(c.figures is not None for _, c, _, _ in rows):
-        figures = CompilerFigures(*(linear([getattr(c.figures, name) if c.figures else 0 for _, c, _, _ in rows])
-                                    for name in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes"))
-                                  , last.figures.generated_code_bytes if last.figures else 0)
-    required = linear([c.required_bytes or 0 for _, c, _, _ in rows])
-    fits = required <= chosen.target.compiler_hbm_bytes
-    host = last.host
-    if any(c.host is not None for _, c, _, _ in rows):
-        host_bytes = linear([c.host.bytes if c.host else 0 for _, c, _, _ in rows])
-        capacity = last.host.capacity_bytes if last.host else None
-        host = HostMemory(host_bytes, capacity, host_bytes <= capacity if capacity is not None else None)
-    compiled = replace(last, required_bytes=required, fits=fits, figures=figures, host=host, dump_dir=None,
-                       curve=(CurvePoint(batch, required, fits),), curve_fit=None,
-                       compiles=sum(c.compiles for _, c, _, _ in rows))
-    estimates = [estimate for _, _, estimate, _ in rows]
-    estimate = None
-    if all(estimates):
-        full_flops = preflight.model_flops_per_device(model, step.seq_len, batch_per_chip,
-                                                      chosen.target.devices_per_chip)
-        reduced_flops = preflight.model_flops_per_device(rows[-1][3], step.seq_len, batch_per_chip,
-                                                         chosen.target.devices_per_chip)
-        estimate = extrapolated_estimate(estimates, plan, full_flops, reduced_flops)
-    layers = step.config.num_hidden_layers
-    return compiled, estimate, FastAnswer(tuple(plan.layers()), layers,
-                                          f"estimated from {plan.words()}, extrapolated linearly in the layer "
-                                          f"count; --full compiles all {layers} layers")
+    fast = FastAnswer(preflight.CODEGEN_ALLOWANCE_BYTES) if compiled.stage == "buffer_assignment" else None
+    return PreflightTarget(chosen, compiled, cache, estimate=estimate, fast=fast, **llm_fields, **batches)

@@ -198,15 +198,16 @@ class Compiled:
     parameter_bytes: int | None = None  # weights and optimizer state alone (said with a verdict or an OOM)
     oom: OomAtBatch | None = None
     verdict: str | None = None  # why no batch fits
+    stage: str = "code"  # "buffer_assignment": the reported compile stopped before code generation (FastAnswer)
 
 
 @dataclass(frozen=True)
 class FastAnswer:
-    """A long LLM's first answer: compiles of a few layers, extrapolated in the layer count."""
+    """The first answer of --model without --full: every compile stopped once the compiler had laid out the
+    program's memory (its buffer assignment), before code generation; ALLOWANCE_BYTES were held for the code and
+    code generation's scratch, which only a whole compile knows."""
 
-    layers_compiled: tuple
-    layers: int | None  # the model's (None: a reduced compile already did not fit)
-    method: str
+    allowance_bytes: int
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     row("batch per chip / global", lambda r: f"{r['batch_per_chip']} / {r['global_batch']}"
         if r.get("global_batch") is not None else "-")
     row("verdict", _verdict)
-    row("how", lambda r: r["fast"]["method"] if r.get("fast") else "-")  # an extrapolated first answer says so
+    row("how", lambda r: r["fast"]["method"] if r.get("fast") else "-")  # a first answer says what it leaves out
     row("required (args+out-alias+temp+code)", size("required_bytes"))
     row("HBM the compiler offers", size("hbm_capacity_bytes"))
     row("  arguments", size("argument_bytes"))
@@ -122,8 +122,10 @@ def print_report(spec: str, results: list[dict], top: int) -> None:
     row("  aliased (donated)", size("alias_bytes"))
     # memory_analysis() counts every temporary allocation of the program; the breakdown below counts the
     # buffer assignment's HBM temporaries only: the two differ, so each says which it is.
-    row("  temporaries (memory_analysis())", size("temp_bytes"))
-    row("  generated code", size("generated_code_bytes"))
+    row("  temporaries (memory_analysis())", lambda r: f"{fmt_bytes(r['temp_bytes'])} (buffer assignment)"
+        if r.get("fast") and r.get("temp_bytes") is not None else size("temp_bytes")(r))
+    row("  generated code", lambda r: f"not generated ({fmt_bytes(r['fast']['codegen_allowance_bytes'])} held)"
+        if r.get("fast") else size("generated_code_bytes")(r))
     if any(r.get("host_bytes") for r in results):
         row("host memory (offloaded, not HBM)", _host)
     row("peak heap padded / unpadded", lambda r: (f"{fmt_bytes(r['peak_heap_bytes'])} / "

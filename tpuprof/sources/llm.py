@@ -169,13 +169,6 @@ class ModelConfig:
     def layer_kinds(self) -> list[str]:
         return [kind for block, repeats in self.plan for _ in range(repeats) for kind in block]
 
-    def with_repeats(self, repeats: tuple[int, ...]) -> "ModelConfig":
-        """The same model with each segment of the layer plan repeated REPEATS times (fewer layers, same kinds)."""
-        from dataclasses import replace
-
-        plan = tuple((block, count) for (block, _), count in zip(self.plan, repeats))
-        return replace(self, layer_plan=plan, num_hidden_layers=sum(len(b) * n for b, n in plan))
-
     def parameter_count(self) -> int:
         """Every parameter of the language model, from the same layout the step is built and sharded with
         (norms and biases included; DeepSeek-V3's multi-token-prediction module and vision towers not)."""
@@ -382,52 +375,6 @@ def _plan(kinds: list[str], prefix: int) -> tuple:
     if len(plan) == 1 and plan[0][0] in (("full+dense",), ("full+moe",)):
         return ()  # the plain case: one scanned layer
     return tuple(plan)
-
-
-# --- the fast answer: fewer layers, extrapolated ---------------------------------------------------
-
-FAST_REPEATS = 2  # each varied segment's block is compiled FAST_REPEATS and FAST_REPEATS + 1 times
-
-
-@dataclass(frozen=True)
-class FastPlan:
-    """Compiles of fewer layers that answer for the whole model: every segment of the layer plan repeated more
-    than FAST_REPEATS + 1 times is compiled at FAST_REPEATS (the base point) and, one segment at a time, at
-    FAST_REPEATS + 1; a figure is then base + sum over segments of (its compile - base) x (repeats - FAST_REPEATS),
-    linear in each segment's layer count. Segments repeated fewer times are compiled whole."""
-
-    full: tuple[int, ...]  # each segment's repeats in the model
-    varied: tuple[int, ...]  # indices of the segments extrapolated
-    blocks: tuple[int, ...]  # layers in each segment's block
-
-    @property
-    def points(self) -> list[tuple[int, ...]]:
-        base = tuple(FAST_REPEATS if i in self.varied else n for i, n in enumerate(self.full))
-        return [base] + [tuple(n + (1 if i == s else 0) for i, n in enumerate(base)) for s in self.varied]
-
-    def layers(self) -> list[int]:
-        return [sum(b * n for b, n in zip(self.blocks, point)) for point in self.points]
-
-    def words(self) -> str:
-        counts = self.layers()
-        return f"{' and '.join(str(n) for n in counts)}-layer compiles"
-
-    def extrapolate(self, values: list[float]) -> float:
-        base = values[0]
-        return base + sum((values[1 + k] - base) * (self.full[s] - FAST_REPEATS) for k, s in enumerate(self.varied))
-
-
-def fast_plan(config: ModelConfig, force: bool = False) -> FastPlan | None:
-    """The fast answer's compiles for CONFIG, or None when they would not be much smaller than the model (the
-    largest of them more than a third of its layers; FORCE: whenever any segment can be extrapolated)."""
-    full = tuple(n for _, n in config.plan)
-    varied = tuple(i for i, n in enumerate(full) if n > FAST_REPEATS + 1)
-    if not varied:
-        return None
-    plan = FastPlan(full, varied, tuple(len(b) for b, _ in config.plan))
-    if not force and max(plan.layers()) * 3 > config.num_hidden_layers:
-        return None
-    return plan
 
 
 # --- state arithmetic ------------------------------------------------------------------------------
@@ -1035,6 +982,14 @@ class Spec:
         self.factory_name = "llm"
         self.digest = step.key()
         self.state_bytes_per_device = state_bytes_per_device(step.config, step.mesh_sizes, step.weight_dtype)
+
+    def __getstate__(self) -> dict:  # for a compile in a child process: the topology's devices do not pickle
+        return {name: value for name, value in self.__dict__.items() if name != "devices"}
+
+    def __setstate__(self, state: dict) -> None:
+        from tpuprof.sources import tpu_compile
+
+        self.__dict__.update(state, devices=tpu_compile.topology_devices(state["target"]))
 
     def program(self, batch_size: int, dtype: str | None = None, target: str | None = None):
         from tpuprof.sources.tpu_compile import Program
