@@ -6,9 +6,9 @@
 The runs and their settings are in bench/training_published.json (one entry per published run, with its source).
 For each run (or the NAMEs given), `tpuprof preflight --model ... --tpu ... --seq ... --batch-per-chip ... --json`
 is run at the recipe's slice, sequence length and per-chip batch, with the recipe's remat policy, weight dtype,
-fp8 and mesh where tpuprof has an option for them (its default fast mode for long models: compiles of a few
-layers, extrapolated in the layer count), and the published step time is set against the estimate's band and
-point. Printed per run: published step, band low-high, point, point/published, whether the band holds the
+fp8 and mesh where tpuprof has an option for them (by default its first answer: the whole step compiled until
+the memory is laid out, the step time from the roofline alone; `--full` compiles to the end, with the compiler's
+cycle estimates), and the published step time is set against the estimate's band and point. Printed per run: published step, band low-high, point, point/published, whether the band holds the
 published step and whether the point is within 15% of it, and the recipe's settings tpuprof cannot express.
 Runs of model families tpuprof cannot build, or whose settings were not collected, are listed with the reason.
 
@@ -219,15 +219,15 @@ def plan(run: dict) -> dict:
     return out
 
 
-def run_preflight(command: list[str], workdir: Path) -> tuple[dict | None, str, float]:
+def run_preflight(command: list[str], workdir: Path, full: bool = False) -> tuple[dict | None, str, float]:
     model = command[1]
     if model.startswith("@maxtext-default-"):
         path = workdir / f"{model[1:]}.json"
         path.write_text(json.dumps(maxtext_default_config(int(model.rsplit("-", 1)[1]))))
         command = [command[0], str(path), *command[2:]]
-    full = [sys.executable, "-m", "tpuprof", "preflight", *command, "--json"]
+    line = [sys.executable, "-m", "tpuprof", "preflight", *command, "--json", *(["--full"] if full else [])]
     started = time.perf_counter()
-    result = subprocess.run(full, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(line, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     seconds = time.perf_counter() - started
     if result.returncode not in (0, 1):  # 1: does not fit
         last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.returncode}"
@@ -243,7 +243,7 @@ def compare(run: dict, target: dict | None, error: str, seconds: float) -> dict:
     estimate = target.get("estimate") or {}
     out["fits"] = target.get("fits")
     out["required_bytes"], out["hbm_capacity_bytes"] = target.get("required_bytes"), target.get("hbm_capacity_bytes")
-    out["fast"] = (target.get("fast") or {}).get("method")
+    out["how"] = "first answer (layout, roofline)" if target.get("fast") else "whole compile"
     if not estimate:
         out["error"] = "does not fit at the recipe's batch" if not target.get("fits") else "no estimate"
         return out
@@ -287,12 +287,16 @@ def row_text(run: dict, p: dict, r: dict | None) -> str:
         return f"| {name} | {pub} | | | | | {p['skip']} | |"
     if r is None:
         return f"| {name} | {pub} | | | | | not run (time) | {'; '.join(map(short, p['cannot_express'])) or '-'} |"
+    memory = (f"{r['required_bytes'] / 2**30:.1f} of {r['hbm_capacity_bytes'] / 2**30:.1f} GiB"
+              if r.get("required_bytes") is not None else "refused")
     if r.get("error"):
-        return (f"| {name} | {pub} | | | | | {r['error']} ({r['compile_s']} s) | "
+        return (f"| {name} | {pub} | | | | | {r['error']} ({memory}; {r.get('how', 'whole compile')}, "
+                f"{r['compile_s']} s) | "
                 f"{'; '.join(map(short, p['cannot_express'])) or '-'} |")
     return (f"| {name} | {pub} | {r['low_s']:.2f} - {r['high_s']:.2f} s | {r['point_s']:.2f} s | {r['ratio']:.2f} | "
             f"{'yes' if r['inside_band'] else 'no'} / {'yes' if r['within_goal'] else 'no'} | "
-            f"batch {p['batch_per_chip']}/chip, {r['compile_s']} s | "
+            f"batch {p['batch_per_chip']}/chip {'fits' if r.get('fits') else 'DOES NOT FIT'} ({memory}); "
+            f"{r.get('how', 'whole compile')}, {r['compile_s']} s | "
             f"{'; '.join(map(short, p['cannot_express'])) or '-'} |")
 
 
@@ -317,6 +321,8 @@ def main(arguments: list[str]) -> int:
     parser.add_argument("--list", action="store_true", help="print each run's command or why it is not run")
     parser.add_argument("--results", type=Path, help="append results as JSON lines here; skip runs already in it")
     parser.add_argument("--table", type=Path, help="print the Markdown table of the results in this file")
+    parser.add_argument("--full", action="store_true", help="compile to the end (the compiler's cycle estimates "
+                        "in the band); default: tpuprof's first answer")
     options = parser.parse_args(arguments)
     runs = load_runs()
     unknown = set(options.names) - {r["name"] for r in runs}
@@ -342,7 +348,7 @@ def main(arguments: list[str]) -> int:
             if "skip" in p or run["name"] in done:
                 print(f"{run['name']:34} {p.get('skip') or 'done before (' + str(options.results) + ')'}")
                 continue
-            target, error, seconds = run_preflight(p["command"], Path(workdir))
+            target, error, seconds = run_preflight(p["command"], Path(workdir), options.full)
             r = compare(run, target, error, seconds)
             if options.results:
                 with options.results.open("a") as f:
