@@ -154,6 +154,32 @@ def test_ray_tasks_give_the_same_json_as_local_processes(ray_cluster, pod16, pod
 
 
 @pytest.mark.subprocess
+@pytest.mark.compile
+def test_a_preflight_sweep_on_ray_is_the_local_sweep(ray_cluster, tmp_path):
+    """`preflight --model` over two slices with --ray: each slice's compiles are a task on the cluster (its own
+    cache), and the document is the one this machine's processes give with another cache."""
+    config = tmp_path / "tiny" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({"model_type": "llama", "vocab_size": 768, "hidden_size": 256,
+                                  "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                  "num_key_value_heads": 2}))
+    args = ["preflight", "--model", str(config), "--tpu", "v6e-16,v5e-16", "--seq", "256", "--batch-per-chip", "2",
+            "--json"]
+    documents = []
+    for extra, cache in ((["--ray", ray_cluster], "ray-driver"), ([], "local")):
+        env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path / cache))
+        done = subprocess.run([sys.executable, "-m", "tpuprof", *args, *extra], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-2000:]
+        documents.append(json.loads(done.stdout))
+    on_ray, local = ([{k: v for k, v in t.items() if k not in ("cache", "dump_dir", "memory", "compiles")}
+                      for t in document["targets"]] for document in documents)
+    assert [t["slice"]["name"] for t in local] == ["v6e-16", "v5litepod-16"]
+    assert on_ray == local
+    assert not (tmp_path / "ray-driver").exists()  # the driver compiled nothing: the tasks did
+
+
+@pytest.mark.subprocess
 def test_the_local_path_does_not_import_ray(pod16):
     code = ("import sys; from tpuprof import cli\n"
             "try: cli.main(['analyze', sys.argv[1], '--json'])\n"

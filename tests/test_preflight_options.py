@@ -33,6 +33,7 @@ CASES = [
     ("weight_dtype", dict(fn_or_model=STEP, tpu="v5e", batch=8, weight_dtype="bfloat16"),
      [STEP, "--tpu", "v5e", "--batch", "8", "--weight-dtype", "bfloat16"]),
     ("full", dict(fn_or_model=STEP, tpu="v5e", batch=8, full=True), [STEP, "--tpu", "v5e", "--batch", "8", "--full"]),
+    ("ray", dict(fn_or_model=STEP, tpu="v5e", batch=8, ray="auto"), [STEP, "--tpu", "v5e", "--batch", "8", "--ray", "auto"]),
     ("batch_per_chip", dict(fn_or_model=STEP, tpu="v5e", batch_per_chip=8),
      [STEP, "--tpu", "v5e", "--batch-per-chip", "8"]),
     ("global_batch", dict(fn_or_model=STEP, tpu="v5e", global_batch=8), [STEP, "--tpu", "v5e", "--global-batch", "8"]),

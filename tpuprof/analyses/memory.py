@@ -288,6 +288,14 @@ def from_hlo_proto(proto, source: str, whole_module: bool = True) -> ModuleMemor
     return result
 
 
+def self_contained(result: ModuleMemory) -> ModuleMemory:
+    """RESULT with every buffer's details filled in and the module they are read from let go, so that it pickles
+    (a Ray task's answer) and reads the same elsewhere."""
+    describe(result, result.buffers)
+    result.details_source = None
+    return result
+
+
 def describe(result: ModuleMemory, buffers: list[Buffer]) -> None:
     """Fill shape text, padded dims and source lines for the buffers about to be shown."""
     if result.details_source is None:

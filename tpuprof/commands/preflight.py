@@ -269,9 +269,11 @@ def model_result(options, on_compile=None):
         raise PreflightOptionError("model", "{option}: " + template(str(error))) from None
     report_progress = on_compile or (lambda label, batch_size: None)
     work = [(chosen, policy) for chosen in options.slices for policy in options.remat_policies]
+    if options.ray:  # the tasks run elsewhere: no progress lines from there
+        report_progress = lambda label, batch_size: None  # noqa: E731
     answers = _in_parallel(lambda job: _model_target(config, source, *job, options, report_progress), work,
                            workers=1 if options.full else SWEEP_WORKERS,
-                           same_program=lambda job: (job[0].compile_label, job[1]))
+                           same_program=lambda job: (job[0].compile_label, job[1]), ray=options.ray)
     checked = []
     for index, chosen in enumerate(options.slices):
         rows = answers[index * len(options.remat_policies):(index + 1) * len(options.remat_policies)]
@@ -286,13 +288,24 @@ def model_result(options, on_compile=None):
 SWEEP_WORKERS = max(1, min(os.cpu_count() or 1, 8))
 
 
-def _in_parallel(function, jobs: list, workers: int, same_program) -> list:
+def _in_parallel(function, jobs: list, workers: int, same_program, ray: str | None = None) -> list:
     """FUNCTION of each job, in the jobs' order whichever finishes first; the first error is raised. Jobs whose
     SAME_PROGRAM key is equal (a multi-slice job and its one slice) run one after the other, so the second finds
-    the first's compiles in the cache instead of compiling them again alongside."""
+    the first's compiles in the cache instead of compiling them again alongside. RAY: each such group is a task
+    on that cluster (commands.ray_tasks)."""
     groups: dict = {}
     for index, job in enumerate(jobs):
         groups.setdefault(same_program(job), []).append(index)
+    if ray:
+        from tpuprof.commands.ray_tasks import map_on_ray
+
+        answers: list = [None] * len(jobs)
+        chunks = [[jobs[i] for i in indices] for indices in groups.values()]
+        for indices, done in zip(groups.values(), map_on_ray(lambda chunk: [_portable(function(j)) for j in chunk],
+                                                            chunks, ray)):
+            for index, answer in zip(indices, done):
+                answers[index] = answer
+        return answers
     if workers <= 1 or len(groups) <= 1:
         return [function(job) for job in jobs]
     from concurrent.futures import ThreadPoolExecutor
@@ -307,6 +320,16 @@ def _in_parallel(function, jobs: list, workers: int, same_program) -> list:
         for done in [pool.submit(run, indices) for indices in groups.values()]:
             done.result()
     return answers
+
+
+def _portable(target):
+    """A target as a Ray task sends it back: its memory breakdowns without the module they read lazily."""
+    from tpuprof.analyses.memory import self_contained
+
+    for compiled in (target.compiled, target.bf16, *(row.compiled for row in target.remat_table or ())):
+        if compiled is not None and compiled.memory is not None:
+            self_contained(compiled.memory)
+    return target
 
 
 def _throughput(target) -> float:

@@ -29,7 +29,7 @@ FLAGS = {
     "compare_bf16": "--compare-bf16", "top": "--top", "cache": "--no-cache",
     "tokens_per_example": "--tokens-per-example", "price": "--price", "model": "--model", "seq": "--seq",
     "batch_per_chip": "--batch-per-chip", "global_batch": "--global-batch", "remat": "--remat", "dtype": "--dtype",
-    "mesh": "--mesh", "weight_dtype": "--weight-dtype", "full": "--full",
+    "mesh": "--mesh", "weight_dtype": "--weight-dtype", "full": "--full", "ray": "--ray",
 }
 
 
@@ -65,6 +65,7 @@ class PreflightOptions:
     mesh: str | None = None  # AXIS=N,... (checked against each slice's devices when the step is built)
     weight_dtype: str = "float32"
     full: bool = False
+    ray: str | None = None  # --model: a sweep's compiles as tasks on this Ray cluster
 
     @property
     def remat_policies(self) -> tuple:
@@ -81,7 +82,7 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
                       tokens_per_example: int | None = None, price: Any = None, model: str | None = None,
                       seq: int = 2048, batch_per_chip: int | None = None, global_batch: int | None = None,
                       remat: str = "full", dtype: str = "bf16", mesh: str | None = None,
-                      weight_dtype: str = "float32", full: bool = False) -> PreflightOptions:
+                      weight_dtype: str = "float32", full: bool = False, ray: str | None = None) -> PreflightOptions:
     """The one validation of a preflight question (what needs the step or the model loaded is checked where they
     are); raises PreflightOptionError naming the keyword at fault."""
     error = PreflightOptionError
@@ -110,9 +111,9 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
         if weight_dtype not in WEIGHT_DTYPES:
             raise error("weight_dtype", f"{{option}} must be one of {', '.join(WEIGHT_DTYPES)}, not {weight_dtype!r}.")
     else:
-        if weight_dtype != "float32" or full:
-            raise error("weight_dtype" if weight_dtype != "float32" else "full",
-                        "{weight_dtype} and {full} go with {model}.")
+        if weight_dtype != "float32" or full or ray:
+            wrong = "weight_dtype" if weight_dtype != "float32" else "full" if full else "ray"
+            raise error(wrong, "{weight_dtype}, {full} and {ray} go with {model}.")
         if fn_or_model is None:
             raise error("fn_or_model", "give {fn_or_model} (your step) or {model_n} (an LLM train step).")
         if batch_per_chip is not None or global_batch is not None:
@@ -124,7 +125,7 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
             raise error("batch", "give {batch_n} (the per-chip batch size) or {max_batch} to search for it.")
     return PreflightOptions(slices, fn_or_model, tuple(example_args), model, batch, bool(max_batch),
                             bool(compare_bf16), top, bool(cache), tokens_per_example, prices, seq, batch_per_chip,
-                            global_batch, remat, dtype, mesh, weight_dtype, bool(full))
+                            global_batch, remat, dtype, mesh, weight_dtype, bool(full), ray or None)
 
 
 # --- results -----------------------------------------------------------------------------------------------
