@@ -42,7 +42,6 @@ GOAL = 0.15  # the point within 15% of the published step (issue 33)
 TPUPROF_FLAG_SETS = {"LAYOUT_FOR_ALL_REDUCE_SCATTER", "DATA_PARALLEL_OVERLAP", "CF_FOR_ALL_GATHER",
                      "HOST_OFFLOAD_FLAGS", "DISABLE_COLLECTIVE_MATMUL"}
 TPUPROF_VMEM_FLAG = {"v6e": "DENSE_VMEM_LIMIT_FLAG"}  # elsewhere libtpu's default scoped-VMEM limit
-TPUPROF_OFFLOADED = {"decoder_layer_input", "query_proj", "key_proj", "value_proj"}  # --remat offload
 MESH_AXES = {"ici_fsdp_parallelism": "fsdp", "ici_tensor_parallelism": "tensor",
              "ici_expert_parallelism": "expert", "ici_data_parallelism": "data"}
 # Recipe settings that change nothing tpuprof models, or that are the same as its step's.
@@ -91,27 +90,14 @@ def remat_option(run: dict) -> tuple[str | None, list[str]]:
         return None, ["remat policy not given by the source"]
     if policy == "full":
         return "full", []
-    if policy == "custom":
-        offload, device = set(remat.get("offload") or ()), set(remat.get("device") or ())
-        if offload:
-            notes = []
-            if offload - TPUPROF_OFFLOADED:
-                notes.append(f"offloads {', '.join(sorted(offload - TPUPROF_OFFLOADED))} too (tpuprof --remat offload "
-                             "recomputes them)")
-            if TPUPROF_OFFLOADED - offload:
-                notes.append(f"does not offload {', '.join(sorted(TPUPROF_OFFLOADED - offload))} (tpuprof --remat "
-                             "offload does; the recipe recomputes them)")
-            if device:
-                notes.append(f"keeps {', '.join(sorted(device))} on the device (saved; tpuprof recomputes them)")
-            return "offload", notes
-        if device <= {"decoder_layer_input"}:
-            return "full", []  # the layer input saved, the rest recomputed: tpuprof's --remat full
-        if device:
-            return "dots", [f"saves only {', '.join(sorted(device))} on the device and recomputes the rest "
-                            "(tpuprof --remat dots saves every matmul output)"]
-        return "full", []
+    if policy == "custom":  # tpuprof's --remat custom: takes the recipe's names as they are
+        places = {**{name: "device" for name in remat.get("device") or ()},
+                  **{name: "offload" for name in remat.get("offload") or ()}}
+        if not places:
+            return "full", []
+        return "custom:" + ",".join(f"{name}={place}" for name, place in sorted(places.items())), []
     if policy == "qkv_proj_offloaded":
-        return "offload", ["offloads q/k/v only (tpuprof --remat offload also offloads the decoder layer input)"]
+        return "custom:key_proj=offload,query_proj=offload,value_proj=offload", []
     if policy == "minimal_offloaded":
         return "offload", ["MaxText's minimal_offloaded (matmul outputs offloaded to the host) approximated by "
                            "tpuprof --remat offload (layer input and q/k/v)"]

@@ -151,6 +151,18 @@ def test_offloaded_activations_are_the_hosts_memory_not_hbm(llm_cache, tmp_path)
 
 
 @pytest.mark.slow
+def test_a_custom_remat_policy_offloads_and_saves_what_it_names(llm_cache, tmp_path):
+    """MaxText's `remat_policy: custom` by name: the layer input offloaded (and nothing else: the host holds exactly
+    every layer's input, bf16), the attention context saved on the device, the rest recomputed."""
+    config = dict(TINY, num_hidden_layers=4)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = ("--model", str(tmp_path / "config.json"), "--tpu", "v6e-16", "--seq", "256", "--batch-per-chip", "2")
+    custom = preflight(llm_cache, *args, "--remat", "custom:decoder_layer_input=offload,context=device")["targets"][0]
+    assert custom["model"]["remat"] == "custom:decoder_layer_input=offload,context=device"
+    assert custom["host_bytes"] == 4 * 2 * 256 * TINY["hidden_size"] * 2  # layers x sequences x tokens x d, bf16
+
+
+@pytest.mark.slow
 def test_max_batch_with_offload_is_bound_by_the_hosts_memory(llm_cache, tmp_path):
     """--remat offload --max-batch on v5e-4: each sequence offloads every layer's input and q/k/v in bf16, and a
     v5e device may hold 64 GiB of host memory (the host's 512 GiB DRAM over 8 chips; libtpu alone would allow 128).

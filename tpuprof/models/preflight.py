@@ -14,6 +14,26 @@ from tpuprof.models import options
 
 # The LLM train step's closed sets (tpuprof/sources/llm.py builds the step from them).
 REMAT_POLICIES = ("none", "full", "dots", "offload")
+# `--remat custom:NAME=device|offload,...`: MaxText's `remat_policy: custom`, one decision per named activation of
+# a layer (those not named are recomputed); the step marks these names as MaxText's decoder layer does.
+REMAT_NAMES = ("decoder_layer_input", "query_proj", "key_proj", "value_proj", "qkv_proj", "context", "out_proj",
+               "mlpwi", "mlpwo")
+REMAT_PLACES = ("device", "offload", "remat")
+
+
+def custom_remat(policy: str) -> dict[str, str] | None:
+    """`custom:context=device,mlpwo=offload` -> {"context": "device", "mlpwo": "offload"}; None for another
+    policy; ValueError naming what is wrong."""
+    if not policy.startswith("custom:"):
+        return None
+    chosen = {}
+    for part in policy.removeprefix("custom:").split(","):
+        name, _, place = part.strip().partition("=")
+        if name not in REMAT_NAMES or place not in REMAT_PLACES:
+            raise ValueError(f"{part.strip()!r} is not NAME=device|offload|remat with NAME one of "
+                             f"{', '.join(REMAT_NAMES)}")
+        chosen[name] = place
+    return chosen
 DTYPES = ("bf16", "fp8")
 WEIGHT_DTYPES = {"float32": 4, "bfloat16": 2}  # MaxText's weight_dtype -> bytes per element
 
@@ -102,8 +122,13 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
                                  "{seq}).")
         if [batch_per_chip is not None, global_batch is not None, bool(max_batch)].count(True) != 1:
             raise error("batch_per_chip", "give one of {batch_per_chip_n}, {global_batch_n} or {max_batch}.")
-        if remat not in (*REMAT_POLICIES, "all"):
-            raise error("remat", f"{{option}} must be one of {', '.join(REMAT_POLICIES)} or all, not {remat!r}.")
+        try:
+            custom = custom_remat(remat)
+        except ValueError as wrong:
+            raise error("remat", f"{{option}} custom: {wrong}.") from None
+        if remat not in (*REMAT_POLICIES, "all") and custom is None:
+            raise error("remat", f"{{option}} must be one of {', '.join(REMAT_POLICIES)}, all or "
+                                 f"custom:NAME=device|offload,..., not {remat!r}.")
         if remat == "all" and not max_batch:
             raise error("remat", "{option} all searches the largest batch of each policy: give it with {max_batch}.")
         if dtype not in DTYPES:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuprof.errors import UserError
-from tpuprof.models.preflight import state_bytes_per_parameter
+from tpuprof.models.preflight import custom_remat, state_bytes_per_parameter
 from tpuprof.sources.mesh import MESH_AXES, make_mesh, parse_mesh  # noqa: F401 - the LLM step's mesh
 
 OFFLOADED = ("decoder_layer_input", "query_proj", "key_proj", "value_proj")  # --remat offload, as MaxText names them
@@ -649,17 +649,18 @@ def _train_step(config: ModelConfig, step: Step, mesh, batch_axes):
         up = matmul(y, w["w_up"], "bsd,df->bsf") + (w["b_up"].astype(compute) if config.mlp_bias else 0)
         if config.mlp_gated:
             gate = matmul(y, w["w_gate"], "bsd,df->bsf") + (w["b_gate"].astype(compute) if config.mlp_bias else 0)
-            hidden = glu(gate, up)
+            hidden = glu(checkpoint_name(gate, "mlpwi"), checkpoint_name(up, "mlpwi"))
         else:
-            hidden = act(up)
-        return matmul(hidden, w["w_down"], "bsf,fd->bsd") + (w["b_down"].astype(compute) if config.mlp_bias else 0)
+            hidden = act(checkpoint_name(up, "mlpwi"))
+        return checkpoint_name(matmul(hidden, w["w_down"], "bsf,fd->bsd")
+                               + (w["b_down"].astype(compute) if config.mlp_bias else 0), "mlpwo")
 
     def layer(kind, x, w):
         window, mlp_kind = kind.split("+")
         x = checkpoint_name(x, "decoder_layer_input")
         y = norm(x, w, "attn_norm")
         o = attention(y, w, window, matmul, lambda v, weight, name: norm(v, {name: weight}, name))
-        o = checkpoint_name(matmul(o, w["wo"], "bsf,fd->bsd"), "out_proj")
+        o = checkpoint_name(matmul(checkpoint_name(o, "context"), w["wo"], "bsf,fd->bsd"), "out_proj")
         if config.output_bias:
             o = o + w["bo"].astype(compute)
         if config.sandwich_norm:
@@ -671,7 +672,18 @@ def _train_step(config: ModelConfig, step: Step, mesh, batch_axes):
             out = norm(out, w, "post_mlp_norm")
         return jax.lax.with_sharding_constraint(x + out, activations)
 
-    policy = {
+    custom = custom_remat(step.remat)
+    if custom is not None:  # MaxText's `remat_policy: custom`; its fused qkv_proj is q, k and v here
+        def named(place):
+            names = {name for name, chosen in custom.items() if chosen == place}
+            if "qkv_proj" in names:
+                names = names - {"qkv_proj"} | {"query_proj", "key_proj", "value_proj"}
+            return sorted(names)
+
+        step_policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=named("device"), names_which_can_be_offloaded=named("offload"),
+            offload_src="device", offload_dst="pinned_host")
+    policy = step_policy if custom is not None else {
         "none": None,
         "full": jax.checkpoint_policies.nothing_saveable,
         "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
