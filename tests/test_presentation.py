@@ -189,6 +189,17 @@ def test_a_compiled_plan_shows_its_programs_and_safe_utilization(gemma3_1b_v5e, 
         assert said in output and f"safe --gpu-memory-utilization {safe}" in output
 
 
+def _report_refuses(tmp_path, document: dict, field: str) -> None:
+    """`tpuprof report` of the edited DOCUMENT: one sentence naming FIELD, exit 2, no page."""
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(document))
+    page = tmp_path / "page.html"
+    done = run_cli("report", bad, "-o", page)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert field in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not page.exists()
+
+
 @pytest.mark.parametrize("edit, field", [
     (lambda d: d.update(framework={"name": "jax"}), "oom.framework"),
     (lambda d: d.update(largest_free_bytes=[1]), "oom.largest_free_bytes"),
@@ -201,13 +212,7 @@ def test_an_edited_oom_document_is_one_sentence(tmp_path, edit, field):
     that reached the page unchecked)."""
     document = json.loads(run_cli("oom", SAMPLES / "oom" / "libtpu_transformer_v5e.txt", "--json").stdout)
     edit(document)
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(document))
-    page = tmp_path / "page.html"
-    done = run_cli("report", bad, "-o", page)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert field in done.stderr and len(done.stderr.strip().splitlines()) == 1
-    assert not page.exists()
+    _report_refuses(tmp_path, document, field)
 
 
 def _facts(section) -> list[str]:
@@ -289,10 +294,4 @@ def test_an_edited_analyze_document_is_one_sentence(tmp_path, edit, field):
     """The figures the analyze section prints from a saved document are checked when it is read back."""
     document = json.loads(run_cli("analyze", SAMPLES / "captures" / "jax_two_hosts_straggler", "--json").stdout)
     edit(document)
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(document))
-    page = tmp_path / "page.html"
-    done = run_cli("report", bad, "-o", page)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert field in done.stderr and len(done.stderr.strip().splitlines()) == 1
-    assert not page.exists()
+    _report_refuses(tmp_path, document, field)
