@@ -5,6 +5,7 @@ The helpers live in tests/helpers/ (a package); tests import them as `helpers.<m
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import sys
@@ -12,7 +13,11 @@ import sys
 import pytest
 
 from helpers.cli import CliResult, run_cli, run_cli_process  # noqa: F401 - imported from here by the tests
+from helpers.jobs import RUN_FOLDER_VARIABLE
 from helpers.paths import DUMPS, ROOT, SAMPLES  # noqa: F401 - imported from here by the tests
+
+# The xdist worker this process is (gw0, gw1, ...), empty in a run without workers.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 
 # Tests written before tests/helpers/ existed import these modules by their former top-level names.
 FORMER_NAMES = {"browser": "helpers.browser", "golden": "helpers.golden", "jobs_helper": "helpers.jobs",
@@ -29,16 +34,62 @@ COMPILING_FIXTURES = {"compile_cache", "family_runs", "gemma3_1b_v5e", "llama8b_
 JOB_FIXTURES = {"profiler_job", "oom_job", "ray_cluster"}
 
 
-def pytest_collection_modifyitems(items):
+# Session fixtures every xdist worker may hold one of: cheap, or shared by the workers through the run folder.
+WORKER_SHARED_FIXTURES = {"cli", "compile_cache", "cache_home", "run_folder", "one_compile_per_program"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(config, items):
     """Tests that use a compiling fixture (the session's compile cache, a family's or a serving model's compiles)
     compile with libtpu, those that use a training job start one: marked so (pyproject.toml registers the
-    markers) without each test saying it again."""
+    markers) without each test saying it again. Under xdist, tests that share a fixture wider than a test run on
+    one worker, so that it is built once (worker_groups)."""
     for item in items:
         fixtures = set(item.fixturenames)
         if fixtures & COMPILING_FIXTURES or "[preflight/" in item.nodeid:  # or a preflight sample's document
             item.add_marker(pytest.mark.compile)
         if fixtures & JOB_FIXTURES:
             item.add_marker(pytest.mark.jobs)
+    if WORKER and config.pluginmanager.hasplugin("xdist"):
+        groups = worker_groups(items)
+        for item in items:
+            if item.nodeid in groups:
+                item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+
+
+def worker_groups(items) -> dict[str, str]:
+    """The xdist group of each test that shares a session-, module- or class-scoped fixture with another (a
+    compile of a family, a search, a training job, a Ray cluster): tests joined by such fixtures, directly or
+    through each other, form one group, named after its first file. The other tests go to whichever worker is
+    free. Fixtures of pytest and its plugins, and WORKER_SHARED_FIXTURES, join nothing."""
+    parent: dict = {}
+
+    def root(node):
+        while parent.setdefault(node, node) != node:
+            node = parent[node]
+        return node
+
+    for item in items:
+        for name in item.fixturenames:
+            definitions = item._fixtureinfo.name2fixturedefs.get(name)
+            if not definitions or name in WORKER_SHARED_FIXTURES:
+                continue
+            definition = definitions[-1]
+            if definition.scope == "function" or not definition.baseid:  # a test's own, or pytest's
+                continue
+            instance = {"module": item.module.__name__, "class": getattr(item.cls, "__qualname__", "")}
+            fixture = ("fixture", name, definition.baseid, instance.get(definition.scope, ""))
+            parent[root(("test", item.nodeid))] = root(fixture)
+    members: dict = {}
+    for item in items:
+        if ("test", item.nodeid) in parent:
+            members.setdefault(root(("test", item.nodeid)), []).append(item)
+    groups = {}
+    for tests in members.values():
+        if len(tests) > 1:
+            name = tests[0].nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+            groups.update((test.nodeid, name) for test in tests)
+    return groups
 
 
 @pytest.fixture(scope="session")
@@ -54,12 +105,14 @@ def compile_cache(cache_home):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def cache_home(tmp_path_factory):
+def cache_home(run_folder):
     """What runs without naming a cache (tpuprof.serve() and tpuprof.preflight() in this process, CLI processes)
     caches its compiles in the session's compile cache, never in the user's ~/.cache: a fresh clone compiles what
-    its tests need once, and no run is faster or slower for what an earlier run left in the home folder. (Not named
-    compile_cache, which marks the tests that use it as compiling.)"""
-    folder = tmp_path_factory.mktemp("compile-cache")
+    its tests need once, and no run is faster or slower for what an earlier run left in the home folder. With
+    xdist the workers share it, so that what one compiles the other finds. (Not named compile_cache, which marks
+    the tests that use it as compiling.)"""
+    folder = run_folder / "compile-cache"
+    folder.mkdir(exist_ok=True)
     saved = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(folder)
     yield folder
@@ -67,6 +120,51 @@ def cache_home(tmp_path_factory):
         os.environ.pop("XDG_CACHE_HOME", None)
     else:
         os.environ["XDG_CACHE_HOME"] = saved
+
+
+@pytest.fixture(scope="session")
+def run_folder(tmp_path_factory):
+    """The test run's temporary folder, one for all its xdist workers (each worker's own basetemp is a folder in
+    it); helpers that coordinate the workers find it in $TPUPROF_TEST_RUN_FOLDER (helpers.jobs.free_port)."""
+    folder = tmp_path_factory.getbasetemp()
+    if WORKER:
+        folder = folder.parent
+    saved = os.environ.get(RUN_FOLDER_VARIABLE)
+    os.environ[RUN_FOLDER_VARIABLE] = str(folder)
+    yield folder
+    if saved is None:
+        os.environ.pop(RUN_FOLDER_VARIABLE, None)
+    else:
+        os.environ[RUN_FOLDER_VARIABLE] = saved
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_compile_per_program(run_folder):
+    """Under xdist, a program is compiled by one worker at a time: the other waits for it and then finds it in the
+    shared cache. Without the lock both would compile it, and the second would replace the dump folder of the
+    first while its test reads it (preflight renames a complete dump into place; the cache's JSON entries are
+    written atomically). One worker alone needs no lock."""
+    if not WORKER:
+        yield
+        return
+    from filelock import FileLock
+
+    from tpuprof.analyses import preflight
+
+    locks = run_folder / "compile-locks"
+    locks.mkdir(exist_ok=True)
+    measure = preflight.Compiler.measure
+
+    def measure_alone(self, batch, *args, **kwargs):
+        # The key names the program; the cache folder is part of the lock's name, as tests with a cache of their
+        # own compile the same program into another folder.
+        where = f"{preflight.cache_root()}/{self._key(batch)}"
+        with FileLock(locks / f"{hashlib.sha256(where.encode()).hexdigest()[:32]}.lock"):
+            return measure(self, batch, *args, **kwargs)
+
+    preflight.Compiler.measure = measure_alone
+    yield
+    preflight.Compiler.measure = measure
 
 
 def sample_dump(name: str):
