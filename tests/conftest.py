@@ -178,27 +178,47 @@ def hlo_pb(name: str):
     return next(sample_dump(name).glob("*.after_optimizations.hlo.pb"))
 
 
+# The training jobs profiler_job started, by script and arguments; and the last test of the run that uses one.
+RUNNING_JOBS: dict = {}
+LAST_JOB_USER: list = []
+
+
+def pytest_collection_finish(session):
+    users = [item for item in session.items if "profiler_job" in item.fixturenames]
+    LAST_JOB_USER[:] = users[-1:]
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """A job trains until it is stopped (each takes a sixth of a core): stopped once the last test that uses one
+    is done, not at the end of the run. The tests that use a job run on one worker, in order (worker_groups)."""
+    if LAST_JOB_USER and item is LAST_JOB_USER[0]:
+        stop_jobs()
+
+
+def stop_jobs():
+    for job in RUNNING_JOBS.values():
+        job.stop()
+    RUNNING_JOBS.clear()
+
+
 @pytest.fixture(scope="session")
 def profiler_job(tmp_path_factory):
     """Start a training job of sample_profiles/jobs once per session: profiler_job("jax_job.py", "--slow-loader-ms", "20").
 
     Returns a helpers.jobs.Job (its `.address` is localhost:PORT) that is READY and training; the same
-    script and arguments give the same running job to every test; all are stopped at session end. Every job
-    runs in its own folder (`job.cwd`), never the one tpuprof runs in, as on a TPU VM.
+    script and arguments give the same running job to every test; all are stopped after the last test that
+    uses one. Every job runs in its own folder (`job.cwd`), never the one tpuprof runs in, as on a TPU VM.
     """
     from helpers.jobs import start_job
 
-    running = {}
-
     def get(script: str, *args: str):
         key = (script, *args)
-        job = running.get(key)
+        job = RUNNING_JOBS.get(key)
         if job is None or job.process.poll() is not None:
             folder = tmp_path_factory.mktemp("job")
-            job = running[key] = start_job(script, *args, cwd=str(folder))
+            job = RUNNING_JOBS[key] = start_job(script, *args, cwd=str(folder))
             job.cwd = folder
         return job
 
     yield get
-    for job in running.values():
-        job.stop()
+    stop_jobs()
