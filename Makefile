@@ -26,7 +26,7 @@ demo: $(STAMP)
 # `pytest -m "not compile and not jobs"` leaves out libtpu compiles and training jobs (markers: pyproject.toml).
 WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup --durations=25
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_memory.py

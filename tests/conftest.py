@@ -55,6 +55,21 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.nodeid in groups:
                 item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+        items[:] = longest_first(items, groups)
+
+
+def longest_first(items, groups: dict[str, str]) -> list:
+    """ITEMS with the groups and tests that take longest first, as their markers tell (slow, then compile, then
+    jobs), so that the many short tests at the end even out the two workers; otherwise in collection order. xdist
+    hands out groups in the order their first test comes (with --no-loadscope-reorder: by default it puts the
+    groups with most tests first, and a slow test alone at the end leaves the other worker idle)."""
+    rank = {"slow": 0, "compile": 1, "jobs": 2}
+    first: dict[str, int] = {}
+    for item in items:
+        scope = groups.get(item.nodeid, item.nodeid)
+        marks = [rank[mark.name] for mark in item.iter_markers() if mark.name in rank]
+        first[scope] = min([first.get(scope, len(rank)), *marks])
+    return sorted(items, key=lambda item: first[groups.get(item.nodeid, item.nodeid)])
 
 
 def worker_groups(items) -> dict[str, str]:
