@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
 from helpers.cli import CliResult, run_cli, run_cli_process  # noqa: F401 - imported from here by the tests
 from helpers.jobs import RUN_FOLDER_VARIABLE
 from helpers.paths import DUMPS, ROOT, SAMPLES  # noqa: F401 - imported from here by the tests
+
+pytest_plugins = ["pytester"]  # tests/test_workers.py runs small suites of its own
 
 # The xdist worker this process is (gw0, gw1, ...), empty in a run without workers.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
@@ -58,6 +62,11 @@ def pytest_collection_modifyitems(config, items):
         items[:] = longest_first(items, groups)
 
 
+def _ours(definition, root: Path) -> bool:
+    """Whether a fixture is the suite's (a test file's or conftest's), not pytest's or a plugin's (tmp_path_factory)."""
+    return root in Path(inspect.getfile(definition.func)).resolve().parents
+
+
 def longest_first(items, groups: dict[str, str]) -> list:
     """ITEMS with the groups and tests that take longest first, as their markers tell (slow, then compile, then
     jobs), so that the many short tests at the end even out the two workers; otherwise in collection order. xdist
@@ -90,7 +99,7 @@ def worker_groups(items) -> dict[str, str]:
             if not definitions or name in WORKER_SHARED_FIXTURES:
                 continue
             definition = definitions[-1]
-            if definition.scope == "function" or not definition.baseid:  # a test's own, or pytest's
+            if definition.scope == "function" or not _ours(definition, item.config.rootpath):
                 continue
             instance = {"module": item.module.__name__, "class": getattr(item.cls, "__qualname__", "")}
             fixture = ("fixture", name, definition.baseid, instance.get(definition.scope, ""))
@@ -99,10 +108,12 @@ def worker_groups(items) -> dict[str, str]:
     for item in items:
         if ("test", item.nodeid) in parent:
             members.setdefault(root(("test", item.nodeid)), []).append(item)
-    groups = {}
+    groups: dict[str, str] = {}
     for tests in members.values():
         if len(tests) > 1:
-            name = tests[0].nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+            name = base = tests[0].nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+            while name in groups.values():  # two groups that start in one file
+                name = f"{base}-{int(name.rpartition('-')[2]) + 1 if name != base else 2}"
             groups.update((test.nodeid, name) for test in tests)
     return groups
 
