@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import inspect
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +16,9 @@ from helpers.cli import CliResult, run_cli, run_cli_process  # noqa: F401 - impo
 from helpers.jobs import RUN_FOLDER_VARIABLE
 from helpers.paths import DUMPS, ROOT, SAMPLES  # noqa: F401 - imported from here by the tests
 
-pytest_plugins = ["pytester"]  # tests/test_workers.py runs small suites of its own
+# helpers.workers: how `make test` splits the suite over xdist workers; pytester: tests/test_workers.py runs
+# small suites of its own.
+pytest_plugins = ["helpers.workers", "pytester"]
 
 # The xdist worker this process is (gw0, gw1, ...), empty in a run without workers.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
@@ -38,84 +38,19 @@ COMPILING_FIXTURES = {"compile_cache", "family_runs", "gemma3_1b_v5e", "llama8b_
 JOB_FIXTURES = {"profiler_job", "oom_job", "ray_cluster"}
 
 
-# Session fixtures every xdist worker may hold one of: cheap, or shared by the workers through the run folder.
-WORKER_SHARED_FIXTURES = {"cli", "compile_cache", "cache_home", "run_folder", "one_compile_per_program"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
+@pytest.hookimpl(tryfirst=True)  # before helpers.workers groups and orders them
 def pytest_collection_modifyitems(config, items):
     """Tests that use a compiling fixture (the session's compile cache, a family's or a serving model's compiles)
     compile with libtpu, those that use a training job start one: marked so (pyproject.toml registers the
-    markers) without each test saying it again. Under xdist, tests that share a fixture wider than a test run on
-    one worker, so that it is built once (worker_groups)."""
+    markers) without each test saying it again."""
     for item in items:
         fixtures = set(item.fixturenames)
         if fixtures & COMPILING_FIXTURES or "[preflight/" in item.nodeid:  # or a preflight sample's document
             item.add_marker(pytest.mark.compile)
         if fixtures & JOB_FIXTURES:
             item.add_marker(pytest.mark.jobs)
-    if WORKER and config.pluginmanager.hasplugin("xdist"):
-        groups = worker_groups(items)
-        for item in items:
-            if item.nodeid in groups:
-                item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
-        items[:] = longest_first(items, groups)
 
 
-def _ours(definition, root: Path) -> bool:
-    """Whether a fixture is the suite's (a test file's or conftest's), not pytest's or a plugin's (tmp_path_factory)."""
-    return root in Path(inspect.getfile(definition.func)).resolve().parents
-
-
-def longest_first(items, groups: dict[str, str]) -> list:
-    """ITEMS with the groups and tests that take longest first, as their markers tell (slow, then compile, then
-    jobs), so that the many short tests at the end even out the two workers; otherwise in collection order. xdist
-    hands out groups in the order their first test comes (with --no-loadscope-reorder: by default it puts the
-    groups with most tests first, and a slow test alone at the end leaves the other worker idle)."""
-    rank = {"slow": 0, "compile": 1, "jobs": 2}
-    first: dict[str, int] = {}
-    for item in items:
-        scope = groups.get(item.nodeid, item.nodeid)
-        marks = [rank[mark.name] for mark in item.iter_markers() if mark.name in rank]
-        first[scope] = min([first.get(scope, len(rank)), *marks])
-    return sorted(items, key=lambda item: first[groups.get(item.nodeid, item.nodeid)])
-
-
-def worker_groups(items) -> dict[str, str]:
-    """The xdist group of each test that shares a session-, module- or class-scoped fixture with another (a
-    compile of a family, a search, a training job, a Ray cluster): tests joined by such fixtures, directly or
-    through each other, form one group, named after its first file. The other tests go to whichever worker is
-    free. Fixtures of pytest and its plugins, and WORKER_SHARED_FIXTURES, join nothing."""
-    parent: dict = {}
-
-    def root(node):
-        while parent.setdefault(node, node) != node:
-            node = parent[node]
-        return node
-
-    for item in items:
-        for name in item.fixturenames:
-            definitions = item._fixtureinfo.name2fixturedefs.get(name)
-            if not definitions or name in WORKER_SHARED_FIXTURES:
-                continue
-            definition = definitions[-1]
-            if definition.scope == "function" or not _ours(definition, item.config.rootpath):
-                continue
-            instance = {"module": item.module.__name__, "class": getattr(item.cls, "__qualname__", "")}
-            fixture = ("fixture", name, definition.baseid, instance.get(definition.scope, ""))
-            parent[root(("test", item.nodeid))] = root(fixture)
-    members: dict = {}
-    for item in items:
-        if ("test", item.nodeid) in parent:
-            members.setdefault(root(("test", item.nodeid)), []).append(item)
-    groups: dict[str, str] = {}
-    for tests in members.values():
-        if len(tests) > 1:
-            name = base = tests[0].nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
-            while name in groups.values():  # two groups that start in one file
-                name = f"{base}-{int(name.rpartition('-')[2]) + 1 if name != base else 2}"
-            groups.update((test.nodeid, name) for test in tests)
-    return groups
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,12 @@ test run on one worker, so that it is built once; what is marked slow goes out f
 
 from __future__ import annotations
 
-from conftest import longest_first, worker_groups
+import os
+
+import pytest
+
+from helpers.paths import ROOT
+from helpers.workers import longest_first, worker_groups
 
 SHARED = '''
 import pytest
@@ -56,3 +61,27 @@ def test_a_test_marked_slow_goes_first(pytester):
     items, _ = pytester.inline_genitems()
     order = [item.nodeid.split("::")[1] for item in longest_first(items, worker_groups(items))]
     assert order[0] == "test_slow" and sorted(order) == sorted(item.nodeid.split("::")[1] for item in items)
+
+
+SPREAD = '''
+import pytest
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    with open(BUILDS, "a") as builds:
+        builds.write("built\\n")
+    return "a compile"
+
+''' + "\n".join(f"def test_alone_{n}(): pass\ndef test_shared_{n}(compiled): pass" for n in range(8))
+
+
+def test_a_module_fixture_is_built_once_over_two_workers(pytester, monkeypatch):
+    """The whole path of `make test`: two xdist workers, --dist loadgroup, this plugin. Its tests sit between
+    tests that share nothing, so that xdist alone hands them to both workers."""
+    pytest.importorskip("xdist")
+    builds = pytester.path / "builds.txt"
+    pytester.makepyfile(test_spread=f"BUILDS = {str(builds)!r}\n" + SPREAD)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadgroup", "-p", "helpers.workers")
+    result.assert_outcomes(passed=16)
+    assert builds.read_text().splitlines() == ["built"]
