@@ -22,7 +22,7 @@ demo: $(STAMP)
 	@echo "Report: $(CURDIR)/out/report.html"
 
 # Every test on WORKERS processes (xdist), then the 25 slowest. libtpu compiles on one thread, so a second worker
-# uses the second core; tests that share a session or module fixture run on one worker (tests/conftest.py).
+# uses the second core; tests that share a session or module fixture run on one worker (tests/helpers/workers.py).
 # `pytest -m "not compile and not jobs"` leaves out libtpu compiles and training jobs (markers: pyproject.toml).
 WORKERS ?= 2
 test: $(STAMP)

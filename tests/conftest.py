@@ -151,7 +151,7 @@ def pytest_collection_finish(session):
 
 def pytest_runtest_teardown(item, nextitem):
     """A job trains until it is stopped (each takes a sixth of a core): stopped once the last test that uses one
-    is done, not at the end of the run. The tests that use a job run on one worker, in order (worker_groups)."""
+    is done, not at the end of the run. The tests that use a job run on one worker, in order (helpers.workers)."""
     if LAST_JOB_USER and item is LAST_JOB_USER[0]:
         stop_jobs()
 
