@@ -51,8 +51,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.jobs)
 
 
-
-
 @pytest.fixture(scope="session")
 def cli():
     return run_cli
@@ -86,7 +84,8 @@ def cache_home(run_folder):
 @pytest.fixture(scope="session")
 def run_folder(tmp_path_factory):
     """The test run's temporary folder, one for all its xdist workers (each worker's own basetemp is a folder in
-    it); helpers that coordinate the workers find it in $TPUPROF_TEST_RUN_FOLDER (helpers.jobs.free_port)."""
+    it); helpers that coordinate the workers find it in $TPUPROF_TEST_RUN_FOLDER (helpers.jobs.free_port,
+    helpers.sample_documents)."""
     folder = tmp_path_factory.getbasetemp()
     if WORKER:
         folder = folder.parent
