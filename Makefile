@@ -21,10 +21,12 @@ demo: $(STAMP)
 		--title "tpuprof demo: the sample profiles" -o $(CURDIR)/out/report.html >/dev/null
 	@echo "Report: $(CURDIR)/out/report.html"
 
-# Every test, then the 25 slowest. `pytest -m "not compile and not jobs"` leaves out libtpu compiles and training jobs
-# (markers: pyproject.toml).
+# Every test on WORKERS processes (xdist), then the 25 slowest. libtpu compiles on one thread, so a second worker
+# uses the second core; tests that share a session or module fixture run on one worker (tests/helpers/workers.py).
+# `pytest -m "not compile and not jobs"` leaves out libtpu compiles and training jobs (markers: pyproject.toml).
+WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_memory.py

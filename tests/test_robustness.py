@@ -140,14 +140,6 @@ def test_short_fuzz_run_finds_no_crash_hang_or_memory_blowup(targets):
 # Remote paths: a host that accepts and never answers, and a real GCS emulator on loopback
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture
 def silent_host():
     """A loopback port that accepts connections and never sends a byte (a firewall that swallows packets)."""
@@ -207,7 +199,9 @@ def gcs_emulator():
     import subprocess
     import time
 
-    port = _free_port()
+    from helpers.jobs import free_port
+
+    port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
                                 "--port", str(port), "--in-memory", "--default-bucket", "tpuprof-robust"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

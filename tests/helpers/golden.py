@@ -22,7 +22,9 @@ UPDATE = os.environ.get("TPUPROF_UPDATE_GOLDEN") == "1"
 
 # Keys whose values say how or where a document was made, not what tpuprof found.
 VOLATILE_KEYS = {"cached", "cache", "dump_dir", "compile_seconds", "seconds", "elapsed_seconds", "wall_seconds"}
-TEMPORARY = re.compile(re.escape(tempfile.gettempdir()) + r"/tpuprof-[^/]+/")
+# Compile caches and dumps of this run: tpuprof-* folders in the temporary folder, or in the run's own folder
+# there (helpers.sample_documents, which xdist's workers share).
+TEMPORARY = re.compile(re.escape(tempfile.gettempdir()) + r"/(?:pytest-of-[^/]+/pytest-\d+/)?tpuprof-[^/]+/")
 CHECKOUT = re.compile(r"(?:/[\w.+-]+)+/(?=(?:sample_profiles|tpuprof|tests|bench|\.venv)/)")
 SIGNIFICANT_DIGITS = 6  # floats are compared to this precision (the renderers print 3-4)
 

@@ -22,8 +22,31 @@ from helpers.paths import SAMPLES
 JOBS_DIR = SAMPLES / "jobs"
 
 
+# The test run's folder shared by its xdist workers (conftest's run_folder sets it).
+RUN_FOLDER_VARIABLE = "TPUPROF_TEST_RUN_FOLDER"
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on right now (the kernel's pick, released at once)."""
+    """A TCP port nothing listens on right now (the kernel's pick, released at once), and none this test run handed
+    out before, in this process or another xdist worker: a job binds its port seconds after the pick, and an
+    address a test keeps dead must not become another worker's job."""
+    run_folder = os.environ.get(RUN_FOLDER_VARIABLE)
+    if not run_folder:
+        return _kernel_port()
+    from filelock import FileLock
+
+    given = Path(run_folder) / "ports-given.txt"
+    with FileLock(f"{given}.lock"):
+        taken = set(given.read_text().split()) if given.exists() else set()
+        port = _kernel_port()
+        while str(port) in taken:
+            port = _kernel_port()
+        with open(given, "a") as record:
+            record.write(f"{port}\n")
+    return port
+
+
+def _kernel_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import json
+import os
 import shutil
 import tempfile
+from pathlib import Path
 
 from helpers.cli import run_cli, run_cli_process
+from helpers.jobs import RUN_FOLDER_VARIABLE
 from helpers.paths import DUMPS, ROOT, SAMPLES
 
 CAPTURES = SAMPLES / "captures"
@@ -55,7 +59,11 @@ def commands() -> list[tuple[str, list[str], int]]:
 @functools.lru_cache(maxsize=None)
 def _compile_cache() -> str:
     """A compile cache of the samples' own, not the session's: their golden documents hold how many compiles a
-    first run makes, which another test's compile of the same program would change."""
+    first run makes, which another test's compile of the same program would change. In a test run, one for all
+    its xdist workers, in the run folder: a document one worker made may name a dump in it."""
+    run_folder = os.environ.get(RUN_FOLDER_VARIABLE)
+    if run_folder:
+        return tempfile.mkdtemp(prefix="tpuprof-samples-xdg-", dir=run_folder)
     folder = tempfile.mkdtemp(prefix="tpuprof-samples-xdg-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return folder
@@ -63,6 +71,26 @@ def _compile_cache() -> str:
 
 @functools.lru_cache(maxsize=None)
 def _run(args: tuple[str, ...], exit_code: int) -> str:
+    """The command's stdout, once per test run: xdist's workers share it through the run folder (a preflight
+    sample's compiles took each worker 45-60 s), the first computes it while the other waits."""
+    run_folder = os.environ.get(RUN_FOLDER_VARIABLE)
+    if not run_folder:
+        return _run_command(args, exit_code)
+    from filelock import FileLock
+
+    from tpuprof.renderers.output import write_atomically
+
+    kept = Path(run_folder) / "sample-documents" / hashlib.sha256(json.dumps(args).encode()).hexdigest()[:32]
+    kept.parent.mkdir(exist_ok=True)
+    with FileLock(f"{kept}.lock"):
+        if kept.is_file():
+            return kept.read_text()
+        stdout = _run_command(args, exit_code)
+        write_atomically(kept, stdout)
+        return stdout
+
+
+def _run_command(args: tuple[str, ...], exit_code: int) -> str:
     # preflight in a process of its own, as users run it: its dump's file names number the process's compiles
     # (module_0000...), and the document's memory source names that file.
     run = run_cli_process if args[0] == "preflight" else run_cli
@@ -73,6 +101,6 @@ def _run(args: tuple[str, ...], exit_code: int) -> str:
 
 
 def document(sample: tuple[str, list[str], int]) -> dict:
-    """The sample's --json document (each command runs once per process; every caller gets its own copy)."""
+    """The sample's --json document (each command runs once per test run; every caller gets its own copy)."""
     _, args, exit_code = sample
     return json.loads(_run(tuple(args), exit_code))
