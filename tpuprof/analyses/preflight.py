@@ -284,7 +284,9 @@ class Compiler:
                 self._memo[batch] = cached
                 return cached
         keep = dump or need_dump or self.layout_only  # a layout is read from its dump
-        result = self._compile(batch, cache_root() / self._key(batch) if keep else None)
+        # A layout's dump has no code generation's files: a folder of its own, never taken for a whole compile's.
+        folder = cache_root() / f"{self._key(batch)}{'-layout' if self.layout_only else ''}"
+        result = self._compile(batch, folder if keep else None)
         self._memo[batch] = result
         _write_json_atomically(entry, {k: v for k, v in result.__dict__.items() if k != "cached"})
         return result
@@ -344,8 +346,10 @@ class Compiler:
             raise
         dump_dir = None
         if staging is not None:
-            shutil.rmtree(folder, ignore_errors=True)
-            staging.rename(folder)  # complete or absent
+            try:
+                staging.rename(folder)  # complete or absent
+            except OSError:  # already there: the same program's dump (the key says so), another process's too
+                pass
             shutil.rmtree(staging.parent, ignore_errors=True)
             dump_dir = str(folder)
         required = result.required_bytes
