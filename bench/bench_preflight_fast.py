@@ -3,8 +3,8 @@
     nice .venv/bin/python bench/bench_preflight_fast.py [--before TREE] [--model llama3.1-70b] [--tpu v6e-256]
 
 Runs, each with an empty compile cache (a fresh XDG_CACHE_HOME) so every compile is paid:
-  - fast:   this tree's default: the whole step compiled until the compiler has laid out its memory (buffer
-            assignment), stopped before code generation;
+  - fast:   this tree's default: stopped before code generation when the compiler's memory layout alone cannot
+            fit, else compiled to the end;
   - before: the tree at --before, if given (e.g. a commit whose default compiled further);
   - full:   this tree with --full (compiled to the end), the reference the first answer's error is measured against
             (--no-full: skip it; the before run, if any, is then the reference).

@@ -6,9 +6,9 @@
 The runs and their settings are in bench/training_published.json (one entry per published run, with its source).
 For each run (or the NAMEs given), `tpuprof preflight --model ... --tpu ... --seq ... --batch-per-chip ... --json`
 is run at the recipe's slice, sequence length and per-chip batch, with the recipe's remat policy, weight dtype,
-fp8 and mesh where tpuprof has an option for them (by default its first answer: the whole step compiled until
-the memory is laid out, the step time from the roofline alone; `--full` compiles to the end, with the compiler's
-cycle estimates), and the published step time is set against the estimate's band and point. Printed per run: published step, band low-high, point, point/published, whether the band holds the
+fp8 and mesh where tpuprof has an option for them (by default a step whose memory layout alone cannot fit is
+stopped there, the others compile to the end; `--full` always compiles to the end), and the published step time
+is set against the estimate's band and point. Printed per run: published step, band low-high, point, point/published, whether the band holds the
 published step and whether the point is within 15% of it, and the recipe's settings tpuprof cannot express.
 Runs of model families tpuprof cannot build, or whose settings were not collected, are listed with the reason.
 
@@ -229,7 +229,7 @@ def compare(run: dict, target: dict | None, error: str, seconds: float) -> dict:
     estimate = target.get("estimate") or {}
     out["fits"] = target.get("fits")
     out["required_bytes"], out["hbm_capacity_bytes"] = target.get("required_bytes"), target.get("hbm_capacity_bytes")
-    out["how"] = "first answer (layout, roofline)" if target.get("fast") else "whole compile"
+    out["how"] = "layout (does not fit; roofline)" if target.get("fast") else "whole compile"
     if not estimate:
         out["error"] = "does not fit at the recipe's batch" if not target.get("fits") else "no estimate"
         return out

@@ -174,19 +174,38 @@ def test_bf16_weights_halve_the_weights_arguments(family_runs):
 
 
 @pytest.mark.parametrize("name", FAST)
-def test_the_first_answer_is_the_whole_compiles_layout(family_runs, name):
-    """The first answer stops at the compiler's buffer assignment of the whole step: arguments, outputs, the
-    donated state and the host's memory are the whole compile's to the byte, and what code generation changes
-    afterwards (adds the program's code and scratch, drops temporaries it no longer needs) is within what the
-    first answer held for it, so the first answer never needs less than the whole compile."""
-    fast, full = family_runs[name, "fast"], family_runs[name, "full"]
-    assert fast["fast"]["stage"] == "buffer_assignment" and "fast" not in full
-    for key in ("argument_bytes", "output_bytes", "alias_bytes", "host_bytes"):
-        assert fast.get(key) == full.get(key), key
-    held = fast["fast"]["codegen_allowance_bytes"]
-    added = full["required_bytes"] - (fast["required_bytes"] - held)
-    assert abs(added) <= held, (added, held)
-    assert fast["estimate"]["compiler_ms"] is None and full["estimate"]["compiler_ms"] is not None
-    print(f"{name}: first answer {fast['required_bytes'] - held:,} B + {held:,} held; whole compile "
-          f"{full['required_bytes']:,} B (code {full['generated_code_bytes']:,} B); step {fast['estimate']['step_ms']}"
-          f" (roofline) vs {full['estimate']['step_ms']} ms")
+def test_a_step_that_may_fit_gets_the_whole_compiles_answer(family_runs, name):
+    """Code generation can add gigabytes to the memory the compiler laid out (7.9 GiB on a Llama 3.1 8B v6e-8
+    step), so a step whose layout fits is compiled to the end: the default answer is the whole compile's."""
+    default, full = family_runs[name, "fast"], family_runs[name, "full"]
+    assert "fast" not in default and default["generated_code_bytes"] > 0
+    for key in ("required_bytes", "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes"):
+        assert default[key] == full[key], key
+    assert default["estimate"]["compiler_ms"] is not None
+
+
+def test_a_step_whose_layout_does_not_fit_is_answered_before_code_generation(tmp_path):
+    """GPT-3 style small at 16,384 sequences of 128 per chip on v5e: its layout alone needs more than the 15.75 GiB a
+    chip offers plus the margin, so the compile stops there and says so; the arguments are the same step's as at
+    one sequence (the weights and AdamW state), only the tokens grow."""
+    import os
+
+    from tpuprof.commands import preflight
+    from tpuprof.models.preflight import preflight_options
+
+    path = tmp_path / "gpt3.json"
+    path.write_text(json.dumps(SMALL["gpt3"]))
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    try:
+        result = preflight.model_result(preflight_options(model=str(path), tpu=TOPOLOGY, seq=SEQ, batch_per_chip=16384,
+                                                          mesh="data=4"))
+    finally:
+        os.environ.pop("XDG_CACHE_HOME") if saved is None else os.environ.__setitem__("XDG_CACHE_HOME", saved)
+    answer = result.to_dict()["targets"][0]
+    assert answer["fast"]["stage"] == "buffer_assignment" and not answer["fits"]
+    assert answer["required_bytes"] > answer["hbm_capacity_bytes"] + answer["fast"]["margin_bytes"]
+    assert answer["generated_code_bytes"] == 0 and "lower bound" in answer["fast"]["method"]
+    counted = llm.parse_config(SMALL["gpt3"], "gpt3", "gpt3").parameter_count()
+    tokens = 16384 * (SEQ + 1) * 4
+    assert counted * 12 < answer["argument_bytes"] - tokens < counted * 12 * 1.02  # tile padding on top

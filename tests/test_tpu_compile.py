@@ -169,12 +169,13 @@ def _children() -> list[int]:
 
 
 def test_a_compile_stopped_at_the_memory_layout_has_the_whole_compiles_figures(tpu_compile, tmp_path):
-    """compile_until_layout stops its child process once the buffer assignment is dumped: arguments, outputs and
-    the donated alias are the whole compile's to the byte; no code is counted; the child is gone."""
+    """compile_until_layout stops its child process once the buffer assignment is dumped and needs more than it
+    is asked about (here: anything): arguments, outputs and the donated alias are the whole compile's to the
+    byte; no code is counted; the child is gone."""
     from tests.helpers.layout_specs import Doubled
 
     before = set(_children())
-    layout = tpu_compile.compile_until_layout(Doubled(), 256, None, "v5e", tmp_path / "layout")
+    layout = tpu_compile.compile_until_layout(Doubled(), 256, None, "v5e", tmp_path / "layout", stop_above=0)
     assert set(_children()) <= before
     whole = Doubled().program(256).compile("v5e", tmp_path / "whole")
     assert (layout.stage, whole.stage) == ("buffer_assignment", "code")
@@ -190,16 +191,25 @@ def test_a_layout_shows_temporaries_beyond_hbm_or_the_compilers_refusal(tpu_comp
     from tests.helpers.layout_specs import SortedProducts
 
     try:
-        layout = tpu_compile.compile_until_layout(SortedProducts(), 80000, None, "v5e", tmp_path / "layout")
+        layout = tpu_compile.compile_until_layout(SortedProducts(), 80000, None, "v5e", tmp_path / "layout",
+                                                  stop_above=16 * 2**30)
     except tpu_compile.CompileResourceExhausted as refused:
         assert "RESOURCE_EXHAUSTED" in refused.message
     else:
-        assert layout.temp_bytes >= 80000 * 80000 * 4 > 16 * 2**30
+        assert layout.stage == "buffer_assignment" and layout.temp_bytes >= 80000 * 80000 * 4 > 16 * 2**30
+
+
+def test_a_layout_that_may_fit_is_compiled_to_the_end(tpu_compile, tmp_path):
+    """Below the bound the child is not stopped: the answer is the whole compile's (its code counted)."""
+    from tests.helpers.layout_specs import Doubled
+
+    whole = tpu_compile.compile_until_layout(Doubled(), 256, None, "v5e", tmp_path / "whole", stop_above=16 * 2**30)
+    assert whole.stage == "code" and whole.generated_code_bytes > 0
 
 
 def test_a_spec_that_refuses_in_the_child_is_the_same_sentence(tpu_compile, tmp_path):
     from tests.helpers.layout_specs import Refuses
 
     with pytest.raises(tpu_compile.UserError, match="the factory takes no batch of 3"):
-        tpu_compile.compile_until_layout(Refuses(), 3, None, "v5e", tmp_path / "layout")
+        tpu_compile.compile_until_layout(Refuses(), 3, None, "v5e", tmp_path / "layout", stop_above=0)
     assert not any((tmp_path / "layout").iterdir())

@@ -152,8 +152,8 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
         with max_batch: a batch x remat table), `dtype` ("bf16", "fp8") and `mesh` ("fsdp=-1,tensor=4").
     mesh: also for a factory with a `mesh` parameter: the Mesh it receives has these axes over the slice.
     weight_dtype: with model: "float32" (12 bytes a parameter of weights and AdamW moments) or "bfloat16" (6).
-    full: with model: compile to the end, for the program's code and the compiler's cycle estimates (default: stop
-        once the compiler has laid out the memory; `fast` in the result says what that leaves out).
+    full: with model: always compile to the end (default: stop early when the compiler's memory layout alone cannot
+        fit; `fast` in the result says so).
     ray: with model: run a sweep's compiles (several slices, remat="all") as tasks on this Ray cluster ("auto",
         "ray://HEAD:10001", "HEAD:6379"); the result is the same as on this machine.
     tokens_per_example: tokens in one example (sequence length), for tokens/s and the cost per 1M tokens.

@@ -272,7 +272,7 @@ def preflight(
     dtype: str = Option("bf16", "--dtype", metavar="bf16|fp8", help="--model: matmul operands in bf16 or fp8 (weights and optimizer state stay fp32)."),
     mesh: Optional[str] = Option(None, "--mesh", metavar="AXIS=N,...", help="--model or a factory with a `mesh` parameter: mesh axes data, fsdp, tensor, expert (-1: the rest of the devices). Default fsdp=-1."),
     weight_dtype: str = Option("float32", "--weight-dtype", metavar="float32|bfloat16", help="--model: the weights' and AdamW moments' dtype (MaxText's weight_dtype): 12 or 6 bytes per parameter."),
-    full: bool = Option(False, "--full", help="--model: compile to the end, for the program's code size and the compiler's cycle estimates of the step time (default: stop once the compiler has laid out the memory, in seconds, and say what that leaves out; a step that offloads to the host compiles to the end)."),
+    full: bool = Option(False, "--full", help="--model: always compile to the end (default: stop early, and say so, when the compiler's memory layout alone cannot fit)."),
     ray: Optional[str] = Option(None, "--ray", metavar="ADDRESS", help="--model: a sweep's compiles (several --tpu, --remat all) as tasks on a Ray cluster: auto, ray://HEAD:10001 or HEAD:6379 (needs tpuprof[ray] and jax[tpu] on the workers)."),
     no_cache: bool = Option(False, "--no-cache", help="Recompile even if a cached result exists."),
     as_json: bool = Option(False, "--json", help=JSON_HELP),

@@ -24,10 +24,10 @@ from typing import Callable
 from tpuprof import slices
 
 CACHE_FORMAT = 2  # 2: dumps keep *.after_codegen.hlo.pb (the step-time estimate reads it)
-# Held for what a compile stopped before code generation cannot know: the program's code and the scratch code
-# generation allocates in HBM (libtpu's temporaries minus the buffer assignment's). Measured on the built-in
-# step: see docs/preflight-families.md ("The fast answer").
-CODEGEN_ALLOWANCE_BYTES = 256 << 20
+# A compile stopped before code generation answers only "does not fit", and only when its layout needs more than
+# the capacity plus this: code generation has dropped at most 7 MB of temporaries on the programs measured (and
+# added up to 7.9 GiB): docs/preflight-families.md ("The first answer").
+CODEGEN_MARGIN_BYTES = 256 << 20
 STEP = 8  # batch sizes searched are multiples of 8 ...
 PREFERRED = 128  # ... and multiples of 128 are recommended when they fit (Cloud TPU performance guide)
 BATCH_LIMIT = 1 << 20  # a search stops here: larger batches make compiles slow and are not realistic
@@ -49,8 +49,8 @@ class Measurement:
     oom_message: str | None = None
     dump_dir: str | None = None
     cached: bool = False
-    # "code": a whole compile; "buffer_assignment": stopped before code generation (Compiler(layout_only=True)):
-    # required_bytes then holds CODEGEN_ALLOWANCE_BYTES for the program's code and code generation's scratch.
+    # "code": a whole compile; "buffer_assignment": stopped before code generation (Compiler(layout_only=True))
+    # because the layout alone does not fit: required_bytes is then the layout's, a lower bound.
     stage: str = "code"
 
     @property
@@ -244,7 +244,8 @@ class Compiler:
         from tpuprof.sources import tpu_compile
 
         self.spec = spec
-        # Stop each compile once the memory is laid out (tpu_compile.compile_until_layout): a spec that pickles.
+        # Stop a compile once its memory layout alone does not fit (tpu_compile.compile_until_layout): a spec that
+        # pickles.
         self.layout_only = layout_only
         self.target = slice_.topology  # what the compile layer takes: the libtpu topology, parsed back alike
         self.dtype = dtype
@@ -329,7 +330,7 @@ class Compiler:
             with _terminate_as_exit():
                 if self.layout_only:
                     result = self._tpu_compile.compile_until_layout(self.spec, batch, self.dtype, self.target,
-                                                                    staging)
+                                                                    staging, self.capacity + CODEGEN_MARGIN_BYTES)
                 else:
                     result = self.spec.program(batch, self.dtype, self.target).compile(self.target, staging)
         except BaseException as error:
@@ -352,9 +353,7 @@ class Compiler:
                 pass
             shutil.rmtree(staging.parent, ignore_errors=True)
             dump_dir = str(folder)
-        required = result.required_bytes
-        if result.stage != "code":
-            required += CODEGEN_ALLOWANCE_BYTES
+        required = result.required_bytes  # of a layout: a lower bound, above the capacity (compile_until_layout)
         return Measurement(batch, required <= self.capacity, required, result.memory_analysis(), dump_dir=dump_dir,
                            stage=result.stage)
 

@@ -282,9 +282,9 @@ def model_result(options, on_compile=None):
     return PreflightResult(f"--model {config.name}", checked, options.top)
 
 
-# A sweep's first answers (several --tpu, --remat all) at once: each compile is a child process tpuprof stops
-# (analyses.preflight.Compiler(layout_only=True)), so a thread per target only waits on its child. libtpu's
-# compile is mostly one thread, so one child per core; whole compiles (--full) run in this process, one at a time.
+# A sweep's compiles (several --tpu, --remat all) at once: each is a child process (analyses.preflight.Compiler(
+# layout_only=True), stopped early when its layout does not fit), so a thread per target only waits on its child.
+# libtpu's compile is mostly one thread, so one child per core; --full compiles in this process, one at a time.
 SWEEP_WORKERS = max(1, min(os.cpu_count() or 1, 8))
 
 
@@ -391,5 +391,5 @@ def _model_target(config, source, chosen, remat, options, report_progress):
     batches = _batches(chosen, compiled.batch_size, whole_slice=True)
     estimate = _estimate(chosen, compiled, options, tokens=seq, model=model, seq_len=seq,
                          batch_per_chip=batches.get("batch_per_chip"), whole_job="global_batch" in batches)
-    fast = FastAnswer(preflight.CODEGEN_ALLOWANCE_BYTES) if compiled.stage == "buffer_assignment" else None
+    fast = FastAnswer(preflight.CODEGEN_MARGIN_BYTES) if compiled.stage == "buffer_assignment" else None
     return PreflightTarget(chosen, compiled, cache, estimate=estimate, fast=fast, **llm_fields, **batches)

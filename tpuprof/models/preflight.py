@@ -229,11 +229,11 @@ class Compiled:
 
 @dataclass(frozen=True)
 class FastAnswer:
-    """The first answer of --model without --full: every compile stopped once the compiler had laid out the
-    program's memory (its buffer assignment), before code generation; ALLOWANCE_BYTES were held for the code and
-    code generation's scratch, which only a whole compile knows."""
+    """A --model compile stopped once the compiler had laid out the program's memory (its buffer assignment),
+    before code generation, because the layout alone needs more than the HBM offered plus MARGIN_BYTES: it does not
+    fit, and its figures are a lower bound (code generation adds to them)."""
 
-    allowance_bytes: int
+    margin_bytes: int
 
 
 @dataclass(frozen=True)

@@ -357,13 +357,14 @@ LAYOUT_SUFFIXES = (".after_optimizations.hlo.pb", ".after_optimizations-buffer-a
 
 
 def compile_until_layout(spec, batch: int, dtype: str | None, target: str, dump_dir: str | os.PathLike,
-                         poll_s: float = 0.25) -> CompileResult:
-    """Compile `spec.program(batch, dtype, target)` in a child process (tpuprof.sources.compile_child) and stop
-    it as soon as the compiler has dumped the optimized module with its buffer assignment, before code
-    generation (most of a large step's compile time: Llama 3.1 70B on v6e-256 is laid out in seconds, then
-    generates code for minutes). The figures come from the buffer assignment (layout_figures); a compile that
-    ends first (small programs, a refusal) gives its own result, and so does one that keeps memory on the host
-    (_offloads), which runs to the end. SPEC must pickle (llm.Spec does)."""
+                         stop_above: int, poll_s: float = 0.25) -> CompileResult:
+    """Compile `spec.program(batch, dtype, target)` in a child process (tpuprof.sources.compile_child); once the
+    compiler has dumped the optimized module with its buffer assignment, before code generation (most of a large
+    step's compile time: Llama 3.1 70B on v6e-256 is laid out in seconds, then generates code for minutes), stop
+    it if the layout alone already needs more than STOP_ABOVE bytes of HBM (layout_hbm_bytes): the figures are
+    then the buffer assignment's (layout_figures), a lower bound, as code generation adds to them (7.9 GiB on a
+    Llama 3.1 8B v6e-8 step). Otherwise, and when the compile ends first, the whole compile's result. SPEC must
+    pickle (llm.Spec does)."""
     import json
     import pickle
     import signal
@@ -395,11 +396,11 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: str, dump_
                         if now == sizes:  # written and no longer growing: freeze the child, then check
                             child.send_signal(signal.SIGSTOP)
                             figures = _readable_layout(ready[0])
-                            if figures is not None and not _offloads(figures):
+                            if figures is not None and layout_hbm_bytes(figures) > stop_above:
                                 child.kill()
                                 child.wait()
                                 return _layout_result(target, figures, folder)
-                            to_the_end = figures is not None  # host offload: its HBM staging comes later
+                            to_the_end = figures is not None  # it may fit: only the whole compile can say
                             child.send_signal(signal.SIGCONT)
                         sizes = now
                     time.sleep(poll_s)
@@ -422,11 +423,9 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: str, dump_
     return CompileResult(**data)
 
 
-def _offloads(figures: dict[str, int]) -> bool:
-    """Whether the program keeps anything in host memory. Code generation then allocates HBM for the transfers
-    in flight, which the buffer assignment does not show (Llama 3.1 70B on v6e-256 with --remat offload: 20.94
-    GiB of temporaries laid out, 27.42 GiB after code generation), so such a compile runs to the end."""
-    return any(figures[f"host_{kind}_bytes"] for kind in ("argument", "output", "temp"))
+def layout_hbm_bytes(figures: dict[str, int]) -> int:
+    """Arguments + outputs - aliased + temporaries in HBM, as laid out before code generation."""
+    return figures["argument_bytes"] + figures["output_bytes"] - figures["alias_bytes"] + figures["temp_bytes"]
 
 
 def _layout_files(folder: Path) -> tuple[Path, ...] | None:
