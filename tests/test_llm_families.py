@@ -206,6 +206,10 @@ def test_a_step_whose_layout_does_not_fit_is_answered_before_code_generation(tmp
     assert answer["fast"]["stage"] == "buffer_assignment" and not answer["fits"]
     assert answer["required_bytes"] > answer["hbm_capacity_bytes"] + answer["fast"]["margin_bytes"]
     assert answer["generated_code_bytes"] == 0 and "lower bound" in answer["fast"]["method"]
+    from tpuprof.renderers import markdown
+
+    document = result.to_dict()
+    assert "stopped before code generation" in markdown.render(document)  # the page and the table say it too
     counted = llm.parse_config(SMALL["gpt3"], "gpt3", "gpt3").parameter_count()
     tokens = 16384 * (SEQ + 1) * 4
     assert counted * 12 < answer["argument_bytes"] - tokens < counted * 12 * 1.02  # tile padding on top

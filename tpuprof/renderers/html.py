@@ -865,6 +865,8 @@ def _preflight(page: _Page, item: Input, top: int) -> None:
             verdict += ' <span class="oom">not in host memory</span>'
         if t.get("verdict"):
             verdict += f' <span class="meta">{esc(t["verdict"])}</span>'
+        if t.get("fast"):  # stopped at the memory layout: its figures are a lower bound
+            verdict += f' <span class="meta">{esc(t["fast"]["method"])}</span>'
         largest = esc(t.get("max_batch_size") or "")
         if largest and t.get("max_batch_bound") not in (None, "hbm"):  # bound by the host or the search limit
             largest += f' <span class="meta">({esc(t["max_batch_bound"].replace("_", " "))})</span>'

@@ -112,6 +112,8 @@ def _preflight(document: dict, top: int) -> list[str]:
                     f"{fits_word(True) if t.get('host_fits') else '❌ more than a device may hold'}"
                     if t.get("host_capacity_bytes") else "no host budget known for this generation")
             out += [f"{name}: host memory (offloaded, not HBM) {fmt_bytes(t['host_bytes'])} ({host}).", ""]
+        if t.get("fast"):  # stopped at the memory layout: its figures are a lower bound
+            out += [f"{name}: {cell(t['fast']['method'])}.", ""]
         if t.get("max_batch_bound") and t.get("max_batch_size") is not None:  # else the verdict says why
             from tpuprof.renderers.preflight import bound_words
 
