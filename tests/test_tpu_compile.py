@@ -168,20 +168,30 @@ def _children() -> list[int]:
     return found
 
 
-def test_a_compile_stopped_at_the_memory_layout_has_the_whole_compiles_figures(tpu_compile, tmp_path):
-    """compile_until_layout stops its child process once the buffer assignment is dumped and needs more than it
-    is asked about (here: anything): arguments, outputs and the donated alias are the whole compile's to the
-    byte; no code is counted; the child is gone."""
+def test_the_layout_counts_what_the_whole_compile_counts(tpu_compile, tmp_path):
+    """layout_figures over a whole compile's own dump: arguments, outputs, the donated alias and host memory are
+    the compiler's memory_analysis() to the byte (temporaries differ: code generation changes them)."""
     from tests.helpers.layout_specs import Doubled
 
-    before = set(_children())
-    layout = tpu_compile.compile_until_layout(Doubled(), 256, None, "v5e", tmp_path / "layout", stop_above=0)
-    assert set(_children()) <= before
     whole = Doubled().program(256).compile("v5e", tmp_path / "whole")
-    assert (layout.stage, whole.stage) == ("buffer_assignment", "code")
-    for name in ("argument_bytes", "output_bytes", "alias_bytes", "host_temp_bytes"):
-        assert getattr(layout, name) == getattr(whole, name), name
-    assert layout.alias_bytes == 256 * 1024 * 4 and layout.generated_code_bytes == 0 < whole.generated_code_bytes
+    figures = tpu_compile.layout_figures(whole.hlo_proto)
+    for name in ("argument_bytes", "output_bytes", "alias_bytes", "host_argument_bytes", "host_temp_bytes"):
+        assert figures[name] == getattr(whole, name), name
+    assert figures["alias_bytes"] == 256 * 1024 * 4
+
+
+def test_a_compile_is_stopped_at_its_memory_layout(tpu_compile, tmp_path):
+    """Asked to stop above 0 bytes, compile_until_layout stops its child once the buffer assignment is dumped
+    (a sort of a [1024, 1024] product: laid out in seconds, code generated in about a minute): the figures are
+    the layout's, no code is counted, and the child is gone."""
+    from tests.helpers.layout_specs import SortedProducts
+
+    before = set(_children())
+    layout = tpu_compile.compile_until_layout(SortedProducts(), 1024, None, "v5e", tmp_path / "layout", stop_above=0)
+    assert set(_children()) <= before
+    assert layout.stage == "buffer_assignment" and layout.generated_code_bytes == 0
+    assert layout.memory_analysis()["argument_size_in_bytes"] == 1024 * 128 * 4
+    assert tpu_compile.layout_figures(layout.hlo_proto)["temp_bytes"] == layout.temp_bytes >= 1024 * 1024 * 4
     assert any(f.endswith("-buffer-assignment.txt") for f in layout.files)
 
 

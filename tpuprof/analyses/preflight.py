@@ -312,6 +312,9 @@ class Compiler:
     def _compile(self, batch: int, folder: Path | None) -> Measurement:
         if self.on_compile:
             self.on_compile(batch)
+        # The user's factory runs here, outside the SIGTERM handler below (a handler raising inside an import of a
+        # C extension can crash the interpreter); a layout's child process builds the program itself.
+        program = None if self.layout_only else self.spec.program(batch, self.dtype, self.target)
         staging = None
         if folder is not None:
             try:
@@ -332,7 +335,7 @@ class Compiler:
                     result = self._tpu_compile.compile_until_layout(self.spec, batch, self.dtype, self.target,
                                                                     staging, self.capacity + CODEGEN_MARGIN_BYTES)
                 else:
-                    result = self.spec.program(batch, self.dtype, self.target).compile(self.target, staging)
+                    result = program.compile(self.target, staging)
         except BaseException as error:
             # Ctrl-C, SIGTERM (a scheduler's time limit) or a failed compile: the half-written dump goes.
             if staging is not None:
