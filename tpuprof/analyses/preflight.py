@@ -316,38 +316,28 @@ class Compiler:
         # C extension can crash the interpreter); a layout's child process builds the program itself.
         program = None if self.layout_only else self.spec.program(batch, self.dtype, self.target)
         staging = None
-        if folder is not None:
+        # SIGTERM from here on ends the compile as Ctrl-C does, so the staging folder is never left behind.
+        with _terminate_as_exit():
             try:
-                folder.parent.mkdir(parents=True, exist_ok=True)
-                remove_stale_staging(folder.parent)
-                # The process id in the name: a later run removes the folder if this process dies (SIGKILL).
-                staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.{STAGING_MARK}{os.getpid()}.",
-                                                dir=folder.parent)) / "dump"
-            except OSError as error:
-                from tpuprof.errors import UserError
-
-                raise UserError(f"cannot write the compile cache in {folder.parent} ({error.strerror}): "
-                                "point XDG_CACHE_HOME at a writable folder.") from None
-        self.compiles += 1
-        try:
-            with _terminate_as_exit():
+                staging = self._staging(folder)
+                self.compiles += 1
                 if self.layout_only:
                     result = self._tpu_compile.compile_until_layout(self.spec, batch, self.dtype, self.target,
                                                                     staging, self.capacity + CODEGEN_MARGIN_BYTES)
                 else:
                     result = program.compile(self.target, staging)
-        except BaseException as error:
-            # Ctrl-C, SIGTERM (a scheduler's time limit) or a failed compile: the half-written dump goes.
-            if staging is not None:
-                shutil.rmtree(staging.parent, ignore_errors=True)
-            if isinstance(error, self._tpu_compile.CompileResourceExhausted):
-                return Measurement(batch, False, None, oom_message=error.message)
-            if isinstance(error, self._tpu_compile.CompileFailed):
-                from tpuprof.errors import UserError
+            except BaseException as error:
+                # Ctrl-C, SIGTERM (a scheduler's time limit) or a failed compile: the half-written dump goes.
+                if staging is not None:
+                    shutil.rmtree(staging.parent, ignore_errors=True)
+                if isinstance(error, self._tpu_compile.CompileResourceExhausted):
+                    return Measurement(batch, False, None, oom_message=error.message)
+                if isinstance(error, self._tpu_compile.CompileFailed):
+                    from tpuprof.errors import UserError
 
-                raise UserError(f"libtpu could not compile {self.spec.text} at batch {batch} for "
-                                f"{self.target}: {str(error).strip().splitlines()[0]}") from None
-            raise
+                    raise UserError(f"libtpu could not compile {self.spec.text} at batch {batch} for "
+                                    f"{self.target}: {str(error).strip().splitlines()[0]}") from None
+                raise
         dump_dir = None
         if staging is not None:
             try:
@@ -359,6 +349,24 @@ class Compiler:
         required = result.required_bytes  # of a layout: a lower bound, above the capacity (compile_until_layout)
         return Measurement(batch, required <= self.capacity, required, result.memory_analysis(), dump_dir=dump_dir,
                            stage=result.stage)
+
+    @staticmethod
+    def _staging(folder: Path | None) -> Path | None:
+        """A fresh folder beside FOLDER for the compile's dump until it is complete (None: no dump kept)."""
+        if folder is None:
+            return None
+        try:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_staging(folder.parent)
+            # The process id in the name: a later run removes the folder if this process dies (SIGKILL).
+            return Path(tempfile.mkdtemp(prefix=f".{folder.name}.{STAGING_MARK}{os.getpid()}.",
+                                         dir=folder.parent)) / "dump"
+        except OSError as error:
+            from tpuprof.errors import UserError
+
+            raise UserError(f"cannot write the compile cache in {folder.parent} ({error.strerror}): "
+                            "point XDG_CACHE_HOME at a writable folder.") from None
+
 
 STAGING_MARK = "staging-"  # .<key>.staging-<pid>.<random>: a compile's dump until it is complete
 STALE_UNKNOWN_OWNER_S = 24 * 3600  # a staging folder without a process id (older tpuprof) is stale after a day
