@@ -85,3 +85,12 @@ def test_a_module_fixture_is_built_once_over_two_workers(pytester, monkeypatch):
     result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadgroup", "-p", "helpers.workers")
     result.assert_outcomes(passed=16)
     assert builds.read_text().splitlines() == ["built"]
+
+
+def test_no_fixture_of_pytest_joins_the_suites_tests(request, tmp_path):
+    """Over this run's own tests: tmp_path is built from pytest's session-scoped tmp_path_factory, and `make test`'s
+    .venv lies inside the clone. A test like this one, with only function-scoped fixtures of the suite, shares
+    nothing and belongs to no group (when pytest's fixtures counted as the suite's, every test was in one group and
+    one worker ran the whole suite)."""
+    groups = worker_groups(request.session.items)
+    assert request.node.nodeid not in groups

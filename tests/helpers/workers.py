@@ -17,6 +17,7 @@ import inspect
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -76,8 +77,12 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def _ours(definition, root: Path) -> bool:
-    """Whether a fixture is the suite's (a test file's or conftest's), not pytest's or a plugin's (tmp_path_factory)."""
-    return root in Path(inspect.getfile(definition.func)).resolve().parents
+    """Whether a fixture is the suite's (a test file's or conftest's), not pytest's or a plugin's (tmp_path_factory).
+    `make test`'s .venv lies inside the clone: a file under the root is ours only outside the installed packages,
+    else tmp_path_factory's session scope joins every test into one group and one worker runs the whole suite."""
+    path = Path(inspect.getfile(definition.func)).resolve()
+    installed = Path(sys.prefix).resolve()
+    return root in path.parents and installed not in path.parents and "site-packages" not in path.parts
 
 
 def longest_first(items, groups: dict[str, str]) -> list:
