@@ -96,8 +96,10 @@ def test_long_names_keep_both_ends():
 @pytest.mark.slow
 @pytest.mark.compile
 def test_preflight_table_fits(compile_cache):
-    """Two generations side by side, compiled with libtpu (one small compile each, cached for the 2nd width)."""
-    args = ["preflight", f"{SAMPLES / 'models' / 'conv18.py'}:factory", "--tpu", "v5e,v6e", "--batch", "8"]
+    """Two generations side by side with their bfloat16 compiles: the program and options of test_preflight.py's
+    two-generations test, so that the run's compile cache holds them once for both tests and every width."""
+    args = ["preflight", f"{SAMPLES / 'models' / 'mlp.py'}:factory", "--tpu", "v5e,v6e", "--batch", "256",
+            "--compare-bf16"]
     env = {"XDG_CACHE_HOME": str(compile_cache)}
     reference = run_cli(*args, env={**env, "COLUMNS": "200"}, timeout=600)
     assert reference.returncode == 0, reference.stderr
