@@ -64,11 +64,11 @@ def verdict_words(t: dict) -> str:
         return t["verdict"]
     required, capacity = t.get("required_bytes"), t.get("hbm_capacity_bytes")
     if t.get("fits"):
-        hbm = f"({required / capacity:.0%} of HBM, {fmt_bytes(capacity - required)} spare)" \
+        hbm = f" ({required / capacity:.0%} of HBM, {fmt_bytes(capacity - required)} spare)" \
             if required is not None and capacity else ""
         if t.get("host_fits") is False:  # HBM is not all: what it offloads does not fit the host
-            return f"fits in HBM {hbm}, not in host memory".replace("  ", " ")
-        return f"{fits_word(True)} {hbm}".strip()
+            return f"fits in HBM{hbm}, not in host memory"
+        return f"{fits_word(True)}{hbm}"
     if t.get("fits") is None:
         return fits_word(None)
     if required is not None and capacity:
