@@ -312,7 +312,7 @@ def test_preflight_terminal_markdown_page_and_notebook_say_the_same_facts(name, 
     saved = ROOT / "tests" / "golden" / "preflight" / f"{name}.json"
     document = json.loads(saved.read_text())
     shown = section(document, top=5)
-    said = _facts(shown)
+    said = _facts(shown) + [fact for memory in shown.sections for fact in _facts(memory)]  # a compile's module
     cells = [c.strip() for b in shown.blocks if isinstance(b, Table) for row in b.rows for c in row if c.strip()]
     target = document["targets"][0]
     if target["fits"]:

@@ -42,8 +42,8 @@ def section(document: dict, top: int = TOP, spec: str | None = None) -> Section:
         out.blocks.append(Note(_estimate_method()))
     if targets[0].get("cache"):
         out.blocks.append(Note(f"compiles are cached in {targets[0]['cache']} (--no-cache to recompile)"))
-    out.sections += [module_section(t["memory"], top, f"{target_label(t)} at batch {t.get('batch_size')}: "
-                                                      f"{MEMORY_TITLE}")
+    out.sections += [Section(f"{target_label(t)} at batch {t.get('batch_size')}: {MEMORY_TITLE}",
+                             sections=[module_section(t["memory"], top)])
                      for t in targets if isinstance(t.get("memory"), dict)]
     return out
 

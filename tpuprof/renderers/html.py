@@ -836,7 +836,7 @@ def _preflight(page: _Page, item: Input, top: int) -> None:
         shown.blocks.insert(at, Plot(lambda: _curve_figure(curves)))
     page.add(html(shown, page.figure_html))
     for sub, t in zip(memory, [t for t in targets if isinstance(t.get("memory"), dict)]):
-        _memory_module(page, t["memory"], top, sub.title)
+        _memory_module(page, t["memory"], top, f"{sub.title}: {sub.sections[0].title}")
 
 
 def _curve_figure(targets: list[dict]):
