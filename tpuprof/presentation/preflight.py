@@ -19,8 +19,6 @@ MISSING = "-"  # a figure a slice lacks; a row no slice has is left out
 
 def section(document: dict, top: int = TOP, spec: str | None = None) -> Section:
     """SPEC: the step or model as the user named it (the command line knows it; the document does not)."""
-    from tpuprof.documents_preflight import target_label
-
     targets = [t for t in document.get("targets") or [] if isinstance(t, dict)]
     out = Section("tpuprof preflight" + (f" {spec}" if spec else ""))
     if not targets:
@@ -79,13 +77,26 @@ def verdict_words(t: dict) -> str:
 
 # --- the figures side by side --------------------------------------------------------------------------------
 
-def _header(t: dict) -> str:
-    from tpuprof.documents_preflight import target_label
+def target_label(t: dict) -> str:
+    """The slice as people name it (tpuprof/documents_preflight.py words it); a document read back that names
+    neither its slice nor its generation is 'the target'."""
+    from tpuprof.documents_preflight import target_label as label
 
+    try:
+        return label(t)
+    except (AttributeError, KeyError, TypeError):
+        return str(t.get("target") or "the target")
+
+
+def _header(t: dict) -> str:
     device = t.get("device")  # an older document names the device in words
     device = device.get("description") if isinstance(device, dict) else device
     inside = "; ".join(part for part in (t.get("topology"), f"per device = {device}" if device else None) if part)
     return target_label(t) + (f" ({inside})" if inside else "")
+
+
+def _count(value) -> int:
+    return value if isinstance(value, int) else 0
 
 
 def _part(t: dict, key: str) -> dict:
@@ -129,7 +140,7 @@ def _memory_rows(targets: list[dict], sharded: bool) -> list:
              ("batch per chip / global", lambda t: f"{t['batch_per_chip']} / {t['global_batch']}"
               if t.get("global_batch") is not None else MISSING),
              ("required (args+out-alias+temp+code)", _size("required_bytes"))]
-    if any(_part(t, "device").get("devices_per_chip", 1) > 1 for t in targets):
+    if any(_count(_part(t, "device").get("devices_per_chip")) > 1 for t in targets):
         rows.append(("required per chip", lambda t: fmt_bytes(t["required_bytes"] * t["device"]["devices_per_chip"])
                      if t.get("required_bytes") is not None else MISSING))
     rows += [("HBM the compiler offers", _size("hbm_capacity_bytes")),
