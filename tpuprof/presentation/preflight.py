@@ -30,11 +30,11 @@ def section(document: dict, top: int = TOP, spec: str | None = None) -> Section:
     out.blocks += [Verdict(target_label(t), _fits(t), verdict_words(t)) for t in targets]
     columns = (text(""),) + tuple(text(_header(t)) for t in targets)
     out.blocks.append(Table(columns, _rows(_memory_rows(targets, sharded), targets)))
-    if any(t.get("estimate") for t in targets):
+    estimated = any(t.get("estimate") for t in targets)
+    if estimated:
         out.blocks.append(Table(columns, _rows(_estimate_rows(), targets), ESTIMATE_TITLE))
     for t in targets:
         out.blocks += _details(t, target_label(t))
-    estimated = [t for t in targets if t.get("estimate")]
     if estimated:
         out.blocks += [Fact("which TPU", line) for line in _choice(targets)]
         out.blocks.append(Note(_estimate_method()))
