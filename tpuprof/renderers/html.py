@@ -118,13 +118,6 @@ class _Page:
         return drawn
 
 
-def _caveats(page: _Page, items: list | None, what: str = "") -> None:
-    """What an estimate leaves out, under the figures it qualifies (folded: the figures come first)."""
-    if items:
-        page.add(f'<details class="caveats"><summary>Caveats{" (" + esc(what) + ")" if what else ""}</summary><ul>'
-                 + "".join(f"<li>{prose(c)}</li>" for c in items) + "</ul></details>")
-
-
 def render(inputs: list[Input], top: int = 15, title: str | None = None) -> str:
     from plotly.offline import get_plotlyjs
 
