@@ -29,11 +29,11 @@ ALLOWED = {
     "sources": {"models"},
     "analyses": {"sources", "models"},
     "advice": {"analyses", "models"},
-    # A renderer may use the prose a document writes (preflight's slice labels, ranking and verdict words), so
-    # that the table and the document say it in the same words.
-    "renderers": {"models", "presentation", "documents_preflight"},
-    # What a person is shown (tpuprof/presentation): built from a command's document, printed by the renderers.
-    "presentation": {"models"},
+    "renderers": {"models", "presentation"},
+    # What a person is shown (tpuprof/presentation): built from a command's document, printed by the renderers. It
+    # may use the prose a document writes (preflight's slice labels, ranking and unsharded-weights words), so that
+    # the section and the document say it in the same words.
+    "presentation": {"models", "documents_preflight"},
     # The versioned JSON document of a command, built from its typed result (serve's first; issue 32's document
     # layer): it reads analyses' results and is read by results, renderers and commands.
     "documents_serve": {"analyses", "advice", "models"},
@@ -47,7 +47,6 @@ ALLOWED = {
 DOCUMENT_LAYER = "to move with the document layer (issue 32): the renderer reads what the document should carry"
 # (importer, imported) -> why the crossing remains.
 KNOWN_CROSSINGS = {
-    ("tpuprof.renderers.preflight", "tpuprof.analyses.step_estimate"): DOCUMENT_LAYER,
     ("tpuprof.renderers.trace", "tpuprof.analyses.chips"): DOCUMENT_LAYER,
     ("tpuprof.renderers.trace", "tpuprof.analyses.top_ops"): DOCUMENT_LAYER,
     ("tpuprof.renderers.capture", "tpuprof.sources.addresses"): DOCUMENT_LAYER,

@@ -295,3 +295,40 @@ def test_an_edited_analyze_document_is_one_sentence(tmp_path, edit, field):
     document = json.loads(run_cli("analyze", SAMPLES / "captures" / "jax_two_hosts_straggler", "--json").stdout)
     edit(document)
     _report_refuses(tmp_path, document, field)
+
+
+@pytest.mark.parametrize("name", ["mlp_factory_bf16", "mlp_too_large"])
+def test_preflight_terminal_markdown_page_and_notebook_say_the_same_facts(name, tmp_path, capsys, monkeypatch):
+    """A real preflight document (checked-in golden: one that fits with its step estimate, bf16 comparison and
+    compiled memory; one the compiler refused): the verdict, every figure of the side-by-side tables, the slowest
+    ops, which TPU, the refusal and the compile's memory, in every printer."""
+    from conftest import ROOT
+    from tpuprof.presentation.preflight import section
+    from tpuprof.presentation import Table
+    from tpuprof.renderers import notebook
+    from tpuprof.renderers.markdown import render
+    from tpuprof.renderers.preflight import print_document
+
+    saved = ROOT / "tests" / "golden" / "preflight" / f"{name}.json"
+    document = json.loads(saved.read_text())
+    shown = section(document, top=5)
+    said = _facts(shown) + [fact for memory in shown.sections for fact in _facts(memory)]  # a compile's module
+    cells = [c.strip() for b in shown.blocks if isinstance(b, Table) for row in b.rows for c in row if c.strip()]
+    target = document["targets"][0]
+    if target["fits"]:
+        assert "fits (2% of HBM, 15.51 GiB spare)" in said and any(s.startswith("cheapest that fits: v5e") for s in said)
+        assert "245.29 MiB" in cells and "3.27 ms (2.66-4.02 ms)" in cells and "94.10 MiB" in cells  # bf16
+        assert any(s.startswith("jit(_step)/jvp()/dot_general (mlp.py:22)") for s in said)  # the slowest ops
+    else:
+        assert "does not fit (the compiler refused it: RESOURCE_EXHAUSTED)" in said
+        assert any("the compiler ran out of memory at batch 8: RESOURCE_EXHAUSTED" in s for s in said)
+    monkeypatch.setenv("COLUMNS", "400")
+    print_document(document, 5)
+    terminal = _plain(capsys.readouterr().out)
+    markdown = _plain(render(document))
+    run_cli("report", saved, "-o", tmp_path / "page.html")
+    page = _text((tmp_path / "page.html").read_text())
+    cell = _text(notebook._preflight(document))  # the notebook cell's body (a result would compile again)
+    for printed, output in (("terminal", terminal), ("markdown", markdown), ("page", page), ("notebook", cell)):
+        missing = [fact for fact in said + cells if fact.replace("`", "") not in output]
+        assert not missing, (printed, missing)

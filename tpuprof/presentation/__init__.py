@@ -46,6 +46,12 @@ def _oom(document: dict) -> Section:
     return section(document)
 
 
+def _preflight(document: dict) -> Section:
+    from tpuprof.presentation.preflight import section
+
+    return section(document)
+
+
 def _serve(document: dict) -> Section:
     from tpuprof.presentation.serve import section
 
@@ -53,4 +59,4 @@ def _serve(document: dict) -> Section:
 
 
 BUILDERS: dict[str, Callable[[dict], Section]] = {"analyze": _analyze, "diff": _diff, "memory": _memory, "oom": _oom,
-                                                  "serve": _serve}
+                                                  "preflight": _preflight, "serve": _serve}

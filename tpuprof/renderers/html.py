@@ -12,7 +12,7 @@ import datetime as _dt
 import math
 from itertools import count
 
-from tpuprof.units import fmt_bytes, fmt_ms, fmt_usd
+from tpuprof.units import fmt_bytes
 from tpuprof.presentation import fits_share, fits_word
 from tpuprof.renderers.printers import esc, prose
 from tpuprof.sources.inputs import KIND_LABELS, MEMORY, OOM, PREFLIGHT, SERVE, STEPS, Input
@@ -116,13 +116,6 @@ class _Page:
         drawn = "".join(self.parts[mark:])
         del self.parts[mark:]
         return drawn
-
-
-def _caveats(page: _Page, items: list | None, what: str = "") -> None:
-    """What an estimate leaves out, under the figures it qualifies (folded: the figures come first)."""
-    if items:
-        page.add(f'<details class="caveats"><summary>Caveats{" (" + esc(what) + ")" if what else ""}</summary><ul>'
-                 + "".join(f"<li>{prose(c)}</li>" for c in items) + "</ul></details>")
 
 
 def render(inputs: list[Input], top: int = 15, title: str | None = None) -> str:
@@ -364,14 +357,15 @@ def _memory(page: _Page, item: Input, top: int) -> None:
         _memory_module(page, m, top)
 
 
-def _memory_module(page: _Page, m: dict, top: int) -> None:
+def _memory_module(page: _Page, m: dict, top: int, title: str | None = None) -> None:
     """One module: what `tpuprof memory` presents (tpuprof/presentation/memory.py) but its tables, which the page
-    replaces by the padding wasters and padding by op, each with its chart and fixes; then the curve."""
+    replaces by the padding wasters and padding by op, each with its chart and fixes; then the curve. TITLE: the
+    section's own (another command's compile names its target)."""
     from tpuprof.presentation import Fixes, Table
     from tpuprof.presentation.memory import module_section
     from tpuprof.renderers.printers import html
 
-    summary = module_section(m, top)
+    summary = module_section(m, top, title)
     summary.blocks = [b for b in summary.blocks if not isinstance(b, (Table, Fixes))]
     page.add(html(summary, page.figure_html))
     _memory_timeline(page, m)
@@ -818,95 +812,44 @@ def _allocations_figure(allocations: list[dict]):
     return fig
 
 
-def _slice_comparison(page: _Page, targets: list[dict]) -> None:
-    """One row per slice: its size, the mesh, the batch per chip and global, the memory per chip, and the
-    step-time band and cost of each (from the estimate, where there is one)."""
-
-    def per_chip(t, key):
-        value = t.get(key)
-        devices = (t.get("device") or {}).get("devices_per_chip", 1) if isinstance(t.get("device"), dict) else 1
-        return esc(fmt_bytes(value * devices)) if value is not None else ""
-
-    rows = []
-    for t in targets:
-        s = t.get("slice") or {}
-        e = t.get("estimate") or {}
-        band = esc(fmt_ms(e["step_ms"], e["step_ms_low"], e["step_ms_high"])) if e.get("step_ms") is not None else ""
-        cost = e.get("cost_per_million_tokens") or e.get("cost_per_million_examples")
-        unit = "tokens" if e.get("cost_per_million_tokens") else "examples"
-        mesh = " ".join(f"{axis}={size}" for axis, size in (t.get("mesh") or {}).items() if size > 1)
-        batch = (esc(f"{t.get('batch_per_chip')} / {t.get('global_batch')}") if t.get("global_batch") is not None
-                 else esc(t.get("batch_per_chip", t.get("batch_size", ""))))
-        weights = esc(fmt_bytes(t["state_bytes_per_chip"])) if t.get("state_bytes_per_chip") else ""
-        unsharded = t.get("unsharded")
-        if unsharded:  # weights the mesh cannot divide (see the preflight table's line)
-            weights += (f' <span class="meta">{esc(fmt_bytes(unsharded["state_bytes_per_chip"]))} not sharded'
-                        + (f'; --mesh {esc(unsharded["mesh"])} shards it' if unsharded.get("mesh") else "")
-                        + "</span>")
-        rows.append([f'{esc(s.get("name") or t.get("target"))} <span class="meta">{esc(s.get("topology", t.get("topology")))}'
-                     f'{" x " + esc(s["num_slices"]) + " slices" if s.get("num_slices") else ""}</span>',
-                     esc(s.get("chips", "")), esc(mesh), batch, per_chip(t, "required_bytes"), weights,
-                     band, esc(f'{e.get("tokens_per_s_per_chip") or e["tokens_per_s"]:,}') if e.get("tokens_per_s") else "",
-                     esc(f"{fmt_usd(cost)} / 1M {unit}") if cost else ""])
-    page.add("<h3>Slice comparison</h3>" if len(targets) > 1 else "<h3>Step estimate</h3>")
-    page.add(_table(["slice", "chips", "mesh", "batch per chip / global", "memory per chip", "weights + AdamW per chip",
-                     "step (band)", "tokens/s per chip", "cost"], rows, {1, 3, 4, 5, 6, 7, 8}))
-
-
 def _preflight(page: _Page, item: Input, top: int) -> None:
+    """What `tpuprof preflight` presents (tpuprof/presentation/preflight.py), with the chart of memory against the
+    batch under the figures; each compile's memory as the page shows a memory module (its padding charts)."""
+    from tpuprof.presentation import Plot, Table
+    from tpuprof.presentation.preflight import MEMORY_TITLE, section
+    from tpuprof.renderers.printers import html
+
+    targets = [t for t in item.document.get("targets") or [] if isinstance(t, dict)]
+    shown = section(item.document, max(top, 1))
+    memory = [s for s in shown.sections if s.title.endswith(MEMORY_TITLE)]
+    shown.sections = [s for s in shown.sections if s not in memory]
+    curves = [t for t in targets if len([p for p in t.get("curve") or [] if p.get("required_bytes") is not None]) > 1]
+    if curves:  # one point is no curve
+        at = next((i + 1 for i, b in enumerate(shown.blocks) if isinstance(b, Table)), len(shown.blocks))
+        shown.blocks.insert(at, Plot(lambda: _curve_figure(curves)))
+    page.add(html(shown, page.figure_html))
+    for sub, t in zip(memory, [t for t in targets if isinstance(t.get("memory"), dict)]):
+        _memory_module(page, t["memory"], top, f"{sub.title}: {sub.sections[0].title}")
+
+
+def _curve_figure(targets: list[dict]):
     import plotly.graph_objects as go
 
-    targets = item.document["targets"]
-    rows = []
+    unit, size = byte_unit(max([p["required_bytes"] or 0 for t in targets for p in t["curve"]]
+                               + [t.get("hbm_capacity_bytes") or 0 for t in targets]))
+    fig = go.Figure()
     for t in targets:
-        fits = t.get("fits")
-        verdict = f'<span class="{"fit" if fits else "oom"}">{fits_word(fits)}</span>' if fits is not None else ""
-        if fits and t.get("host_fits") is False:
-            verdict += ' <span class="oom">not in host memory</span>'
-        if t.get("verdict"):
-            verdict += f' <span class="meta">{esc(t["verdict"])}</span>'
-        if t.get("fast"):  # stopped at the memory layout: its figures are a lower bound
-            verdict += f' <span class="meta">{esc(t["fast"]["method"])}</span>'
-        largest = esc(t.get("max_batch_size") or "")
-        if largest and t.get("max_batch_bound") not in (None, "hbm"):  # bound by the host or the search limit
-            largest += f' <span class="meta">({esc(t["max_batch_bound"].replace("_", " "))})</span>'
-        bf16 = t.get("bf16") or {}
-        rows.append([f'{esc(t.get("target"))} <span class="meta">{esc(t.get("topology"))}</span>',
-                     esc(t.get("batch_size", "")), verdict,
-                     esc(fmt_bytes(t["required_bytes"])) if t.get("required_bytes") is not None else "",
-                     esc(fmt_bytes(t["hbm_capacity_bytes"])) if t.get("hbm_capacity_bytes") else "",
-                     largest, esc(bf16.get("max_batch_size") or "")])
-    page.add(_table(["target", "batch", "verdict", "required", "HBM", "max batch", "max batch bf16"], rows,
-                    {1, 3, 4, 5, 6}))
-    if len(targets) > 1 or any(t.get("mesh") or t.get("estimate") for t in targets):
-        _slice_comparison(page, targets)
-    for t in targets:
-        _caveats(page, (t.get("estimate") or {}).get("caveats"), f"{t.get('target')} step estimate")
-        _caveats(page, t.get("caveats"), f"{t.get('target')} largest batch")
-        _caveats(page, ((t.get("oom") or {}).get("batch_estimate") or {}).get("caveats"),
-                 f"{t.get('target')} batch estimate")
-    curves = [t for t in targets if len(t.get("curve") or []) > 1]  # one point is no curve
-    if curves:
-        unit, size = byte_unit(max([p["required_bytes"] or 0 for t in curves for p in t["curve"]]
-                                   + [t.get("hbm_capacity_bytes") or 0 for t in curves]))
-        fig = go.Figure()
-        for t in curves:
-            points = sorted((p for p in t["curve"] if p["required_bytes"] is not None), key=lambda p: p["batch_size"])
-            fig.add_scatter(x=[p["batch_size"] for p in points], y=[p["required_bytes"] / size for p in points],
-                            mode="lines+markers", name=esc(f"{t.get('target')} required"),
-                            customdata=[fmt_bytes(p["required_bytes"]) for p in points],
-                            hovertemplate="batch %{x}: %{customdata} required<extra></extra>")
-            if t.get("hbm_capacity_bytes"):
-                fig.add_hline(y=t["hbm_capacity_bytes"] / size, line=dict(dash="dot"),
-                              annotation_text=esc(f"{t.get('target')} HBM {fmt_bytes(t['hbm_capacity_bytes'])}"))
-        fig.update_layout(title="Memory vs batch size (measured compiles)", xaxis_title="per-chip batch (examples)",
-                          yaxis_title=f"HBM required ({unit})", legend=_TOP_LEGEND)
-        page.figure(fig)
-    for t in targets:
-        if t.get("oom", {}).get("headline"):
-            page.add(f'<p class="oom mono">{esc(t.get("target"))}: {esc(t["oom"]["headline"])}</p>')
-        if t.get("memory"):  # the memory command's analysis of the compiled module
-            _memory_module(page, {**t["memory"], "name": f"{t.get('target')}: {t['memory'].get('name')}"}, top)
+        points = sorted((p for p in t["curve"] if p["required_bytes"] is not None), key=lambda p: p["batch_size"])
+        fig.add_scatter(x=[p["batch_size"] for p in points], y=[p["required_bytes"] / size for p in points],
+                        mode="lines+markers", name=esc(f"{t.get('target')} required"),
+                        customdata=[fmt_bytes(p["required_bytes"]) for p in points],
+                        hovertemplate="batch %{x}: %{customdata} required<extra></extra>")
+        if t.get("hbm_capacity_bytes"):
+            fig.add_hline(y=t["hbm_capacity_bytes"] / size, line=dict(dash="dot"),
+                          annotation_text=esc(f"{t.get('target')} HBM {fmt_bytes(t['hbm_capacity_bytes'])}"))
+    fig.update_layout(title="Memory vs batch size (measured compiles)", xaxis_title="per-chip batch (examples)",
+                      yaxis_title=f"HBM required ({unit})", legend=_TOP_LEGEND)
+    return fig
 
 
 def _serve(page: _Page, item: Input, top: int) -> None:

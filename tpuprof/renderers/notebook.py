@@ -71,10 +71,10 @@ def _oom(document: dict) -> str:
 
 
 def _preflight(document: dict) -> str:
-    rows = [[t.get("target"), t.get("batch_size"), "fits" if t.get("fits") else "does not fit",
-             fmt_bytes(t.get("required_bytes")), fmt_bytes(t.get("hbm_capacity_bytes")),
-             t.get("max_batch_size") or "", t.get("verdict") or ""] for t in document["targets"]]
-    return _table(["target", "batch", "verdict", "required", "HBM", "max batch", ""], rows, numeric={1, 3, 4, 5})
+    from tpuprof.presentation.preflight import section
+    from tpuprof.renderers.printers import html
+
+    return html(section(document, ROWS))
 
 
 def _diff(document: dict) -> str:

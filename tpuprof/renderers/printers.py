@@ -159,7 +159,8 @@ def markdown(section: Section, level: int = 2) -> list[str]:
         elif isinstance(block, Fact):
             lines.append(f"- **{block.label}**: {block.value}")
         elif isinstance(block, Note):
-            lines += [f"- ❌ {block.text}" if block.kind == "problem" else block.text, ""]
+            # a paragraph after a list item needs a blank line first, or it continues the item
+            lines += [f"- ❌ {block.text}", ""] if block.kind == "problem" else ["", block.text, ""]
         elif isinstance(block, Fixes):
             lines += ["", *fixes(list(block.items))]
         elif isinstance(block, Command):
