@@ -49,6 +49,8 @@ CASES = [
     ("json_nested_5000_deep.json", "report", 2, "nested too deeply"),
     ("json_pod_not_an_object.json", "report", 2, "steps.pod should be an object, not the number 5"),
     ("json_preflight_slice_not_an_object.json", "report", 2, "targets[0].slice should be an object, not a list"),
+    # A module's caveats given as a number (the memory section listed them).
+    ("json_module_caveats_not_a_list.json", "report", 2, "caveats should be a list, not the number 5"),
     # An analyze document whose roofline ridge underflows to 0 when quartered (the log axis had no range).
     ("json_roofline_ridge_underflow.json", "report", 0, ""),
     # A preflight document whose dump_dir is longer than a file name may be (is_dir raised OSError).

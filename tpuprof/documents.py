@@ -34,7 +34,7 @@ TIMELINE = {"position!": ["int"], "padded_bytes!": ["num"], "unpadded_bytes": ["
             "length": "?int"}
 MODULE = {"name!": "str", "source": "?str", "source_kind": "?str", "target": "?str", "estimated": "?bool",
           "method": "?str", "expected_error_percent": "?num", "peak_range_bytes": "?", "peak_range_bytes?": ["int"],
-          "notes": ["str"],
+          "notes": ["str"], "caveats": ["str"],
           "peak_heap_bytes": "?int", "peak_unpadded_heap_bytes": "?int", "argument_bytes": "?int",
           "output_bytes": "?int", "temp_bytes": "?int", "hbm_capacity_bytes": "?int", "padding_at_peak_bytes": "?int",
           "other_memory_spaces": {"*": "int"}, "buffer_count": "?int", "buffers": [BUFFER], "ops_scope": "?str",
