@@ -11,6 +11,7 @@ import pytest
 
 from tpuprof import documents_preflight, targets
 from tpuprof.analyses import collectives, step_estimate
+from tpuprof.models.preflight import TargetEstimate
 
 FSDP, TENSOR = 16, 4  # mesh over the 64 chips of v5p:4x4x4
 B, E, M = 256, 1024, 2048  # global shapes
@@ -95,7 +96,7 @@ def test_an_async_permute_is_hidden_by_the_compute_scheduled_inside_it(sharded):
 
 def test_report_carries_the_collective_figures(sharded):
     _, estimate = sharded
-    out = documents_preflight.estimate(estimate, batch_size=B // FSDP // TENSOR, tokens_per_example=E)
+    out = documents_preflight.estimate(TargetEstimate(estimate, B // FSDP // TENSOR, tokens_per_example=E))
     assert out["collective_ms"] == pytest.approx(estimate.collective_s * 1e3, abs=1e-4)
     assert out["exposed_collective_ms"] < out["collective_ms"]
     assert out["tokens_per_s_per_chip"] == out["tokens_per_s"] > 0

@@ -13,6 +13,7 @@ import pytest
 from tpuprof import documents_preflight, prices
 from tpuprof.analyses import step_estimate
 from tpuprof.errors import UserError
+from tpuprof.models.preflight import TargetEstimate
 
 GOLDEN = Path(__file__).parent / "fixtures" / "step_estimate"
 MANIFEST = json.loads((GOLDEN / "manifest.json").read_text())
@@ -106,14 +107,14 @@ def test_compute_bound_matmul_orders_the_generations_by_peak():
 def test_report_throughput_and_cost_follow_from_the_step_time():
     result = estimate("mlp_b32_v5e")
     price = prices.Price(1.5, "test", True)
-    out = documents_preflight.estimate(result, 32, tokens_per_example=128, price=price)
+    out = documents_preflight.estimate(TargetEstimate(result, 32, tokens_per_example=128, price=price))
     assert out["step_ms"] == pytest.approx(result.point_s * 1e3, rel=1e-3)
     assert out["examples_per_s"] == pytest.approx(32 / result.point_s, rel=1e-3)
     assert out["tokens_per_s"] == pytest.approx(128 * 32 / result.point_s, rel=1e-3)
     assert out["cost_per_million_examples"] == pytest.approx(1.5 / 3600 / (32 / result.point_s) * 1e6, rel=1e-3)
     assert out["top_ops"][0]["source_line"].endswith(".py:" + out["top_ops"][0]["source_line"].rsplit(":", 1)[1])
     assert "the input pipeline" in out["not_modelled"]
-    unpriced = documents_preflight.estimate(result, 32, price=None)
+    unpriced = documents_preflight.estimate(TargetEstimate(result, 32, price=None))
     assert unpriced["cost_per_million_examples"] is None and "--price" in unpriced["price_source"]
 
 
@@ -143,6 +144,6 @@ def test_a_dump_without_after_codegen_gives_the_roofline_alone(tmp_path):
     assert program.stage == "after_optimizations" and program.target == "v6e" and program.flops > 0
     result = step_estimate.estimate(program, "v6e")
     assert result.compiler_s is None and result.low_s == result.high_s == pytest.approx(result.point_s)
-    assert "roofline over the compiled ops only" in documents_preflight.estimate(result, 8)["method"]
+    assert "roofline over the compiled ops only" in documents_preflight.estimate(TargetEstimate(result, 8))["method"]
     with pytest.raises(UserError):
         step_estimate.load(tmp_path)

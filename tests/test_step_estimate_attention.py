@@ -16,6 +16,7 @@ import pytest
 
 from tpuprof import documents_preflight
 from tpuprof.analyses import step_estimate
+from tpuprof.models.preflight import TargetEstimate
 
 pytestmark = pytest.mark.compile  # libtpu compiles in this process
 
@@ -144,6 +145,6 @@ def test_kernel_flops_equal_the_matmuls_of_the_blocks_they_run(which, causal, la
     assert {op.name for op in ops} <= set(estimate.kernels_without_estimate)
     from tpuprof import caveats
 
-    report = documents_preflight.estimate(estimate, B)
+    report = documents_preflight.estimate(TargetEstimate(estimate, B))
     lines = caveats.step_estimate(report)
     assert any(line.startswith("Estimated, not the kernel's own figure") and "2 x B x H_q" in line for line in lines)

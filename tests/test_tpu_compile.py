@@ -116,7 +116,8 @@ def test_import_costs_nothing():
     """Importing the compile library must not import JAX or TensorFlow (memory/oom stay fast)."""
     import subprocess
 
-    code = ("import sys, tpuprof.sources.tpu_compile, tpuprof.analyses.preflight, tpuprof.commands.preflight;"
+    code = ("import sys, tpuprof.sources.tpu_compile, tpuprof.analyses.preflight, "
+            "tpuprof.analyses.preflight_step, tpuprof.commands.preflight;"
             "print([m for m in ('jax', 'tensorflow', 'keras') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from tpuprof import targets
 from tpuprof.analyses import attention_kernels
-from tpuprof.analyses.step_estimate import NOT_MODELLED, StepEstimate, TimedOp, devices_per_chip
-from tpuprof.models.preflight import Compiled, PreflightTarget, state_bytes_per_parameter
+from tpuprof.analyses.step_estimate import NOT_MODELLED, StepEstimate, TimedOp
+from tpuprof.models.preflight import (Compiled, PreflightTarget, TargetEstimate, state_bytes_per_parameter,
+                                      stated_rate)
 from tpuprof.units import fmt_bytes, fmt_count, fmt_ms, fmt_usd
 
 
@@ -46,7 +47,7 @@ def target(t: PreflightTarget, top: int) -> dict:
         if t.remat_table:
             out["remat_table"] = [{"remat": row.model["remat"], "max_batch_per_chip": row.max_batch_per_chip,
                                    "required_bytes": row.compiled.required_bytes,
-                                   "step_ms": (row.estimate or {}).get("step_ms"),
+                                   "step_ms": _ms(row.estimate.step.point_s) if row.estimate else None,
                                    "compiles": row.compiles} for row in t.remat_table]
     out.update({"batch_size": c.batch_size, "fits": c.fits, "required_bytes": c.required_bytes})
     if c.figures is not None:
@@ -75,7 +76,7 @@ def target(t: PreflightTarget, top: int) -> dict:
     if c.oom is not None:
         out["oom"] = _oom(c)
     if t.estimate is not None:
-        out["estimate"] = t.estimate
+        out["estimate"] = estimate(t.estimate)
     if c.dump_dir is not None:
         out["dump_dir"] = c.dump_dir
     out["cache"] = t.cache
@@ -175,18 +176,16 @@ def unsharded_words(unsharded: dict, mesh: dict) -> str:
 
 # --- the step time estimate --------------------------------------------------------------------------------
 
-def estimate(estimate_: StepEstimate, batch_size: int, tokens_per_example: int | None = None,
-             price=None, top: int = 5, model_flops_per_device: float | None = None,
-             gradient_source: str = "") -> dict:
+def estimate(answer: TargetEstimate) -> dict:
     """The JSON `estimate` of one preflight target: step time, throughput per chip, utilisation, cost.
 
-    `price`: a tpuprof.prices.Price (per chip-hour) or None. Throughput is per chip: a device's batch
-    over the step time, times the devices a chip holds. `model_flops_per_device` (model_flops() / devices)
-    gives the MFU; without it the MFU is the compiled program's FLOPs over the peak (hardware utilisation)."""
-    chips = devices_per_chip(targets.get(estimate_.target))
+    Throughput is per chip (TargetEstimate.examples_per_s). A model's FLOPs per device give the MFU; without them
+    the MFU is the compiled program's FLOPs over the peak (hardware utilisation)."""
+    estimate_, price, top = answer.step, answer.price, answer.top
+    model_flops_per_device, gradient_source = answer.model_flops_per_device, answer.gradient_source
+    chips = answer.devices_per_chip
     step = estimate_.point_s
-    examples_per_s = batch_size * chips / step if step > 0 else None
-    tokens_per_s = examples_per_s * tokens_per_example if examples_per_s and tokens_per_example else None
+    examples_per_s, tokens_per_s = answer.examples_per_s, answer.tokens_per_s
     total = estimate_.compute_s + estimate_.memory_s
     flops_for_mfu = model_flops_per_device if model_flops_per_device else estimate_.flops
     mfu = 100 * flops_for_mfu / (step * estimate_.peaks.bf16_flops) if step > 0 else None
@@ -201,9 +200,9 @@ def estimate(estimate_: StepEstimate, batch_size: int, tokens_per_example: int |
         "exposed_collective_ms": _ms(estimate_.exposed_collective_s),
         "dcn_ms": _ms(estimate_.dcn_s) if estimate_.dcn_s is not None else None,
         "num_slices": estimate_.num_slices,
-        "examples_per_s": _round(examples_per_s),
-        "tokens_per_s": _round(tokens_per_s),
-        "tokens_per_s_per_chip": _round(tokens_per_s),
+        "examples_per_s": stated_rate(examples_per_s),
+        "tokens_per_s": stated_rate(tokens_per_s),
+        "tokens_per_s_per_chip": stated_rate(tokens_per_s),
         "flop_utilization_percent": round(100 * estimate_.flop_utilization, 1),
         "mfu_percent": round(mfu, 1) if mfu is not None else None,
         "mfu_source": ("model FLOPs (6 x active parameters x tokens + causal attention, as MaxText counts them) / "
@@ -297,12 +296,6 @@ def _significant(value: float) -> float:
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1e3, 4)
-
-
-def _round(value: float | None) -> float | None:
-    if value is None:
-        return None
-    return round(value, 2) if value < 1000 else round(value)
 
 
 def target_label(result: dict) -> str:

@@ -1,6 +1,8 @@
 """`tpuprof preflight SPEC --tpu v5e`: compile the user's step with libtpu for one TPU device, say
 whether it fits in HBM (and by how much), find the largest batch that does, and show where the memory
-goes (the memory command's analysis of the compile's dump). No TPU needed.
+goes (the memory command's analysis of the compile's dump). No TPU needed. Wiring only: options
+(tpuprof.models.preflight), the step or the LLM (sources), each slice's compiles, batches and step time
+(tpuprof.analyses.preflight_step), the memory breakdown and advice, the document (tpuprof.documents_preflight).
 """
 
 from __future__ import annotations
@@ -90,136 +92,62 @@ def step_result(spec, options, batch: int | None, on_compile=None):
     """Every slice's answer for the user's step (a tpu_compile.Spec)."""
     from dataclasses import replace
 
+    from tpuprof.analyses import preflight_step
     from tpuprof.results import PreflightResult
 
     report_progress = on_compile or (lambda label, batch_size: None)
     checked = [_target(spec, chosen, batch, options, report_progress) for chosen in options.slices]
-    checked = [replace(target, estimate=_estimate(target.slice, target.compiled, options,
-                                                  tokens=options.tokens_per_example,
-                                                  whole_job=target.global_batch is not None, spec=spec))
+    checked = [replace(target, estimate=preflight_step.estimate(target.slice, target.compiled, options,
+                                                                tokens=options.tokens_per_example,
+                                                                whole_job=target.global_batch is not None,
+                                                                spec=spec))
                for target in checked]
     return PreflightResult(spec.text, checked, options.top)
 
 
-def _estimate(chosen, compiled, options, *, tokens: int | None, model=None, seq_len: int | None = None,
-              batch_per_chip: int | None = None, whole_job: bool = False, spec=None) -> dict | None:
-    """Step time, throughput and cost from the reported compile's dump (None without a dump). WHOLE_JOB: the
-    batch names every device of the slice, so a one-device compile is a data-parallel replica of the job."""
-    from tpuprof import prices
-    from tpuprof.analyses import preflight, step_estimate
-    from tpuprof.documents_preflight import estimate as estimate_document
-
-    if not compiled.dump_dir or compiled.required_bytes is None:
-        return None
-    try:
-        cost = step_estimate.load(compiled.dump_dir)
-    except UserError:
-        return None
-    parameters = (model or {}).get("parameters")
-    compiled_devices = len(cost.torus.assignment) if cost.torus is not None and cost.torus.assignment else 1
-    gradient, gradient_source = preflight.gradient_bytes_per_device(
-        chosen.devices, parameters, compiled.figures.argument_bytes if compiled.figures else None, compiled_devices)
-    replica = cost.torus is None or len(cost.torus.assignment) <= 1  # one device: a data-parallel replica
-    replica_of = chosen.topology if replica and whole_job else None
-    replica_gradient, replica_source = None, ""
-    if replica_of and chosen.devices > 1:
-        state = None
-        if not parameters and spec is not None:
-            state = compiled.parameter_bytes or preflight.parameter_bytes(spec, None, chosen)
-        replica_gradient, replica_source = preflight.replica_gradient_bytes(parameters, state)
-    estimate = step_estimate.estimate(cost, chosen.generation, chosen.num_slices, gradient, replica_of=replica_of,
-                                      replica_gradient_bytes=replica_gradient)
-    if estimate.point_s <= 0:
-        return None
-    flops = preflight.model_flops_per_device(model, seq_len, batch_per_chip, chosen.target.devices_per_chip)
-    sources = (replica_source, gradient_source if chosen.num_slices > 1 else "")
-    return estimate_document(estimate, compiled.batch_size, seq_len or tokens,
-                             prices.price_for(chosen.generation, options.prices), top=min(options.top, 5),
-                             model_flops_per_device=flops, gradient_source="; ".join(p for p in sources if p))
-
-
 def _target(spec, chosen, batch, options, report_progress):
-    from tpuprof.analyses import preflight
+    from tpuprof.analyses import preflight, preflight_step
     from tpuprof.models.preflight import PreflightTarget
 
-    main = _compile(spec, chosen, None, batch, options.max_batch, options.top, options.use_cache, report_progress)
+    main = _compile(spec, chosen, None, batch, options, lambda b: report_progress(chosen.name, b))
     bf16 = None
     if options.compare_bf16:
-        bf16 = _compile(spec, chosen, "bfloat16", batch, options.max_batch, options.top, options.use_cache,
-                        report_progress)
+        bf16 = _compile(spec, chosen, "bfloat16", batch, options, lambda b: report_progress(f"{chosen.name} bf16", b))
         if main.memory is not None and bf16.batch_size == main.batch_size:
             from tpuprof.advice.memory import measure_bf16
 
             measure_bf16(main.memory, bf16.memory.peak_heap_bytes if bf16.memory else None, main.batch_size)
-    return PreflightTarget(chosen, main, str(preflight.cache_root()), bf16=bf16, searched=options.max_batch,
-                           **_batches(chosen, main.batch_size))
+    return PreflightTarget(chosen, main, str(preflight.cache_root()), bf16=bf16,
+                           searched=options.max_batch, **preflight_step.slice_batches(chosen, main.batch_size))
 
 
-def _batches(chosen, batch_per_device: int | None, whole_slice: bool | None = None) -> dict:
-    """A one-device compile is one data-parallel replica: every device of the slice (of every slice) runs it
-    with its own batch. A bare generation (`--tpu v6e`) names no slice: no global batch, unless the step was
-    compiled over the whole topology (`whole_slice`, the LLM step)."""
-    if batch_per_device is None:
-        return {}
-    out = {"batch_per_chip": batch_per_device * chosen.target.devices_per_chip}
-    if chosen.explicit if whole_slice is None else whole_slice:
-        out["global_batch"] = batch_per_device * chosen.total_devices
-    return out
+def _compile(spec, chosen, dtype, batch, options, on_compile, layout_only=False):
+    """The step compiled for the slice (analyses.preflight_step.compile_step), its memory broken down by the memory
+    command's analysis and both advised."""
+    from dataclasses import replace
 
+    from tpuprof.analyses import preflight_step
 
-def _compile(spec, slice_, dtype, batch, max_batch, top, use_cache, report_progress, layout_only=False):
-    """The step compiled for the slice in DTYPE (None: its own) at BATCH, or at the largest batch that fits.
-    LAYOUT_ONLY: each compile stops once the memory is laid out (Compiler)."""
-    from tpuprof.analyses import preflight
-    from tpuprof.models.preflight import BatchSearch, Compiled, CompilerFigures, CurvePoint, HostMemory
+    def breakdown(dump_dir: str, stats: dict | None):
+        memory = _memory(dump_dir, chosen.generation, options.top)
+        if memory is not None and stats:  # the compiler's aliased bytes make the donation hint's figure
+            from tpuprof.advice.memory import add_donation
 
-    label = f"{slice_.name}{' bf16' if dtype else ''}"
-    compiler = preflight.Compiler(spec, slice_, dtype, use_cache,
-                                  on_compile=lambda b: report_progress(label, b), layout_only=layout_only)
-    step = getattr(spec, "batch_step", preflight.STEP)
-    host_capacity = compiler.host_capacity
-    search = None
-    points = []
-    if max_batch:
-        found = preflight.search_max_batch(lambda b: compiler.measure(b, dump=True, need_dump=False),
-                                           compiler.capacity, getattr(spec, "batch_limit", preflight.BATCH_LIMIT),
-                                           step=step,
-                                           preferred=getattr(spec, "preferred_batch", preflight.PREFERRED),
-                                           host_capacity=host_capacity)
-        batch = found.max_batch_size or step
-        search = BatchSearch(found.max_batch_size, found.recommended_batch_size, found.limited, found.bound)
-        points = found.points
-    chosen = compiler.measure(batch, dump=True)
-    compiler.drop_dumps({batch})
-    points = sorted({p.batch_size: p for p in [*points, chosen]}.values(), key=lambda p: p.batch_size)
-    figures = host = memory = dump_dir = None
-    if chosen.stats:
-        stats = chosen.stats
-        figures = CompilerFigures(stats["argument_size_in_bytes"], stats["output_size_in_bytes"],
-                                  stats["alias_size_in_bytes"], stats["temp_size_in_bytes"],
-                                  stats["generated_code_size_in_bytes"])
-        if chosen.host_bytes:  # offloaded activations or pinned host arguments: the host's memory, not HBM
-            host = HostMemory(chosen.host_bytes, host_capacity, chosen.host_fits(host_capacity))
-    if chosen.dump_dir:
-        memory = _memory(chosen.dump_dir, slice_.generation, top)
-        if memory is not None:
-            if chosen.stats:  # the compiler's aliased bytes make the donation hint's figure (tpuprof.advice.memory)
-                from tpuprof.advice.memory import add_donation
-                add_donation(memory, chosen.stats)
-            dump_dir = chosen.dump_dir
-    none_fits = search is not None and search.max_batch_size is None
-    parameters = oom = verdict = None
-    if chosen.oom_message or none_fits:
-        parameters = preflight.parameter_bytes(spec, dtype, slice_)
-    if chosen.oom_message:
-        oom = _oom(chosen.oom_message, batch, compiler.capacity, parameters)
-    if none_fits:
-        verdict = preflight.too_large(parameters, chosen, compiler.capacity, step, host_capacity,
-                                      getattr(spec, "host_advice", preflight.HOST_ADVICE))
-    return Compiled(batch, chosen.fits, chosen.required_bytes, compiler.compiles,
-                    tuple(CurvePoint(p.batch_size, p.required_bytes, p.fits, p.host_bytes) for p in points),
-                    preflight.fit_curve(points), figures, host, memory, dump_dir, search, parameters, oom, verdict,
-                    chosen.stage)
+            add_donation(memory, stats)
+        return memory
+
+    compiled = preflight_step.compile_step(spec, chosen, dtype, batch, options.max_batch, options.use_cache,
+                                           on_compile, breakdown, layout_only=layout_only)
+    if compiled.oom is None or compiled.oom.report is None:
+        return compiled
+    try:
+        from tpuprof.advice import oom as advice
+    except ImportError:
+        return compiled
+    # The advice to dump or to run preflight is dropped: this is preflight, and the dump is the compile's own.
+    suggestions = [s for s in advice.suggest(compiled.oom.report, compiled.oom.batch_estimate)
+                   if "--xla_dump_to" not in s["message"] and "tpuprof preflight" not in s["message"]]
+    return replace(compiled, oom=replace(compiled.oom, suggestions=tuple(suggestions)))
 
 
 def _memory(dump_dir: str, generation: str, top: int):
@@ -231,33 +159,13 @@ def _memory(dump_dir: str, generation: str, top: int):
     return max(modules, key=lambda m: m.peak_heap_bytes or 0) if modules else None
 
 
-def _oom(message: str, batch: int, capacity: int, parameters: int | None):
-    """The compiler's RESOURCE_EXHAUSTED text through the OOM triage (when it is available).
-
-    The parameter bytes tell the triage what does not shrink with the batch; its advice to dump or
-    to run preflight is dropped: this is preflight, and the dump is the compile's own."""
-    from tpuprof.models.preflight import OomAtBatch
-
-    try:
-        from tpuprof.advice import oom as advice
-        from tpuprof.analyses import oom as triage
-    except ImportError:
-        return OomAtBatch(message)
-    report = triage.parse_message(message)
-    if report is None:
-        return OomAtBatch(message)
-    estimate = triage.estimate_batch(report, batch, capacity, dump_arguments=parameters)
-    suggestions = [s for s in advice.suggest(report, estimate)
-                   if "--xla_dump_to" not in s["message"] and "tpuprof preflight" not in s["message"]]
-    return OomAtBatch(message, report, estimate, tuple(suggestions))
-
-
 # --- LLMs from a name or a config (--model) ------------------------------------------------------------
 
 def model_result(options, on_compile=None):
     """Every slice's answer for the LLM train step (the typed result `tpuprof.preflight(model=...)` returns)."""
     from dataclasses import replace
 
+    from tpuprof.analyses import preflight_step
     from tpuprof.models.options import template
     from tpuprof.models.preflight import PreflightOptionError
     from tpuprof.results import PreflightResult
@@ -277,7 +185,7 @@ def model_result(options, on_compile=None):
     checked = []
     for index, chosen in enumerate(options.slices):
         rows = answers[index * len(options.remat_policies):(index + 1) * len(options.remat_policies)]
-        best = max(rows, key=_throughput)
+        best = preflight_step.best(rows)
         checked.append(replace(best, remat_table=tuple(rows)) if len(rows) > 1 else best)
     return PreflightResult(f"--model {config.name}", checked, options.top)
 
@@ -332,40 +240,18 @@ def _portable(target):
     return target
 
 
-def _throughput(target) -> float:
-    """Tokens per second per chip at the reported batch (0 when it does not fit)."""
-    host = target.compiled.host
-    if not target.fits or (host is not None and host.fits is False):  # HBM, or the host's memory, exceeded
-        return 0.0
-    estimate = target.estimate or {}
-    return float(estimate.get("tokens_per_s") or 0) or float(target.batch_per_chip or 0) * 1e-9
-
-
 def _model_target(config, source, chosen, remat, options, report_progress):
-    from tpuprof.analyses import preflight
-    from tpuprof.models.preflight import Compiled, FastAnswer, PreflightOptionError, PreflightTarget
+    from tpuprof.analyses import preflight, preflight_step
+    from tpuprof.models.preflight import Compiled, FastAnswer, PreflightTarget
     from tpuprof.sources import llm
 
-    seq, batch_per_chip, global_batch, max_batch = (options.seq, options.batch_per_chip, options.global_batch,
-                                                    options.max_batch)
+    seq, max_batch = options.seq, options.max_batch
     target = chosen.target
     sizes = mesh_sizes(options.mesh, chosen)
     step = llm.Step(config, source, seq, remat, options.dtype, sizes, options.weight_dtype)
     spec = llm.Spec(step, chosen.topology)
     per_chip = target.devices_per_chip
-    if batch_per_chip is not None:
-        if batch_per_chip % per_chip:
-            raise PreflightOptionError("batch_per_chip", f"{{option}} {batch_per_chip}: a {target.name} chip is "
-                                       f"{per_chip} devices, so the batch per chip must be a multiple of {per_chip}.")
-        batch = batch_per_chip // per_chip
-    elif global_batch is not None:
-        if global_batch % chosen.total_devices:
-            raise PreflightOptionError("global_batch", f"{{option}} {global_batch} is not a multiple of the "
-                                       f"{chosen.total_devices} devices of {chosen.name}"
-                                       f"{f' x {chosen.num_slices}' if chosen.num_slices > 1 else ''}.")
-        batch = global_batch // chosen.total_devices
-    else:
-        batch = None
+    batch = preflight_step.llm_batch_per_device(chosen, options.batch_per_chip, options.global_batch)
     whole = llm.unsharded(config, sizes, options.weight_dtype)
     model = spec.model_info()
     llm_fields = dict(model=model, mesh=sizes, seq_len=seq, state_bytes_per_chip=spec.state_bytes_per_device * per_chip,
@@ -377,10 +263,11 @@ def _model_target(config, source, chosen, remat, options, report_progress):
         verdict = state_too_large(spec.state_bytes_per_device, config.parameter_count(), options.weight_dtype, sizes,
                                   llm_fields["unsharded"], target)
         compiled = Compiled(batch, False, None, 0, parameter_bytes=spec.state_bytes_per_device, verdict=verdict)
-        return PreflightTarget(chosen, compiled, cache, **llm_fields, **_batches(chosen, batch, whole_slice=True))
+        return PreflightTarget(chosen, compiled, cache, **llm_fields,
+                               **preflight_step.slice_batches(chosen, batch, whole_slice=True))
     label = f"{chosen.name} {config.name} remat={remat}"
-    compiled = _compile(spec, chosen, None, batch, max_batch, options.top, options.use_cache,
-                        lambda _label, b: report_progress(label, b), layout_only=not options.full)
+    compiled = _compile(spec, chosen, None, batch, options, lambda b: report_progress(label, b),
+                        layout_only=not options.full)
     if compiled.memory is not None:  # tpuprof's own step: the options that build it, not edits of its code
         from tpuprof.advice.memory import for_builtin_step
 
@@ -388,8 +275,9 @@ def _model_target(config, source, chosen, remat, options, report_progress):
     if max_batch:
         found = compiled.search.max_batch_size
         llm_fields["max_batch_per_chip"] = found * per_chip if found else None
-    batches = _batches(chosen, compiled.batch_size, whole_slice=True)
-    estimate = _estimate(chosen, compiled, options, tokens=seq, model=model, seq_len=seq,
-                         batch_per_chip=batches.get("batch_per_chip"), whole_job="global_batch" in batches)
+    batches = preflight_step.slice_batches(chosen, compiled.batch_size, whole_slice=True)
+    estimate = preflight_step.estimate(chosen, compiled, options, tokens=seq, model=model, seq_len=seq,
+                                       batch_per_chip=batches.get("batch_per_chip"),
+                                       whole_job="global_batch" in batches)
     fast = FastAnswer(preflight.CODEGEN_MARGIN_BYTES) if compiled.stage == "buffer_assignment" else None
     return PreflightTarget(chosen, compiled, cache, estimate=estimate, fast=fast, **llm_fields, **batches)

@@ -236,6 +236,43 @@ class FastAnswer:
     margin_bytes: int
 
 
+def stated_rate(value: float | None) -> float | None:
+    """Examples or tokens per second as the document states them: two decimals below 1,000, whole above."""
+    if value is None:
+        return None
+    return round(value, 2) if value < 1000 else round(value)
+
+
+@dataclass(frozen=True)
+class TargetEstimate:
+    """One slice's step time at the reported batch (tpuprof.analyses.preflight_step.estimate) and what its throughput,
+    utilisation and cost follow from; the document's `estimate` (tpuprof.documents_preflight.estimate) states it."""
+
+    step: Any  # tpuprof.analyses.step_estimate.StepEstimate: the band, the point, the ops, the collectives
+    batch_size: int  # per device: the reported compile's
+    tokens_per_example: int | None = None  # an LLM's sequence length, a step's --tokens-per-example
+    price: Any = None  # tpuprof.prices.Price per chip-hour; None: no price known
+    top: int = 5  # ops and collectives listed
+    model_flops_per_device: float | None = None  # an LLM's MaxText FLOPs (the MFU's); None: the program's own
+    gradient_source: str = ""  # how the gradient bytes of the timed all-reduces were found ("": none timed)
+
+    @property
+    def devices_per_chip(self) -> int:
+        return max(targets.get(self.step.target).devices_per_chip or 1, 1)
+
+    @property
+    def examples_per_s(self) -> float | None:
+        """Per chip: a device's batch over the step time, times the devices a chip holds."""
+        step = self.step.point_s
+        return self.batch_size * self.devices_per_chip / step if step > 0 else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Per chip; None without tokens per example."""
+        examples = self.examples_per_s
+        return examples * self.tokens_per_example if examples and self.tokens_per_example else None
+
+
 @dataclass(frozen=True)
 class PreflightTarget:
     """One slice's answer: the step's compiles, the batches they mean for the slice, the step time and cost."""
@@ -247,7 +284,7 @@ class PreflightTarget:
     batch_per_chip: int | None = None
     global_batch: int | None = None  # the whole job's (every device of every slice); None for a bare generation
     searched: bool = False  # the largest batch was asked (--max-batch)
-    estimate: Mapping | None = None  # the document's `estimate` (tpuprof.documents_preflight.estimate)
+    estimate: TargetEstimate | None = None  # None without a dump to time (or a step timed at 0)
     # An LLM's train step (--model):
     model: Mapping | None = None  # tpuprof.sources.llm.Spec.model_info()
     mesh: Mapping | None = None  # axis -> size over the slice
