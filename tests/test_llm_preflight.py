@@ -110,8 +110,9 @@ def test_the_report_compares_the_slices_per_chip(tiny_document, tiny, tmp_path):
     result = run_cli("report", saved, "-o", page_file)
     assert result.returncode == 0, result.stderr
     page = page_file.read_text()
-    comparison = page[page.index("<h3>Slice comparison</h3>"):]
-    comparison = comparison[:comparison.index("</table>")]
+    # The slices side by side: the preflight section's first table (a column per slice).
+    comparison = next(table for table in re.findall(r"<table.*?</table>", page, re.S)
+                      if "batch per chip / global" in table)
     assert "v6e-64" in comparison and "v6e:8x8" in comparison and "fsdp=64" in comparison and "x 2 slices" in comparison
     assert "2 / 128" in comparison  # batch per chip / global
     from tpuprof.units import fmt_bytes
@@ -293,13 +294,13 @@ def test_parameters_a_mesh_axis_cannot_divide_are_said_with_the_mesh_that_does(t
     assert "sharded 2048 ways" not in target["verdict"]
     assert target["verdict"].endswith("--mesh data=2,fsdp=1024 divides them.")
     assert llm.unsharded(parsed, llm.parse_mesh("data=2,fsdp=1024", 2048)) is None
-    # The report's slice comparison says it beside the weights per chip.
+    # The report says how much stays whole per chip, and the mesh that divides it, in the slice's verdict.
     saved = tmp_path / "preflight.json"
     saved.write_text(json.dumps(document))
     page = run_cli("report", saved, "-o", tmp_path / "report.html")
     assert page.returncode == 0, page.stderr
     html = (tmp_path / "report.html").read_text()
-    assert "549.04 GiB not sharded; --mesh data=2,fsdp=1024 shards it" in html
+    assert "549.04 GiB" in html and "--mesh data=2,fsdp=1024 divides them." in html
     # Nothing to say where the mesh divides every weight (Llama 3.1 8B on the same slice).
     eight = llm.load_config("llama3.1-8b")[0]
     assert llm.unsharded(eight, llm.parse_mesh(None, 2048)) is None
