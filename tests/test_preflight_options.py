@@ -82,6 +82,9 @@ def test_the_command_line_names_the_flag_at_fault(option, _, arguments, tmp_path
     assert result.returncode == 2 and result.stdout == "", result.stderr
     assert FLAGS[option] in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert f"{option}=" not in result.stderr, result.stderr
+    if option in ("weight_dtype", "full", "ray"):  # --model's own options: only the one given is named
+        others = {FLAGS[name] for name in ("weight_dtype", "full", "ray")} - {FLAGS[option]}
+        assert not any(flag in result.stderr for flag in others), result.stderr
 
 
 def test_errors_found_with_the_model_or_the_slice_name_the_keyword_too(tmp_path, monkeypatch):

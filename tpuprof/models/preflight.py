@@ -138,7 +138,7 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
     else:
         if weight_dtype != "float32" or full or ray:
             wrong = "weight_dtype" if weight_dtype != "float32" else "full" if full else "ray"
-            raise error(wrong, "{weight_dtype}, {full} and {ray} go with {model}.")
+            raise error(wrong, f"{{{wrong}}} goes with {{model}} (tpuprof's LLM train step).")
         if fn_or_model is None:
             raise error("fn_or_model", "give {fn_or_model} (your step) or {model_n} (an LLM train step).")
         if batch_per_chip is not None or global_batch is not None:
