@@ -88,10 +88,10 @@ def main() -> int:
         return time.perf_counter() - started
 
     try:
-        report = analyze.analyze(str(path))
+        report = analyze.profile_summary(str(path))
         print(f"tpuprof: {report.step_count} steps, verdict {report.verdict}, "
               f"input {report.input_bound_percent:.1f}%")
-        ours = median_time(lambda: analyze.analyze(str(path)), args.runs)
+        ours = median_time(lambda: analyze.profile_summary(str(path)), args.runs)
         run_xprof()  # warm-up
         theirs = statistics.median(run_xprof() for _ in range(args.runs))
         print(f"in-process:    tpuprof analyze {ours:.2f} s, XProf input_pipeline_analyzer {theirs:.2f} s, "

@@ -78,10 +78,10 @@ def bench(name: str, path: Path, runs: int, scratch: Path) -> None:
         raw_to_tool_data.xspace_to_tool_data([copy], "overview_page", {})
         return time.perf_counter() - started
 
-    report = analyze.analyze(str(path))
+    report = analyze.profile_summary(str(path))
     print(f"{name}: {path.stat().st_size / 1e6:.2f} MB, {len(report.devices)} chip(s), {report.step_count} steps, "
           f"{len(report.device_ops)} device ops, verdict {report.verdict}")
-    ours = median_time(lambda: analyze.analyze(str(path)), runs)
+    ours = median_time(lambda: analyze.profile_summary(str(path)), runs)
     run_xprof()  # warm-up
     theirs = statistics.median(run_xprof() for _ in range(runs))
     print(f"  in-process:    tpuprof analyze {ours * 1e3:.0f} ms, XProf overview_page {theirs * 1e3:.0f} ms, "

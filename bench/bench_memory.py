@@ -113,7 +113,7 @@ def main() -> None:
     from xprof.convert import raw_to_tool_data
 
     from tpuprof.commands import memory as command
-    from tpuprof.renderers import memory as render
+    from tpuprof.documents_memory import document
     from tpuprof.sources import hlo_dump
 
     proto = hlo_dump.read_hlo_proto(hlo_pb)
@@ -127,7 +127,7 @@ def main() -> None:
         xplane = xprof_layout(hlo_pb, scratch)
 
         def ours():
-            render.to_json(command.analyze(hlo_pb, top=15), 15)
+            document(command.module_memories(hlo_pb, top=15), 15)
 
         def theirs():
             raw_to_tool_data.xspace_to_tool_data([str(xplane)], "memory_viewer", {"module_name": "bench"})

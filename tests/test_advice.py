@@ -82,7 +82,7 @@ def test_framework_of_dumps():
     assert (jax_job.framework, jax_job.training) == ("jax", True)
     from tpuprof.commands import memory
 
-    keras = memory.analyze(DUMPS / "keras_mlp_v5e", top=0)[0]  # Keras 3 (TF backend) Adam train step
+    keras = memory.module_memories(DUMPS / "keras_mlp_v5e", top=0)[0]  # Keras 3 (TF backend) Adam train step
     job = framework.from_module(keras.name, (b.op_name for b in keras.buffers), (b.source_line for b in keras.buffers))
     assert (job.framework, job.training) == ("keras", True)
 
@@ -259,7 +259,7 @@ def test_scratch_memory_text_without_capacity_has_no_placeholder():
 def transformer():
     from tpuprof.commands import memory
 
-    (module,) = [m for m in memory.analyze(TRANSFORMER, top=15) if m.buffers]
+    (module,) = [m for m in memory.module_memories(TRANSFORMER, top=15) if m.buffers]
     return module
 
 
@@ -300,13 +300,13 @@ def test_memory_command_shows_source_lines_and_ranked_fixes():
 def test_padding_advice_in_user_terms_on_the_samples():
     from tpuprof.commands import memory
 
-    conv = memory.analyze(DUMPS / "conv18_f32_v5e", top=0)[0]  # 18 output channels, NHWC
+    conv = memory.module_memories(DUMPS / "conv18_f32_v5e", top=0)[0]  # 18 output channels, NHWC
     padding = next(s for s in conv.suggestions if s.kind == "padding")
     # 16 channels: the bytes at that size (64 MiB for 96 MiB), never 24 (the same bytes for more data)
     assert "18 channels are padded to 24: use 16; frees 32.00 MiB" in padding.message
     assert padding.source_line.endswith("conv18.py:30") and padding.confidence == "estimated"
     # 10 classes: the output layer's f32[512,10] and its gradient, padded 10 -> 16 (libtpu lays them out {0,1})
-    onehot = memory.analyze(DUMPS / "onehot10_v5e", top=0)[0]
+    onehot = memory.module_memories(DUMPS / "onehot10_v5e", top=0)[0]
     batch = memory_advice.batch_dimension(onehot)
     assert batch == 65536  # the sample's per-chip batch
     classes = memory_advice.class_counts(onehot, batch)
@@ -320,7 +320,7 @@ def test_padding_advice_in_user_terms_on_the_samples():
 def test_negligible_padding_is_silent():
     from tpuprof.commands import memory
 
-    module = memory.analyze(TRANSFORMER, top=0)[0]
+    module = memory.module_memories(TRANSFORMER, top=0)[0]
     floor = max(memory_advice.MIN_PADDING_BYTES, memory_advice.MIN_PADDING_SHARE * module.peak_heap_bytes)
     for s in module.suggestions:
         if s.kind == "padding":

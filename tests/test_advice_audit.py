@@ -64,7 +64,7 @@ def test_every_suggestion_rests_on_its_precondition(name, path, tmp_path):
             from tpuprof.commands import memory
 
             target = None if name.startswith("dump:") or name.startswith("real:") else _target_of(path)
-            modules = memory.analyze(path, target=target, top=15, compile_=False)
+            modules = memory.module_memories(path, target=target, top=15, compile_=False)
             assert modules
             for module in modules:
                 audit_memory(path, module)
@@ -76,7 +76,7 @@ def test_every_suggestion_rests_on_its_precondition(name, path, tmp_path):
         elif family == inputs.STEPS:
             from tpuprof.commands import analyze
 
-            audit_steps(analyze.analyze(path, workers=1))  # no fork: JAX may be loaded in this process
+            audit_steps(analyze.profile_summary(path, workers=1))  # no fork: JAX may be loaded in this process
     except UserError as error:  # a refusal is one sentence and no advice (a GPU capture, a mangled file)
         assert str(error) and "\n" not in str(error).strip()
 

@@ -56,7 +56,7 @@ def test_memory_recompiles_every_module_largest_peak_first_and_caches(cpu_dump, 
     from tpuprof.commands import memory
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    modules = memory.analyze(cpu_dump, target="v5e")
+    modules = memory.module_memories(cpu_dump, target="v5e")
     names = [m.name for m in modules]
     protos = list(cpu_dump.glob("*.before_optimizations.hlo.pb"))
     assert len(modules) == len(protos) == 8 and "jit_train_step" in names
@@ -64,7 +64,7 @@ def test_memory_recompiles_every_module_largest_peak_first_and_caches(cpu_dump, 
     assert names[0] == "jit_train_step"
     assert [m.peak_heap_bytes for m in modules] == sorted((m.peak_heap_bytes for m in modules), reverse=True)
     assert all(m.method == "recompiled" for m in modules)
-    cached = memory.analyze(cpu_dump, target="v5e")  # the same dump again: every module from the cache
+    cached = memory.module_memories(cpu_dump, target="v5e")  # the same dump again: every module from the cache
     assert all("(cached compile)" in m.notes[-1] for m in cached)
     assert [m.peak_heap_bytes for m in cached] == [m.peak_heap_bytes for m in modules]
     entries = list((tmp_path / "cache" / "tpuprof" / "preflight" / "recompiled").iterdir())
@@ -74,11 +74,11 @@ def test_memory_recompiles_every_module_largest_peak_first_and_caches(cpu_dump, 
 def test_memory_without_compile_orders_by_peak_and_without_target_names_every_generation(cpu_dump):
     from tpuprof.commands import memory
 
-    modules = memory.analyze(cpu_dump, target="v5e", compile_=False)
+    modules = memory.module_memories(cpu_dump, target="v5e", compile_=False)
     assert len(modules) == 8
     assert [m.peak_heap_bytes for m in modules] == sorted((m.peak_heap_bytes for m in modules), reverse=True)
     with pytest.raises(UserError) as error:
-        memory.analyze(cpu_dump)  # no --target: one sentence for the whole dump, every generation named
+        memory.module_memories(cpu_dump)  # no --target: one sentence for the whole dump, every generation named
     assert "none of the 8 modules" in str(error.value)
     assert all(name in str(error.value) for name in targets.TARGETS) and "tpu7x" in str(error.value)
 
@@ -106,7 +106,7 @@ def test_donation_is_advised_only_where_the_outputs_alias_no_argument(donate, tm
 
     subprocess.run([sys.executable, "-c", DONATING_STEP, donate, str(tmp_path / "dump")], check=True,
                    timeout=600, capture_output=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    (module,) = memory.analyze(tmp_path / "dump", target="v5e")
+    (module,) = memory.module_memories(tmp_path / "dump", target="v5e")
     kinds = [s.kind for s in module.suggestions]
     if donate == "donated":  # the new state is written over the old one: 16 MiB of outputs in argument buffers
         assert module.aliased_bytes == 16 << 20 and "donation" not in kinds
@@ -122,7 +122,7 @@ def test_llama3_train_step_that_donates_40_pairs_gets_no_donation_advice(tmp_pat
     path = real_data.real_artefact(real_data.LLAMA3_8B_TRAIN_STEP_V6E_8_HLO, tmp_path)
     header = path.read_text().split("\n", 1)[0]
     assert len(re.findall(r"\{\d+\}: \(\d+, \{\}", header)) == 40  # the module's own input_output_alias
-    (module,) = memory.analyze(path)
+    (module,) = memory.module_memories(path)
     assert module.alias_pairs == 40 and module.aliased_bytes >= 0.99 * module.output_bytes
     assert "donation" not in [s.kind for s in module.suggestions]
 
@@ -158,7 +158,7 @@ def test_one_buffer_gets_one_consistent_fix_and_no_size_that_grows_it():
     from tpuprof.advice.memory import batch_dimension, class_counts, convolutional, padding_fix
     from tpuprof.commands import memory
 
-    (module,) = memory.analyze(ROOT / "sample_profiles" / "dumps" / "conv18_f32_v5e", top=0)
+    (module,) = memory.module_memories(ROOT / "sample_profiles" / "dumps" / "conv18_f32_v5e", top=0)
     batch, classes, convolves = batch_dimension(module), class_counts(module, None), convolutional(module)
     kernels = [b for b in module.buffers if b.shape.startswith("f32[3,3,18,18]") and b.padded_dims]
     assert kernels

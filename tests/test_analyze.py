@@ -39,7 +39,7 @@ def reports():
 
     def get(name: str):
         if name not in cache:
-            cache[name] = command.analyze(str(capture(name)))
+            cache[name] = command.profile_summary(str(capture(name)))
         return cache[name]
 
     return get
@@ -240,7 +240,7 @@ def test_fsspec_url_is_read(tmp_path):
     fs = fsspec.filesystem("memory")
     run = "/bucket/logs/plugins/profile/2026_01_01_00_00_00"
     fs.pipe(f"{run}/{source.name}", source.read_bytes())
-    report = command.analyze("memory://bucket/logs")
+    report = command.profile_summary("memory://bucket/logs")
     assert report.hosts[0].path.startswith("memory://") and report.verdict == "highly input-bound"
 
 
@@ -261,7 +261,7 @@ def test_analyze_imports_neither_tensorflow_nor_jax():
 def analyze_layout(tmp_path, layout: Layout, **hosts_layouts):
     spaces = {"tpu-vm-0": tpu_xspace(layout)}
     spaces.update({name: tpu_xspace(other, name) for name, other in hosts_layouts.items()})
-    return command.analyze(str(write_run(tmp_path, spaces)))
+    return command.profile_summary(str(write_run(tmp_path, spaces)))
 
 
 def test_tpu_infeed_is_input(tmp_path):
@@ -440,7 +440,7 @@ def test_json_renderer_keeps_no_steps_honest(tmp_path):
     plane.event_metadata[1].name = "SomethingElse"
     line = plane.lines.add(id=1, name="python")
     line.events.add(metadata_id=1, offset_ps=0, duration_ps=1000)
-    report = command.analyze(str(write_run(tmp_path, {"h": space})))
+    report = command.profile_summary(str(write_run(tmp_path, {"h": space})))
     document = documents_analyze.document(report, 5)
     assert document["verdict"] == "unknown" and document["steps"]["count"] == 0
     assert "no step markers" in document["verdict_reason"] and document["suggestions"] == []
@@ -459,7 +459,7 @@ def test_fresh_capture_of_an_input_bound_job(profiler_job, tmp_path, script, arg
 
     job = profiler_job(script, *args)
     result = capture_run([job.address], str(tmp_path), TraceOptions(duration_ms=1500))
-    report = command.analyze(result.run_dir)
+    report = command.profile_summary(result.run_dir)
     assert report.step_count >= 5
     assert report.verdict == "highly input-bound" and report.input_bound_percent >= 20
     if input_ms is not None:  # a sleep is never shorter than asked; 10% for where a step's edge falls
@@ -491,7 +491,7 @@ def test_a_single_step_longer_than_the_capture_is_still_measured(tmp_path):
     others = [e for e in line.events if e.metadata_id != step_id]
     del line.events[:]
     line.events.extend(sorted(kept + others, key=lambda e: e.offset_ps))
-    report = command.analyze(str(write_run(tmp_path, {"host": space})))
+    report = command.profile_summary(str(write_run(tmp_path, {"host": space})))
     assert report.step_count == 1 and report.verdict == "highly input-bound"
     assert report.mean_ms == pytest.approx(kept[0].duration_ps / 1e9, rel=1e-6)
 

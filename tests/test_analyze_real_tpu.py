@@ -33,13 +33,13 @@ PALLAS_M, PALLAS_K, PALLAS_N = 2048, 1024, 2048  # the job's shapes (the fixture
 @pytest.fixture(scope="module")
 def offload(tmp_path_factory):
     path = real_artefact(TPU_HOST_OFFLOAD_V6E_4, tmp_path_factory.mktemp("offload"))
-    return path, command.analyze(str(path), top=0)
+    return path, command.profile_summary(str(path), top=0)
 
 
 @pytest.fixture(scope="module")
 def pallas(tmp_path_factory):
     path = real_artefact(TPU_PALLAS_MATMUL_V6E_1, tmp_path_factory.mktemp("pallas"))
-    return path, command.analyze(str(path), top=0)
+    return path, command.profile_summary(str(path), top=0)
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ def test_the_suite_covers_the_programs_and_generations():
 @pytest.mark.parametrize("name", sorted(MANIFEST))
 def test_text_estimate_is_within_10_percent_of_the_exact_peak_and_labelled(name, tmp_path):
     exact = MANIFEST[name]["exact"]
-    result = command.analyze(_text_file(name, tmp_path), target=MANIFEST[name]["target"], top=5)[0]
+    result = command.module_memories(_text_file(name, tmp_path), target=MANIFEST[name]["target"], top=5)[0]
     assert result.estimated is True and result.method == "hlo_liveness"
     assert result.expected_error_percent == hlo_estimate.EXPECTED_ERROR_PERCENT == 10
     error = result.peak_heap_bytes / exact["peak_heap_bytes"] - 1

@@ -38,7 +38,7 @@ def test_peak_and_max_heap_equal_xprof_memory_viewer(name, tmp_path):
 
 def test_transformer_peak_includes_hbm_temporaries():
     """The bf16 transformer's activations do not fit in VMEM: the heap trace must be replayed."""
-    result = command.analyze(sample_dump("transformer_bf16_v6e"))[0]
+    result = command.module_memories(sample_dump("transformer_bf16_v6e"))[0]
     assert result.target == "v6e" or result.target is None
     indefinite = result.argument_bytes + result.output_bytes
     assert result.peak_heap_bytes > indefinite + 10 * MiB
@@ -69,7 +69,7 @@ def test_json_contract(cli):
 
 
 def analysis_ops(path):
-    return command.analyze(path, top=0)[0].ops
+    return command.module_memories(path, top=0)[0].ops
 
 
 def test_tables_name_the_framework_ops(cli):
@@ -82,8 +82,8 @@ def test_tables_name_the_framework_ops(cli):
 def test_buffer_assignment_text_agrees_with_the_proto():
     folder = sample_dump("transformer_bf16_v6e")
     text = next(folder.glob("*-buffer-assignment.txt"))
-    from_text = command.analyze(text, top=0)[0]
-    from_proto = command.analyze(hlo_pb("transformer_bf16_v6e"), top=0)[0]
+    from_text = command.module_memories(text, top=0)[0]
+    from_proto = command.module_memories(hlo_pb("transformer_bf16_v6e"), top=0)[0]
     assert from_text.argument_bytes == from_proto.argument_bytes
     assert from_text.output_bytes == from_proto.output_bytes
     by_name = {b.instruction: b.size_bytes for b in from_proto.buffers}
@@ -97,8 +97,8 @@ def test_hlo_text_with_tpu_layouts_is_a_labelled_estimate_with_exact_buffer_size
     """Text carries the TPU layouts (sizes exact) but no buffer assignment: the peak is an estimate, and says so."""
     folder = sample_dump("transformer_bf16_v6e")
     text = next(folder.glob("*.after_optimizations.txt"))
-    result = command.analyze(text, top=0)[0]
-    exact = command.analyze(hlo_pb("transformer_bf16_v6e"))[0]
+    result = command.module_memories(text, top=0)[0]
+    exact = command.module_memories(hlo_pb("transformer_bf16_v6e"))[0]
     assert result.estimated and result.method == "hlo_liveness" and result.expected_error_percent == 10
     assert exact.method == "buffer_assignment" and not exact.estimated
     assert result.argument_bytes == exact.argument_bytes and result.output_bytes == exact.output_bytes

@@ -37,7 +37,7 @@ def _generator():
 
 @pytest.fixture(scope="module")
 def source_report():
-    return command.analyze(str(SOURCE))
+    return command.profile_summary(str(SOURCE))
 
 
 @pytest.fixture(scope="module")
@@ -78,14 +78,14 @@ def test_the_slowed_host_is_named_and_every_host_steps_are_right(pod16, pod16_js
 def test_hosts_from_two_run_folders_named_together_make_one_pod(tmp_path, source_report):
     pod = _generator().build(SOURCE, tmp_path, hosts=4, slow_host=2, slow=0.5, runs=2)
     assert len(pod.runs) == 2
-    report = command.analyze(pod.runs)  # two run folders, as a capture from several machines can land
+    report = command.profile_summary(pod.runs)  # two run folders, as a capture from several machines can land
     assert [h.host for h in report.hosts] == pod.hosts and report.run is None
     assert report.pod.stragglers[0].host == "host_002"
     # The same host file named twice (a folder and the file in it) is read once.
-    assert len(command.analyze([pod.runs[0], pod.files[0]]).hosts) == 2
+    assert len(command.profile_summary([pod.runs[0], pod.files[0]]).hosts) == 2
     # Hosts of the same name in two captures' run folders (of the same name too) are told apart by their folder.
     other = _generator().build(SOURCE, tmp_path / "other", hosts=2, slow_host=None)
-    names = [h.host for h in command.analyze([pod.runs[0], other.runs[0]]).hosts]
+    names = [h.host for h in command.profile_summary([pod.runs[0], other.runs[0]]).hosts]
     assert len(set(names)) == 4 and names[2] == f"{other.runs[0]}/host_000"
 
 
@@ -108,12 +108,12 @@ def test_64_hosts_give_the_compact_table(source_report):
 
 def test_device_data_lost_on_one_host_is_said(tmp_path):
     source = real_artefact(TPU_HOST_OFFLOAD_V6E_4, tmp_path / "real")  # a real v6e capture, 4 chips
-    whole = command.analyze(str(source)).hosts[0]
+    whole = command.profile_summary(str(source)).hosts[0]
     # The chips run ~25 s behind the host's calls in this capture (asynchronous dispatch): losing 40 of its 100
     # steps makes their events stop before the host's last call.
     lost = 40
     pod = _generator().build(source, tmp_path / "pod", hosts=2, slow_host=None, lose_host=1, lose_steps=lost)
-    report = command.analyze(pod.folder)
+    report = command.profile_summary(pod.folder)
     kept, cut = report.hosts
     assert kept.steps_without_device == 0 and not kept.device_stops_early_ps
     assert len(kept.steps) == len(whole.steps)
@@ -197,7 +197,7 @@ def test_the_report_draws_a_host_by_step_heat_map(pod16, tmp_path, source_report
     from tpuprof.commands.report import steps_input
     from tpuprof.renderers import html
 
-    page = html.render([steps_input(pod16.folder, command.analyze(pod16.folder), 10)])
+    page = html.render([steps_input(pod16.folder, command.profile_summary(pod16.folder), 10)])
     (data, layout), = [p for p in plots(page).values() if p[0][0]["type"] == "heatmap"]
     heat = data[0]
     assert heat["y"] == pod16.hosts and len(heat["z"]) == HOSTS
@@ -283,7 +283,7 @@ def test_the_host_the_all_reduce_waits_for_is_ranked_by_its_delay(tmp_path):
         layout = Layout(steps=12, matmul_ms=6.0 + (extra if slow else 0.0), collective_ms=1.0 + (0.0 if slow else extra),
                         start_ns=1_000_000 + shift)
         spaces[f"tpu-vm-{i}"] = tpu_xspace(layout, f"tpu-vm-{i}")
-    report = command.analyze(str(write_run(tmp_path, spaces)))
+    report = command.profile_summary(str(write_run(tmp_path, spaces)))
     pod = report.pod
     medians = {r.median_ms for r in pod.hosts}
     assert len(medians) == 1  # lock step: the same step time everywhere

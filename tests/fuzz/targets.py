@@ -301,14 +301,14 @@ class JsonDocuments(Target):
         documents = []
         with contextlib.redirect_stdout(io.StringIO()):
             for name in ("int8_matmul_v5e", "onehot10_v5e"):
-                documents.append(memory_document(memory.analyze(DUMPS / name, top=4), 4))
+                documents.append(memory_document(memory.module_memories(DUMPS / name, top=4), 4))
             for name in ("tf_slow_map",):
-                documents.append(render_analyze.document(analyze.analyze(str(CAPTURES / name), top=4), 4))
+                documents.append(render_analyze.document(analyze.profile_summary(str(CAPTURES / name), top=4), 4))
             for space in XPlane.synthetic_spaces()[2:]:  # TPU chips: devices, roofline, slow chips
                 with tempfile.TemporaryDirectory() as folder:
                     path = Path(folder, "tpu.xplane.pb")
                     path.write_bytes(space)
-                    documents.append(render_analyze.document(analyze.analyze(str(path), top=4), 4))
+                    documents.append(render_analyze.document(analyze.profile_summary(str(path), top=4), 4))
             for text in OOM_TEXTS[:6]:
                 documents.append(oom.to_document(*oom.explain(str(text))))
         documents.append(json.loads((ROOT / "tests" / "fixtures" / "report" / "preflight_conv18_v5e_b64.json").read_text()))

@@ -38,7 +38,7 @@ def _distinct_hosts(profiles) -> None:
         profile.host = run if runs.count(run) == 1 else f"{posixpath.dirname(profile.path)}/{profile.host}"
 
 
-def analyze(path, top: int = 10, workers: int | None = None, ray: str | None = None) -> ProfileSummary:
+def profile_summary(path, top: int = 10, workers: int | None = None, ray: str | None = None) -> ProfileSummary:
     paths = _paths(path)
     if not paths:
         raise UserError("name a profile to analyze.")
@@ -61,7 +61,7 @@ def result(path, top: int = 10, workers: int | None = None, ray: str | None = No
     from tpuprof.results import AnalyzeResult
 
     paths = _paths(path)
-    return AnalyzeResult(" ".join(paths), analyze(paths, top=top, workers=workers, ray=ray), top)
+    return AnalyzeResult(" ".join(paths), profile_summary(paths, top=top, workers=workers, ray=ray), top)
 
 
 def run(path, top: int, as_json: bool, csv: str | None = None, format_: str | None = None,
@@ -74,7 +74,7 @@ def run(path, top: int, as_json: bool, csv: str | None = None, format_: str | No
         from tpuprof.renderers import csv as render_csv
 
         render_csv.check_analyze(csv)
-        render_csv.print_analyze(analyze(path, top=0, workers=workers, ray=ray), csv)  # CSV: every row
+        render_csv.print_analyze(profile_summary(path, top=0, workers=workers, ray=ray), csv)  # CSV: every row
         return
     steps = result(path, top, workers=workers, ray=ray)
     if not print_document(steps, format_):

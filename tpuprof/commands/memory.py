@@ -13,7 +13,7 @@ from tpuprof.models.memory import ModuleMemory
 from tpuprof.sources import hlo_dump, inputs
 
 
-def analyze(path: Path, module: str | None = None, target: str | None = None, top: int = 15,
+def module_memories(path: Path, module: str | None = None, target: str | None = None, top: int = 15,
             compile_: bool | None = None) -> list[ModuleMemory]:
     """The whole memory pipeline, for other commands (oom --dump, preflight, report) too.
 
@@ -207,7 +207,7 @@ def result(path: Path, module: str | None = None, target: str | None = None, top
     """The memory pipeline's modules as the typed result that `tpuprof.memory()` returns and the CLI renders."""
     from tpuprof.results import MemoryResult
 
-    return MemoryResult(str(path), analyze(path, module, target, top, compile_), top)
+    return MemoryResult(str(path), module_memories(path, module, target, top, compile_), top)
 
 
 def run(path: Path, module: str | None, target: str | None, compile_: bool | None, top: int, as_json: bool,
@@ -220,7 +220,7 @@ def run(path: Path, module: str | None, target: str | None, compile_: bool | Non
         from tpuprof.renderers import csv as render_csv
 
         render_csv.check_memory(csv)
-        render_csv.print_memory(analyze(path, module, target, 0, compile_), csv)
+        render_csv.print_memory(module_memories(path, module, target, 0, compile_), csv)
         return
     memory = result(path, module, target, top, compile_)
     if not print_document(memory, format_):

@@ -155,7 +155,7 @@ def _memory(dump_dir: str, generation: str, top: int):
 
     from tpuprof.commands import memory
 
-    modules = [m for m in memory.analyze(Path(dump_dir), target=generation, top=top) if m.buffers]
+    modules = [m for m in memory.module_memories(Path(dump_dir), target=generation, top=top) if m.buffers]
     return max(modules, key=lambda m: m.peak_heap_bytes or 0) if modules else None
 
 

@@ -83,7 +83,7 @@ def _load_memory(path: Path, target: str | None, top: int) -> Input:
         if not documents.valid(meta, documents.SAMPLE):  # advisory: a damaged one is ignored
             meta = {}
     # top=0: shapes and source lines for every buffer (diff matches them all, the page picks its rows).
-    results = memory.analyze(path, target=target or meta.get("target"), top=0)
+    results = memory.module_memories(path, target=target or meta.get("target"), top=0)
     return memory_input(str(path), results, meta)
 
 
@@ -131,7 +131,7 @@ def _timeline(module) -> dict | None:
 def _load_steps(path: str, top: int) -> Input:
     from tpuprof.commands import analyze
 
-    return steps_input(path, analyze.analyze(path, top=top), top)
+    return steps_input(path, analyze.profile_summary(path, top=top), top)
 
 
 def steps_input(path: str, report, top: int) -> Input:
