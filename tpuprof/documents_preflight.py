@@ -130,18 +130,6 @@ def _oom(c: Compiled) -> dict:
             "suggestions": list(oom.suggestions)}
 
 
-def table_rows(targets_: list, top: int) -> list[dict]:
-    """What the terminal table (tpuprof.renderers.preflight.print_report) reads: each slice's entry with the
-    memory analysis itself (its tables)."""
-    rows = []
-    for t in targets_:
-        row = target(t, top)
-        if t.compiled.memory is not None:
-            row["memory"] = t.compiled.memory
-        rows.append(row)
-    return rows
-
-
 # --- prose -----------------------------------------------------------------------------------------------
 
 _WEIGHT_WORDS = {"float32": "fp32", "bfloat16": "bf16"}

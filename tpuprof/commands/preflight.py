@@ -26,9 +26,7 @@ def run(spec_text: str | None, tpu: str, *, as_json: bool = False, format_: str 
     except PreflightOptionError as error:
         raise error.for_flags() from None
     if not print_document(checked, format_):
-        from tpuprof.documents_preflight import table_rows
-
-        render.print_report(checked.spec, table_rows(checked.targets, checked.top), checked.top)
+        render.print_document(checked.to_dict(), checked.top, checked.spec)
 
 
 def result(options, on_compile=None):

@@ -36,12 +36,3 @@ def print_document(document: dict, top: int, spec: str | None = None) -> None:
 
     terminal(section(document, min(top, 8), spec))
 
-
-def print_report(spec: str, results: list[dict], top: int) -> None:
-    """RESULTS: each slice's document entry, whose compile's memory may still be the typed analysis (the command's
-    table_rows): turned into the document's entry as --json has it."""
-    from tpuprof.documents_memory import document as memory_document
-
-    targets = [{**r, "memory": memory_document([r["memory"]], top)["modules"][0]}
-               if r.get("memory") is not None and not isinstance(r["memory"], dict) else r for r in results]
-    print_document({"targets": targets}, top, spec)
