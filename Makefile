@@ -16,9 +16,10 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/tpuprof memory sample_profiles/dumps/conv18_f32_v5e
-	@# Last: one self-contained page over every sample (dumps, captures, OOM texts); its path is the final line.
+	@# Last: one self-contained page over every sample (dumps, captures, OOM texts); its path is the final line. The
+	@# page is the demo's own: a second `make demo` replaces it.
 	@$(BIN)/tpuprof report sample_profiles/dumps/* $(wildcard sample_profiles/captures/*) sample_profiles/oom/*.txt \
-		--title "tpuprof demo: the sample profiles" -o $(CURDIR)/out/report.html >/dev/null
+		--title "tpuprof demo: the sample profiles" -o $(CURDIR)/out/report.html --force >/dev/null
 	@echo "Report: $(CURDIR)/out/report.html"
 
 # Every test on WORKERS processes (xdist), then the 25 slowest. libtpu compiles on one thread, so a second worker
