@@ -258,7 +258,7 @@ class TargetEstimate:
 
     @property
     def devices_per_chip(self) -> int:
-        return max(targets.get(self.step.target).devices_per_chip or 1, 1)
+        return targets.get(self.step.target).devices_per_chip
 
     @property
     def examples_per_s(self) -> float | None:
