@@ -12,6 +12,7 @@ import pytest
 
 from tpuprof.analyses import step_estimate
 from tpuprof.analyses import preflight
+from tpuprof import slices
 from tpuprof.sources import llm
 
 # (model, per-device batch, seq, the log line's seconds and TFLOP/s/device), from
@@ -24,7 +25,7 @@ LOGGED = [("llama3.1-8b", 3, 8192, 3.443, 413.433), ("llama3.1-70b", 2, 8192, 17
 def test_model_flops_equal_maxtexts_logged_count(name, batch, seq, seconds, tflops):
     pytest.importorskip("libtpu")
     config, source = llm.load_config(name)
-    spec = llm.Spec(llm.Step(config, source, seq, mesh_sizes=llm.parse_mesh(None, 8)), "v6e-8")
+    spec = llm.Spec(llm.Step(config, source, seq, mesh_sizes=llm.parse_mesh(None, 8)), slices.parse("v6e-8"))
     model = spec.model_info()
     tokens = batch * seq
     width = model["heads"] * model["head_dim"]

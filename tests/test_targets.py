@@ -126,9 +126,9 @@ def test_common_names(name, expected):
 
 
 def test_topologies_are_spelled_as_libtpu_does_and_carry_the_chip_config():
-    assert slices.topology_of("v7x:2x2x1") == "tpu7x:2x2x1"
-    assert slices.topology_of("trillium:2x4") == "v6e:2x4"
-    assert slices.topology_of("v4") == "v4:2x2x1" and slices.compile_label("v4-8") == "v4:2x2x1 megacore"
+    assert slices.parse("v7x:2x2x1").topology == "tpu7x:2x2x1"
+    assert slices.parse("trillium:2x4").topology == "v6e:2x4"
+    assert slices.parse("v4").topology == "v4:2x2x1" and slices.parse("v4-8").compile_label == "v4:2x2x1 megacore"
     with pytest.raises(UserError, match="unknown TPU target 'v9'.*tpu7x"):
         targets.get("v9")
 

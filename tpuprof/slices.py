@@ -170,17 +170,10 @@ def _from_name(generation: str, count: int, text: str) -> Slice:
     return Slice(canonical, generation, f"{target.topology_prefix}:{shape}", chips, chips * target.devices_per_chip)
 
 
-def topology_of(name: str) -> str:
-    """The libtpu topology to compile for: the generation's smallest (`v4` -> `v4:2x2x1`), a slice's
-    (`v5p-128` -> `v5p:4x4x4`), or the one given, with the generation spelled as libtpu does (`v7x:2x2x1` ->
-    `tpu7x:2x2x1`, `trillium:2x4` -> `v6e:2x4`)."""
-    return parse(name).topology
-
-
-def compile_label(name: str) -> str:
-    """The topology and chip config a compile for `name` uses, as one text (cache keys, messages):
-    `v4:2x2x1 megacore`, `v5e:2x2`."""
-    return parse(name).compile_label
+def resolve(target: "Slice | str") -> Slice:
+    """The Slice itself, or the one a text names (`v5e`, `v6e-8`, `v5e:2x2`): the compile layer takes either, so
+    the options' typed slices pass through unparsed and the Python API and tests may still write a name."""
+    return target if isinstance(target, Slice) else parse(target)
 
 
 def table() -> list[Slice]:

@@ -247,7 +247,7 @@ class Compiler:
         # Stop a compile once its memory layout alone does not fit (tpu_compile.compile_until_layout): a spec that
         # pickles.
         self.layout_only = layout_only
-        self.target = slice_.topology  # what the compile layer takes: the libtpu topology, parsed back alike
+        self.target = slice_
         self.dtype = dtype
         self.use_cache = use_cache
         self.on_compile = on_compile
@@ -336,7 +336,7 @@ class Compiler:
                     from tpuprof.errors import UserError
 
                     raise UserError(f"libtpu could not compile {self.spec.text} at batch {batch} for "
-                                    f"{self.target}: {str(error).strip().splitlines()[0]}") from None
+                                    f"{self.target.topology}: {str(error).strip().splitlines()[0]}") from None
                 raise
         dump_dir = None
         if staging is not None:

@@ -77,12 +77,12 @@ def programs(config, kv: KvLayout, *, tp: int, max_num_seqs: int, max_model_len:
     return backbones, logits
 
 
-def compile_cached(config, program, slice_name: str, topology: str, use_cache: bool = True,
-                   on_compile=None) -> dict:
-    """The compiler's figures for PROGRAM (sources.llm_serve.compile_program), from the cache when it has them."""
+def compile_cached(config, program, slice_, use_cache: bool = True, on_compile=None) -> dict:
+    """The compiler's figures for PROGRAM on the tpuprof.slices.Slice (sources.llm_serve.compile_program), from the
+    cache when it has them."""
     from tpuprof.analyses.preflight import _libtpu_version, _write_json_atomically
 
-    key = program.key(config, topology + " " + _libtpu_version() + f" {CACHE_FORMAT}")
+    key = program.key(config, slice_.compile_label + " " + _libtpu_version() + f" {CACHE_FORMAT}")
     entry = cache_root() / f"{key}.json"
     if use_cache and entry.is_file():
         try:
@@ -95,10 +95,10 @@ def compile_cached(config, program, slice_name: str, topology: str, use_cache: b
     from tpuprof.sources import llm_serve, tpu_compile
 
     try:
-        result = llm_serve.compile_program(config, program, slice_name)
+        result = llm_serve.compile_program(config, program, slice_)
     except tpu_compile.CompileFailed as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UserError(f"libtpu could not compile the {program.kind} program of {config.name} for {slice_name} "
+        raise UserError(f"libtpu could not compile the {program.kind} program of {config.name} for {slice_.name} "
                         f"(tensor parallelism {program.tensor_parallel_size}): {first[:300]}") from None
     if os.environ.get("TPUPROF_NO_CACHE_WRITE") is None:
         _write_json_atomically(entry, result)
@@ -128,14 +128,11 @@ def compile_all(config, kv: KvLayout, slice_, *, tp: int, max_num_seqs: int, max
                 max_num_batched_tokens: int, quantization: str, expert_parallel: bool, use_cache: bool = True,
                 on_compile=None) -> ProgramSet:
     """Every backbone compiled whole (all decoder layers) and every logits program: exact figures per device."""
-    from tpuprof import slices as slice_names
-
     backbones, logits = programs(
         config, kv, tp=tp, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
         max_num_batched_tokens=max_num_batched_tokens, quantization=quantization, expert_parallel=expert_parallel,
         generation=slice_.generation)
-    label = slice_names.compile_label(slice_.name)
-    run = {p: compile_cached(config, p, slice_.name, label, use_cache, on_compile)
+    run = {p: compile_cached(config, p, slice_, use_cache, on_compile)
            for p in [*reversed(backbones), *logits]}
     layers = config.num_hidden_layers
     records = []

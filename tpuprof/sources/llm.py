@@ -37,10 +37,13 @@ import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpuprof.errors import UserError
 from tpuprof.models.preflight import custom_remat, state_bytes_per_parameter
+
+if TYPE_CHECKING:
+    from tpuprof import slices
 from tpuprof.sources.mesh import MESH_AXES, make_mesh, parse_mesh  # noqa: F401 - the LLM step's mesh
 
 OFFLOADED = ("decoder_layer_input", "query_proj", "key_proj", "value_proj")  # --remat offload, as MaxText names them
@@ -984,7 +987,7 @@ class Spec:
     # When even one sequence's offloaded activations exceed the host's memory (the verdict's advice).
     host_advice = "use --remat full (nothing offloaded: each layer's input stays in HBM) or a shorter --seq"
 
-    def __init__(self, step: Step, target: str):
+    def __init__(self, step: Step, target: "slices.Slice"):
         from tpuprof.sources import tpu_compile
 
         self.step = step
@@ -1003,7 +1006,7 @@ class Spec:
 
         self.__dict__.update(state, devices=tpu_compile.topology_devices(state["target"]))
 
-    def program(self, batch_size: int, dtype: str | None = None, target: str | None = None):
+    def program(self, batch_size: int, dtype: str | None = None, target: "slices.Slice | None" = None):
         from tpuprof.sources.tpu_compile import Program
 
         fn, args = build(self.step, self.devices, batch_size)

@@ -306,17 +306,18 @@ def _logits_program(config: ModelConfig, program: ServeProgram, devices):
     return jax.jit(fn), [hidden, final_norm, head], mesh
 
 
-def compile_program(config: ModelConfig, program: ServeProgram, slice_name: str) -> dict:
-    """Compile PROGRAM for the slice's topology, compile-only; returns the compiler's figures for one device
-    ({"argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "code_bytes", "seconds"}) or, when the compiler
-    refuses it for lack of memory, {"failure": its message, "space": "smem" | "vmem" | "hbm" | None}."""
+def compile_program(config: ModelConfig, program: ServeProgram, slice_) -> dict:
+    """Compile PROGRAM for the topology of SLICE_ (a tpuprof.slices.Slice, or its name), compile-only; returns the
+    compiler's figures for one device ({"argument_bytes", "output_bytes", "alias_bytes", "temp_bytes",
+    "code_bytes", "seconds"}) or, when the compiler refuses it for lack of memory, {"failure": its message,
+    "space": "smem" | "vmem" | "hbm" | None}."""
     import time
 
     import jax
 
     from tpuprof.sources import tpu_compile
 
-    devices = tpu_compile.topology_devices(slice_name)
+    devices = tpu_compile.topology_devices(slice_)
     fn, args, mesh = build(config, program, devices)
     start = time.perf_counter()
     try:

@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-from tpuprof import targets
+from tpuprof import slices
 from tpuprof.errors import UserError, tensorflow_missing
 
 # The dump files of the main module that tpuprof reads; the compiler writes many more per compile.
@@ -150,59 +150,51 @@ def jax_available() -> bool:
         return False
 
 
-def topology_devices(name: str) -> tuple:
-    """The compile-only devices of a generation's smallest topology (or of an explicit `v5e:2x2`), in the
-    chip config users' jobs run (`tpuprof.targets`: v4 is "megacore", one device per chip)."""
+def topology_devices(target: "slices.Slice | str") -> tuple:
+    """The compile-only devices of the slice's topology (a bare generation: its smallest), in the chip config
+    users' jobs run (`tpuprof.targets`: v4 is "megacore", one device per chip)."""
+    chosen = slices.resolve(target)
     with _TOPOLOGY_LOCK:  # a sweep's threads (commands.preflight): libtpu registers its plugin once, unlocked
-        return _topology_devices(name)
+        return _topology_devices(chosen.topology, chosen.target.chip_config_name, chosen.chips_per_host_bounds)
 
 
 @lru_cache(maxsize=None)
-def _topology_devices(name: str) -> tuple:
+def _topology_devices(topology: str, chip_config_name: str | None, chips_per_host_bounds: tuple | None) -> tuple:
+    """One device tuple per topology, however the slice was named (`v6e-8`, `v6e:2x4`): a mesh built from one
+    name's devices must hold the devices another name's arguments are placed on."""
     if not jax_available():
         raise UserError(INSTALL_HINT)
     _quiet_libtpu()
     from jax.experimental import topologies
 
-    from tpuprof import slices
-
-    target = targets.get(name)
-    chosen = slices.parse(name)
-    topology = chosen.topology
-    chip_config = {"chip_config_name": target.chip_config_name} if target.chip_config_name else {}
-    if chosen.chips_per_host_bounds:  # a 1-chip slice (v6e-1): libtpu's default 2x2x1 host refuses it
-        chip_config["chips_per_host_bounds"] = chosen.chips_per_host_bounds
+    chip_config = {"chip_config_name": chip_config_name} if chip_config_name else {}
+    if chips_per_host_bounds:  # a 1-chip slice (v6e-1): libtpu's default 2x2x1 host refuses it
+        chip_config["chips_per_host_bounds"] = chips_per_host_bounds
     try:
         description = topologies.get_topology_desc(platform="tpu", topology_name=topology, **chip_config)
     except Exception as error:  # noqa: BLE001 - libtpu raises plain RuntimeErrors
-        raise UserError(f"libtpu cannot compile for topology {slices.compile_label(name)!r}: "
-                        f"{_first_line(error)}.") from None
+        label = f"{topology} {chip_config_name}" if chip_config_name else topology
+        raise UserError(f"libtpu cannot compile for topology {label!r}: {_first_line(error)}.") from None
     return tuple(description.devices)
 
 
-def device(name: str):
+def device(target: "slices.Slice | str"):
     """Device 0 of the topology: the one chip / TensorCore tpuprof compiles for."""
-    return topology_devices(name)[0]
+    return topology_devices(target)[0]
 
 
-def topology_mesh(name: str, axis_name: str = "data", axes: str | None = None):
+def topology_mesh(target: "slices.Slice | str", axis_name: str = "data", axes: str | None = None):
     """A mesh over all devices of the slice's topology, for factories that shard themselves: 1-D (`data`), or
     with MaxText's axes when `axes` (`fsdp=-1,tensor=4`, the --mesh option) is given."""
     from jax.sharding import Mesh
     import numpy as np
 
-    devices = topology_devices(name)
+    devices = topology_devices(target)
     if axes:
         from tpuprof.sources import mesh
 
         return mesh.make_mesh(devices, mesh.parse_mesh(axes, len(devices)))
     return Mesh(np.array(devices), (axis_name,))
-
-
-def _topology_name(name: str) -> str:
-    from tpuprof import slices
-
-    return slices.topology_of(name)
 
 
 def _first_line(error: BaseException) -> str:
@@ -253,10 +245,10 @@ def _fresh_dir(dump_dir: str | os.PathLike | None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
 
 
-def _result(target: str, stats, dump_dir, keep_all: bool) -> CompileResult:
+def _result(chosen: slices.Slice, stats, dump_dir, keep_all: bool) -> CompileResult:
     return CompileResult(
-        target=targets.get(target).name,
-        topology=_topology_name(target),
+        target=chosen.generation,
+        topology=chosen.topology,
         argument_bytes=int(stats.argument_size_in_bytes),
         output_bytes=int(stats.output_size_in_bytes),
         alias_bytes=int(stats.alias_size_in_bytes),
@@ -302,15 +294,15 @@ HOST_MEMORY_SPACE = 5  # xla::Layout::kHostMemorySpace
 _TOPOLOGY_LOCK = threading.Lock()
 
 
-def _raise_compile_error(error: BaseException, target: str):
+def _raise_compile_error(error: BaseException, chosen: slices.Slice):
     if _is_resource_exhausted(error):
-        raise CompileResourceExhausted(str(error), targets.get(target).name) from None
+        raise CompileResourceExhausted(str(error), chosen.generation) from None
     raise CompileFailed(str(error)) from error
 
 
 # --- JAX -------------------------------------------------------------------------------------------
 
-def place_args(args: Sequence[Any], target: str) -> list:
+def place_args(args: Sequence[Any], target: slices.Slice | str) -> list:
     """Example arguments as ShapeDtypeStructs on device 0 of the target.
 
     Leaves that already carry a sharding on the topology (a factory given the mesh) keep it.
@@ -332,22 +324,23 @@ def place_args(args: Sequence[Any], target: str) -> list:
     return jax.tree_util.tree_map(place, list(args))
 
 
-def compile_jax(fn, args: Sequence[Any], target: str, dump_dir: str | os.PathLike | None = None,
+def compile_jax(fn, args: Sequence[Any], target: slices.Slice | str, dump_dir: str | os.PathLike | None = None,
                 keep_all: bool = False, donate_argnums: Sequence[int] = (),
                 options: dict[str, Any] | None = None) -> CompileResult:
     """Compile `fn(*args)` for one device of `target`; dump into `dump_dir` (a fresh folder) if given;
     `options`: compiler flags the program is run with (e.g. libtpu's xla_tpu_scoped_vmem_limit_kib)."""
     import jax
 
-    placed = place_args(args, target)
+    chosen = slices.resolve(target)
+    placed = place_args(args, chosen)
     _fresh_dir(dump_dir)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn, donate_argnums=tuple(donate_argnums))
     lowered = jitted.lower(*placed)
     try:
         compiled = lowered.compile(compiler_options={**(options or {}), **_dump_options(dump_dir)})
     except Exception as error:  # noqa: BLE001 - jaxlib raises JaxRuntimeError with the status text
-        _raise_compile_error(error, target)
-    return _result(target, compiled.memory_analysis(), dump_dir, keep_all)
+        _raise_compile_error(error, chosen)
+    return _result(chosen, compiled.memory_analysis(), dump_dir, keep_all)
 
 
 # --- stopped once the memory is laid out -------------------------------------------------------------
@@ -356,7 +349,7 @@ LAYOUT_SUFFIXES = (".after_optimizations.hlo.pb", ".after_optimizations-buffer-a
                    ".after_optimizations-memory-usage-report.txt")
 
 
-def compile_until_layout(spec, batch: int, dtype: str | None, target: str, dump_dir: str | os.PathLike,
+def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Slice | str, dump_dir: str | os.PathLike,
                          stop_above: int, poll_s: float = 0.25) -> CompileResult:
     """Compile `spec.program(batch, dtype, target)` in a child process (tpuprof.sources.compile_child); once the
     compiler has dumped the optimized module with its buffer assignment, before code generation (most of a large
@@ -373,12 +366,13 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: str, dump_
     import tempfile
     import time
 
+    chosen = slices.resolve(target)
     folder = Path(dump_dir)
     _fresh_dir(folder)
     with tempfile.TemporaryDirectory(prefix="tpuprof-compile-") as scratch:
         outcome_path = Path(scratch) / "outcome.json"
         log_path = Path(scratch) / "stderr.txt"
-        request = pickle.dumps((spec, batch, dtype, target, str(folder), str(outcome_path)))
+        request = pickle.dumps((spec, batch, dtype, chosen, str(folder), str(outcome_path)))
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
                                                             if p)}
@@ -399,7 +393,7 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: str, dump_
                             if figures is not None and layout_hbm_bytes(figures) > stop_above:
                                 child.kill()
                                 child.wait()
-                                return _layout_result(target, figures, folder)
+                                return _layout_result(chosen, figures, folder)
                             to_the_end = figures is not None  # it may fit: only the whole compile can say
                             child.send_signal(signal.SIGCONT)
                         sizes = now
@@ -413,7 +407,7 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: str, dump_
             raise CompileFailed(f"the compile process ended with code {child.returncode}: {tail[0]}")
         outcome = json.loads(outcome_path.read_text())
     if outcome["kind"] == "resource_exhausted":
-        raise CompileResourceExhausted(outcome["message"], targets.get(target).name)
+        raise CompileResourceExhausted(outcome["message"], chosen.generation)
     if outcome["kind"] == "failed":
         raise CompileFailed(outcome["message"])
     if outcome["kind"] == "user_error":
@@ -446,8 +440,8 @@ def _readable_layout(proto_path: Path) -> dict[str, int] | None:
     return figures if figures["argument_bytes"] or figures["temp_bytes"] or figures["output_bytes"] else None
 
 
-def _layout_result(target: str, figures: dict[str, int], folder: Path) -> CompileResult:
-    return CompileResult(target=targets.get(target).name, topology=_topology_name(target),
+def _layout_result(chosen: slices.Slice, figures: dict[str, int], folder: Path) -> CompileResult:
+    return CompileResult(target=chosen.generation, topology=chosen.topology,
                          generated_code_bytes=0, dump_dir=str(folder), files=_collect_dump(folder, False),
                          stage="buffer_assignment", **figures)
 
@@ -483,7 +477,7 @@ def tf_hlo_module(tf_function, specs: Sequence[Any]) -> bytes:
         raise CompileFailed(f"TensorFlow could not lower the function to XLA HLO: {_first_line(error)}") from error
 
 
-def compile_hlo_module(hlo_module_bytes: bytes, target: str, dump_dir: str | os.PathLike | None = None,
+def compile_hlo_module(hlo_module_bytes: bytes, target: slices.Slice | str, dump_dir: str | os.PathLike | None = None,
                        keep_all: bool = False) -> CompileResult:
     """Compile a serialized HloModuleProto (e.g. from TensorFlow) for one device of `target`."""
     from jax._src import compiler
@@ -491,7 +485,8 @@ def compile_hlo_module(hlo_module_bytes: bytes, target: str, dump_dir: str | os.
     from jax._src.lib import _jax
     from jax._src.lib.mlir import ir
 
-    dev = device(target)
+    chosen = slices.resolve(target)
+    dev = device(chosen)
     try:
         stablehlo = _jax.mlir.hlo_to_stablehlo(_legalizable(hlo_module_bytes))
     except Exception as error:  # noqa: BLE001
@@ -505,11 +500,11 @@ def compile_hlo_module(hlo_module_bytes: bytes, target: str, dump_dir: str | os.
         try:
             executable = dev.client.compile(module, _jax.DeviceList((dev,)), options)
         except Exception as error:  # noqa: BLE001
-            _raise_compile_error(error, target)
-    return _result(target, executable.get_compiled_memory_stats(), dump_dir, keep_all)
+            _raise_compile_error(error, chosen)
+    return _result(chosen, executable.get_compiled_memory_stats(), dump_dir, keep_all)
 
 
-def compile_tf(tf_function, specs: Sequence[Any], target: str, dump_dir: str | os.PathLike | None = None,
+def compile_tf(tf_function, specs: Sequence[Any], target: slices.Slice | str, dump_dir: str | os.PathLike | None = None,
                keep_all: bool = False) -> CompileResult:
     """Compile a `tf.function` for its TensorSpecs: TF -> HLO -> StableHLO -> libtpu."""
     return compile_hlo_module(tf_hlo_module(tf_function, specs), target, dump_dir, keep_all)
@@ -543,7 +538,7 @@ def keras_train_step(model, x_spec, y_spec):
     return train_step, [x_spec, y_spec]
 
 
-def compile_keras(model, x_spec, y_spec, target: str, dump_dir: str | os.PathLike | None = None,
+def compile_keras(model, x_spec, y_spec, target: slices.Slice | str, dump_dir: str | os.PathLike | None = None,
                   keep_all: bool = False) -> CompileResult:
     step, specs = keras_train_step(model, x_spec, y_spec)
     return compile_tf(step, specs, target, dump_dir, keep_all)
@@ -560,7 +555,7 @@ class Program:
     spec: str
     compiler_options: dict[str, Any] | None = None  # jax only: flags the program's own run sets
 
-    def compile(self, target: str, dump_dir: str | os.PathLike | None = None) -> CompileResult:
+    def compile(self, target: slices.Slice | str, dump_dir: str | os.PathLike | None = None) -> CompileResult:
         try:
             if self.kind == "jax":
                 return compile_jax(self.value[0], self.value[1], target, dump_dir, options=self.compiler_options)
@@ -619,7 +614,7 @@ class Spec:
     kind: str | None = None  # what the factory returned last: jax | tf | keras
     mesh_text: str | None = None  # --mesh: the axes of the Mesh a factory with a `mesh` parameter receives
 
-    def program(self, batch_size: int, dtype: str | None = None, target: str | None = None) -> Program:
+    def program(self, batch_size: int, dtype: str | None = None, target: slices.Slice | str | None = None) -> Program:
         kwargs: dict[str, Any] = {}
         keras_policy = None
         if dtype == "bfloat16" and self.accepts_dtype:
