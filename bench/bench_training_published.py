@@ -17,6 +17,11 @@ global_parameter_scale: those rows are built from an equivalent Llama-format con
 bench_step_estimate.dims()) and their published step is MaxText's model FLOPs per device / the printed rate
 (bench_step_estimate.model_flops_per_device), as that bench does.
 
+`--layout` stops every run at its memory layout (libtpu's buffer assignment, before code generation), whether or
+not it fits, in preflight's own wiring: the layout's bytes (a lower bound of the whole compile's: code generation
+adds to them) and the roofline point of its HLO, in seconds per run where a whole compile of a large step takes
+tens of minutes. Such rows say "layout only".
+
 `--results F` appends each finished run as a JSON line to F and skips runs already in F, so a long sweep can stop
 and resume; `--table F` prints the Markdown table of F's runs (every published run, "not run" where F has none).
 """
@@ -221,6 +226,53 @@ def run_preflight(command: list[str], workdir: Path, full: bool = False) -> tupl
     return json.loads(result.stdout)["targets"][0], "", seconds
 
 
+def run_layout(command: list[str], workdir: Path) -> tuple[dict | None, str, float]:
+    """The run's step compiled up to its memory layout only, as `tpuprof preflight` builds it
+    (tpuprof.commands.preflight): its slice's entry of the preflight document, "how" saying so."""
+    sys.path.insert(0, str(ROOT))
+    from tpuprof.analyses import preflight_step
+    from tpuprof.commands.preflight import mesh_sizes
+    from tpuprof.models.preflight import Compiled, CompilerFigures, PreflightTarget, preflight_options
+    from tpuprof.results import PreflightResult
+    from tpuprof.sources import llm, tpu_compile
+
+    keywords = {key[2:].replace("-", "_"): value for key, value in zip(command[0::2], command[1::2])}
+    if keywords["model"].startswith("@maxtext-default-"):
+        path = workdir / f"{keywords['model'][1:]}.json"
+        path.write_text(json.dumps(maxtext_default_config(int(keywords["model"].rsplit("-", 1)[1]))))
+        keywords["model"] = str(path)
+    keywords["seq"], keywords["batch_per_chip"] = int(keywords["seq"]), int(keywords["batch_per_chip"])
+    started = time.perf_counter()
+    options = preflight_options(**keywords)
+    chosen = options.slices[0]
+    config, source = llm.load_config(options.model)
+    sizes = mesh_sizes(options.mesh, chosen)
+    spec = llm.Spec(llm.Step(config, source, options.seq, options.remat, options.dtype, sizes, options.weight_dtype),
+                    chosen.topology)
+    batch = preflight_step.llm_batch_per_device(chosen, options.batch_per_chip, None)
+    dump = workdir / f"layout-{len(list(workdir.iterdir()))}"
+    try:
+        result = tpu_compile.compile_until_layout(spec, batch, None, chosen.topology, dump, stop_above=0)
+    except (tpu_compile.CompileResourceExhausted, tpu_compile.CompileFailed) as error:
+        return None, str(error).strip().splitlines()[0], time.perf_counter() - started
+    required = result.required_bytes
+    figures = CompilerFigures(result.argument_bytes, result.output_bytes, result.alias_bytes, result.temp_bytes,
+                              result.generated_code_bytes)
+    compiled = Compiled(batch, required <= chosen.target.compiler_hbm_bytes, required, 1, figures=figures,
+                        dump_dir=str(dump), stage=result.stage)
+    model = spec.model_info()
+    batches = preflight_step.slice_batches(chosen, batch, whole_slice=True)
+    estimate = preflight_step.estimate(chosen, compiled, options, tokens=options.seq, model=model,
+                                       seq_len=options.seq, batch_per_chip=batches.get("batch_per_chip"),
+                                       whole_job="global_batch" in batches)
+    answer = PreflightTarget(chosen, compiled, "", estimate=estimate, model=model, mesh=sizes, seq_len=options.seq,
+                             **batches)
+    target = PreflightResult(f"--model {config.name}", [answer]).to_dict()["targets"][0]
+    target["how"] = ("layout only (roofline)" if result.stage == "buffer_assignment"
+                     else "whole compile (it ended before the layout was read)")
+    return target, "", time.perf_counter() - started
+
+
 def compare(run: dict, target: dict | None, error: str, seconds: float) -> dict:
     published = published_step(run)
     out = {"name": run["name"], "published_s": published, "compile_s": round(seconds), "error": error or None}
@@ -229,7 +281,7 @@ def compare(run: dict, target: dict | None, error: str, seconds: float) -> dict:
     estimate = target.get("estimate") or {}
     out["fits"] = target.get("fits")
     out["required_bytes"], out["hbm_capacity_bytes"] = target.get("required_bytes"), target.get("hbm_capacity_bytes")
-    out["how"] = "layout (does not fit; roofline)" if target.get("fast") else "whole compile"
+    out["how"] = target.get("how") or ("layout (does not fit; roofline)" if target.get("fast") else "whole compile")
     if not estimate:
         out["error"] = "does not fit at the recipe's batch" if not target.get("fits") else "no estimate"
         return out
@@ -281,7 +333,8 @@ def row_text(run: dict, p: dict, r: dict | None) -> str:
                 f"{'; '.join(map(short, p['cannot_express'])) or '-'} |")
     return (f"| {name} | {pub} | {r['low_s']:.2f} - {r['high_s']:.2f} s | {r['point_s']:.2f} s | {r['ratio']:.2f} | "
             f"{'yes' if r['inside_band'] else 'no'} / {'yes' if r['within_goal'] else 'no'} | "
-            f"batch {p['batch_per_chip']}/chip {'fits' if r.get('fits') else 'DOES NOT FIT'} ({memory}); "
+            f"batch {p['batch_per_chip']}/chip {'layout ' if r.get('how', '').startswith('layout only') else ''}"
+            f"{'fits' if r.get('fits') else 'DOES NOT FIT'} ({memory}); "
             f"{r.get('how', 'whole compile')}, {r['compile_s']} s | "
             f"{'; '.join(map(short, p['cannot_express'])) or '-'} |")
 
@@ -307,6 +360,8 @@ def main(arguments: list[str]) -> int:
     parser.add_argument("--list", action="store_true", help="print each run's command or why it is not run")
     parser.add_argument("--results", type=Path, help="append results as JSON lines here; skip runs already in it")
     parser.add_argument("--table", type=Path, help="print the Markdown table of the results in this file")
+    parser.add_argument("--layout", action="store_true", help="stop every run at its memory layout (seconds; the "
+                        "layout's bytes, a lower bound, and the roofline point), whether or not it fits")
     parser.add_argument("--full", action="store_true", help="compile to the end (the compiler's cycle estimates "
                         "in the band); default: tpuprof's first answer")
     options = parser.parse_args(arguments)
@@ -334,7 +389,10 @@ def main(arguments: list[str]) -> int:
             if "skip" in p or run["name"] in done:
                 print(f"{run['name']:34} {p.get('skip') or 'done before (' + str(options.results) + ')'}")
                 continue
-            target, error, seconds = run_preflight(p["command"], Path(workdir), options.full)
+            if options.layout:
+                target, error, seconds = run_layout(p["command"], Path(workdir))
+            else:
+                target, error, seconds = run_preflight(p["command"], Path(workdir), options.full)
             r = compare(run, target, error, seconds)
             if options.results:
                 with options.results.open("a") as f:

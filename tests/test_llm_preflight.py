@@ -405,3 +405,26 @@ def test_the_api_and_the_cli_give_one_document_for_the_same_options(tiny_documen
         assert target.compiled.figures.temp_bytes == entry["temp_bytes"]
         assert round(target.estimate.step.point_s * 1e3, 4) == entry["estimate"]["step_ms"]
         assert target.estimate.tokens_per_s == pytest.approx(entry["estimate"]["tokens_per_s"], abs=0.5)
+
+
+def test_the_layer_inputs_remat_keeps_are_divided_over_the_tensor_axis(llm_cache, tmp_path):
+    """MaxText shards the residual stream's embedding over `tensor` (base.yml: activation_embed -> tensor), so with
+    --remat full each device keeps 1/tensor of every layer's input. Kept whole, every device of a tensor group
+    held the same full-width copy: the published GPT-3 175B run on v5p-1024 (fsdp 64 x tensor 8, 4 sequences of
+    2,048 per chip) was laid out in 160.4 GiB per device, 144 GiB of it the 96 layers' inputs, and said not to
+    fit the 95.7 GiB it trains in (34.0 GiB with them divided). Here a small GPT-3 on v5e-4 over fsdp 2 x tensor 2
+    at a batch whose layout cannot fit (the compile stops there): the stack of saved layer inputs, the largest
+    buffer, is [layers, sequences per device, seq, hidden / 2]."""
+    config = {"model_type": "gpt2", "vocab_size": 512, "n_embd": 256, "n_layer": 6, "n_head": 2, "n_positions": 256}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    target = preflight(llm_cache, "--model", str(tmp_path / "config.json"), "--tpu", "v5e-4", "--mesh",
+                       "fsdp=2,tensor=2", "--seq", "128", "--batch-per-chip", "16384")["targets"][0]
+    assert target["mesh"] == {"data": 1, "fsdp": 2, "tensor": 2, "expert": 1}
+    assert not target["fits"] and target["fast"]["stage"] == "buffer_assignment"
+    sequences = 16384 * 4 // 2  # the global batch over fsdp; the tensor axis' devices share theirs
+    stack = f"bf16[6,{sequences},128,{256 // 2}]"
+    largest = target["memory"]["buffers"][0]
+    assert largest["shape"].startswith(stack), largest["shape"]
+    assert largest["size_bytes"] == 6 * sequences * 128 * 128 * 2
+    whole = f"bf16[6,{sequences},128,256]"
+    assert not any(b["shape"].startswith(whole) for b in target["memory"]["buffers"])
