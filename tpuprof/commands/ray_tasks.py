@@ -28,6 +28,7 @@ def map_on_ray(function, items: list, address: str) -> list:
     connected_here = not ray.is_initialized()
     if connected_here:
         _check_listening(address)
+        _check_where_ray_connects(address)
         try:
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
         except (ConnectionError, ValueError, RuntimeError) as error:
@@ -65,6 +66,30 @@ def _check_listening(address: str) -> None:
         why = error.strerror or type(error).__name__
         raise UserError(f"cannot reach the Ray cluster at {address}: nothing accepts connections there "
                         f"({why.lower()}); is the cluster up (`ray status` on its head node)?") from None
+
+
+def _check_where_ray_connects(address: str) -> None:
+    """Ray connects a driver to a loopback address through this machine's own address unless
+    RAY_LOOPBACK_ONLY_ENV is set (ray._private.services.canonicalize_bootstrap_address): a cluster on loopback only
+    is then unreachable, and Ray retries for 35 s to 2 min before it says so. Said at once instead."""
+    import socket
+
+    if address.startswith("ray://") or address in ("auto", "local"):  # the Ray client connects where it is told
+        return
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        canonical = canonicalize_bootstrap_address(address)
+    except Exception:  # noqa: BLE001 - a private helper that moved, or an address Ray refuses: ray.init says
+        return
+    if not canonical or canonical == address:
+        return
+    host, _, port = canonical.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except (OSError, ValueError):
+        raise UserError(_unreachable(address, ConnectionError(
+            f"Ray connects to {canonical} instead, where nothing accepts connections"))) from None
 
 
 def _unreachable(address: str, error: BaseException) -> str:
