@@ -1027,6 +1027,10 @@ class Spec:
         kinds = config.layer_kinds()
         if len(set(kinds)) > 1 or config.layer_plan:
             info["layer_kinds"] = {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)}
+        windows = {"sliding": config.sliding_window, "chunked": config.attention_chunk_size}
+        used = {kind.split("+")[0] for kind in kinds}
+        if info.get("layer_kinds") and any(windows[kind] for kind in used if kind in windows):
+            info["attention_windows"] = {kind: windows[kind] for kind in sorted(used) if windows.get(kind)}
         not_modelled = [text for flag, text in (
             (config.mtp_layers, f"{config.mtp_layers} multi-token-prediction module(s) (not in the step or the count)"),
         ) if flag]
