@@ -218,3 +218,29 @@ def test_a_step_whose_layout_does_not_fit_is_answered_before_code_generation(tmp
     counted = llm.parse_config(SMALL["gpt3"], "gpt3", "gpt3").parameter_count()
     tokens = 16384 * (SEQ + 1) * 4
     assert counted * 12 < answer["argument_bytes"] - tokens < counted * 12 * 1.02  # tile padding on top
+
+
+
+def test_each_splash_kernel_is_costed_by_the_blocks_its_mask_keeps(tmp_path):
+    """Gemma 3 small at 2,048 tokens on v5e (splash blocks of 512: a 4 x 4 grid), compiled up to its memory layout
+    (the module the step estimate reads): the estimate reads each attention kernel's block mask from the compiled
+    program. The global layer's causal kernels run 10 of the 16 (query, key) blocks; the sliding layer's (a
+    128-token window) the diagonal and the block before it, 7 of 16, although splash shrinks that mask to
+    [heads, 4, 2] (its widest row). Each kernel is built anew per call: one kept and called by both sliding layers
+    makes jit pass its masks in as program arguments, and the estimate could then read no mask."""
+    pytest.importorskip("libtpu")
+    from tpuprof.analyses import step_estimate
+    from tpuprof.sources import tpu_compile
+    from tpuprof.sources.mesh import parse_mesh
+
+    # Two sliding layers and a global one: a kernel's mask is used by more than one layer.
+    config = llm.parse_config({**SMALL["gemma3"], "num_hidden_layers": 3, "sliding_window_pattern": 3}, "gemma3",
+                              "gemma3")
+    spec = llm.Spec(llm.Step(config, "gemma3", 2048, mesh_sizes=parse_mesh("data=4", 4)), TOPOLOGY)
+    tpu_compile.compile_until_layout(spec, 1, None, TOPOLOGY, tmp_path, stop_above=0)
+    kernels = step_estimate.estimate(step_estimate.load(tmp_path), "v5e").kernels_estimated
+    assert {k["kernel"] for k in kernels} == {"splash fwd", "splash dq", "splash dkv"}
+    assert all(k["blocks"].startswith("block mask: ") and k["blocks"].endswith(" of 16 blocks non-empty")
+               for k in kernels), [k["blocks"] for k in kernels]
+    assert {(k["kernel"], k["blocks_run"]) for k in kernels} == {
+        (kind, fraction) for kind in ("splash fwd", "splash dq", "splash dkv") for fraction in (7 / 16, 10 / 16)}

@@ -38,3 +38,19 @@ def test_model_flops_equal_maxtexts_logged_count(name, batch, seq, seconds, tflo
     assert ours < whole
     # All parameters would overcount (the embedding table counted as a matmul): the test tells them apart.
     assert model["parameters"] * 6 * batch * seq > 1.01 * model["active_parameters"] * 6 * batch * seq
+
+
+def test_sliding_window_layers_count_their_window_as_maxtext_does():
+    """Gemma 3 12B, the tpu-recipes v6e-256 run (1 sequence of 32,768 per chip): its log line printed 7.318 s and
+    349.442 TFLOP/s/device, whose product is MaxText's count with the 40 sliding layers' attention over their
+    1,024-token window and the 8 global layers' over the sequence, both halved (causal):
+    https://github.com/AI-Hypercomputer/tpu-recipes/blob/6472c996cad7ef60454df09e97e9f032cecba065/training/trillium/Gemma3-12B-MaxText/v6e-256/README.md
+    Counting every layer over the whole sequence gave 1.4 x that."""
+    pytest.importorskip("libtpu")
+    config, source = llm.load_config("gemma3-12b")
+    spec = llm.Spec(llm.Step(config, source, 32768, mesh_sizes=llm.parse_mesh(None, 8)), "v6e-8")
+    model = spec.model_info()
+    assert model["layer_kinds"] == {"sliding+dense": 40, "full+dense": 8}
+    assert model["attention_windows"] == {"sliding": 1024}
+    ours = preflight.model_flops_per_device(model, 32768, 1, devices_per_chip=1)
+    assert ours == pytest.approx(7.318 * 349.442e12, rel=1e-3)

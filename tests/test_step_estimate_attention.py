@@ -1,13 +1,14 @@
 """FLOPs of the Pallas attention kernels that carry no cost_estimate (tpuprof.analyses.attention_kernels).
 
 Ground truth is built into programs, not into the assertions: jax's flash-attention and splash-attention
-kernels (forward and backward, causal) are compiled by libtpu for one v5e device, and so are plain-einsum
+kernels (forward and backward, causal, and splash with a local window) are compiled by libtpu for one v5e device, and so are plain-einsum
 programs that do exactly the matmuls each kernel does (the forward's QK^T and PV; dq's QK^T, dP, dQ; dkv's
 QK^T, dV, dP, dK) on exactly the (query block, key block) pairs the kernel runs, the causal mask applied
-inside the diagonal blocks. The step estimate's FLOPs for a reference program are XLA's own counting
+inside the diagonal blocks. Splash shrinks the local window's forward mask to its widest row ([heads, 4, 2]):
+the fraction is still of the whole 4 x 4 grid. The step estimate's FLOPs for a reference program are XLA's own counting
 (test_step_estimate checks them against HloCostAnalysis); the kernels' estimated FLOPs must match them,
 less the reference's few elementwise FLOPs per score (softmax, mask), which the rule leaves out.
-Eleven small compiles (the references stack their block pairs into one einsum per matmul), about 15 s.
+Fifteen small compiles (the references stack their block pairs into one einsum per matmul), about 20 s.
 """
 
 from __future__ import annotations
@@ -24,12 +25,16 @@ B, H, S, D = 2, 4, 1024, 128
 BLOCK = 256
 
 
-def blocks(causal: bool) -> list[tuple[int, int]]:
+def blocks(causal: bool | str) -> list[tuple[int, int]]:
+    """The (query block, key block) pairs a kernel runs: all, those on or below the diagonal, or ("local", a
+    window of BLOCK keys) the diagonal and the block before it."""
     n = S // BLOCK
+    if causal == "local":
+        return [(r, c) for r in range(n) for c in range(n) if r - 1 <= c <= r]
     return [(r, c) for r in range(n) for c in range(n) if not causal or c <= r]
 
 
-def reference(phase: str, causal: bool):
+def reference(phase: str, causal: bool | str):
     """The matmuls of one kernel phase over the blocks the kernel runs: the (query block, key block) pairs
     stacked, so that each matmul is one einsum over all of them (a quick compile, the same FLOPs)."""
     import jax.numpy as jnp
@@ -60,7 +65,7 @@ def reference(phase: str, causal: bool):
     return program
 
 
-def kernels(which: str, causal: bool, layers: int = 0):
+def kernels(which: str, causal: bool | str, layers: int = 0):
     """The gradient of a loss through the kernel: its forward and its dq and dkv kernels. `layers`: run it
     in a rematerialised scan of that many steps, as scanned LLM layers do (the block mask then reaches the
     backward loop's kernels through the loops' carried tuples)."""
@@ -84,7 +89,8 @@ def kernels(which: str, causal: bool, layers: int = 0):
         sizes = splash.BlockSizes(block_q=BLOCK, block_kv=BLOCK, block_kv_compute=BLOCK, block_q_dkv=BLOCK,
                                   block_kv_dkv=BLOCK, block_kv_dkv_compute=BLOCK, use_fused_bwd_kernel=fused,
                                   block_q_dq=None if fused else BLOCK, block_kv_dq=None if fused else BLOCK)
-        mask = masks.CausalMask((S, S)) if causal else masks.FullMask((S, S))
+        mask = (masks.LocalMask((S, S), window_size=(BLOCK, 0), offset=0) if causal == "local"
+                else masks.CausalMask((S, S)) if causal else masks.FullMask((S, S)))
         kernel = splash.make_splash_mha(masks.MultiHeadMask([mask] * H), block_sizes=sizes, head_shards=1,
                                         q_seq_shards=1)
 
@@ -119,11 +125,13 @@ def reference_flops(tmp_path_factory):
     pytest.importorskip("libtpu")
     return {(phase, causal): compiled_cost(reference(phase, causal), 4, tmp_path_factory.mktemp(f"{phase}{causal}")).flops
             for phase, causal in [("fwd", True), ("dq", True), ("dkv", True), ("fused", True), ("dq", False),
+                                  ("fwd", "local"), ("dq", "local"), ("dkv", "local"),
                                   ("dkv", False)]}
 
 
 @pytest.mark.parametrize("which,causal,layers", [("flash", True, 0), ("splash", True, 0), ("flash", False, 0),
-                                                 ("splash", True, 2), ("splash-fused", True, 0)])
+                                                 ("splash", True, 2), ("splash-fused", True, 0),
+                                                 ("splash", "local", 0)])
 @pytest.mark.slow
 def test_kernel_flops_equal_the_matmuls_of_the_blocks_they_run(which, causal, layers, reference_flops, tmp_path):
     pytest.importorskip("libtpu")

@@ -31,6 +31,9 @@ from dataclasses import dataclass
 FLASH = re.compile(r"flash_mha_bwd_(dkv|dq)")
 SPLASH = re.compile(r"splash_m[hq]a_(fwd|dkv|dq)")
 MATMULS = {"fwd": 2, "dq": 3, "dkv": 4}
+# The (query, key) block sizes of each splash kernel, as its kernel metadata names them (splash BlockSizes).
+SPLASH_BLOCK_SIZES = {"fwd": ("block_q", "block_kv"), "dq": ("block_q_dq", "block_kv_dq"),
+                      "dkv": ("block_q_dkv", "block_kv_dkv")}
 FLASH_DEFAULT_BLOCK = 128  # flash_attention.BlockSizes.get_default()
 INTEGER = {"s8", "u8", "s16", "u16", "s32", "u32", "s64", "u64"}
 RULE = ("attention kernel without a cost_estimate: FLOPs estimated from its operand shapes, 2 x B x H_q x S_q x "
@@ -72,7 +75,7 @@ def estimate(module, instruction, config: dict) -> KernelFlops | None:
     if flash:
         fraction, how = _flash_blocks(instruction, config, q_seq, k_seq)
     else:
-        fraction, how = _splash_blocks(module, operands)
+        fraction, how = _splash_blocks(module, operands, layout, phase, q_seq, k_seq)
     dense = 2.0 * math.prod(q_dims[:-1]) * k_seq * head_dim
     return KernelFlops(f"{'flash' if flash else 'splash'} {phase}", matmuls * dense * fraction, fraction, how)
 
@@ -111,9 +114,15 @@ def _flash_blocks(instruction, config: dict, q_seq: int, k_seq: int) -> tuple[fl
     return run / (rows * columns), f"causal: {run} of {rows} x {columns} blocks of {block_q} x {block_k}"
 
 
-def _splash_blocks(module, operands) -> tuple[float, str]:
+def _splash_blocks(module, operands, layout: dict, phase: str, q_seq: int, k_seq: int) -> tuple[float, str]:
     """The non-empty fraction of splash's block mask: the scalar-prefetch operands come first (data_next,
-    block_mask, mask_next; None ones dropped), so the mask is the second integer operand, or the only one."""
+    block_mask, mask_next; None ones dropped), so the mask is the second integer operand, or the only one.
+
+    Splash shrinks its mask arrays to the widest row of non-empty blocks ([heads, 16, 2] for a 1,024-token window
+    over 16 x 16 blocks of 2,048), and the kernel's grid follows them: the fraction is of every (query block, key
+    block) pair the heads could run, heads x S_q / block_q x S_k / block_kv, with the block sizes jax records in
+    the kernel's metadata. A mask that is not a constant of the program (a program argument) gives its shape:
+    the kernel runs at most its grid."""
     leading = []
     for operand in operands:
         if module.shape(operand).dtype not in INTEGER:
@@ -121,11 +130,25 @@ def _splash_blocks(module, operands) -> tuple[float, str]:
         leading.append(operand)
     if not leading:
         return 1.0, "every block (no block mask)"
-    values = _constant_values(module, leading[1] if len(leading) > 1 else leading[0])
+    block_mask = leading[1] if len(leading) > 1 else leading[0]
+    dims = list(module.shape(block_mask).dims)
+    cells = math.prod(dims) if dims else 0
+    names = SPLASH_BLOCK_SIZES[phase]
+    block_q, block_kv = (layout.get(name) for name in names)
+    grid = None
+    if isinstance(block_q, int) and isinstance(block_kv, int) and block_q > 0 and block_kv > 0 and len(dims) == 3:
+        grid = dims[0] * -(-q_seq // block_q) * -(-k_seq // block_kv)
+        if grid < cells:  # not the layout assumed here: count against the mask's own cells
+            grid = None
+    values = _constant_values(module, block_mask)
     if not values:
+        if grid and cells:
+            return cells / grid, (f"at most the kernel's grid, {cells} of {grid} blocks (the block mask is not a "
+                                  "constant of the program)")
         return 1.0, "every block (the block mask is not a constant of the program)"
     run = sum(1 for v in values if v)
-    return run / len(values), f"block mask: {run} of {len(values)} blocks non-empty"
+    total = grid or len(values)
+    return run / total, f"block mask: {run} of {total} blocks non-empty"
 
 
 def _constant_values(module, instruction, depth: int = 0) -> list[int] | None:

@@ -233,11 +233,14 @@ def short_source(line: str) -> str:
 # --- what preflight reports ---------------------------------------------------------------------------
 
 def model_flops(parameters: float, tokens: float, layers: int = 0, seq_len: int = 0, attention_width: int = 0,
-                causal: bool = True) -> float:
+                causal: bool = True, spans: list[int] | None = None) -> float:
     """Model FLOPs of a training step as MaxText counts them (calculate_tflops_training_per_device):
     6 x parameters x tokens for the matmuls (forward 2, backward 4), plus attention's two batched
-    matmuls, 12 x layers x tokens x seq_len x (heads x head_dim), halved when causal. MaxText counts
-    the matmul parameters only (no embedding lookup: `--model` passes its active_parameters); passing all
-    parameters overcounts by the embedding table."""
-    attention = 12 * layers * tokens * seq_len * attention_width * (0.5 if causal else 1.0)
+    matmuls, 12 x tokens x (heads x head_dim) x the keys a query attends, per layer, halved when causal:
+    seq_len in each of `layers`, or per layer the `spans` given (a sliding window's or a chunk's length; 0: the
+    whole sequence), as MaxText counts Gemma 3's sliding layers. MaxText counts the matmul parameters only (no
+    embedding lookup: `--model` passes its active_parameters); passing all parameters overcounts by the
+    embedding table."""
+    keys = sum(min(span or seq_len, seq_len) for span in spans) if spans is not None else layers * seq_len
+    attention = 12 * tokens * keys * attention_width * (0.5 if causal else 1.0)
     return 6 * parameters * tokens + attention

@@ -858,23 +858,25 @@ def _attention(config: ModelConfig, seq_len: int, mesh, batch_axes):
                "sliding": lambda: masks.LocalMask(shape, window_size=(c.sliding_window, 0), offset=0),
                "chunked": lambda: masks.ChunkedCausalMask(shape, chunk_size=c.attention_chunk_size)}
     spec = P(batch_axes, "tensor", None, None)
-    kernels = {}
 
     def kernel_for(window):
-        if window not in kernels:
-            mask = masks.MultiHeadMask([mask_of[window]() for _ in range(local_heads)])
-            kernel = splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                            attn_logits_soft_cap=c.attn_logit_softcapping or None)
-            if c.attention_sinks:
-                @jax.shard_map(mesh=mesh, in_specs=(spec, spec, spec, P("tensor")), out_specs=spec, check_vma=False)
-                def local(q, k, v, sinks):
-                    return jax.vmap(lambda q, k, v: kernel(q, k, v, sinks=sinks))(q, k, v)
-            else:
-                @jax.shard_map(mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
-                def local(q, k, v):
-                    return jax.vmap(kernel)(q, k, v)
-            kernels[window] = local
-        return kernels[window]
+        # A new kernel at each call: one kept and called again (by the next layer of its kind, under remat) has
+        # its mask arrays traced as values, and jit (0.10.2) then makes every such array an argument of the
+        # program instead of a constant in it, so the compiled module no longer says which blocks each kernel
+        # skips (tpuprof.analyses.attention_kernels reads them). Splash caches the processed mask: it is worked
+        # out once.
+        mask = masks.MultiHeadMask([mask_of[window]() for _ in range(local_heads)])
+        kernel = splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                        attn_logits_soft_cap=c.attn_logit_softcapping or None)
+        if c.attention_sinks:
+            @jax.shard_map(mesh=mesh, in_specs=(spec, spec, spec, P("tensor")), out_specs=spec, check_vma=False)
+            def local(q, k, v, sinks):
+                return jax.vmap(lambda q, k, v: kernel(q, k, v, sinks=sinks))(q, k, v)
+        else:
+            @jax.shard_map(mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False)
+            def local(q, k, v):
+                return jax.vmap(kernel)(q, k, v)
+        return local
 
     qk_dim = c.qk_nope_head_dim + c.qk_rope_head_dim if c.mla else hd
     scale = (c.query_pre_attn_scalar or qk_dim) ** -0.5
@@ -1032,6 +1034,10 @@ class Spec:
         kinds = config.layer_kinds()
         if len(set(kinds)) > 1 or config.layer_plan:
             info["layer_kinds"] = {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)}
+        windows = {"sliding": config.sliding_window, "chunked": config.attention_chunk_size}
+        used = {kind.split("+")[0] for kind in kinds}
+        if info.get("layer_kinds") and any(windows[kind] for kind in used if kind in windows):
+            info["attention_windows"] = {kind: windows[kind] for kind in sorted(used) if windows.get(kind)}
         not_modelled = [text for flag, text in (
             (config.mtp_layers, f"{config.mtp_layers} multi-token-prediction module(s) (not in the step or the count)"),
         ) if flag]
