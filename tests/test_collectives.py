@@ -215,6 +215,19 @@ def test_each_collective_of_an_async_collective_fusion_is_timed_once(fsdp_async)
 
 
 @pytest.mark.compile
+def test_the_start_and_done_fusions_of_an_async_collective_are_not_compute(fsdp_async):
+    """They alias their buffers (output_to_operand_aliasing) and move nothing the collective model does not
+    time: counting their operands as HBM traffic would pay for the gather a second time."""
+    _, estimate, text = fsdp_async
+    assert "%async-collective-start = " in text and "%async-collective-done = " in text
+    assert not [t.op.name for t in estimate.ops if t.op.name.startswith("async-collective-")]
+    # The async collective fusion between them is the matmul that hides the gather: compute.
+    assert [t.op.name for t in estimate.ops if t.op.opcode == "fusion" and t.op.flops > 0 and t.op.name in text
+            and f"%{t.op.name} = " in text and "async_collective_fusion" in
+            text.split(f"%{t.op.name} = ", 1)[1].split("\n", 1)[0]]
+
+
+@pytest.mark.compile
 def test_an_all_reduce_scatter_fusion_is_timed_as_a_reduce_scatter(fsdp_async):
     cost, estimate, _ = fsdp_async
     (scatter,) = by_kind(estimate, "reduce-scatter")
