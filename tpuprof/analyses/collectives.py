@@ -325,9 +325,6 @@ def communication(module: HloModule, torus: Torus, op_seconds: dict[tuple[str, s
                 duration += spent
                 drain(spent)
             elif found and (opcode in STARTS or opcode == "async-start" or role == "start"):
-                spent = compute(instruction) if role else 0.0
-                duration += spent
-                drain(spent)
                 op = time_of(instruction, found[0], found[1], computation, count)
                 in_flight.append([("channel", channel) if role else instruction.id, op, op.seconds])
                 if role:
@@ -344,9 +341,6 @@ def communication(module: HloModule, torus: Torus, op_seconds: dict[tuple[str, s
                     del in_flight[:position + 1]
                     result.exposed_s += waited * count
                     duration += waited
-                spent = compute(instruction) if role else 0.0
-                duration += spent
-                drain(spent)
             elif found and not (opcode == "fusion" and channel in open_channels):
                 # A sync collective is on the critical path whole. A fusion holding one with compute runs it
                 # behind that compute: only what outlasts the compute shows.
