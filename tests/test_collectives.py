@@ -153,6 +153,94 @@ def test_an_all_reduce_on_the_sparsecores_is_timed_as_a_collective(sparsecore_al
     assert not [t for t in estimate.ops if t.op.name == reduce.name]
 
 
+LAYERS, WIDTH = 4, 1024  # the FSDP program: a scan over 4 [1024, 1024] bf16 layers on v5p:2x2x1
+
+
+@pytest.fixture(scope="session")
+def fsdp_async(tmp_path_factory):
+    """A training step (grad of a scan of matmuls) with its layers' weights sharded over the 4 chips of
+    v5p:2x2x1, compiled with the flags the published recipes set (llm.COMPILER_OPTIONS, MaxText's). libtpu
+    gathers the weights (one sync all-gather in the forward loop, one async in the backward, held by its start
+    fusion, an async collective fusion and its done fusion) and reduce-scatters each layer's gradient as an
+    `all-reduce-scatter` fusion (an all-reduce its computation dynamic-slices to this device's part).
+    A 2 s compile."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from tpuprof.sources import llm, tpu_compile
+
+    devices = np.array(tpu_compile.topology_devices("v5p:2x2x1"))
+    mesh = Mesh(devices.reshape(-1), ("fsdp",))
+
+    def loss(weights, x):
+        h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, weights)
+        return jnp.mean(h.astype(jnp.float32) ** 2)
+
+    weights = NamedSharding(mesh, P(None, "fsdp", None))
+    args = [jax.ShapeDtypeStruct((LAYERS, WIDTH, WIDTH), jnp.bfloat16, sharding=weights),
+            jax.ShapeDtypeStruct((64 * devices.size, WIDTH), jnp.bfloat16, sharding=NamedSharding(mesh, P("fsdp")))]
+    folder = tmp_path_factory.mktemp("fsdp_async") / "dump"
+    options = dict(llm.COMPILER_OPTIONS, xla_dump_to=str(folder), xla_dump_hlo_as_proto=True,
+                   xla_dump_hlo_as_text=True)
+    step = jax.jit(lambda w, x: w - 0.1 * jax.grad(loss)(w, x), out_shardings=weights)
+    step.lower(*args).compile(options)
+    cost = step_estimate.load(folder)
+    return cost, step_estimate.estimate(cost, "v5p"), next(folder.glob("*after_optimizations.txt")).read_text()
+
+
+@pytest.mark.compile
+def test_each_collective_of_an_async_collective_fusion_is_timed_once(fsdp_async):
+    import re
+
+    _, estimate, text = fsdp_async
+    # The forms this test is about, as libtpu writes them.
+    assert 'custom_call_target="AsyncCollectiveStart"' in text and "%async_collective_fusion" in text
+    assert "%all-reduce-scatter" in text
+    # The program's collectives, one per channel id (the fusions that carry one collective hold clones of it).
+    channels = set(re.findall(r"= \S+ (?:all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
+                              r"(?:-start)?\(.*?channel_id=(\d+)", text))
+    assert len(channels) == 3
+    ops = estimate.communication.ops
+    assert len(ops) == len(channels)
+    gathers = sorted(by_kind(estimate, "all-gather"), key=lambda op: op.asynchronous)
+    assert [(op.asynchronous, op.bytes, op.count) for op in gathers] == [
+        (False, WIDTH * WIDTH * BF16, LAYERS), (True, WIDTH * WIDTH * BF16, LAYERS)]
+    # The async one is hidden in part by the matmul fused with it; the sync one is not.
+    sync, hidden = gathers
+    assert sync.exposed_seconds == pytest.approx(sync.seconds * LAYERS)
+    assert hidden.exposed_seconds < hidden.seconds * LAYERS
+    assert estimate.collective_s == pytest.approx(sum(op.seconds * op.count for op in ops))
+
+
+@pytest.mark.compile
+def test_the_start_and_done_fusions_of_an_async_collective_are_not_compute(fsdp_async):
+    """They alias their buffers (output_to_operand_aliasing) and move nothing the collective model does not
+    time: counting their operands as HBM traffic would pay for the gather a second time."""
+    _, estimate, text = fsdp_async
+    assert "%async-collective-start = " in text and "%async-collective-done = " in text
+    assert not [t.op.name for t in estimate.ops if t.op.name.startswith("async-collective-")]
+    # The async collective fusion between them is the matmul that hides the gather: compute.
+    assert [t.op.name for t in estimate.ops if t.op.opcode == "fusion" and t.op.flops > 0 and t.op.name in text
+            and f"%{t.op.name} = " in text and "async_collective_fusion" in
+            text.split(f"%{t.op.name} = ", 1)[1].split("\n", 1)[0]]
+
+
+@pytest.mark.compile
+def test_an_all_reduce_scatter_fusion_is_timed_as_a_reduce_scatter(fsdp_async):
+    cost, estimate, _ = fsdp_async
+    (scatter,) = by_kind(estimate, "reduce-scatter")
+    assert not by_kind(estimate, "all-reduce")
+    # Each layer's [1024, 1024] gradient, summed over the 4 chips (x and y of a 2x2 without wraparound: one
+    # link each way on each axis), each chip keeping a quarter: (n-1)/n of the input once, not twice.
+    volume = WIDTH * WIDTH * BF16
+    assert (scatter.bytes, scatter.group_size, scatter.count) == (volume, 4, LAYERS)
+    link = targets.get("v5p").ici_link_gbps * 1e9 / targets.get("v5p").devices_per_chip
+    assert cost.torus.bounds == (2, 2, 1) and not any(cost.torus.wrap)
+    assert scatter.seconds == pytest.approx(3 / 4 * volume / (2 * link))
+
+
 def test_device_ids_number_chips_row_major_as_libtpu_does():
     pytest.importorskip("jax")
     from tpuprof.sources import tpu_compile

@@ -7,8 +7,9 @@ partition runs on). Device ids number chips row-major, x fastest, with the Tenso
 (TPU7x: ids 2c and 2c+1 are chip c); tests/test_collectives.py checks this against jax's topology devices.
 
 Each collective (all-gather, reduce-scatter, all-reduce, all-to-all, collective-permute; sync, `-start`/`-done`,
-`async-start` wrapping one, or a fusion holding one) takes, with V its bytes per device, n the devices of its
-replica group, W a link's bandwidth per direction (tpuprof.targets.ICI) and d the devices sharing a chip's links:
+`async-start` wrapping one, or a fusion holding one) is timed once, and takes, with V its bytes per device, n the
+devices of its replica group, W a link's bandwidth per direction (tpuprof.targets.ICI) and d the devices sharing
+a chip's links:
 - all-gather (V = the gathered result), reduce-scatter (V = the input): (n-1)/n x V / B, where B = the sum over
   the torus axes the group spans of W x 2 when the group covers a wrapped axis (a bidirectional ring) else
   W x 1 (a line: its end chips have one link), divided by d;
@@ -20,12 +21,19 @@ Loops multiply by their trip counts. Latency per hop and per step, congestion be
 and the compiler's own collective algorithms (e.g. its decomposition of all-gathers into permutes, which the
 schedule then shows as permutes) are not modelled beyond what the schedule shows.
 
-Overlap: the schedule is walked in order; an async collective starts a transfer at its `-start`; every op
-scheduled before its `-done` drains in-flight transfers (first in, first out) by its own estimated time; what is
-left at the `-done` is exposed. Sync collectives are fully exposed. A fusion that holds a collective next to
-compute (XLA:TPU's async collective fusion, which MaxText's flags turn on) runs the transfer behind its own
-compute: the part that outlasts the fusion's estimated compute time is exposed. A while loop counts as compute of its trip
-count x its body's time for transfers in flight around it.
+libtpu writes two collectives in forms of its own. Its async collective fusion (MaxText's flags turn it on) holds
+one collective in several fusions, each with a clone of it under the same channel id: a start fusion (root
+custom-call AsyncCollectiveStart), zero or more `async_collective_fusion`s (compute scheduled while the transfer
+runs) and a done fusion (AsyncCollectiveDone); the collective is the start/done pair, the fusions between are
+compute. Its `all-reduce-scatter` fusions hold an all-reduce their computation dynamic-slices to this device's
+part: a reduce-scatter (V = the all-reduce's input), as XLA's own reduce-scatter matching reads that pattern.
+
+Overlap: the schedule is walked in order; an async collective starts a transfer at its `-start` (or start
+fusion); every op scheduled before its `-done` drains in-flight transfers (first in, first out) by its own
+estimated time; what is left at the `-done` is exposed. Sync collectives are fully exposed. A fusion that holds
+a collective of its own next to compute runs the transfer behind that compute: the part that outlasts the
+fusion's estimated compute time is exposed. A while loop counts as compute of its trip count x its body's time
+for transfers in flight around it.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ SYNC = set(KINDS)
 STARTS = {"all-gather-start": "all-gather", "all-reduce-start": "all-reduce",
           "collective-permute-start": "collective-permute"}
 DONES = {"all-gather-done", "all-reduce-done", "collective-permute-done", "async-done"}
+ASYNC_COLLECTIVE_ROLES = {"AsyncCollectiveStart": "start", "AsyncCollectiveDone": "done"}
 
 
 @dataclass
@@ -271,12 +280,14 @@ def communication(module: HloModule, torus: Torus, op_seconds: dict[tuple[str, s
         result.collective_s += seconds * count
         return op
 
+    open_channels: set[int] = set()  # libtpu async collectives started and not yet done, by channel id
+
     def walk(computation, count: int, depth: int) -> float:
         """One execution's duration (compute + exposed communication); adds to result per step."""
         if depth > 64:
             return 0.0
         order = schedule.get(computation.id) or [i.id for i in computation.instructions]
-        in_flight: list[list] = []  # [start id, Collective, seconds left]
+        in_flight: list[list] = []  # [key of its start, Collective, seconds left]
         duration = 0.0
 
         def drain(seconds: float) -> None:
@@ -287,12 +298,20 @@ def communication(module: HloModule, torus: Torus, op_seconds: dict[tuple[str, s
                 if in_flight[0][2] <= 0:
                     in_flight.pop(0)
 
+        def compute(instruction) -> float:
+            return op_seconds.get((computation.name, instruction.name), 0.0)
+
         for instruction_id in order:
             instruction = module.by_id.get(instruction_id)
             if instruction is None:
                 continue
             opcode = instruction.opcode
             found = collective_of(instruction)
+            # libtpu's async collective fusion: one collective held by its start fusion, the async collective
+            # fusions scheduled while it is in flight and its done fusion, each with a clone of it (one
+            # channel id). It is timed once, at its start; the fusions between are compute that hides it.
+            role = async_collective_role(instruction, module.computations) if found else None
+            channel = found[1].channel_id if found else 0
             if opcode == "while":
                 trips, _ = module.trip_count(instruction)
                 body, condition = module.loop_parts(instruction)
@@ -305,11 +324,15 @@ def communication(module: HloModule, torus: Torus, op_seconds: dict[tuple[str, s
                             default=0.0)
                 duration += spent
                 drain(spent)
-            elif found and (opcode in STARTS or opcode == "async-start"):
+            elif found and (opcode in STARTS or opcode == "async-start" or role == "start"):
                 op = time_of(instruction, found[0], found[1], computation, count)
-                in_flight.append([instruction.id, op, op.seconds])
-            elif opcode in DONES:
-                start = instruction.operand_ids[0] if instruction.operand_ids else None
+                in_flight.append([("channel", channel) if role else instruction.id, op, op.seconds])
+                if role:
+                    open_channels.add(channel)
+            elif opcode in DONES or role == "done":
+                start = ("channel", channel) if role else (instruction.operand_ids[0] if instruction.operand_ids
+                                                            else None)
+                open_channels.discard(channel)
                 position = next((k for k, item in enumerate(in_flight) if item[0] == start), None)
                 if position is not None:  # FIFO: the transfers ahead of it finish first
                     waited = sum(item[2] for item in in_flight[:position + 1])
@@ -318,19 +341,19 @@ def communication(module: HloModule, torus: Torus, op_seconds: dict[tuple[str, s
                     del in_flight[:position + 1]
                     result.exposed_s += waited * count
                     duration += waited
-            elif found:
-                # A sync collective is on the critical path whole. A fusion holding one with compute (XLA:TPU's
-                # async collective fusion) runs it behind that compute: only what outlasts the compute shows.
+            elif found and not (opcode == "fusion" and channel in open_channels):
+                # A sync collective is on the critical path whole. A fusion holding one with compute runs it
+                # behind that compute: only what outlasts the compute shows.
                 op = time_of(instruction, found[0], found[1], computation, count)
                 op.asynchronous = opcode == "fusion"
-                compute = op_seconds.get((computation.name, instruction.name), 0.0) if opcode == "fusion" else 0.0
-                exposed = max(op.seconds - compute, 0.0)
+                spent = compute(instruction) if opcode == "fusion" else 0.0
+                exposed = max(op.seconds - spent, 0.0)
                 op.exposed_seconds += exposed * count
                 result.exposed_s += exposed * count
-                duration += compute + exposed
-                drain(max(compute - op.seconds, 0.0))
-            else:
-                spent = op_seconds.get((computation.name, instruction.name), 0.0)
+                duration += spent + exposed
+                drain(max(spent - op.seconds, 0.0))
+            else:  # compute, and the async collective fusions of a collective in flight
+                spent = compute(instruction)
                 duration += spent
                 drain(spent)
         for _, op, left in in_flight:  # started here, done elsewhere: counted exposed (conservative)
@@ -347,7 +370,9 @@ def collective_in(instruction, computations: dict, depth: int = 0):
     """(kind, the instruction holding its shapes and groups) of a collective, a start, an async-start wrapping one
     or a fusion holding one; None otherwise. The async computation may hold a call to the collective's own
     computation: TPU7x's libtpu runs all-reduces on its SparseCores that way (async-start on the "sparsecore"
-    thread -> call -> all-reduce)."""
+    thread -> call -> all-reduce). An all-reduce whose result the same computation only dynamic-slices to a part
+    is a reduce-scatter (libtpu's `all-reduce-scatter` fusions; XLA's reduce-scatter matching reads the same
+    pattern): its kind is "reduce-scatter", its holder still the all-reduce (whose operand is the input)."""
     opcode = instruction.opcode
     if opcode in SYNC:
         return opcode, instruction
@@ -355,7 +380,10 @@ def collective_in(instruction, computations: dict, depth: int = 0):
         return STARTS[opcode], instruction
     if opcode in ("async-start", "fusion") or (opcode == "call" and depth > 0):
         for c in instruction.called_computation_ids:
-            for inner in computations.get(c, _NONE).instructions:
+            computation = computations.get(c, _NONE)
+            for inner in computation.instructions:
+                if inner.opcode == "all-reduce" and _sliced_to_a_part(inner, computation):
+                    return "reduce-scatter", inner
                 if inner.opcode in SYNC:
                     return inner.opcode, inner
                 if inner.opcode == "call" and depth < 2:
@@ -363,6 +391,47 @@ def collective_in(instruction, computations: dict, depth: int = 0):
                     if found:
                         return found
     return None
+
+
+def async_collective_role(instruction, computations: dict) -> str | None:
+    """"start" or "done" for the fusions that begin and end one of libtpu's async collectives (its async
+    collective fusion: the called computation's root is custom-call AsyncCollectiveStart / AsyncCollectiveDone
+    on the collective), None otherwise. Between them the schedule may hold async collective fusions: compute
+    fused with a clone of the same collective (same channel id), which run while the transfer is in flight."""
+    if instruction.opcode != "fusion":
+        return None
+    for c in instruction.called_computation_ids:
+        computation = computations.get(c, _NONE)
+        root = next((i for i in computation.instructions if i.id == getattr(computation, "root_id", None)), None)
+        if root is not None and root.opcode == "custom-call":
+            return ASYNC_COLLECTIVE_ROLES.get(root.custom_call_target)
+    return None
+
+
+def _sliced_to_a_part(all_reduce, computation) -> bool:
+    """Every use of the all-reduce in its computation (through bitcasts/reshapes) is the sliced operand of a
+    dynamic-slice to fewer elements than it has: each device keeps its part of the sum, as a reduce-scatter does."""
+    users: dict[int, list] = {}
+    for i in computation.instructions:
+        for o in i.operand_ids:
+            users.setdefault(o, []).append(i)
+    full = _elements(all_reduce)
+    pending, sliced = [all_reduce], False
+    while pending:
+        value = pending.pop()
+        for user in users.get(value.id, []):
+            if user.opcode in ("bitcast", "reshape"):
+                pending.append(user)
+            elif user.opcode == "dynamic-slice" and user.operand_ids[0] == value.id and _elements(user) < full:
+                sliced = True
+            else:
+                return False
+    return sliced
+
+
+def _elements(instruction) -> int:
+    dims = instruction.shape.dimensions
+    return math.prod(dims) if not instruction.shape.tuple_shapes else 0
 
 
 def dcn_all_reduce_seconds(gradient_bytes_per_device: float, num_slices: int, target: targets.Target) -> float | None:

@@ -188,6 +188,8 @@ class OpCostWalker:
         collective = False
         if instruction.opcode == "async-start":  # may wrap a collective (TPU7x's SparseCore all-reduces)
             collective = collectives.collective_in(instruction, self.computations) is not None
+        elif instruction.opcode == "fusion":  # libtpu's async collective start/done: the collective, no compute
+            collective = collectives.async_collective_role(instruction, self.computations) is not None
         return OpCost(
             name=instruction.name, opcode=instruction.opcode, op_name=instruction.metadata.op_name,
             source_line=self.module.source_line(instruction), computation=computation.name, count=count,
