@@ -88,3 +88,50 @@ def test_the_table_shows_the_host_transfers(offload_target, compile_cache):
     assert table.returncode == 0, table.stderr
     assert re.search(r"host transfers \(exposed\)\s+\S+ ms \(\S+ ms\): 3\.00 MiB out, 3\.00 MiB back", table.stdout), \
         table.stdout
+
+
+@pytest.fixture(scope="module")
+def copied_to_the_host(tmp_path_factory):
+    """jax.device_put to pinned host memory and back inside one jit on v6e:2x2: XLA's copy-start/copy-done
+    between HBM and S(5), each device's [1024, 1024] bf16 part (2 MiB) out and back."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from tpuprof.sources import tpu_compile
+
+    mesh = Mesh(np.array(tpu_compile.topology_devices("v6e:2x2")).reshape(-1), ("d",))
+    device = NamedSharding(mesh, P("d", None))
+    host = device.with_memory_kind("pinned_host")
+
+    def step(x, w):
+        y = jnp.tanh(x @ w)
+        saved = jax.device_put(y, host)
+        return jnp.tanh(y @ w) @ w + jax.device_put(saved, device)
+
+    args = [jax.ShapeDtypeStruct((4096, 1024), jnp.bfloat16, sharding=device),
+            jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, None)))]
+    folder = tmp_path_factory.mktemp("copies") / "dump"
+    jax.jit(step, out_shardings=device).lower(*args).compile(
+        {"xla_dump_to": str(folder), "xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": True})
+    return folder
+
+
+@pytest.mark.compile
+def test_a_copy_to_host_memory_and_back_is_timed_on_the_host_link(copied_to_the_host):
+    from tpuprof.analyses import step_estimate
+    from tpuprof.analyses.collectives import FROM_HOST, TO_HOST
+
+    text = next(copied_to_the_host.glob("*after_optimizations.txt")).read_text()
+    assert re.search(r"copy-start = \(bf16\[1024,1024\]\{[^}]*S\(5\)\}", text)  # the form this test is about
+    estimate = step_estimate.estimate(step_estimate.load(copied_to_the_host), "v6e")
+    host = estimate.communication
+    part = 1024 * 1024 * 2
+    # Out and back once each; the prefetch of a weight into VMEM (S(1)) is no host transfer.
+    assert [(t.direction, t.bytes) for t in host.host_transfers] == [(TO_HOST, part), (FROM_HOST, part)]
+    assert host.host_bytes(TO_HOST) == host.host_bytes(FROM_HOST) == part
+    assert estimate.host_s == pytest.approx(2 * part / 63e9)
+    assert 0 <= estimate.exposed_host_s <= estimate.host_s
+    assert estimate.point_s == pytest.approx(estimate.compute_point_s + estimate.exposed_collective_s
+                                             + estimate.exposed_host_s)
