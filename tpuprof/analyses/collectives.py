@@ -34,6 +34,11 @@ estimated time; what is left at the `-done` is exposed. Sync collectives are ful
 a collective of its own next to compute runs the transfer behind that compute: the part that outlasts the
 fusion's estimated compute time is exposed. A while loop counts as compute of its trip count x its body's time
 for transfers in flight around it.
+
+Host transfers ride the same walk on links of their own: the copies a remat policy's host offload schedules
+between HBM and the host's memory (S(5)) (host_transfer_in) take their bytes / the host link's bandwidth per
+device, in a first-in-first-out queue per direction (the link is full duplex) that compute drains as it drains
+the ICI's; what is left at a copy's done is exposed. Waiting at one link's done lets the other links run.
 """
 
 from __future__ import annotations
