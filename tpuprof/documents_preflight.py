@@ -215,6 +215,7 @@ def estimate(answer: TargetEstimate) -> dict:
             estimate_.communication.ops if estimate_.communication else [],
             key=lambda op: -op.seconds * op.count)[:top]],
         "collectives_method": _collectives_method(estimate_, gradient_source),
+        **_host_transfers(estimate_),
         "kernels_without_estimate": estimate_.kernels_without_estimate,
         "kernels_estimated": estimate_.kernels_estimated,
         "kernels_estimated_rule": attention_kernels.RULE if estimate_.kernels_estimated else None,
@@ -249,6 +250,29 @@ def not_modelled(estimate_: StepEstimate) -> list[str]:
         out.insert(0, f"the all-reduce across {estimate_.num_slices} slices (no DCN bandwidth published for "
                       f"{target.name}, or no gradient size known)")
     return out
+
+
+def _host_transfers(estimate_: StepEstimate) -> dict:
+    """`host_transfers` of a step that copies activations between HBM and the host (nothing otherwise): bytes per
+    step each way, and their time at the host link's bandwidth, all of it and the part compute does not hide."""
+    communication = estimate_.communication
+    if communication is None or not communication.host_transfers:
+        return {}
+    from tpuprof.analyses.collectives import FROM_HOST, TO_HOST
+
+    target = targets.get(estimate_.target)
+    timed = communication.host_link_bytes_per_s is not None
+    link = (f"estimated at {communication.host_link_bytes_per_s / 1e9:g} GB/s per device and direction "
+            f"(tpuprof.targets {target.name}: {target.host_link}), overlapped with the compute the schedule puts "
+            "between each copy's start and done" if timed else
+            f"not timed: no host link bandwidth is published for {target.name}; the step leaves these transfers out")
+    return {"host_transfers": {
+        "to_host_bytes": int(communication.host_bytes(TO_HOST)),
+        "from_host_bytes": int(communication.host_bytes(FROM_HOST)),
+        "copies": sum(t.count for t in communication.host_transfers),
+        "ms": _ms(communication.host_s) if timed else None,
+        "exposed_ms": _ms(communication.host_exposed_s) if timed else None,
+        "method": link}}
 
 
 def _collectives_method(estimate_: StepEstimate, gradient_source: str) -> str:

@@ -63,7 +63,8 @@ class Target:
     published_source: str = "cloud-tpu-docs"  # a key of SOURCES
     # A tuple's index table: 4 bytes per element rounded up to this many bytes (see TUPLE_TABLE_GRANULES).
     tuple_table_granule_bytes: int = 512
-    # The link between the host and one chip, GB/s per direction, and what that figure is (None: not published).
+    # The link between the host and one chip, GB/s per direction, and what that figure is (None: not published;
+    # the Cloud TPU pages for v5e, v5p and TPU7x, read 2026-11-29, give none, so their offload copies go untimed).
     host_link_gbps: float | None = None
     host_link: str = ""
     # The host's memory (DRAM) per chip, where a remat policy offloads activations (None: not published). The

@@ -34,6 +34,11 @@ estimated time; what is left at the `-done` is exposed. Sync collectives are ful
 a collective of its own next to compute runs the transfer behind that compute: the part that outlasts the
 fusion's estimated compute time is exposed. A while loop counts as compute of its trip count x its body's time
 for transfers in flight around it.
+
+Host transfers ride the same walk on links of their own: the copies a remat policy's host offload schedules
+between HBM and the host's memory (S(5)) (host_transfer_in) take their bytes / the host link's bandwidth per
+device, in a first-in-first-out queue per direction (the link is full duplex) that compute drains as it drains
+the ICI's; what is left at a copy's done is exposed. Waiting at one link's done lets the other links run.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ STARTS = {"all-gather-start": "all-gather", "all-reduce-start": "all-reduce",
           "collective-permute-start": "collective-permute"}
 DONES = {"all-gather-done", "all-reduce-done", "collective-permute-done", "async-done"}
 ASYNC_COLLECTIVE_ROLES = {"AsyncCollectiveStart": "start", "AsyncCollectiveDone": "done"}
+HOST_MEMORY_SPACE = 5  # S(5): the host's memory in libtpu's layouts (where offloaded activations live)
+TO_HOST, FROM_HOST = "to host", "from host"
 
 
 @dataclass
@@ -239,27 +246,52 @@ def _hops(a, b, torus: Torus) -> int:
 # --- the schedule walk --------------------------------------------------------------------------------
 
 @dataclass
+class HostTransfer:
+    """One asynchronous copy between HBM and the host's memory (an offloaded activation going out or coming back)."""
+
+    name: str
+    direction: str  # TO_HOST or FROM_HOST
+    computation: str
+    op_name: str
+    bytes: float  # one execution
+    seconds: float  # one execution; 0 when the host link's bandwidth is not known
+    count: int = 1
+    exposed_seconds: float = 0.0  # per step (times count)
+
+
+@dataclass
 class Communication:
-    """What a step spends in collectives, per step."""
+    """What a step spends in collectives, and in transfers between HBM and the host, per step."""
 
     collective_s: float = 0.0
     exposed_s: float = 0.0
     ops: list[Collective] = field(default_factory=list)
     torus: Torus | None = None
+    host_transfers: list[HostTransfer] = field(default_factory=list)
+    host_s: float = 0.0
+    host_exposed_s: float = 0.0
+    host_link_bytes_per_s: float | None = None  # per device and direction; None: not published, transfers untimed
+
+    def host_bytes(self, direction: str) -> float:
+        """Bytes a step moves in DIRECTION (TO_HOST, FROM_HOST)."""
+        return sum(t.bytes * t.count for t in self.host_transfers if t.direction == direction)
 
 
-def communication(module: HloModule, torus: Torus, op_seconds: dict[tuple[str, str], float]) -> Communication:
+def communication(module: HloModule, torus: Torus | None, op_seconds: dict[tuple[str, str], float],
+                  host_link_bytes_per_s: float | None = None) -> Communication:
     """Walk the compiled schedule from the entry computation. `op_seconds[(computation, instruction)]` is the
-    estimated time of one execution of each compute op."""
+    estimated time of one execution of each compute op. Without a torus the collectives are not timed (they take
+    no time here) and only the host transfers are; `host_link_bytes_per_s` (per device and direction) times those,
+    None leaves them at 0 s with their bytes counted."""
     proto = module.proto
     schedule = {seq_id: list(seq.instruction_ids) for seq_id, seq in proto.schedule.sequences.items()} \
         if proto.HasField("schedule") else {}
-    result = Communication(torus=torus)
-    devices = len(torus.assignment) or torus.chips * torus.devices_per_chip
+    result = Communication(torus=torus, host_link_bytes_per_s=host_link_bytes_per_s)
+    devices = (len(torus.assignment) or torus.chips * torus.devices_per_chip) if torus is not None else 1
     entry = module.entry
 
     def collective_of(instruction):
-        return collective_in(instruction, module.computations)
+        return collective_in(instruction, module.computations) if torus is not None else None
 
     def volume(kind, holder, instruction) -> float:
         operands = [module.by_id[o] for o in holder.operand_ids if o in module.by_id]
@@ -287,19 +319,44 @@ def communication(module: HloModule, torus: Torus, op_seconds: dict[tuple[str, s
         if depth > 64:
             return 0.0
         order = schedule.get(computation.id) or [i.id for i in computation.instructions]
-        in_flight: list[list] = []  # [key of its start, Collective, seconds left]
+        # Transfers in flight, first in first out, one queue per link: the ICI, and the host link's two
+        # directions (PCIe is full duplex). Items: [key of its start, Collective or HostTransfer, seconds left].
+        queues: dict[str, list[list]] = {"ici": [], TO_HOST: [], FROM_HOST: []}
+        in_flight = queues["ici"]
         duration = 0.0
 
-        def drain(seconds: float) -> None:
-            while in_flight and seconds > 0:
-                step = min(seconds, in_flight[0][2])
-                in_flight[0][2] -= step
-                seconds -= step
-                if in_flight[0][2] <= 0:
-                    in_flight.pop(0)
+        def drain(seconds: float, only: tuple[str, ...] = ("ici", TO_HOST, FROM_HOST)) -> None:
+            for link in only:
+                queue, left = queues[link], seconds
+                while queue and left > 0:
+                    step = min(left, queue[0][2])
+                    queue[0][2] -= step
+                    left -= step
+                    if queue[0][2] <= 0:
+                        queue.pop(0)
+
+        def wait_for(link: str, key) -> float | None:
+            """Seconds the schedule waits at the done of the transfer started by KEY on LINK (the transfers
+            ahead of it finish first); the other links run meanwhile. None: not in flight here."""
+            queue = queues[link]
+            position = next((k for k, item in enumerate(queue) if item[0] == key), None)
+            if position is None:
+                return None
+            waited = sum(item[2] for item in queue[:position + 1])
+            for item in queue[:position + 1]:
+                item[1].exposed_seconds += item[2] * count
+            del queue[:position + 1]
+            drain(waited, tuple(other for other in queues if other != link))
+            return waited
 
         def compute(instruction) -> float:
             return op_seconds.get((computation.name, instruction.name), 0.0)
+
+        def host_link_of(done) -> str | None:
+            """The host link whose queue holds the transfer DONE waits for, None if none does."""
+            start = done.operand_ids[0] if done.operand_ids else None
+            return next((link for link in (TO_HOST, FROM_HOST) if any(item[0] == start for item in queues[link])),
+                        None)
 
         for instruction_id in order:
             instruction = module.by_id.get(instruction_id)
@@ -312,6 +369,7 @@ def communication(module: HloModule, torus: Torus, op_seconds: dict[tuple[str, s
             # channel id). It is timed once, at its start; the fusions between are compute that hides it.
             role = async_collective_role(instruction, module.computations) if found else None
             channel = found[1].channel_id if found else 0
+            host = host_transfer_in(instruction, module) if opcode in HOST_STARTS else None
             if opcode == "while":
                 trips, _ = module.trip_count(instruction)
                 body, condition = module.loop_parts(instruction)
@@ -324,6 +382,22 @@ def communication(module: HloModule, torus: Torus, op_seconds: dict[tuple[str, s
                             default=0.0)
                 duration += spent
                 drain(spent)
+            elif host is not None:
+                # The start's own HBM side is compute (op_costs counts it); the host link then carries the bytes.
+                spent = compute(instruction)
+                duration += spent
+                drain(spent)
+                direction, moved = host
+                seconds = moved / host_link_bytes_per_s if host_link_bytes_per_s else 0.0
+                transfer = HostTransfer(instruction.name, direction, computation.name, instruction.metadata.op_name,
+                                        moved, seconds, count)
+                result.host_transfers.append(transfer)
+                result.host_s += seconds * count
+                queues[direction].append([instruction.id, transfer, seconds])
+            elif opcode in HOST_DONES and (link := host_link_of(instruction)) is not None:
+                waited = wait_for(link, instruction.operand_ids[0]) or 0.0
+                result.host_exposed_s += waited * count
+                duration += waited
             elif found and (opcode in STARTS or opcode == "async-start" or role == "start"):
                 op = time_of(instruction, found[0], found[1], computation, count)
                 in_flight.append([("channel", channel) if role else instruction.id, op, op.seconds])
@@ -333,12 +407,8 @@ def communication(module: HloModule, torus: Torus, op_seconds: dict[tuple[str, s
                 start = ("channel", channel) if role else (instruction.operand_ids[0] if instruction.operand_ids
                                                             else None)
                 open_channels.discard(channel)
-                position = next((k for k, item in enumerate(in_flight) if item[0] == start), None)
-                if position is not None:  # FIFO: the transfers ahead of it finish first
-                    waited = sum(item[2] for item in in_flight[:position + 1])
-                    for item in in_flight[:position + 1]:
-                        item[1].exposed_seconds += item[2] * count
-                    del in_flight[:position + 1]
+                waited = wait_for("ici", start)
+                if waited is not None:
                     result.exposed_s += waited * count
                     duration += waited
             elif found and not (opcode == "fusion" and channel in open_channels):
@@ -351,19 +421,63 @@ def communication(module: HloModule, torus: Torus, op_seconds: dict[tuple[str, s
                 op.exposed_seconds += exposed * count
                 result.exposed_s += exposed * count
                 duration += spent + exposed
-                drain(max(spent - op.seconds, 0.0))
+                drain(max(spent - op.seconds, 0.0), ("ici",))
+                drain(spent + exposed, (TO_HOST, FROM_HOST))
             else:  # compute, and the async collective fusions of a collective in flight
                 spent = compute(instruction)
                 duration += spent
                 drain(spent)
-        for _, op, left in in_flight:  # started here, done elsewhere: counted exposed (conservative)
-            op.exposed_seconds += left * count
-            result.exposed_s += left * count
-            duration += left
+        # Started here, done elsewhere: counted exposed (conservative), the links one after another.
+        for link, queue in queues.items():
+            for _, op, left in queue:
+                op.exposed_seconds += left * count
+                if link == "ici":
+                    result.exposed_s += left * count
+                else:
+                    result.host_exposed_s += left * count
+                duration += left
         return duration
 
     walk(entry, 1, 0)
     return result
+
+
+HOST_STARTS = {"copy-start", "async-start"}
+HOST_DONES = {"copy-done", "async-done"}
+
+
+def host_transfer_in(instruction, module: HloModule) -> tuple[str, float] | None:
+    """(direction, bytes of one execution) of an asynchronous copy between HBM and the host's memory, None for
+    anything else. libtpu moves offloaded activations with async-start/async-done pairs around a
+    dynamic-update-slice of one layer's activation into a host (S(5)) stack (to the host: the update's bytes) or a
+    dynamic-slice of one layer's out of it (back: the slice's bytes); XLA's host offloader writes copy-start /
+    copy-done whose destination or source is in host memory (the copied array's bytes)."""
+    opcode = instruction.opcode
+    if opcode == "copy-start" and instruction.operand_ids and instruction.operand_ids[0] in module.by_id:
+        out, source = module.shape(instruction), module.shape(module.by_id[instruction.operand_ids[0]])
+        destination = out.tuple_shapes[0] if out.is_tuple and out.tuple_shapes else out
+        if destination.memory_space == HOST_MEMORY_SPACE and source.memory_space != HOST_MEMORY_SPACE:
+            return TO_HOST, _bytes(source)
+        if source.memory_space == HOST_MEMORY_SPACE and destination.memory_space != HOST_MEMORY_SPACE:
+            return FROM_HOST, _bytes(destination)
+        return None
+    if opcode != "async-start":
+        return None
+    for c in instruction.called_computation_ids:
+        computation = module.computations.get(c, _NONE)
+        root = next((i for i in computation.instructions if i.id == getattr(computation, "root_id", None)), None)
+        if root is None:
+            continue
+        operands = [module.by_id.get(o) for o in root.operand_ids]
+        if root.opcode == "dynamic-update-slice" and len(operands) > 1 and operands[1] is not None:
+            update = module.shape(operands[1])
+            if module.shape(root).memory_space == HOST_MEMORY_SPACE and update.memory_space != HOST_MEMORY_SPACE:
+                return TO_HOST, _bytes(update)
+        if root.opcode == "dynamic-slice" and operands and operands[0] is not None:
+            out = module.shape(root)
+            if module.shape(operands[0]).memory_space == HOST_MEMORY_SPACE and out.memory_space != HOST_MEMORY_SPACE:
+                return FROM_HOST, _bytes(out)
+    return None
 
 
 def collective_in(instruction, computations: dict, depth: int = 0):

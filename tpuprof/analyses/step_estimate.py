@@ -14,6 +14,12 @@ A sharded compile's collectives are timed on the slice's ICI torus and overlappe
 between their start and done (tpuprof.analyses.collectives): the step adds the exposed part (the band's high
 end adds all of it, as if nothing overlapped); a multi-slice job adds the gradient all-reduce across slices
 over the data-centre network, counted exposed.
+
+A step that offloads activations (a remat policy's host offload) copies them between HBM and the host's memory
+asynchronously; each copy is timed at the host link's bandwidth per device and direction (tpuprof.targets
+host_link_gbps, an estimate: the lanes are not published) and overlapped with the compute between its start and
+done in the same walk (tpuprof.analyses.collectives): the step adds the exposed part, the band's high end all of
+it. A generation without a published host link leaves the transfers untimed and says so.
 Not modelled: see NOT_MODELLED.
 """
 
@@ -32,7 +38,7 @@ from tpuprof.sources import hlo_dump
 NOT_MODELLED = ["ICI latency per hop and per collective step (bandwidth terms only)",
                 "contention between concurrent collectives beyond first-in-first-out on the links",
                 "overlap of the cross-slice (DCN) gradient all-reduce with compute (counted exposed)",
-                "host offload and host-device transfers", "the input pipeline", "step-to-step dispatch overhead"]
+                "the host link's latency (offload copies are timed by bandwidth only)", "the input pipeline", "step-to-step dispatch overhead"]
 
 INT8 = {"s8", "u8", "s4", "u4"}
 FP8 = {"f8e4m3fn", "f8e5m2", "f8e4m3b11fnuz", "f8e4m3fnuz", "f8e5m2fnuz", "f8e4m3", "f8e3m4"}
@@ -136,16 +142,25 @@ class StepEstimate:
         return self.communication.exposed_s if self.communication else 0.0
 
     @property
+    def host_s(self) -> float:
+        """The host transfers' time per step (0 when none, or when the host link is not published)."""
+        return self.communication.host_s if self.communication else 0.0
+
+    @property
+    def exposed_host_s(self) -> float:
+        return self.communication.host_exposed_s if self.communication else 0.0
+
+    @property
     def low_s(self) -> float:
-        return self.compute_low_s + self.exposed_collective_s + (self.dcn_s or 0.0)
+        return self.compute_low_s + self.exposed_collective_s + self.exposed_host_s + (self.dcn_s or 0.0)
 
     @property
     def high_s(self) -> float:
-        return self.compute_high_s + self.collective_s + (self.dcn_s or 0.0)
+        return self.compute_high_s + self.collective_s + self.host_s + (self.dcn_s or 0.0)
 
     @property
     def point_s(self) -> float:
-        return self.compute_point_s + self.exposed_collective_s + (self.dcn_s or 0.0)
+        return self.compute_point_s + self.exposed_collective_s + self.exposed_host_s + (self.dcn_s or 0.0)
 
     @property
     def flop_utilization(self) -> float:
@@ -202,10 +217,15 @@ def estimate(cost: ProgramCost, target_name: str, num_slices: int = 1,
         {"name": name, "kernel": op.kernel_estimate.kernel, "flops": int(op.flops * op.count),
          "blocks_run": round(op.kernel_estimate.blocks_run, 4), "blocks": op.kernel_estimate.how_blocks}
         for name, op in sorted(by_name.items())]
-    if untimed and cost.torus is not None and cost.hlo_module is not None:
+    module = cost.hlo_module
+    collectives_timed = bool(untimed and cost.torus is not None and module is not None)
+    offloads = module is not None and any(collectives.host_transfer_in(i, module) for i in module.by_id.values()
+                                          if i.opcode in collectives.HOST_STARTS)
+    if collectives_timed or offloads:
         per_execution = {(t.op.computation, t.op.name): t.point_s / max(t.op.count, 1) for t in timed}
-        result.communication = collectives.communication(cost.hlo_module, cost.torus, per_execution)
-    else:
+        result.communication = collectives.communication(
+            module, cost.torus if collectives_timed else None, per_execution, host_link_bytes_per_s(target))
+    if not collectives_timed:
         result.untimed_collectives = untimed
     if replica_of:
         torus = collectives.slice_torus(replica_of, target)
@@ -223,6 +243,12 @@ def estimate(cost: ProgramCost, target_name: str, num_slices: int = 1,
         result.dcn_s = (collectives.dcn_all_reduce_seconds(gradient_bytes_per_device, num_slices, target)
                         if gradient_bytes_per_device else None)
     return result
+
+
+def host_link_bytes_per_s(target: targets.Target) -> float | None:
+    """One device's share of its chip's host link, bytes/s per direction; None when not published."""
+    gbps = getattr(target, "host_link_gbps", None)
+    return gbps * 1e9 / devices_per_chip(target) if gbps else None
 
 
 def short_source(line: str) -> str:

@@ -190,6 +190,8 @@ def _estimate_rows() -> list:
         ("  collectives (exposed)", lambda t: f"{fmt_ms(t['estimate']['collective_ms'])} "
          f"({fmt_ms(t['estimate']['exposed_collective_ms'])})"
          if (t.get("estimate") or {}).get("collective_ms") else MISSING),
+        ("  host transfers (exposed)", lambda t: _host_transfers(t["estimate"]["host_transfers"])
+         if (t.get("estimate") or {}).get("host_transfers") else MISSING),
         ("  DCN all-reduce across slices", get("dcn_ms", lambda v: fmt_ms(v) if v else MISSING)),
         ("examples/s per chip", get("examples_per_s", lambda v: f"{v:,}")),
         ("tokens/s per chip", get("tokens_per_s_per_chip", lambda v: f"{v:,}")),
@@ -377,6 +379,13 @@ def _choice(targets: list[dict]) -> list[str]:
         return (choice(targets) or "").splitlines()
     except (KeyError, TypeError, ValueError):  # a document read back without the figures the ranking needs
         return []
+
+
+def _host_transfers(host: dict) -> str:
+    moved = f"{fmt_bytes(host['to_host_bytes'])} out, {fmt_bytes(host['from_host_bytes'])} back"
+    if host.get("ms") is None:
+        return f"{moved}: not timed (no host link bandwidth published)"
+    return f"{fmt_ms(host['ms'])} ({fmt_ms(host['exposed_ms'])}): {moved}"
 
 
 def _estimate_method() -> str:
