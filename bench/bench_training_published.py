@@ -121,7 +121,10 @@ def mesh_option(run: dict) -> tuple[str | None, list[str]]:
             if value not in (1, None):
                 axes[MESH_AXES[key]] = value
         elif key.startswith("dcn_"):
-            continue  # the slices: --tpu Nx...
+            # the slices: --tpu Nx..., each slice a data-parallel replica in tpuprof's step
+            if key != "dcn_data_parallelism" and value not in (1, None):
+                notes.append(f"{key}={value} (sharded across slices; tpuprof's slices are data-parallel replicas, "
+                             "each holding the whole slice's share of the weights and optimizer state)")
         elif value not in (1, None):
             notes.append(f"{key}={value}" + (" (context parallelism)" if "context" in key else
                                              " (tpuprof's mesh has no fsdp_transpose axis: run as fsdp)"
@@ -310,6 +313,7 @@ def short(note: str) -> str:
              (r"^splash blocks (\[.*\]) .*", r"splash blocks \1"), (r"^other settings: (.*)", r"\1"),
              (r"^mu_dtype=bfloat16.*", "bf16 moments, fp32 weights"), (r"^fp8_full through qwix.*", "qwix fp8_full"),
              (r"^quantization=int8.*", "int8 (run bf16)"), (r"^(ici_fsdp_transpose_parallelism=\S+) .*", r"\1"),
+             (r"^(dcn_\w+=\S+) \(sharded across slices.*", r"\1 (tpuprof: slices as replicas)"),
              (r"^MaxText's 'default' model.*", "MaxText default model"), (r"^remat policy (.*)", r"remat \1")]
     for pattern, replacement in rules:
         if re.match(pattern, note):
@@ -327,21 +331,26 @@ def row_text(run: dict, p: dict, r: dict | None) -> str:
         return f"| {name} | {pub} | | | | | not run (time) | {'; '.join(map(short, p['cannot_express'])) or '-'} |"
     memory = (f"{r['required_bytes'] / 2**30:.1f} of {r['hbm_capacity_bytes'] / 2**30:.1f} GiB"
               if r.get("required_bytes") is not None else "refused")
+    cannot = '; '.join(map(short, p['cannot_express'])) or '-'
+    if r.get("error") and r.get("required_bytes") is None:  # libtpu refused the step before its layout was read
+        return (f"| {name} | {pub} | | | | | batch {p['batch_per_chip']}/chip: refused by the compiler, "
+                f"{r['error']} ({r['compile_s']} s) | {cannot} |")
     if r.get("error"):
         return (f"| {name} | {pub} | | | | | {r['error']} ({memory}; {r.get('how', 'whole compile')}, "
-                f"{r['compile_s']} s) | "
-                f"{'; '.join(map(short, p['cannot_express'])) or '-'} |")
+                f"{r['compile_s']} s) | {cannot} |")
+    if r.get("how", "").startswith("layout only"):  # the table's text says so once
+        how = (f"batch {p['batch_per_chip']}/chip: layout {'fits' if r.get('fits') else 'DOES NOT FIT'}, {memory} "
+               f"({r['compile_s']} s)")
+    else:
+        how = (f"batch {p['batch_per_chip']}/chip {'fits' if r.get('fits') else 'DOES NOT FIT'} ({memory}); "
+               f"{r.get('how', 'whole compile')}, {r['compile_s']} s")
     return (f"| {name} | {pub} | {r['low_s']:.2f} - {r['high_s']:.2f} s | {r['point_s']:.2f} s | {r['ratio']:.2f} | "
-            f"{'yes' if r['inside_band'] else 'no'} / {'yes' if r['within_goal'] else 'no'} | "
-            f"batch {p['batch_per_chip']}/chip {'layout ' if r.get('how', '').startswith('layout only') else ''}"
-            f"{'fits' if r.get('fits') else 'DOES NOT FIT'} ({memory}); "
-            f"{r.get('how', 'whole compile')}, {r['compile_s']} s | "
-            f"{'; '.join(map(short, p['cannot_express'])) or '-'} |")
+            f"{'yes' if r['inside_band'] else 'no'} / {'yes' if r['within_goal'] else 'no'} | {how} | {cannot} |")
 
 
 def table(runs: list[dict], results: dict[str, dict]) -> str:
-    lines = ["| run | published step | band | point | point / published | in band / within 15% | how | "
-             "recipe settings tpuprof cannot express |", "|---|---:|---:|---:|---:|---|---|---|"]
+    lines = ["| run | published step | band | point | point / published | in band / within 15% | "
+             "memory at the recipe's batch | recipe settings tpuprof cannot express |", "|---|---:|---:|---:|---:|---|---|---|"]
     for run in runs:
         lines.append(row_text(run, plan(run), results.get(run["name"])))
     return "\n".join(lines)
