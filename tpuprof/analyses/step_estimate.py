@@ -38,7 +38,8 @@ from tpuprof.sources import hlo_dump
 NOT_MODELLED = ["ICI latency per hop and per collective step (bandwidth terms only)",
                 "contention between concurrent collectives beyond first-in-first-out on the links",
                 "overlap of the cross-slice (DCN) gradient all-reduce with compute (counted exposed)",
-                "the host link's latency (offload copies are timed by bandwidth only)", "the input pipeline", "step-to-step dispatch overhead"]
+                "the host link's latency (offload copies are timed by bandwidth only)", "the input pipeline",
+                "step-to-step dispatch overhead"]
 
 INT8 = {"s8", "u8", "s4", "u4"}
 FP8 = {"f8e4m3fn", "f8e5m2", "f8e4m3b11fnuz", "f8e4m3fnuz", "f8e5m2fnuz", "f8e4m3", "f8e3m4"}
