@@ -940,10 +940,10 @@ def _moe(config: ModelConfig, mesh, batch_axes):
     grouped = NamedSharding(mesh, P(batch_axes, None, None))
     masks = NamedSharding(mesh, P(batch_axes, None, None, None))  # [groups, tokens, experts, capacity]
     # The experts' side [experts, groups, capacity, width] keeps its groups on the batch axes the experts are
-    # not over (MaxText's activation_exp x activation_batch_no_exp): constrained on the experts alone, the
-    # partitioner met the experts' weights (divided over fsdp) by gathering every device's groups, and the
-    # expert MLP's activations were the whole slice's (Mixtral 8x7B on v6e-256: bf16[8,24576,160,14336], 840
-    # GiB per device, where each device's own 96 groups are 1/256 of it).
+    # not over (MaxText's activation_exp x activation_batch_no_exp). Constrained on the experts alone, it leaves
+    # the partitioner free to meet the experts' weights (divided over fsdp) by gathering every device's groups,
+    # and the expert MLP's activations are the whole slice's: Mixtral 8x7B on v6e-256 holds
+    # bf16[8,24576,160,14336] values of 840 GiB each per device, where its own 96 groups are 3.3 GiB.
     expert_axis = _fits(e, ("expert",), mesh.shape)
     own_groups = tuple(axis for axis in batch_axes or () if not (expert_axis and axis == "expert")) or None
     expert_side = NamedSharding(mesh, P(expert_axis, own_groups, None, None))
