@@ -949,6 +949,11 @@ def _moe(config: ModelConfig, mesh, batch_axes):
     expert_side = NamedSharding(mesh, P(expert_axis, own_groups, None, None))
     expert_hidden = NamedSharding(mesh, P(expert_axis, own_groups, None,
                                           _fits(c.moe_intermediate_size, ("tensor",), mesh.shape)))
+    # Over an expert axis the dispatch and combine einsums run on the device's own groups for every expert, and
+    # the experts' side is reached by an all-to-all between the two layouts; left to choose, the partitioner
+    # gathers the whole slice's tokens for the einsum instead (DeepSeek-V3 on tpu7x-256 at fsdp 64 x expert 4:
+    # bf16[16384,512,7168], 112 GiB per device).
+    local = NamedSharding(mesh, P(None, batch_axes, None, None)) if expert_axis else None
 
     def moe(y, w, matmul, glu, dense_mlp):
         b, s, d = y.shape
@@ -971,6 +976,8 @@ def _moe(config: ModelConfig, mesh, batch_axes):
         dispatch = jax.lax.with_sharding_constraint(dispatch, masks)
         combine = jax.lax.with_sharding_constraint(combine, masks)
         routed = jnp.einsum("gtd,gtec->egcd", tokens, dispatch)
+        if local is not None:
+            routed = jax.lax.with_sharding_constraint(routed, local)
         routed = jax.lax.with_sharding_constraint(routed, expert_side)
         gate = matmul(routed, w["we_gate"], "egcd,edf->egcf")
         up = matmul(routed, w["we_up"], "egcd,edf->egcf")
@@ -983,6 +990,8 @@ def _moe(config: ModelConfig, mesh, batch_axes):
         if c.expert_bias:
             out = out + w["be_down"].astype(out.dtype)[:, None, None, :]
         out = jax.lax.with_sharding_constraint(out, expert_side)
+        if local is not None:
+            out = jax.lax.with_sharding_constraint(out, local)
         out = jnp.einsum("egcd,gtec->gtd", out, combine)
         out = jax.lax.with_sharding_constraint(out, grouped).reshape(b, s, d)
         if c.shared_expert_intermediate_size:
