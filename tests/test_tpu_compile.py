@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 
@@ -196,18 +197,17 @@ def test_a_compile_is_stopped_at_its_memory_layout(tpu_compile, tmp_path):
     assert any(f.endswith("-buffer-assignment.txt") for f in layout.files)
 
 
-def test_a_layout_shows_temporaries_beyond_hbm_or_the_compilers_refusal(tpu_compile, tmp_path):
-    """A [80000, 80000] float32 temporary (23.8 GiB) on a 16 GiB v5e chip: the layout says so in its figures, or
-    the compiler's refusal, if it comes first, is the same exception as a whole compile's."""
+def test_a_layout_beyond_hbm_is_the_answer_even_when_the_compilers_refusal_comes_first(tpu_compile, tmp_path):
+    """A [80000, 80000] float32 temporary (23.8 GiB) on a 16 GiB v5e chip: libtpu dumps the layout, then refuses the
+    program. Polled once a minute, the child has refused before the layout is seen (as on a loaded machine): the
+    answer is still the layout's figures, not the refusal, so the document does not depend on the machine's load."""
     from tests.helpers.layout_specs import SortedProducts
 
-    try:
-        layout = tpu_compile.compile_until_layout(SortedProducts(), 80000, None, "v5e", tmp_path / "layout",
-                                                  stop_above=16 * 2**30)
-    except tpu_compile.CompileResourceExhausted as refused:
-        assert "RESOURCE_EXHAUSTED" in refused.message
-    else:
-        assert layout.stage == "buffer_assignment" and layout.temp_bytes >= 80000 * 80000 * 4 > 16 * 2**30
+    started = time.monotonic()
+    layout = tpu_compile.compile_until_layout(SortedProducts(), 80000, None, "v5e", tmp_path / "layout",
+                                              stop_above=16 * 2**30, poll_s=60)
+    assert layout.stage == "buffer_assignment" and layout.temp_bytes >= 80000 * 80000 * 4 > 16 * 2**30
+    assert time.monotonic() - started < 55  # the wait ends with the child, not at the next poll
 
 
 def test_a_layout_that_may_fit_is_compiled_to_the_end(tpu_compile, tmp_path):

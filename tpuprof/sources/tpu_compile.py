@@ -397,7 +397,10 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Sli
                             to_the_end = figures is not None  # it may fit: only the whole compile can say
                             child.send_signal(signal.SIGCONT)
                         sizes = now
-                    time.sleep(poll_s)
+                    try:
+                        child.wait(timeout=poll_s)  # ends at once when the child does
+                    except subprocess.TimeoutExpired:
+                        pass
             finally:
                 if child.poll() is None:
                     child.kill()
@@ -407,6 +410,12 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Sli
             raise CompileFailed(f"the compile process ended with code {child.returncode}: {tail[0]}")
         outcome = json.loads(outcome_path.read_text())
     if outcome["kind"] == "resource_exhausted":
+        # libtpu dumps the buffer assignment, then refuses a program whose temporaries exceed HBM: when the refusal
+        # came before the polling above saw the layout (a loaded machine), the answer is still the layout's.
+        ready = _layout_files(folder)
+        figures = _readable_layout(ready[0]) if ready else None
+        if figures is not None and layout_hbm_bytes(figures) > stop_above:
+            return _layout_result(chosen, figures, folder)
         raise CompileResourceExhausted(outcome["message"], chosen.generation)
     if outcome["kind"] == "failed":
         raise CompileFailed(outcome["message"])
