@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from tpuprof import targets
 from tpuprof.models import shape as shapes
 from tpuprof.models.hlo_module import HloModule
+from tpuprof.models.shape import HOST_MEMORY_SPACE
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute", "ragged-all-to-all")
 SYNC = set(KINDS)
@@ -57,7 +58,6 @@ STARTS = {"all-gather-start": "all-gather", "all-reduce-start": "all-reduce",
           "collective-permute-start": "collective-permute"}
 DONES = {"all-gather-done", "all-reduce-done", "collective-permute-done", "async-done"}
 ASYNC_COLLECTIVE_ROLES = {"AsyncCollectiveStart": "start", "AsyncCollectiveDone": "done"}
-HOST_MEMORY_SPACE = 5  # S(5): the host's memory in libtpu's layouts (where offloaded activations live)
 TO_HOST, FROM_HOST = "to host", "from host"
 
 

@@ -41,6 +41,8 @@ def element_bytes(dtype: str) -> int:
     return max(1, ELEMENT_BITS[dtype] // 8)
 
 
+HOST_MEMORY_SPACE = 5  # xla::Layout::kHostMemorySpace: S(5), pinned host memory (where offloaded activations live)
+
 @dataclass(frozen=True)
 class Layout:
     minor_to_major: tuple[int, ...] = ()

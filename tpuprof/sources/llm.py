@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING, Any
 
 from tpuprof.errors import UserError
 from tpuprof.models.preflight import custom_remat, state_bytes_per_parameter
+from tpuprof.sources.mesh import MESH_AXES, make_mesh, parse_mesh  # noqa: F401 - the LLM step's mesh
 
 if TYPE_CHECKING:
     from tpuprof import slices
-from tpuprof.sources.mesh import MESH_AXES, make_mesh, parse_mesh  # noqa: F401 - the LLM step's mesh
 
 OFFLOADED = ("decoder_layer_input", "query_proj", "key_proj", "value_proj")  # --remat offload, as MaxText names them
 CAPACITY_FACTOR = 1.25

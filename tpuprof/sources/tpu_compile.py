@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tpuprof import slices
+from tpuprof.models.shape import HOST_MEMORY_SPACE
 from tpuprof.errors import UserError, tensorflow_missing
 
 # The dump files of the main module that tpuprof reads; the compiler writes many more per compile.
@@ -290,7 +291,6 @@ def layout_figures(proto_path: str | os.PathLike) -> dict[str, int]:
     return figures
 
 
-HOST_MEMORY_SPACE = 5  # xla::Layout::kHostMemorySpace
 _TOPOLOGY_LOCK = threading.Lock()
 
 
@@ -364,7 +364,6 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Sli
     import subprocess
     import sys
     import tempfile
-    import time
 
     chosen = slices.resolve(target)
     folder = Path(dump_dir)
