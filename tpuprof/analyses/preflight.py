@@ -279,7 +279,7 @@ class Compiler:
                 cached = Measurement(**{**json.loads(entry.read_text()), "cached": True})
             except (ValueError, TypeError, OSError):
                 cached = None
-            if cached is not None and cached.dump_dir and not Path(cached.dump_dir).is_dir():
+            if cached is not None and cached.dump_dir and not _hold(cached.dump_dir):
                 cached.dump_dir = None  # the dump was deleted: the figures still hold
             if cached is not None and self._enough(cached, need_dump):
                 self._memo[batch] = cached
@@ -302,9 +302,8 @@ class Compiler:
         """Delete the cached dumps of the batches not reported (a search dumps every compile, so
         that the reported one needs no second compile); their figures stay cached."""
         for batch, measurement in list(self._memo.items()):
-            if batch in keep or not measurement.dump_dir:
+            if batch in keep or not measurement.dump_dir or not _delete_unless_held(measurement.dump_dir):
                 continue
-            shutil.rmtree(measurement.dump_dir, ignore_errors=True)
             measurement.dump_dir = None
             entry = cache_root() / f"{self._key(batch)}.json"
             _write_json_atomically(entry, {k: v for k, v in measurement.__dict__.items() if k != "cached"})
@@ -340,12 +339,15 @@ class Compiler:
                 raise
         dump_dir = None
         if staging is not None:
-            try:
-                staging.rename(folder)  # complete or absent
-            except OSError:  # already there: the same program's dump (the key says so), another process's too
-                pass
+            for _ in range(2):
+                try:
+                    staging.rename(folder)  # complete or absent
+                except OSError:  # already there: the same program's dump (the key says so), another process's
+                    pass
+                if _hold(str(folder)):  # else another process deleted it just now: this one's takes its place
+                    dump_dir = str(folder)
+                    break
             shutil.rmtree(staging.parent, ignore_errors=True)
-            dump_dir = str(folder)
         required = result.required_bytes  # of a layout: a lower bound, above the capacity (compile_until_layout)
         return Measurement(batch, required <= self.capacity, required, result.memory_analysis(), dump_dir=dump_dir,
                            stage=result.stage)
@@ -366,6 +368,56 @@ class Compiler:
 
             raise UserError(f"cannot write the compile cache in {folder.parent} ({error.strerror}): "
                             "point XDG_CACHE_HOME at a writable folder.") from None
+
+
+# Processes share the cache: a max-batch search deletes the dumps of the batches it does not report, while another
+# process may be reading one (the same program at the same batch: the step estimate and the memory breakdown read
+# the dump lazily). A process holds a shared lock on each dump folder it uses for as long as it runs; a search
+# deletes a dump only when it gets that lock exclusively, and otherwise leaves it for the reader.
+_HELD: dict[str, int] = {}  # dump folder -> this process's open descriptor holding its shared lock
+
+
+def _hold(folder: str) -> bool:
+    """Hold FOLDER (a dump in the cache) while this process runs; False if it is gone."""
+    import fcntl
+
+    if folder in _HELD:
+        return True
+    try:
+        descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    fcntl.flock(descriptor, fcntl.LOCK_SH)  # waits only while a search deletes it
+    try:
+        present = os.stat(folder).st_ino == os.fstat(descriptor).st_ino
+    except OSError:
+        present = False
+    if not present:
+        os.close(descriptor)
+        return False
+    _HELD[folder] = descriptor
+    return True
+
+
+def _delete_unless_held(folder: str) -> bool:
+    """Delete FOLDER unless another process holds it; True if it is gone."""
+    import fcntl
+
+    own = _HELD.pop(folder, None)
+    if own is not None:
+        os.close(own)
+    try:
+        descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(descriptor)
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    os.close(descriptor)
+    return True
 
 
 STAGING_MARK = "staging-"  # .<key>.staging-<pid>.<random>: a compile's dump until it is complete
