@@ -70,7 +70,7 @@ def test_the_copies_take_their_bytes_over_the_host_link_and_the_step_pays_what_c
 def test_a_generation_without_a_published_host_link_counts_the_bytes_and_says_they_are_not_timed(offload_target):
     from tpuprof.analyses import step_estimate
     from tpuprof.analyses.collectives import TO_HOST
-    from tpuprof.documents_preflight import _host_transfers
+    from tpuprof.documents_preflight import _host_transfers, not_modelled
 
     target, _ = offload_target
     cost = step_estimate.load(target["dump_dir"])
@@ -79,6 +79,10 @@ def test_a_generation_without_a_published_host_link_counts_the_bytes_and_says_th
     assert untimed.host_s == 0 and untimed.exposed_host_s == 0
     host = _host_transfers(untimed)["host_transfers"]
     assert host["ms"] is None and host["exposed_ms"] is None and host["method"].startswith("not timed")
+    # ... and the step's list of what it does not time names them (the table's "not timed" warnings read it).
+    assert not_modelled(untimed)[0] == f"{2 * LAYERS * 4} copies between HBM and the host (no host link bandwidth " \
+                                       "published for v5e)"
+    assert not any("copies between HBM" in line for line in not_modelled(step_estimate.estimate(cost, "v6e")))
 
 
 def test_the_table_shows_the_host_transfers(offload_target, compile_cache):

@@ -246,6 +246,10 @@ def not_modelled(estimate_: StepEstimate) -> list[str]:
     if estimate_.replica_all_reduce_untimed:
         out.insert(0, "the data-parallel gradient all-reduce across the slice (a one-device compile holds no "
                       "collectives and the gradient size is not known: use --model, or compile the sharded step)")
+    communication = estimate_.communication
+    if communication is not None and communication.host_transfers and communication.host_link_bytes_per_s is None:
+        out.insert(0, f"{sum(t.count for t in communication.host_transfers)} copies between HBM and the host (no "
+                      f"host link bandwidth published for {target.name})")
     if estimate_.num_slices > 1 and estimate_.dcn_s is None:
         out.insert(0, f"the all-reduce across {estimate_.num_slices} slices (no DCN bandwidth published for "
                       f"{target.name}, or no gradient size known)")
