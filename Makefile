@@ -34,7 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_analyze.py
 
 # Fuzzes every parser for MINUTES minutes in all (one worker process, niced: the machine is shared); crashing,
-# hanging and memory-hungry inputs are saved under out/fuzz/. `make test` runs a few seconds of it.
+# hanging and memory-hungry inputs are saved under out/fuzz/. `make test` runs 60 seeded inputs per parser.
 MINUTES ?= 10
 fuzz: $(STAMP)
 	nice $(BIN)/python tests/fuzz/run.py --minutes $(MINUTES)
