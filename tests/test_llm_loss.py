@@ -57,25 +57,25 @@ def test_the_loss_is_cut_so_that_one_piece_of_fp32_logits_stays_within_the_budge
 def test_the_compiled_step_never_holds_the_whole_logits(monkeypatch):
     """A 2-layer model with a large vocabulary on v6e-4 (libtpu, compile-only): the fp32 logits of the whole
     sequence would be 256 MiB per chip. In one piece the compiler's temporaries exceed that; in 16 pieces of
-    16 MiB they stay far below it."""
+    16 MiB they stay far below it. (Short sequences: libtpu's compile time grows with the tokens.)"""
     from tpuprof.sources import tpu_compile
 
     if not tpu_compile.jax_available():
         pytest.skip("libtpu is not installed")
-    config = llm.parse_config({"model_type": "llama", "vocab_size": 32768, "hidden_size": 256,
+    config = llm.parse_config({"model_type": "llama", "vocab_size": 65536, "hidden_size": 256,
                                "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
                                "num_key_value_heads": 2}, "wide-vocab", "test")
     devices = tpu_compile.topology_devices("v6e-4")
-    step = llm.Step(config, "test", 1024, "full", "bf16", llm.parse_mesh(None, len(devices)))
-    whole_logits = 2 * 1024 * 32768 * 4  # 2 sequences per chip
+    step = llm.Step(config, "test", 512, "full", "bf16", llm.parse_mesh(None, len(devices)))
+    whole_logits = 2 * 512 * 65536 * 4  # 2 sequences per chip
 
     def temporaries(piece_bytes):
         monkeypatch.setattr(llm, "LOSS_CHUNK_BYTES", piece_bytes)
         fn, args = llm.build(step, devices, 2)
         return tpu_compile.compile_jax(fn, args, "v6e-4").temp_bytes
 
-    assert llm.loss_chunks(1024, 2, 32768) == 1
+    assert llm.loss_chunks(512, 2, 65536) == 1
     assert temporaries(whole_logits) > whole_logits
     monkeypatch.setattr(llm, "LOSS_CHUNK_BYTES", 16 * 2**20)
-    assert llm.loss_chunks(1024, 2, 32768) == 16
+    assert llm.loss_chunks(512, 2, 65536) == 16
     assert temporaries(16 * 2**20) < whole_logits / 2
