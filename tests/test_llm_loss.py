@@ -54,10 +54,11 @@ def test_the_loss_is_cut_so_that_one_piece_of_fp32_logits_stays_within_the_budge
 
 
 @pytest.mark.slow
-def test_the_compiled_step_never_holds_the_whole_logits(monkeypatch):
+def test_the_compiled_step_never_holds_the_whole_logits():
     """A 2-layer model with a large vocabulary on v6e-4 (libtpu, compile-only): the fp32 logits of the whole
-    sequence would be 256 MiB per chip. In one piece the compiler's temporaries exceed that; in 16 pieces of
-    16 MiB they stay far below it. (Short sequences: libtpu's compile time grows with the tokens.)"""
+    sequence would be 256 MiB per chip. In one piece (within the 512 MiB budget: tpuprof's own choice, and
+    MaxText's num_vocab_tiling=1) the compiler's temporaries exceed that; with --vocab-tiling 16, pieces of
+    16 MiB, they stay far below it. (Short sequences: libtpu's compile time grows with the tokens.)"""
     from tpuprof.sources import tpu_compile
 
     if not tpu_compile.jax_available():
@@ -66,16 +67,28 @@ def test_the_compiled_step_never_holds_the_whole_logits(monkeypatch):
                                "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
                                "num_key_value_heads": 2}, "wide-vocab", "test")
     devices = tpu_compile.topology_devices("v6e-4")
-    step = llm.Step(config, "test", 512, "full", "bf16", llm.parse_mesh(None, len(devices)))
     whole_logits = 2 * 512 * 65536 * 4  # 2 sequences per chip
 
-    def temporaries(piece_bytes):
-        monkeypatch.setattr(llm, "LOSS_CHUNK_BYTES", piece_bytes)
+    def temporaries(vocab_tiling):
+        step = llm.Step(config, "test", 512, "full", "bf16", llm.parse_mesh(None, len(devices)),
+                        vocab_tiling=vocab_tiling)
         fn, args = llm.build(step, devices, 2)
         return tpu_compile.compile_jax(fn, args, "v6e-4").temp_bytes
 
     assert llm.loss_chunks(512, 2, 65536) == 1
-    assert temporaries(whole_logits) > whole_logits
-    monkeypatch.setattr(llm, "LOSS_CHUNK_BYTES", 16 * 2**20)
-    assert llm.loss_chunks(512, 2, 65536) == 16
-    assert temporaries(16 * 2**20) < whole_logits / 2
+    assert temporaries(None) > whole_logits
+    assert temporaries(16) < whole_logits / 2
+
+
+def test_vocab_tiling_reaches_the_step_and_its_document(tmp_path, monkeypatch):
+    """--vocab-tiling is part of the compiled program (its cache key) and of the document's model; a step that
+    cannot fit whatever the batch answers without a compile, so this needs none."""
+    import tpuprof
+    from tpuprof.sources.llm import Step
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    target = tpuprof.preflight(model="llama3.1-405b", tpu="v6e-4", batch_per_chip=1, seq=8192,
+                               vocab_tiling=16).to_dict()["targets"][0]
+    assert target["model"]["vocab_tiling"] == 16 and target["fits"] is False and target["compiles"] == 0
+    config, source = llm.load_config("llama3.1-8b")
+    assert Step(config, source, 8192, vocab_tiling=16).key() != Step(config, source, 8192).key()

@@ -34,6 +34,8 @@ CASES = [
      [STEP, "--tpu", "v5e", "--batch", "8", "--weight-dtype", "bfloat16"]),
     ("full", dict(fn_or_model=STEP, tpu="v5e", batch=8, full=True), [STEP, "--tpu", "v5e", "--batch", "8", "--full"]),
     ("ray", dict(fn_or_model=STEP, tpu="v5e", batch=8, ray="auto"), [STEP, "--tpu", "v5e", "--batch", "8", "--ray", "auto"]),
+    ("vocab_tiling", dict(fn_or_model=STEP, tpu="v5e", batch=8, vocab_tiling=4),
+     [STEP, "--tpu", "v5e", "--batch", "8", "--vocab-tiling", "4"]),
     ("batch_per_chip", dict(fn_or_model=STEP, tpu="v5e", batch_per_chip=8),
      [STEP, "--tpu", "v5e", "--batch-per-chip", "8"]),
     ("global_batch", dict(fn_or_model=STEP, tpu="v5e", global_batch=8), [STEP, "--tpu", "v5e", "--global-batch", "8"]),
@@ -59,6 +61,10 @@ CASES = [
      ["--model", "llama3.1-8b", "--tpu", "v6e-16", "--dtype", "int4", "--batch-per-chip", "1"]),
     ("weight_dtype", dict(weight_dtype="int8", batch_per_chip=1, **LLM),
      ["--model", "llama3.1-8b", "--tpu", "v6e-16", "--weight-dtype", "int8", "--batch-per-chip", "1"]),
+    ("vocab_tiling", dict(vocab_tiling=0, batch_per_chip=1, **LLM),
+     ["--model", "llama3.1-8b", "--tpu", "v6e-16", "--vocab-tiling", "0", "--batch-per-chip", "1"]),
+    ("vocab_tiling", dict(vocab_tiling=3, batch_per_chip=1, **LLM),  # pieces of each sequence: 3 does not divide 2,048
+     ["--model", "llama3.1-8b", "--tpu", "v6e-16", "--vocab-tiling", "3", "--batch-per-chip", "1"]),
 ]
 
 
@@ -82,8 +88,9 @@ def test_the_command_line_names_the_flag_at_fault(option, _, arguments, tmp_path
     assert result.returncode == 2 and result.stdout == "", result.stderr
     assert FLAGS[option] in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert f"{option}=" not in result.stderr, result.stderr
-    if option in ("weight_dtype", "full", "ray"):  # --model's own options: only the one given is named
-        others = {FLAGS[name] for name in ("weight_dtype", "full", "ray")} - {FLAGS[option]}
+    own = ("weight_dtype", "full", "ray", "vocab_tiling")
+    if option in own:  # --model's own options: only the one given is named
+        others = {FLAGS[name] for name in own} - {FLAGS[option]}
         assert not any(flag in result.stderr for flag in others), result.stderr
 
 

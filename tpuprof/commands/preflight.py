@@ -246,7 +246,7 @@ def _model_target(config, source, chosen, remat, options, report_progress):
     seq, max_batch = options.seq, options.max_batch
     target = chosen.target
     sizes = mesh_sizes(options.mesh, chosen)
-    step = llm.Step(config, source, seq, remat, options.dtype, sizes, options.weight_dtype)
+    step = llm.Step(config, source, seq, remat, options.dtype, sizes, options.weight_dtype, options.vocab_tiling)
     spec = llm.Spec(step, chosen)
     per_chip = target.devices_per_chip
     batch = preflight_step.llm_batch_per_device(chosen, options.batch_per_chip, options.global_batch)

@@ -561,12 +561,15 @@ class Step:
     dtype: str = "bf16"
     mesh_sizes: dict[str, int] = field(default_factory=dict)
     weight_dtype: str = "float32"  # MaxText's weight_dtype: the weights' and AdamW moments' storage
+    vocab_tiling: int | None = None  # MaxText's num_vocab_tiling: the loss in this many pieces (None: loss_chunks)
 
     def key(self) -> str:
         own = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
         parts = [self.config.digest(), self.seq_len, self.remat, self.dtype, sorted(self.mesh_sizes.items()), own]
         if self.weight_dtype != "float32":
             parts.append(self.weight_dtype)
+        if self.vocab_tiling is not None:
+            parts.append(["vocab_tiling", self.vocab_tiling])
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
@@ -734,7 +737,8 @@ def _train_step(config: ModelConfig, step: Step, mesh, batch_axes):
         x = norm(x, params, "final_norm")
         head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
         head = jax.lax.with_sharding_constraint(head.astype(compute), gathered_head)
-        chunks = loss_chunks(step.seq_len, x.shape[0] // batch_shards, config.vocab_size // vocab_shards)
+        chunks = step.vocab_tiling or loss_chunks(step.seq_len, x.shape[0] // batch_shards,
+                                                  config.vocab_size // vocab_shards)
         cap = config.final_logit_softcapping
 
         def logits_of(chunk):
@@ -1054,6 +1058,8 @@ class Spec:
         # projections, the MLP (an MoE: router, its top-k experts and any shared expert) and the logits, not
         # the embedding lookup or norms; attention's own matmuls come from heads x (q.k width + value width) / 2.
         info["active_parameters"] = config.matmul_parameter_count()
+        if self.step.vocab_tiling is not None:
+            info["vocab_tiling"] = self.step.vocab_tiling
         if config.mla:
             info["attention_width"] = config.num_attention_heads * (config.head_dim + config.v_head_dim) // 2
         kinds = config.layer_kinds()
