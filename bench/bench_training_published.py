@@ -205,7 +205,10 @@ def plan(run: dict) -> dict:
     sizes = {v for k, v in blocks.items() if k.startswith("sa_block")}
     if sizes and sizes != {ours_block}:
         cannot.append(f"splash blocks {sorted(sizes)} (tpuprof: {ours_block} on {run['generation']})")
-    other = {k: v for k, v in (run.get("other_settings") or {}).items() if k not in NEUTRAL_SETTINGS}
+    settings = run.get("other_settings") or {}
+    if settings.get("num_vocab_tiling"):
+        command += ["--vocab-tiling", str(settings["num_vocab_tiling"])]
+    other = {k: v for k, v in settings.items() if k not in NEUTRAL_SETTINGS | {"num_vocab_tiling"}}
     if other:
         cannot.append("other settings: " + ", ".join(f"{k}={v}" for k, v in other.items()))
     out["command"] = command
@@ -245,13 +248,15 @@ def run_layout(command: list[str], workdir: Path) -> tuple[dict | None, str, flo
         path.write_text(json.dumps(maxtext_default_config(int(keywords["model"].rsplit("-", 1)[1]))))
         keywords["model"] = str(path)
     keywords["seq"], keywords["batch_per_chip"] = int(keywords["seq"]), int(keywords["batch_per_chip"])
+    if "vocab_tiling" in keywords:
+        keywords["vocab_tiling"] = int(keywords["vocab_tiling"])
     started = time.perf_counter()
     options = preflight_options(**keywords)
     chosen = options.slices[0]
     config, source = llm.load_config(options.model)
     sizes = mesh_sizes(options.mesh, chosen)
-    spec = llm.Spec(llm.Step(config, source, options.seq, options.remat, options.dtype, sizes, options.weight_dtype),
-                    chosen.topology)
+    spec = llm.Spec(llm.Step(config, source, options.seq, options.remat, options.dtype, sizes, options.weight_dtype,
+                             options.vocab_tiling), chosen)
     batch = preflight_step.llm_batch_per_device(chosen, options.batch_per_chip, None)
     dump = workdir / f"layout-{len(list(workdir.iterdir()))}"
     try:
