@@ -63,8 +63,8 @@ class Target:
     published_source: str = "cloud-tpu-docs"  # a key of SOURCES
     # A tuple's index table: 4 bytes per element rounded up to this many bytes (see TUPLE_TABLE_GRANULES).
     tuple_table_granule_bytes: int = 512
-    # The link between the host and one chip, GB/s per direction, and what that figure is (None: not published;
-    # the Cloud TPU pages for v5e, v5p and TPU7x, read 2026-11-29, give none, so their offload copies go untimed).
+    # The link between the host and one chip, GB/s per direction, and what that figure is (None: not published,
+    # offload copies go untimed): see HOST_LINK_TYPICAL.
     host_link_gbps: float | None = None
     host_link: str = ""
     # The host's memory (DRAM) per chip, where a remat policy offloads activations (None: not published). The
@@ -136,6 +136,14 @@ def _g(value: float) -> int:
     return int(round(value * GiB))
 
 
+# The host link per chip, from the JAX scaling book (https://jax-ml.github.io/scaling-book/tpus/, read 2026-11-29):
+# "PCIe bandwidth is typically around 1.6e10 bytes / second per TPU (3.2e10 for TPU v6e)"; its direction is not
+# stated, read here as per direction. v6e's agrees with the Cloud TPU docs' "PCIe Gen5 interface" at 8 lanes
+# (31.5 GB/s per direction), and the host-to-HBM copies of a real v6e capture ran at 27.6 GB/s (openxla/xprof's
+# tpu_inference_2, tests/test_analyze_real_tpu.py). TPU7x: not given (None).
+HOST_LINK_TYPICAL = "PCIe, about 16 GB/s per chip, the JAX scaling book's typical figure"
+HOST_LINK_V6E = "PCIe Gen5, about 32 GB/s per chip, the JAX scaling book's figure for v6e"
+
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
@@ -147,21 +155,21 @@ TARGETS: dict[str, Target] = {
                aliases=("tpu v3",), compiler_host_bytes=None),
         Target("v4", "v4:2x2x1", "megacore", "chip", 2, 1, _g(30.75), 32 * GiB, 275, 1200,
                jax_device_kind="TPU v4", capture_device_types=("TPU v4",), codename="TPU_VERSION_PUFFERFISH",
-               aliases=("tpu v4",)),
+               aliases=("tpu v4",), host_link_gbps=16.0, host_link=HOST_LINK_TYPICAL),
         Target("v5e", "v5e:2x2", None, "chip", 1, 1, _g(15.75), 16 * GiB, 197, 819,
                jax_device_kind="TPU v5 lite", capture_device_types=("TPU v5 Lite", "TPU v5e"),
                codename="TPU_VERSION_VIPERFISH", codename_variant="lite",
-               aliases=("v5litepod", "v5lite", "tpu v5 lite", "tpu v5e"), host_dram_bytes_per_chip=512 * GiB // 8),
+               aliases=("v5litepod", "v5lite", "tpu v5 lite", "tpu v5e"), host_dram_bytes_per_chip=512 * GiB // 8,
+               host_link_gbps=16.0, host_link=HOST_LINK_TYPICAL),
         # The Cloud TPU docs give 95 GiB per chip; the compiler offers slightly more (95.74G): a rounded figure.
         Target("v5p", "v5p:2x2x1", None, "chip", 2, 1, _g(95.74), 95 * GiB, 459, 2765,
                jax_device_kind="TPU v5", capture_device_types=("TPU v5", "TPU v5p"), codename="TPU_VERSION_VIPERFISH",
-               aliases=("v5", "tpu v5", "tpu v5p"), host_dram_bytes_per_chip=448 * 10**9 // 4),
-        # Cloud TPU docs: "each v6e chip ... connects to the host through a PCIe Gen5 interface"; the lane count
-        # is not published: 32 GT/s x 16 lanes x 128/130 / 8 = 63 GB/s per direction if it is x16.
+               aliases=("v5", "tpu v5", "tpu v5p"), host_dram_bytes_per_chip=448 * 10**9 // 4,
+               host_link_gbps=16.0, host_link=HOST_LINK_TYPICAL),
         Target("v6e", "v6e:2x2", None, "chip", 1, 1, _g(31.25), 32 * GiB, 918, 1638,
                jax_device_kind="TPU v6 lite", capture_device_types=("TPU v6 Lite", "TPU v6e"),
                codename="TPU_VERSION_GHOSTLITE", aliases=("v6", "trillium", "tpu v6 lite", "tpu v6e"),
-               host_link_gbps=63.0, host_link="PCIe Gen5, 63 GB/s per direction if x16 (lanes not published)",
+               host_link_gbps=32.0, host_link=HOST_LINK_V6E,
                host_dram_bytes_per_chip=1536 * GiB // 8),
         Target("tpu7x", "tpu7x:2x2x1", None, "TensorCore", 1, 2, _g(94.75), 192 * GiB, 2307, 7380,
                jax_device_kind="TPU7x", capture_device_types=("TPU v7x", "TPU7x"), codename="TPU_VERSION_6acc60406",

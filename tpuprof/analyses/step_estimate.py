@@ -17,9 +17,9 @@ over the data-centre network, counted exposed.
 
 A step that offloads activations (a remat policy's host offload) copies them between HBM and the host's memory
 asynchronously; each copy is timed at the host link's bandwidth per device and direction (tpuprof.targets
-host_link_gbps, an estimate: the lanes are not published) and overlapped with the compute between its start and
-done in the same walk (tpuprof.analyses.collectives): the step adds the exposed part, the band's high end all of
-it. A generation without a published host link leaves the transfers untimed and says so.
+host_link_gbps: the JAX scaling book's typical figure per chip, an estimate) and overlapped with the compute between
+its start and done in the same walk (tpuprof.analyses.collectives): the step adds the exposed part, the band's high
+end all of it. A generation without a published host link (TPU7x) leaves the transfers untimed and says so.
 Not modelled: see NOT_MODELLED.
 """
 
