@@ -147,6 +147,23 @@ def test_two_generations_side_by_side_with_bf16(preflight):
         assert target["bf16"]["peak_heap_bytes"] < target["peak_heap_bytes"]
 
 
+@pytest.mark.slow
+def test_the_side_by_side_table_fits_80_and_100_columns(preflight_cache):
+    """The two-generations run above as tables (the same compiles, from the cache: this file's tests share a
+    worker): at 80 and 100 columns no line is wider and no figure of the 200-column table is split
+    (tests/test_width.py's rule for every command)."""
+    from test_width import check_width
+
+    args = ["preflight", f"{MODELS / 'mlp.py'}:factory", "--tpu", "v5e,v6e", "--batch", "256", "--compare-bf16"]
+    env = {"XDG_CACHE_HOME": str(preflight_cache)}
+    reference = run_cli(*args, env={**env, "COLUMNS": "200"}, timeout=600)
+    assert reference.returncode == 0, reference.stderr
+    for width in (80, 100):
+        result = run_cli(*args, env={**env, "COLUMNS": str(width)}, timeout=600)
+        assert result.returncode == 0, result.stderr
+        check_width(result.stdout, width, reference.stdout)
+
+
 def test_human_output_says_fits_and_the_max_batch(cli, preflight_cache, jax_search):
     result = run_cli("preflight", f"{MODELS / 'mlp.py'}:factory", "--tpu", "v5e", "--max-batch",
                      env={"XDG_CACHE_HOME": str(preflight_cache)})
