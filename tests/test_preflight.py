@@ -18,11 +18,6 @@ V5E = 16911433728  # the 15.75G libtpu offers one v5e chip (tpuprof.targets)
 
 
 @pytest.fixture(scope="session")
-def preflight_cache(compile_cache):
-    return compile_cache
-
-
-@pytest.fixture(scope="session")
 def preflight(preflight_cache):
     """Run `tpuprof preflight ARGS --json` with the session's compile cache; returns (result, document)."""
 
