@@ -63,14 +63,6 @@ def compile_cache(cache_home):
     return cache_home
 
 
-@pytest.fixture(scope="session")
-def preflight_cache(compile_cache):
-    """The session's compile cache, for the tests that compile the sample MLP (tests/test_preflight.py, the API's
-    preflight in tests/test_api.py): unlike compile_cache it joins them into one xdist group, so that they run one
-    after the other on one worker and find each other's compiles instead of waiting for them."""
-    return compile_cache
-
-
 @pytest.fixture(scope="session", autouse=True)
 def cache_home(run_folder):
     """What runs without naming a cache (tpuprof.serve() and tpuprof.preflight() in this process, CLI processes)

@@ -212,10 +212,10 @@ def test_trace_is_the_cli_json_and_writes_the_same_trace(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def api_compile_cache(preflight_cache, monkeypatch_module):
-    """The session's compile cache, for the API's compiles as for the CLI's (in test_preflight.py's worker group)."""
-    monkeypatch_module.setenv("XDG_CACHE_HOME", str(preflight_cache))
-    return preflight_cache
+def api_compile_cache(compile_cache, monkeypatch_module):
+    """The session's compile cache, for the API's compiles as for the CLI's."""
+    monkeypatch_module.setenv("XDG_CACHE_HOME", str(compile_cache))
+    return compile_cache
 
 
 @pytest.fixture(scope="module")

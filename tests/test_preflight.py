@@ -18,6 +18,11 @@ V5E = 16911433728  # the 15.75G libtpu offers one v5e chip (tpuprof.targets)
 
 
 @pytest.fixture(scope="session")
+def preflight_cache(compile_cache):
+    return compile_cache
+
+
+@pytest.fixture(scope="session")
 def preflight(preflight_cache):
     """Run `tpuprof preflight ARGS --json` with the session's compile cache; returns (result, document)."""
 
@@ -140,23 +145,6 @@ def test_two_generations_side_by_side_with_bf16(preflight):
         # bfloat16 halves weights and activations: well under the f32 step, but more than a quarter.
         assert target["required_bytes"] / 4 < target["bf16"]["required_bytes"] < target["required_bytes"] * 0.75
         assert target["bf16"]["peak_heap_bytes"] < target["peak_heap_bytes"]
-
-
-@pytest.mark.slow
-def test_the_side_by_side_table_fits_80_and_100_columns(preflight_cache):
-    """The two-generations run above as tables (the same compiles, from the cache: this file's tests share a
-    worker): at 80 and 100 columns no line is wider and no figure of the 200-column table is split
-    (tests/test_width.py's rule for every command)."""
-    from test_width import check_width
-
-    args = ["preflight", f"{MODELS / 'mlp.py'}:factory", "--tpu", "v5e,v6e", "--batch", "256", "--compare-bf16"]
-    env = {"XDG_CACHE_HOME": str(preflight_cache)}
-    reference = run_cli(*args, env={**env, "COLUMNS": "200"}, timeout=600)
-    assert reference.returncode == 0, reference.stderr
-    for width in (80, 100):
-        result = run_cli(*args, env={**env, "COLUMNS": str(width)}, timeout=600)
-        assert result.returncode == 0, result.stderr
-        check_width(result.stdout, width, reference.stdout)
 
 
 def test_human_output_says_fits_and_the_max_batch(cli, preflight_cache, jax_search):

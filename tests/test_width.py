@@ -93,6 +93,22 @@ def test_long_names_keep_both_ends():
     assert re.search(r"jit\(train_\S*…\S*conv_general_dilated", ops), ops
 
 
+@pytest.mark.slow
+@pytest.mark.compile
+def test_preflight_table_fits(compile_cache):
+    """Two generations side by side with their bfloat16 compiles: the program and options of test_preflight.py's
+    two-generations test, so that the run's compile cache holds them once for both tests and every width."""
+    args = ["preflight", f"{SAMPLES / 'models' / 'mlp.py'}:factory", "--tpu", "v5e,v6e", "--batch", "256",
+            "--compare-bf16"]
+    env = {"XDG_CACHE_HOME": str(compile_cache)}
+    reference = run_cli(*args, env={**env, "COLUMNS": "200"}, timeout=600)
+    assert reference.returncode == 0, reference.stderr
+    for width in (80, 100):
+        result = run_cli(*args, env={**env, "COLUMNS": str(width)}, timeout=600)
+        assert result.returncode == 0, result.stderr
+        check_width(result.stdout, width, reference.stdout)
+
+
 def test_serve_table_fits():
     """Three slices side by side and their prose (the KV arithmetic alone: no compile)."""
     args = ["serve", "--model", "llama3.1-70b", "--tpu", "v6e-8,v5p-16,v5e-8", "--max-model-len", "8192",
