@@ -248,7 +248,7 @@ def not_modelled(estimate_: StepEstimate) -> list[str]:
                       "collectives and the gradient size is not known: use --model, or compile the sharded step)")
     communication = estimate_.communication
     if communication is not None and communication.host_transfers and communication.host_link_bytes_per_s is None:
-        out.insert(0, f"{sum(t.count for t in communication.host_transfers)} copies between HBM and the host (no "
+        out.insert(0, f"{communication.host_copies} copies between HBM and the host (no "
                       f"host link bandwidth published for {target.name})")
     if estimate_.num_slices > 1 and estimate_.dcn_s is None:
         out.insert(0, f"the all-reduce across {estimate_.num_slices} slices (no DCN bandwidth published for "
@@ -273,7 +273,7 @@ def _host_transfers(estimate_: StepEstimate) -> dict:
     return {"host_transfers": {
         "to_host_bytes": int(communication.host_bytes(TO_HOST)),
         "from_host_bytes": int(communication.host_bytes(FROM_HOST)),
-        "copies": sum(t.count for t in communication.host_transfers),
+        "copies": communication.host_copies,
         "ms": _ms(communication.host_s) if timed else None,
         "exposed_ms": _ms(communication.host_exposed_s) if timed else None,
         "method": link}}

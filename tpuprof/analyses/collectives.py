@@ -276,6 +276,11 @@ class Communication:
         """Bytes a step moves in DIRECTION (TO_HOST, FROM_HOST)."""
         return sum(t.bytes * t.count for t in self.host_transfers if t.direction == direction)
 
+    @property
+    def host_copies(self) -> int:
+        """Copies between HBM and the host per step, both directions."""
+        return sum(t.count for t in self.host_transfers)
+
 
 def communication(module: HloModule, torus: Torus | None, op_seconds: dict[tuple[str, str], float],
                   host_link_bytes_per_s: float | None = None) -> Communication:

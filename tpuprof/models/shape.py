@@ -43,6 +43,7 @@ def element_bytes(dtype: str) -> int:
 
 HOST_MEMORY_SPACE = 5  # xla::Layout::kHostMemorySpace: S(5), pinned host memory (where offloaded activations live)
 
+
 @dataclass(frozen=True)
 class Layout:
     minor_to_major: tuple[int, ...] = ()

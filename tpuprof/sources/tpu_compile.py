@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tpuprof import slices
-from tpuprof.models.shape import HOST_MEMORY_SPACE
 from tpuprof.errors import UserError, tensorflow_missing
+from tpuprof.models.shape import HOST_MEMORY_SPACE
 
 # The dump files of the main module that tpuprof reads; the compiler writes many more per compile.
 KEPT_SUFFIXES = (
