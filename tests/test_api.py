@@ -268,6 +268,24 @@ def test_preflight_of_a_jax_function_and_its_arguments_matches_the_cli(api_compi
     assert priced.to_dict()["targets"][0]["estimate"]["price_per_chip_hour"] == 1.5
 
 
+def test_another_batch_keeps_parameters_whose_leading_dimension_equals_the_batch():
+    """narrow_mlp.py's layers are 256 wide and its example batch is 256: every parameter leads with the batch
+    too. Batch 8 resizes the inputs and labels only (tracing tells them apart; no compile)."""
+    sys.path.insert(0, str(MODELS))
+    try:
+        import narrow_mlp
+    finally:
+        sys.path.remove(str(MODELS))
+    from tpuprof.sources import python_step
+
+    step, (params, x, y) = narrow_mlp.factory(256)
+    assert all(p.shape[0] == 256 for p in params)
+    spec, example_batch = python_step.spec_from_objects(step, (params, x, y))
+    _, (params_8, x_8, y_8) = spec.factory(8)
+    assert example_batch == 256 and [p.shape for p in params_8] == [p.shape for p in params]
+    assert (x_8.shape, y_8.shape) == ((8, 1024, 256), (8, 1024, 1))
+
+
 def test_preflight_of_a_keras_model_matches_the_cli(api_compile_cache):
     sys.path.insert(0, str(MODELS))
     try:

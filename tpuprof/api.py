@@ -142,7 +142,8 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
         v5p and v6e, a TensorCore on v2, v3 and TPU7x.
     batch: the per-device batch to check. With example arguments it defaults to theirs; another batch size
         changes the leading dimension of the arguments every array of which has the batch as its leading
-        dimension, like the last argument (inputs, labels), and keeps the others (parameters, optimizer state).
+        dimension, like the last argument (inputs, labels), and keeps the others (parameters, optimizer state);
+        where a parameter's leading dimension equals the batch, tracing the function tells which is which.
     max_batch: search the largest batch that fits (a multiple of 8, and the largest multiple of 128).
     compare_bf16: also compile in bfloat16 (a factory with a `dtype` parameter, or a file.py:factory).
     cache: reuse earlier compiles of the same program ($XDG_CACHE_HOME/tpuprof/preflight).

@@ -17,7 +17,8 @@ def spec_from_objects(value, example_args: tuple):
 
     Another batch size than the example's is made by changing the leading dimension of the batch: the
     arguments every array of which has the same leading dimension as the last argument (inputs and labels);
-    the others (parameters, optimizer state) stay as given.
+    the others (parameters, optimizer state) stay as given. Where a parameter shares that leading dimension (a
+    hidden size equal to the batch), the function is traced to tell them apart (_jax_factory).
     """
     import inspect
 
@@ -63,11 +64,18 @@ def _jax_factory(fn, args: tuple):
     def resize(leaf, batch_size):
         return jax.ShapeDtypeStruct((batch_size, *tuple(leaf.shape)[1:]), leaf.dtype)
 
+    def resized(batch_size: int, scaled_args: list[bool]) -> list:
+        return [jax.tree_util.tree_map(lambda leaf: resize(leaf, batch_size), arg) if scaled else arg
+                for arg, scaled in zip(args, scaled_args)]
+
+    chosen: list[list[bool]] = []
+
     def factory(batch_size: int):
         if batch_size == example_batch or example_batch is None:
             return fn, list(args)
-        return fn, [jax.tree_util.tree_map(lambda leaf: resize(leaf, batch_size), arg) if scaled else arg
-                    for arg, scaled in zip(args, batched)]
+        if not chosen:
+            chosen.append(_scaled_that_trace(fn, batched, lambda scaled: resized(batch_size, scaled)))
+        return fn, resized(batch_size, chosen[0])
 
     try:  # the program's own text at the example shapes: a changed function or shape is another program
         abstract = [jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), arg)
@@ -78,6 +86,24 @@ def _jax_factory(fn, args: tuple):
     except Exception:  # noqa: BLE001 - no stable key: compile without reusing the cache
         digest = _unique()
     return factory, example_batch, digest
+
+
+def _scaled_that_trace(fn, batched: list[bool], resized) -> list[bool]:
+    """Which arguments to resize: all that lead with the batch, unless the function then fails to trace (a
+    parameter whose leading dimension is a hidden size equal to the batch, resized with the inputs); then fewer,
+    from the front (parameters come before inputs and labels), until it traces. Tracing is the program's own
+    check of the shapes, and costs no compile."""
+    import jax
+
+    candidates = [i for i, scaled in enumerate(batched) if scaled]
+    choices = [[i in candidates[k:] for i in range(len(batched))] for k in range(len(candidates))]
+    for choice in choices:
+        try:
+            jax.eval_shape(fn, *resized(choice))
+        except Exception:  # noqa: BLE001 - the user's function rejects these shapes: try the next choice
+            continue
+        return choice
+    return batched  # none traces: the compile reports the function's own error
 
 
 def _keras_factory(model, x, y):
