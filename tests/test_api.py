@@ -235,17 +235,17 @@ def test_preflight_of_a_jax_function_and_its_arguments_matches_the_cli(api_compi
     same bytes at the arguments' batch, and at another batch (inputs resized, parameters kept)."""
     sys.path.insert(0, str(MODELS))
     try:
-        import mlp
+        import narrow_mlp
     finally:
         sys.path.remove(str(MODELS))
-    spec = f"{MODELS / 'mlp.py'}:factory"
+    spec = f"{MODELS / 'narrow_mlp.py'}:factory"
     # Batches 256 and 8: the ones test_preflight.py's max-batch search starts with and its side-by-side run uses,
     # so each compile serves both through the session's cache.
     env = {"XDG_CACHE_HOME": str(api_compile_cache)}
     at_256 = cli_json("preflight", spec, "--tpu", "v5e", "--batch", "256", env=env)["targets"][0]
     at_8 = cli_json("preflight", spec, "--tpu", "v5e", "--batch", "8", env=env)["targets"][0]
 
-    step, (params, x, y) = mlp.factory(256)
+    step, (params, x, y) = narrow_mlp.factory(256)
     mine = tpuprof.preflight(step, params, x, y, tpu="v5e")
     (target,) = mine.to_dict()["targets"]
     assert target["batch_size"] == 256

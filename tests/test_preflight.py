@@ -37,7 +37,7 @@ def preflight(preflight_cache):
 
 @pytest.fixture(scope="session")
 def jax_search(preflight):
-    result, document = preflight(f"{MODELS / 'mlp.py'}:factory", "--tpu", "v5e", "--max-batch")
+    result, document = preflight(f"{MODELS / 'narrow_mlp.py'}:factory", "--tpu", "v5e", "--max-batch")
     assert result.returncode == 0, result.stderr
     return document["targets"][0]
 
@@ -56,17 +56,17 @@ def _fits(result) -> bool:
 @pytest.mark.slow
 def test_jax_max_batch_is_the_boundary(jax_search):
     """An independent compile at the max batch fits, and one at the next multiple of 8 does not."""
-    import mlp
+    import narrow_mlp
 
     from tpuprof.sources import tpu_compile
 
     best = jax_search["max_batch_size"]
     assert best and best % 8 == 0 and jax_search["batch_size"] == best
-    at_best = tpu_compile.compile_jax(*mlp.factory(best), "v5e")
+    at_best = tpu_compile.compile_jax(*narrow_mlp.factory(best), "v5e")
     assert _fits(at_best)
     assert at_best.required_bytes == jax_search["required_bytes"]  # the reported figures are the compiler's
     try:
-        assert not _fits(tpu_compile.compile_jax(*mlp.factory(best + 8), "v5e"))
+        assert not _fits(tpu_compile.compile_jax(*narrow_mlp.factory(best + 8), "v5e"))
     except tpu_compile.CompileResourceExhausted:
         pass  # the compiler refusing it outright is "does not fit" too
     assert jax_search["fits"] is True and jax_search["hbm_capacity_bytes"] == V5E
@@ -110,7 +110,7 @@ def test_keras_max_batch_is_the_boundary(keras_search):
 
 def test_second_run_is_served_from_the_cache(preflight, jax_search):
     started = time.monotonic()
-    result, document = preflight(f"{MODELS / 'mlp.py'}:factory", "--tpu", "v5e", "--max-batch")
+    result, document = preflight(f"{MODELS / 'narrow_mlp.py'}:factory", "--tpu", "v5e", "--max-batch")
     assert result.returncode == 0, result.stderr
     again = document["targets"][0]
     assert again["compiles"] == 0
@@ -133,7 +133,7 @@ def test_too_large_for_any_batch(preflight):
 
 @pytest.mark.slow
 def test_two_generations_side_by_side_with_bf16(preflight):
-    result, document = preflight(f"{MODELS / 'mlp.py'}:factory", "--tpu", "v5e,v6e", "--batch", "256",
+    result, document = preflight(f"{MODELS / 'narrow_mlp.py'}:factory", "--tpu", "v5e,v6e", "--batch", "256",
                                  "--compare-bf16")
     assert result.returncode == 0, result.stderr
     v5e, v6e = document["targets"]
@@ -148,7 +148,7 @@ def test_two_generations_side_by_side_with_bf16(preflight):
 
 
 def test_human_output_says_fits_and_the_max_batch(cli, preflight_cache, jax_search):
-    result = run_cli("preflight", f"{MODELS / 'mlp.py'}:factory", "--tpu", "v5e", "--max-batch",
+    result = run_cli("preflight", f"{MODELS / 'narrow_mlp.py'}:factory", "--tpu", "v5e", "--max-batch",
                      env={"XDG_CACHE_HOME": str(preflight_cache)})
     assert result.returncode == 0, result.stderr
     assert "fits" in result.stdout and str(jax_search["max_batch_size"]) in result.stdout
