@@ -196,6 +196,20 @@ def test_bad_options_exit_2(tmp_path):
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 
+def test_flags_libtpu_refuses_are_one_sentence(tmp_path):
+    """libtpu reads LIBTPU_INIT_ARGS as it loads and ends the process at a flag it does not know (exit 1, its
+    message on the stderr tpuprof holds): the user hears libtpu's reason, exit 2, and no libtpu log folder is
+    left in the temp directory."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    result = run_cli("preflight", f"{MODELS / 'narrow_mlp.py'}:factory", "--tpu", "v5e", "--batch", "8",
+                     env={"LIBTPU_INIT_ARGS": "--xla_tpu_no_such_flag=1", "TMPDIR": str(temp),
+                          "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert result.returncode == 2, result.stderr
+    assert "libtpu refuses LIBTPU_INIT_ARGS (Unknown command line flag 'xla_tpu_no_such_flag'" in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == "" and not list(temp.iterdir())
+
+
 def test_without_libtpu_preflight_explains_the_install_and_the_rest_works(tmp_path):
     """A Python where `import jax` / `import libtpu` fail, as without `pip install jax[tpu]`."""
     blocker = tmp_path / "sitecustomize.py"

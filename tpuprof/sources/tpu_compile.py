@@ -166,6 +166,7 @@ def _topology_devices(topology: str, chip_config_name: str | None, chips_per_hos
     if not jax_available():
         raise UserError(INSTALL_HINT)
     _quiet_libtpu()
+    _check_libtpu_flags()
     from jax.experimental import topologies
 
     chip_config = {"chip_config_name": chip_config_name} if chip_config_name else {}
@@ -177,6 +178,33 @@ def _topology_devices(topology: str, chip_config_name: str | None, chips_per_hos
         label = f"{topology} {chip_config_name}" if chip_config_name else topology
         raise UserError(f"libtpu cannot compile for topology {label!r}: {_first_line(error)}.") from None
     return tuple(description.devices)
+
+
+_CHECKED_FLAGS = "TPUPROF_LIBTPU_INIT_ARGS_CHECKED"  # the LIBTPU_INIT_ARGS a parent process checked
+
+
+def _check_libtpu_flags() -> None:
+    """libtpu reads LIBTPU_INIT_ARGS when it loads, as on a TPU VM, and at a flag it does not know or a value it
+    cannot read it ends the process (exit 1, its message on the stderr tpuprof holds): no word to the user. So
+    where the variable is set, a child process loads libtpu first (about 2 s) and its refusal becomes one
+    sentence; once per value, children of this process included."""
+    flags = os.environ.get("LIBTPU_INIT_ARGS", "").strip()
+    if not flags or os.environ.get(_CHECKED_FLAGS) == flags:
+        return
+    import subprocess
+    import sys
+
+    probe = ("from jax.experimental import topologies\n"
+             "topologies.get_topology_desc(platform='tpu', topology_name='v5e:2x2')\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return  # not a refusal: the compile itself will say what is wrong
+    refusals = [line[len("ERROR: "):] for line in done.stderr.splitlines() if line.startswith("ERROR: ")]
+    if done.returncode != 0 and refusals:
+        raise UserError(f"libtpu refuses LIBTPU_INIT_ARGS ({refusals[-1].strip()}): tpuprof compiles with the flags "
+                        f"of that variable, as a TPU job does, so correct the flag or unset the variable.")
+    os.environ[_CHECKED_FLAGS] = flags
 
 
 def device(target: "slices.Slice | str"):
