@@ -276,6 +276,29 @@ def test_bad_price_is_one_sentence(preflight):
     assert "Traceback" not in result.stderr
 
 
+# Bytes libtpu 0.0.42.1 reported for mlp.py:factory on v5e (required_bytes; None: refused), 2026-11-29.
+MLP_FACTORY_V5E = {8: 92168192, 256: 1028817920, 4352: 12641789440, 4480: 13010955776, 5760: 16702620672,
+                   5792: 16794963968, 5808: 16841135104, 5816: 16864186368, 5824: 16887266816, 5832: None, 5888: None}
+
+
+def test_the_search_probes_next_to_the_batch_its_line_predicted():
+    """mlp.py:factory's memory is linear near the limit: the line through 4480 and 5760 predicts 5832, which the
+    compiler refuses, so the boundary is the batch below it. The search tries that one next: 6 compiles, where
+    rounding up to 5888 and bisecting took 7."""
+    from tpuprof.analyses.preflight import Measurement, search_max_batch
+
+    compiled = []
+
+    def measure(batch):
+        compiled.append(batch)
+        required = MLP_FACTORY_V5E[batch]
+        return Measurement(batch, required is not None and required <= V5E, required)
+
+    found = search_max_batch(measure, V5E)
+    assert (found.max_batch_size, found.recommended_batch_size) == (5824, 5760)
+    assert compiled == [8, 256, 4480, 5760, 5832, 5824]
+
+
 def test_the_search_stops_where_the_host_memory_runs_out():
     """No compile: the max-batch search on the figures libtpu gave for `--model` (512 layers of 256, 8,192 tokens)
     on v5e-4 with --remat offload: 6 GiB of host memory per sequence (1.5 KiB per token and layer), HBM 1.34 GiB

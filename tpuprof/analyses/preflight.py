@@ -134,10 +134,14 @@ def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit
     Memory is close to linear in the batch (fixed + per-example bytes) until the compiler starts to
     rematerialise near the HBM limit. Compiles at 8 and 256 give a linear model; one jump goes to its
     predicted maximum, strides that double from 8 walk up (or down) from there until the answer is
-    bracketed, and bisection finishes. Candidates are rounded to a multiple of 128 when one is close,
-    so the recommended multiple of 128 is usually a measured compile. 4 compiles when memory is
-    exactly linear, 7 for the sample MLPs, 9 when the compiler rematerialises near the limit. The
-    predictions follow whichever line (HBM's, the host's) reaches its capacity first.
+    bracketed, and bisection finishes. Where the line through the last two fitting compiles puts the boundary
+    at a bracket's edge (it predicted the batch that failed, or the one that fitted), the batch next to that
+    edge is tried first: memory is linear there more often than not. Candidates are rounded to a multiple of 128
+    when one is close (down, when walking up from a jump that fitted), so the recommended multiple of 128 is
+    usually a measured compile. 5 compiles
+    when memory is exactly linear, 6 for the sample steps (mlp.py, narrow_mlp.py, keras_mlp.py:tokens on v5e),
+    more when the compiler rematerialises near the limit. The predictions follow whichever line (HBM's, the
+    host's) reaches its capacity first.
     """
     points: dict[int, Measurement] = {}
 
@@ -148,7 +152,7 @@ def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit
     if not probe(step):
         return Search(None, None, list(points.values()), bound=points[step].bound(host_capacity))
     low, high = step, None  # low fits, high (if known) does not
-    mode, delta, turn = "start", step, 0
+    mode, delta, turn, edge_tried = "start", step, 0, False
     while (high is None and low < limit) or (high is not None and high - low > step):
         predicted = _secant(points, capacity, host_capacity)
         capped = False
@@ -168,19 +172,27 @@ def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit
         elif mode == "start":  # jump to where the line through the last two compiles reaches HBM
             candidate = min(predicted, low * 256, high or limit)
             capped = candidate < predicted  # a far extrapolation is not trusted: jump again from there
-        elif mode == "up":  # the jump fitted: step up by doubling strides until something fails
-            candidate = max(predicted if predicted > low else 0, low + delta)
-            delta *= 2
+        elif mode == "up":  # the jump fitted: step up by doubling strides (or further, to the line) until one fails
+            if predicted <= low + step:  # the line puts the boundary here: the next batch should fail
+                candidate = low + step
+            else:
+                candidate = max(predicted, low + delta)
+                delta *= 2
         elif mode == "down":  # the jump failed: step down by doubling strides until something fits
             candidate = min(predicted if predicted < high else high, high - delta)
             delta *= 2
+        elif predicted is not None and not edge_tried and _at_an_edge(predicted, low, high, step):
+            # bracketed, and the line puts the boundary at an edge (it predicted the batch that failed, say): the
+            # batch next to that edge, once, before narrowing by halves
+            edge_tried = True
+            candidate = high - step if predicted >= high else low + step
         else:  # bracketed: the secant (kept off the edges) and the midpoint in turn
             turn += 1
             width = high - low
             inside = predicted is not None and low < predicted < high
             candidate = (min(max(predicted, low + width // 16), high - width // 16)
                          if inside and turn % 2 else (low + high) // 2)
-        candidate = _align(candidate, low, high, limit, step, preferred)
+        candidate = _align(candidate, low, high, limit, step, preferred, below=mode == "up")
         fits = probe(candidate)
         if fits:
             low = candidate
@@ -197,6 +209,13 @@ def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit
     ordered = sorted(points.values(), key=lambda p: p.batch_size)
     bound = "batch_limit" if high is None else points[high].bound(host_capacity)
     return Search(low, recommended, ordered, limited=high is None, bound=bound)
+
+
+def _at_an_edge(predicted: int, low: int, high: int, step: int) -> bool:
+    """Whether the line's prediction is at (or just past) the fitting batch LOW or the failing batch HIGH: within
+    an eighth of the bracket, not a far overshoot (memory that grows faster than linearly)."""
+    near = max(step, (high - low) // 8)
+    return high <= predicted <= high + near or low - near <= predicted <= low
 
 
 def _secant(points: dict[int, Measurement], capacity: int, host_capacity: int | None = None) -> int | None:
@@ -225,12 +244,13 @@ def _line(measured: list[tuple[int, int]], capacity: int) -> int | None:
 
 
 def _align(candidate: int, low: int, high: int | None, limit: int, step: int = STEP,
-           preferred_step: int = PREFERRED) -> int:
-    """A multiple of STEP strictly between low and high; a nearby multiple of PREFERRED if there is one."""
+           preferred_step: int = PREFERRED, below: bool = False) -> int:
+    """A multiple of STEP strictly between low and high; a nearby multiple of PREFERRED if there is one (BELOW: at
+    or below the candidate, nearer the batches that fit, so that it is likely a compile that fits)."""
     top = (high - step) if high is not None else limit
     aligned = min(max(candidate // step * step, low + step), top)
     width = (high if high is not None else aligned) - low
-    preferred = round(aligned / preferred_step) * preferred_step
+    preferred = (aligned // preferred_step if below else round(aligned / preferred_step)) * preferred_step
     if low < preferred <= top and abs(preferred - aligned) <= max(step, width // 4):
         return preferred
     return aligned
