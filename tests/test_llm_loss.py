@@ -58,13 +58,14 @@ def test_the_compiled_step_never_holds_the_whole_logits():
     """A 2-layer model with a large vocabulary on v6e-4 (libtpu, compile-only): the fp32 logits of the whole
     sequence would be 256 MiB per chip. In one piece (within the 512 MiB budget: tpuprof's own choice, and
     MaxText's num_vocab_tiling=1) the compiler's temporaries exceed that; with --vocab-tiling 16, pieces of
-    16 MiB, they stay far below it. (Short sequences: libtpu's compile time grows with the tokens.)"""
+    16 MiB, they stay far below it. (Short sequences and narrow layers: libtpu's compile time grows with
+    the tokens and the matmuls' width.)"""
     from tpuprof.sources import tpu_compile
 
     if not tpu_compile.jax_available():
         pytest.skip("libtpu is not installed")
-    config = llm.parse_config({"model_type": "llama", "vocab_size": 65536, "hidden_size": 256,
-                               "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+    config = llm.parse_config({"model_type": "llama", "vocab_size": 65536, "hidden_size": 128,
+                               "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
                                "num_key_value_heads": 2}, "wide-vocab", "test")
     devices = tpu_compile.topology_devices("v6e-4")
     whole_logits = 2 * 512 * 65536 * 4  # 2 sequences per chip
