@@ -138,10 +138,9 @@ def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit
     at a bracket's edge (it predicted the batch that failed, or the one that fitted), the batch next to that
     edge is tried first: memory is linear there more often than not. Candidates are rounded to a multiple of 128
     when one is close (down, when walking up from a jump that fitted), so the recommended multiple of 128 is
-    usually a measured compile. 5 compiles
-    when memory is exactly linear, 6 for the sample steps (mlp.py, narrow_mlp.py, keras_mlp.py:tokens on v5e),
-    more when the compiler rematerialises near the limit. The predictions follow whichever line (HBM's, the
-    host's) reaches its capacity first.
+    usually a measured compile. 5 compiles when memory is exactly linear, 6 for the sample steps (mlp.py,
+    narrow_mlp.py, keras_mlp.py:tokens on v5e), more when the compiler rematerialises near the limit. The
+    predictions follow whichever line (HBM's, the host's) reaches its capacity first.
     """
     points: dict[int, Measurement] = {}
 
