@@ -431,3 +431,45 @@ def test_the_layer_inputs_remat_keeps_are_divided_over_the_tensor_axis(llm_cache
     assert largest["size_bytes"] == 6 * sequences * 128 * 128 * 2
     whole = f"bf16[6,{sequences},128,256]"
     assert not any(b["shape"].startswith(whole) for b in target["memory"]["buffers"])
+
+
+@pytest.mark.subprocess
+@pytest.mark.compile
+def test_a_terminal_sees_the_layout_before_the_code_is_generated(tmp_path):
+    """On a terminal, a --model compile whose memory layout may fit prints that layout while libtpu goes on to
+    generate code (minutes on a large step); the verdict follows. The figure is the layout's, read from the
+    compile's dump. A fresh cache: a cached step has no layout to show."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    primary, secondary = pty.openpty()
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "COLUMNS": "200", "TERM": "xterm"}
+    process = subprocess.Popen([sys.executable, "-m", "tpuprof", "preflight", "--model", str(tmp_path / "config.json"),
+                                "--tpu", "v5e-4", "--seq", "128", "--batch-per-chip", "1"],
+                               cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=secondary, stderr=secondary)
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # the terminal's other side closed: the process ended
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(primary)
+    assert process.wait(timeout=600) == 0
+    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))
+    from tpuprof.sources import tpu_compile
+    from tpuprof.units import fmt_bytes
+
+    (proto,) = (tmp_path / "cache").glob("tpuprof/preflight/*-layout/*.after_optimizations.hlo.pb")
+    layout = fmt_bytes(tpu_compile.layout_hbm_bytes(tpu_compile.layout_figures(proto)))
+    assert (f"batch 1: memory laid out at {layout} of 15.75 GiB per device before code generation (which changes "
+            f"it, most often upward); compiling to the end for the verdict") in " ".join(screen.split()), screen[-3000:]
+    assert screen.index("memory laid out at") < screen.index("fits (")

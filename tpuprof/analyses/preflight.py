@@ -259,7 +259,8 @@ class Compiler:
     """Compiles one SPEC for one target and dtype, through the on-disk cache."""
 
     def __init__(self, spec, slice_: slices.Slice, dtype: str | None, use_cache: bool = True,
-                 on_compile: Callable[[int], None] | None = None, layout_only: bool = False):
+                 on_compile: Callable[[int], None] | None = None, layout_only: bool = False,
+                 on_layout: Callable[[int, int], None] | None = None):
         from tpuprof.sources import tpu_compile
 
         self.spec = spec
@@ -270,6 +271,7 @@ class Compiler:
         self.dtype = dtype
         self.use_cache = use_cache
         self.on_compile = on_compile
+        self.on_layout = on_layout  # (batch, HBM bytes): a layout that may fit, its compile going on (layout_only)
         self.capacity = slice_.target.compiler_hbm_bytes
         self.host_capacity = slice_.target.host_capacity_bytes  # None: no host budget known (v2, v3)
         self.topology = slice_.compile_label  # with the chip config: v4 compiles are megacore
@@ -340,8 +342,10 @@ class Compiler:
                 staging = self._staging(folder)
                 self.compiles += 1
                 if self.layout_only:
+                    on_layout = (lambda laid_out: self.on_layout(batch, laid_out)) if self.on_layout else None
                     result = self._tpu_compile.compile_until_layout(self.spec, batch, self.dtype, self.target,
-                                                                    staging, self.capacity + CODEGEN_MARGIN_BYTES)
+                                                                    staging, self.capacity + CODEGEN_MARGIN_BYTES,
+                                                                    on_layout=on_layout)
                 else:
                     result = program.compile(self.target, staging)
             except BaseException as error:

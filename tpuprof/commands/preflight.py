@@ -119,7 +119,7 @@ def _target(spec, chosen, batch, options, report_progress):
                            searched=options.max_batch, **preflight_step.slice_batches(chosen, main.batch_size))
 
 
-def _compile(spec, chosen, dtype, batch, options, on_compile, layout_only=False):
+def _compile(spec, chosen, dtype, batch, options, on_compile, layout_only=False, on_layout=None):
     """The step compiled for the slice (analyses.preflight_step.compile_step), its memory broken down by the memory
     command's analysis and both advised."""
     from dataclasses import replace
@@ -135,7 +135,7 @@ def _compile(spec, chosen, dtype, batch, options, on_compile, layout_only=False)
         return memory
 
     compiled = preflight_step.compile_step(spec, chosen, dtype, batch, options.max_batch, options.use_cache,
-                                           on_compile, breakdown, layout_only=layout_only)
+                                           on_compile, breakdown, layout_only=layout_only, on_layout=on_layout)
     if compiled.oom is None or compiled.oom.report is None:
         return compiled
     try:
@@ -264,8 +264,10 @@ def _model_target(config, source, chosen, remat, options, report_progress):
         return PreflightTarget(chosen, compiled, cache, **llm_fields,
                                **preflight_step.slice_batches(chosen, batch, whole_slice=True))
     label = f"{chosen.name} {config.name} remat={remat}"
+    laid_out = getattr(report_progress, "laid_out", None)  # the CLI's progress shows the layout's lower bound
+    on_layout = (lambda b, hbm: laid_out(label, b, hbm, target.compiler_hbm_bytes)) if laid_out else None
     compiled = _compile(spec, chosen, None, batch, options, lambda b: report_progress(label, b),
-                        layout_only=not options.full)
+                        layout_only=not options.full, on_layout=on_layout)
     if compiled.memory is not None:  # tpuprof's own step: the options that build it, not edits of its code
         from tpuprof.advice.memory import for_builtin_step
 

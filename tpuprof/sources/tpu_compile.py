@@ -24,7 +24,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from tpuprof import slices
 from tpuprof.errors import UserError, tensorflow_missing
@@ -378,14 +378,16 @@ LAYOUT_SUFFIXES = (".after_optimizations.hlo.pb", ".after_optimizations-buffer-a
 
 
 def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Slice | str, dump_dir: str | os.PathLike,
-                         stop_above: int, poll_s: float = 0.25) -> CompileResult:
+                         stop_above: int, poll_s: float = 0.25,
+                         on_layout: Callable[[int], None] | None = None) -> CompileResult:
     """Compile `spec.program(batch, dtype, target)` in a child process (tpuprof.sources.compile_child); once the
     compiler has dumped the optimized module with its buffer assignment, before code generation (most of a large
     step's compile time: Llama 3.1 70B on v6e-256 is laid out in seconds, then generates code for minutes), stop
     it if the layout alone already needs more than STOP_ABOVE bytes of HBM (layout_hbm_bytes): the figures are
     then the buffer assignment's (layout_figures), a lower bound, as code generation adds to them (7.9 GiB on a
     Llama 3.1 8B v6e-8 step). Otherwise, and when the compile ends first, the whole compile's result. SPEC must
-    pickle (llm.Spec does)."""
+    pickle (llm.Spec does). ON_LAYOUT(bytes): called with the layout's HBM when the compile goes on past it (a
+    lower bound the user may see while code is generated, minutes on a large step)."""
     import json
     import pickle
     import signal
@@ -423,6 +425,8 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Sli
                                 return _layout_result(chosen, figures, folder)
                             to_the_end = figures is not None  # it may fit: only the whole compile can say
                             child.send_signal(signal.SIGCONT)
+                            if to_the_end and on_layout is not None:
+                                on_layout(layout_hbm_bytes(figures))
                         sizes = now
                     try:
                         child.wait(timeout=poll_s)  # ends at once when the child does
