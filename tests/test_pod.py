@@ -163,7 +163,7 @@ def test_a_preflight_sweep_on_ray_is_the_local_sweep(ray_cluster, tmp_path):
     config.write_text(json.dumps({"model_type": "llama", "vocab_size": 768, "hidden_size": 256,
                                   "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
                                   "num_key_value_heads": 2}))
-    args = ["preflight", "--model", str(config), "--tpu", "v6e-16,v5e-16", "--seq", "256", "--batch-per-chip", "2",
+    args = ["preflight", "--model", str(config), "--tpu", "v6e-16,v5e-16", "--seq", "128", "--batch-per-chip", "1",
             "--json"]
     documents = []
     for extra, cache in ((["--ray", ray_cluster], "ray-driver"), ([], "local")):
