@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 from tpuprof.errors import UserError
 from tpuprof.results import (
     AnalyzeResult, CaptureResult, DiffResult, MemoryResult, OomResult, PreflightResult, ReportResult, Result,
-    ServeResult, TraceResult, as_suggestion,
+    ServeResult, TraceResult,
 )
 
 PathLike = Union[str, os.PathLike]
