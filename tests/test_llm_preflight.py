@@ -473,3 +473,21 @@ def test_a_terminal_sees_the_layout_before_the_code_is_generated(tmp_path):
     assert (f"batch 1: memory laid out at {layout} of 15.75 GiB per device before code generation (which changes "
             f"it, most often upward); compiling to the end for the verdict") in " ".join(screen.split()), screen[-3000:]
     assert screen.index("memory laid out at") < screen.index("fits (")
+
+
+@pytest.mark.subprocess
+@pytest.mark.compile
+def test_libtpu_aborting_a_whole_compile_is_one_sentence(tmp_path):
+    """libtpu aborts the process on a failed check (here: no scoped HBM for the FSDP reduce-scatter, a flag a job may
+    set). --full compiles in a child process too, so the user reads libtpu's fatal line, exit 2, never Python's
+    "Fatal Python error: Aborted" with a stack, and no half-written dump is left in the cache."""
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    cache = tmp_path / "cache"
+    result = run_cli("preflight", "--model", tmp_path / "config.json", "--tpu", "v5e-4", "--seq", "128",
+                     "--batch-per-chip", "1", "--full", timeout=600,
+                     env={"XDG_CACHE_HOME": str(cache), "LIBTPU_INIT_ARGS": "--xla_tpu_scoped_hbm_for_all_reduce=0"})
+    assert result.returncode == 2, result.stderr
+    assert "libtpu stopped (signal 6): Check failed: all_buffers_chunks <= max_hbm_usage_in_chunks_" in result.stderr
+    assert "Fatal Python error" not in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
+    assert not [p for p in (cache / "tpuprof" / "preflight").glob("*") if p.is_dir()]

@@ -1,6 +1,7 @@
 """One compile in a process of its own, so that the parent can stop it once the compiler has laid out the
 program's memory (tpu_compile.compile_until_layout): libtpu's code generation, which follows and takes most
-of a large step's compile time, cannot be interrupted inside a process.
+of a large step's compile time, cannot be interrupted inside a process; and so that libtpu aborting on a failed
+check ends this process, not tpuprof.
 
 The parent writes a pickled `(spec, batch, dtype, target, dump_dir, outcome_path)` on stdin; the child
 compiles `spec.program(batch, dtype, target)` into `dump_dir` and writes what happened to `outcome_path` (JSON):

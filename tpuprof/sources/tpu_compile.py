@@ -378,12 +378,12 @@ LAYOUT_SUFFIXES = (".after_optimizations.hlo.pb", ".after_optimizations-buffer-a
 
 
 def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Slice | str, dump_dir: str | os.PathLike,
-                         stop_above: int, poll_s: float = 0.25,
+                         stop_above: int | None, poll_s: float = 0.25,
                          on_layout: Callable[[int], None] | None = None) -> CompileResult:
     """Compile `spec.program(batch, dtype, target)` in a child process (tpuprof.sources.compile_child); once the
     compiler has dumped the optimized module with its buffer assignment, before code generation (most of a large
     step's compile time: Llama 3.1 70B on v6e-256 is laid out in seconds, then generates code for minutes), stop
-    it if the layout alone already needs more than STOP_ABOVE bytes of HBM (layout_hbm_bytes): the figures are
+    it if the layout alone already needs more than STOP_ABOVE bytes of HBM (None: never) (layout_hbm_bytes): the figures are
     then the buffer assignment's (layout_figures), a lower bound, as code generation adds to them (7.9 GiB on a
     Llama 3.1 8B v6e-8 step). Otherwise, and when the compile ends first, the whole compile's result. SPEC must
     pickle (llm.Spec does). ON_LAYOUT(bytes): called with the layout's HBM when the compile goes on past it (a
@@ -419,7 +419,8 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Sli
                         if now == sizes:  # written and no longer growing: freeze the child, then check
                             child.send_signal(signal.SIGSTOP)
                             figures = _readable_layout(ready[0])
-                            if figures is not None and layout_hbm_bytes(figures) > stop_above:
+                            if figures is not None and stop_above is not None and \
+                                    layout_hbm_bytes(figures) > stop_above:
                                 child.kill()
                                 child.wait()
                                 return _layout_result(chosen, figures, folder)
@@ -437,15 +438,14 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Sli
                     child.kill()
                     child.wait()
         if not outcome_path.is_file():
-            tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no message"]
-            raise CompileFailed(f"the compile process ended with code {child.returncode}: {tail[0]}")
+            raise CompileFailed(_why_the_child_ended(child.returncode, log_path.read_text(errors="replace")))
         outcome = json.loads(outcome_path.read_text())
     if outcome["kind"] == "resource_exhausted":
         # libtpu dumps the buffer assignment, then refuses a program whose temporaries exceed HBM: when the refusal
         # came before the polling above saw the layout (a loaded machine), the answer is still the layout's.
         ready = _layout_files(folder)
         figures = _readable_layout(ready[0]) if ready else None
-        if figures is not None and layout_hbm_bytes(figures) > stop_above:
+        if figures is not None and stop_above is not None and layout_hbm_bytes(figures) > stop_above:
             return _layout_result(chosen, figures, folder)
         raise CompileResourceExhausted(outcome["message"], chosen.generation)
     if outcome["kind"] == "failed":
@@ -455,6 +455,19 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Sli
     data = outcome["result"]
     data.pop("required_bytes", None)
     return CompileResult(**data)
+
+
+def _why_the_child_ended(code: int, log: str) -> str:
+    """The compile child's end in one line: libtpu's fatal log line where it aborted (glog's `F1129 12:00:00.0 file:line]
+    Check failed: ...`), else the last line it printed."""
+    import re
+
+    fatal = [line.split("] ", 1)[1] for line in log.splitlines() if re.match(r"F\d{4} [\d:.]+ +\d+ \S+\] ", line)]
+    if fatal:
+        message = fatal[-1] if len(fatal[-1]) <= 300 else fatal[-1][:297] + "..."
+        return f"libtpu stopped (signal {-code if code < 0 else code}): {message}"
+    tail = log.strip().splitlines()[-1:] or ["no message"]
+    return f"the compile process ended with code {code}: {tail[0]}"
 
 
 def layout_hbm_bytes(figures: dict[str, int]) -> int:
