@@ -260,16 +260,16 @@ class Compiler:
 
     def __init__(self, spec, slice_: slices.Slice, dtype: str | None, use_cache: bool = True,
                  on_compile: Callable[[int], None] | None = None, layout_only: bool = False,
-                 on_layout: Callable[[int, int], None] | None = None, in_child: bool = False):
+                 on_layout: Callable[[int, int], None] | None = None):
         from tpuprof.sources import tpu_compile
 
         self.spec = spec
         # Stop a compile once its memory layout alone does not fit (tpu_compile.compile_until_layout): a spec that
         # pickles.
         self.layout_only = layout_only
-        # Compile in a child process to the end (layout_only implies it): libtpu aborting the process on a failed
+        # A spec that pickles compiles in a child process, to the end unless layout_only: libtpu aborting on a failed
         # check ends the child, not tpuprof, and the layout can be shown while code is generated.
-        self.in_child = in_child
+        self.in_child = layout_only or getattr(spec, "compiles_in_a_child", False)
         self.target = slice_
         self.dtype = dtype
         self.use_cache = use_cache
@@ -308,7 +308,7 @@ class Compiler:
             if cached is not None and self._enough(cached, need_dump):
                 self._memo[batch] = cached
                 return cached
-        keep = dump or need_dump or self.layout_only or self.in_child  # a layout is read from its dump
+        keep = dump or need_dump or self.in_child  # a layout is read from its dump
         # A layout's dump has no code generation's files: a folder of its own, never taken for a whole compile's.
         folder = cache_root() / f"{self._key(batch)}{'-layout' if self.layout_only else ''}"
         result = self._compile(batch, folder if keep else None)
@@ -337,15 +337,14 @@ class Compiler:
             self.on_compile(batch)
         # The user's factory runs here, outside the SIGTERM handler below (a handler raising inside an import of a
         # C extension can crash the interpreter); a layout's child process builds the program itself.
-        in_child = self.layout_only or self.in_child
-        program = None if in_child else self.spec.program(batch, self.dtype, self.target)
+        program = None if self.in_child else self.spec.program(batch, self.dtype, self.target)
         staging = None
         # SIGTERM from here on ends the compile as Ctrl-C does, so the staging folder is never left behind.
         with _terminate_as_exit():
             try:
                 staging = self._staging(folder)
                 self.compiles += 1
-                if in_child:
+                if self.in_child:
                     on_layout = (lambda laid_out: self.on_layout(batch, laid_out)) if self.on_layout else None
                     stop_above = self.capacity + CODEGEN_MARGIN_BYTES if self.layout_only else None
                     result = self._tpu_compile.compile_until_layout(self.spec, batch, self.dtype, self.target,

@@ -16,16 +16,15 @@ from tpuprof.models.preflight import (BatchSearch, Compiled, CompilerFigures, Cu
 
 def compile_step(spec, slice_, dtype: str | None, batch: int | None, max_batch: bool, use_cache: bool,
                  on_compile: Callable[[int], None], breakdown: Callable[[str, dict | None], Any],
-                 layout_only: bool = False, on_layout: Callable[[int, int], None] | None = None,
-                 in_child: bool = False) -> Compiled:
+                 layout_only: bool = False, on_layout: Callable[[int, int], None] | None = None) -> Compiled:
     """The step compiled for the slice in DTYPE (None: its own) at BATCH, or at the largest batch that fits
     (MAX_BATCH). ON_COMPILE(batch) is called before each compile. BREAKDOWN(dump_dir, compiler_stats): where the
     memory goes in the reported compile (a tpuprof.models.memory.ModuleMemory, None when the dump has none); the
     dump is reported only with one. LAYOUT_ONLY: each compile stops once the memory is laid out
-    (analyses.preflight.Compiler); ON_LAYOUT(batch, bytes) when one that may fit goes on; IN_CHILD: every compile
-    in a child process (a spec that pickles). The OOM triage's suggestions are advice's to add."""
+    (analyses.preflight.Compiler); ON_LAYOUT(batch, bytes) when one that may fit goes on. The OOM triage's
+    suggestions are advice's to add."""
     compiler = preflight.Compiler(spec, slice_, dtype, use_cache, on_compile=on_compile, layout_only=layout_only,
-                                  on_layout=on_layout, in_child=in_child)
+                                  on_layout=on_layout)
     step = getattr(spec, "batch_step", preflight.STEP)
     host_capacity = compiler.host_capacity
     search = None

@@ -119,7 +119,7 @@ def _target(spec, chosen, batch, options, report_progress):
                            searched=options.max_batch, **preflight_step.slice_batches(chosen, main.batch_size))
 
 
-def _compile(spec, chosen, dtype, batch, options, on_compile, layout_only=False, on_layout=None, in_child=False):
+def _compile(spec, chosen, dtype, batch, options, on_compile, layout_only=False, on_layout=None):
     """The step compiled for the slice (analyses.preflight_step.compile_step), its memory broken down by the memory
     command's analysis and both advised."""
     from dataclasses import replace
@@ -135,8 +135,7 @@ def _compile(spec, chosen, dtype, batch, options, on_compile, layout_only=False,
         return memory
 
     compiled = preflight_step.compile_step(spec, chosen, dtype, batch, options.max_batch, options.use_cache,
-                                           on_compile, breakdown, layout_only=layout_only, on_layout=on_layout,
-                                           in_child=in_child)
+                                           on_compile, breakdown, layout_only=layout_only, on_layout=on_layout)
     if compiled.oom is None or compiled.oom.report is None:
         return compiled
     try:
@@ -189,8 +188,8 @@ def model_result(options, on_compile=None):
     return PreflightResult(f"--model {config.name}", checked, options.top)
 
 
-# A sweep's compiles (several --tpu, --remat all) at once: each is a child process (analyses.preflight.Compiler(
-# in_child=True), stopped early when its layout does not fit), so a thread per target only waits on its child.
+# A sweep's compiles (several --tpu, --remat all) at once: each is a child process (llm.Spec.compiles_in_a_child),
+# stopped early when its layout does not fit, so a thread per target only waits on its child.
 # libtpu's compile is mostly one thread, so one child per core; --full compiles to the end, one at a time (a whole
 # compile of a large step holds many GiB of the machine's memory).
 SWEEP_WORKERS = max(1, min(os.cpu_count() or 1, 8))
@@ -269,7 +268,7 @@ def _model_target(config, source, chosen, remat, options, report_progress):
     laid_out = getattr(report_progress, "laid_out", None)  # the CLI's progress shows the layout's lower bound
     on_layout = (lambda b, hbm: laid_out(label, b, hbm, target.compiler_hbm_bytes)) if laid_out else None
     compiled = _compile(spec, chosen, None, batch, options, lambda b: report_progress(label, b),
-                        layout_only=not options.full, on_layout=on_layout, in_child=True)
+                        layout_only=not options.full, on_layout=on_layout)
     if compiled.memory is not None:  # tpuprof's own step: the options that build it, not edits of its code
         from tpuprof.advice.memory import for_builtin_step
 

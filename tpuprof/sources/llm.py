@@ -1019,6 +1019,7 @@ class Spec:
     batch_step = 1  # the max-batch search counts sequences, not multiples of 8
     preferred_batch = 1
     batch_limit = 256  # sequences per device: the search stops there (a tiny model fits far more than is useful)
+    compiles_in_a_child = True  # it pickles: preflight's Compiler compiles it in a child process (compile_child)
     # When even one sequence's offloaded activations exceed the host's memory (the verdict's advice).
     host_advice = "use --remat full (nothing offloaded: each layer's input stays in HBM) or a shorter --seq"
 

@@ -383,11 +383,11 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Sli
     """Compile `spec.program(batch, dtype, target)` in a child process (tpuprof.sources.compile_child); once the
     compiler has dumped the optimized module with its buffer assignment, before code generation (most of a large
     step's compile time: Llama 3.1 70B on v6e-256 is laid out in seconds, then generates code for minutes), stop
-    it if the layout alone already needs more than STOP_ABOVE bytes of HBM (None: never) (layout_hbm_bytes): the figures are
-    then the buffer assignment's (layout_figures), a lower bound, as code generation adds to them (7.9 GiB on a
-    Llama 3.1 8B v6e-8 step). Otherwise, and when the compile ends first, the whole compile's result. SPEC must
-    pickle (llm.Spec does). ON_LAYOUT(bytes): called with the layout's HBM when the compile goes on past it (a
-    lower bound the user may see while code is generated, minutes on a large step)."""
+    it if the layout alone already needs more than STOP_ABOVE bytes of HBM (layout_hbm_bytes; None: never): the
+    figures are then the buffer assignment's (layout_figures), a lower bound, as code generation adds to them
+    (7.9 GiB on a Llama 3.1 8B v6e-8 step). Otherwise, and when the compile ends first, the whole compile's
+    result. SPEC must pickle (llm.Spec does). ON_LAYOUT(bytes): called with the layout's HBM when the compile goes
+    on past it (what the user may see while code is generated, minutes on a large step)."""
     import json
     import pickle
     import signal
@@ -458,8 +458,8 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Sli
 
 
 def _why_the_child_ended(code: int, log: str) -> str:
-    """The compile child's end in one line: libtpu's fatal log line where it aborted (glog's `F1129 12:00:00.0 file:line]
-    Check failed: ...`), else the last line it printed."""
+    """The compile child's end in one line: libtpu's fatal log line where it aborted (glog's
+    `F1129 12:00:00.0 pid file:line] Check failed: ...`), else the last line it printed."""
     import re
 
     fatal = [line.split("] ", 1)[1] for line in log.splitlines() if re.match(r"F\d{4} [\d:.]+ +\d+ \S+\] ", line)]
