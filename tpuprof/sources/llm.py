@@ -60,6 +60,10 @@ SPLASH_BLOCK = {"v6e": 2048}
 SPLASH_FUSED_BACKWARD = {"v6e": True}
 DEFAULT_SPLASH_BLOCK = 512
 RECIPE_VMEM_LIMIT = {"v6e": {"xla_tpu_scoped_vmem_limit_kib": 98304}}  # DENSE_VMEM_LIMIT_FLAG
+# Mosaic (the Pallas TPU compiler) refuses splash's bf16 matmuls on these ("E2001: Unsupported matmul RHS type on
+# target: vector<128x128xbf16>"): attention there is splash's own XLA reference (make_attention_reference), which
+# holds each head's [seq, seq] fp32 scores, as MaxText's dot-product attention does.
+XLA_ATTENTION_GENERATIONS = ("v2", "v3")
 # The published 8B runs also turn off collective matmuls (DISABLE_COLLECTIVE_MATMUL): by default libtpu splits
 # the FSDP-gathered MLP matmuls into windowed einsums whose partial sums re-read and re-write the
 # [batch, seq, mlp] output once per window.
@@ -869,9 +873,12 @@ def _attention(config: ModelConfig, seq_len: int, mesh, batch_axes):
         # program instead of a constant in it, so the compiled module no longer says which blocks each kernel
         # skips (tpuprof.analyses.attention_kernels reads them). Splash caches the processed mask: it is worked
         # out once.
-        mask = masks.MultiHeadMask([mask_of[window]() for _ in range(local_heads)])
-        kernel = splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                        attn_logits_soft_cap=c.attn_logit_softcapping or None)
+        if generation in XLA_ATTENTION_GENERATIONS:
+            kernel = _xla_attention(c, window, shape)
+        else:
+            mask = masks.MultiHeadMask([mask_of[window]() for _ in range(local_heads)])
+            kernel = splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                            attn_logits_soft_cap=c.attn_logit_softcapping or None)
         if c.attention_sinks:
             @jax.shard_map(mesh=mesh, in_specs=(spec, spec, spec, P("tensor")), out_specs=spec, check_vma=False)
             def local(q, k, v, sinks):
@@ -929,6 +936,38 @@ def _attention(config: ModelConfig, seq_len: int, mesh, batch_axes):
         return checkpoint_name(x, name)
 
     return attention
+
+
+def _xla_attention(config: ModelConfig, window: str, shape: tuple[int, int]):
+    """Splash's XLA reference attention (splash_attention_kernel.attention_reference) over one sequence's heads,
+    called as a splash kernel is (q [heads, seq, d], k and v [kv heads, seq, d][, sinks [heads]]), query head i
+    reading kv head i // (heads / kv heads) as splash does, with the layer's mask (causal, sliding, chunked)
+    computed from positions rather than held as a [seq, seq] constant."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+
+    query, key = jnp.arange(shape[0])[:, None], jnp.arange(shape[1])[None, :]
+    allowed = query >= key
+    if window == "sliding":
+        allowed &= query - key <= config.sliding_window  # splash's LocalMask(window_size=(window, 0))
+    elif window == "chunked":
+        allowed &= query // config.attention_chunk_size == key // config.attention_chunk_size
+
+    def one_head(q, k, v, sink):
+        return splash.attention_reference(allowed, q, k, v, None, sink,
+                                          attn_logits_soft_cap=config.attn_logit_softcapping or None)
+
+    def attend(q, k, v, sinks=None):
+        heads, groups = q.shape[0], k.shape[0]
+        q = q.reshape(groups, heads // groups, *q.shape[1:])
+        sinks = None if sinks is None else sinks.reshape(groups, heads // groups)
+        each = jax.vmap(jax.vmap(one_head, in_axes=(0, None, None, 0 if sinks is not None else None)),
+                        in_axes=(0, 0, 0, 0 if sinks is not None else None))
+        out = each(q, k, v, sinks)
+        return out.reshape(heads, *out.shape[2:]).astype(q.dtype)
+
+    return attend
 
 
 def _moe(config: ModelConfig, mesh, batch_axes):
@@ -1053,7 +1092,9 @@ class Spec:
         info = {"name": config.name, "source": self.step.source, "parameters": config.parameter_count(),
                 "weight_dtype": self.step.weight_dtype,
                 "family": config.model_type, "layers": config.num_hidden_layers, "implementation": IMPLEMENTATION,
-                "attention": "Pallas splash attention (causal)", "remat": self.step.remat, "dtype": self.step.dtype,
+                "attention": ("XLA attention (splash's reference: Pallas kernels do not compile for "
+                              f"{generation_of(self.devices)})" if generation_of(self.devices) in
+                              XLA_ATTENTION_GENERATIONS else "Pallas splash attention (causal)"), "remat": self.step.remat, "dtype": self.step.dtype,
                 "heads": config.num_attention_heads, "head_dim": config.head_dim}
         # The MFU's model FLOPs count, as MaxText does, the weights one token's matmuls use: attention's
         # projections, the MLP (an MoE: router, its top-k experts and any shared expert) and the logits, not
