@@ -181,9 +181,10 @@ def plan(run: dict) -> dict:
     elif precision == "int8":
         cannot.append("quantization=int8 (AQT): tpuprof has no int8 training (run in bf16)")
     moe = run.get("moe") or {}
-    if moe.get("megablox") or moe.get("sparse_matmul"):
-        cannot.append("dropless MoE through grouped-matmul kernels (megablox / tokamax gmm; tpuprof routes with a "
-                      "capacity factor of 1.25 through one-hot einsums)")
+    if moe.get("sparse_matmul"):
+        command += ["--moe", "dropless"]
+        if not moe.get("megablox"):
+            cannot.append("sparse_matmul through jax.lax.ragged_dot (megablox=False) run as megablox grouped matmuls")
     elif moe.get("capacity_factor") not in (None, 1.25):
         cannot.append(f"capacity_factor {moe['capacity_factor']} (tpuprof: 1.25)")
     flag_sets = set(run.get("xla_flag_sets") or ())
@@ -256,7 +257,7 @@ def run_layout(command: list[str], workdir: Path) -> tuple[dict | None, str, flo
     config, source = llm.load_config(options.model)
     sizes = mesh_sizes(options.mesh, chosen)
     spec = llm.Spec(llm.Step(config, source, options.seq, options.remat, options.dtype, sizes, options.weight_dtype,
-                             options.vocab_tiling), chosen)
+                             options.vocab_tiling, options.moe), chosen)
     batch = preflight_step.llm_batch_per_device(chosen, options.batch_per_chip, None)
     dump = workdir / f"layout-{len(list(workdir.iterdir()))}"
     try:
@@ -313,7 +314,8 @@ def short(note: str) -> str:
              (r"^offloads q/k/v only.*", "offloads q/k/v only"),
              (r"^MaxText's (\w+) .*approximated by tpuprof (--remat \w+).*", r"\1 as \2"),
              (r"^collectives offloaded to the SparseCores.*", "SparseCore collectives"),
-             (r"^collective matmuls kept.*", "collective matmuls on"), (r"^dropless MoE.*", "dropless MoE (gmm)"),
+             (r"^collective matmuls kept.*", "collective matmuls on"),
+             (r"^sparse_matmul through.*", "ragged_dot as megablox"),
              (r"^XLA flag sets (.*)", r"flags \1"), (r"^the recipe's own LIBTPU flags.*", "own LIBTPU flags"),
              (r"^splash blocks (\[.*\]) .*", r"splash blocks \1"), (r"^other settings: (.*)", r"\1"),
              (r"^mu_dtype=bfloat16.*", "bf16 moments, fp32 weights"), (r"^fp8_full through qwix.*", "qwix fp8_full"),

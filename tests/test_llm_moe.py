@@ -45,3 +45,87 @@ def test_the_expert_mlp_holds_the_devices_own_groups_not_the_slices(compile_cach
     # Nothing the layout holds is as large as one of the slice's expert activations.
     largest = target["memory"]["buffers"][0]["size_bytes"]
     assert largest < experts * groups * devices * capacity * width * 2
+
+
+
+# A GPT-OSS-shaped MoE (router and expert biases, clamped SwiGLU) with Qwen-MoE's gated shared expert: every
+# branch of both MoE implementations.
+ROUTED = {"model_type": "gpt_oss", "vocab_size": 512, "hidden_size": 128, "intermediate_size": 128,
+          "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 128,
+          "num_local_experts": 4, "num_experts_per_tok": 2}
+
+
+def test_dropless_routing_equals_the_capacity_routing_when_nothing_is_dropped(monkeypatch):
+    """The dropless MoE (megablox grouped matmuls, run in Pallas' interpreter on this CPU) and the capacity MoE
+    with a capacity of every token (factor experts / top-k: nothing dropped) compute the same layer, forward
+    and gradients."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh
+
+    config = dataclasses.replace(llm.parse_config(ROUTED, "routed", "test"), shared_expert_intermediate_size=128,
+                                 shared_expert_gate=True)
+    layout = llm._layer_layout(config, "full+moe")
+    keys = iter(jax.random.split(jax.random.key(0), len(layout) + 1))
+    weights = {name: jax.random.normal(next(keys), shape, jnp.float32) / math.sqrt(shape[-2] if len(shape) > 1
+                                                                                    else 64)
+               for name, (shape, _) in layout.items() if name.startswith(("router", "we_", "be_", "ws_"))}
+    y = jax.random.normal(next(keys), (1, 128, config.hidden_size), jnp.float32).astype(jnp.bfloat16)
+    mesh = Mesh(np.array(jax.devices("cpu")[:1]).reshape(1, 1, 1, 1), ("data", "fsdp", "tensor", "expert"))
+
+    def matmul(x, w, spec):
+        return jnp.einsum(spec, x, w.astype(jnp.bfloat16), preferred_element_type=jnp.bfloat16)
+
+    def glu(gate, up):
+        return jax.nn.silu(gate) * up
+
+    monkeypatch.setattr(llm, "CAPACITY_FACTOR", config.num_experts / config.num_experts_per_tok)
+    with jax.set_mesh(mesh):
+        capacity = llm._moe(config, mesh, None)
+        dropless = llm._dropless_moe(config, mesh, None, interpret=True)
+
+        def layer(moe):  # jitted: Pallas' interpreter runs eagerly 5x slower
+            return jax.jit(lambda w, y: moe(y, w, matmul, glu, None))
+
+        def gradients(moe):
+            return jax.jit(jax.grad(lambda w, y: jnp.sum(moe(y, w, matmul, glu, None).astype(jnp.float32) ** 2)))
+
+        for ours, theirs in ((layer(capacity)(weights, y), layer(dropless)(weights, y)),
+                             *zip(gradients(capacity)(weights, y).values(), gradients(dropless)(weights, y).values())):
+            np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(theirs, np.float32),
+                                       rtol=0.05, atol=0.05 * float(jnp.abs(ours).max()))
+
+
+QWEN3_MOE = {"model_type": "qwen3_moe", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,
+             "moe_intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "head_dim": 128, "num_experts": 4, "num_experts_per_tok": 2}
+
+
+def test_a_dropless_step_runs_its_grouped_matmuls_over_every_routed_token_once(compile_cache, tmp_path,
+                                                                               monkeypatch):
+    """`--moe dropless` compiled for v5e:2x2 (fsdp over 4 devices): the step's grouped-matmul kernels, costed from
+    their own cost_estimate, run over exactly the device's tokens x top-k rows (nothing dropped, no capacity
+    padding): per layer the forward's 3 (gate, up, down), again under remat full, and the backward's 6 (each
+    kernel's input gradient and the experts' weight gradient), each 2 x rows x embedding x expert width FLOPs.
+    The weights and their AdamW state are the model's parameter count's."""
+    import tpuprof
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(compile_cache))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3_MOE))
+    seq = 512
+    common = dict(model=str(path), tpu="v5e:2x2", seq=seq, batch_per_chip=1, mesh="fsdp=4")
+    dropless = tpuprof.preflight(**common, moe="dropless")
+    document = dropless.to_dict()["targets"][0]
+    assert document["model"]["moe"].startswith("dropless") and document["fits"]
+    # fp32 weights and two moments, over the 4 devices, and the tokens: as the capacity step holds them.
+    counted = llm.parse_config(QWEN3_MOE, "small", "small").parameter_count() * 12 / 4
+    assert counted <= document["argument_bytes"] <= counted * 1.01
+    kernels = [timed.op for timed in dropless.targets[0].estimate.step.ops
+               if timed.op.flops_source == "cost_estimate" and timed.op.name.startswith(("gmm", "tgmm"))]
+    rows = seq * QWEN3_MOE["num_experts_per_tok"]
+    one = 2 * rows * QWEN3_MOE["hidden_size"] * QWEN3_MOE["moe_intermediate_size"]
+    assert sum(op.flops * op.count for op in kernels) == QWEN3_MOE["num_hidden_layers"] * 12 * one

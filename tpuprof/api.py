@@ -125,7 +125,7 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
               model: Optional[str] = None, seq: int = 2048, batch_per_chip: Optional[int] = None,
               global_batch: Optional[int] = None, remat: str = "full", dtype: str = "bf16",
               mesh: Optional[str] = None, weight_dtype: str = "float32", full: bool = False,
-              ray: Optional[str] = None, vocab_tiling: Optional[int] = None,
+              ray: Optional[str] = None, vocab_tiling: Optional[int] = None, moe: str = "capacity",
               verbose: bool = False) -> PreflightResult:
     """Will a training step fit in one TPU device's HBM, and the largest batch that does: compiled by libtpu
     for the target on this machine, no TPU needed (`pip install 'jax[tpu]'`).
@@ -160,6 +160,8 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
         "ray://HEAD:10001", "HEAD:6379"); the result is the same as on this machine.
     vocab_tiling: with model: the loss in this many pieces of each sequence (MaxText's num_vocab_tiling; default:
         the fewest whose fp32 logits stay within 512 MiB per device).
+    moe: with a mixture-of-experts model: "capacity" (tokens beyond a capacity factor of 1.25 dropped, one-hot
+        dispatch) or "dropless" (MaxText's sparse_matmul with megablox grouped matmuls; no expert parallelism).
     tokens_per_example: tokens in one example (sequence length), for tokens/s and the cost per 1M tokens.
     price: on-demand price per chip-hour overriding tpuprof's table: {"v6e": 2.70} or "v6e=2.70,v5e=1.2".
     verbose: also show what TensorFlow, JAX and libtpu print while compiling (warnings, log lines): held back by
@@ -173,12 +175,12 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
     with library_output.held(verbose):
         return _preflight(fn_or_model, example_args, tpu, batch, max_batch, compare_bf16, top, cache, on_compile,
                           tokens_per_example, price, model, seq, batch_per_chip, global_batch, remat, dtype, mesh,
-                          weight_dtype, full, ray, vocab_tiling)
+                          weight_dtype, full, ray, vocab_tiling, moe)
 
 
 def _preflight(fn_or_model, example_args, tpu, batch, max_batch, compare_bf16, top, cache, on_compile,
                tokens_per_example, price, model, seq, batch_per_chip, global_batch, remat, dtype, mesh,
-               weight_dtype, full, ray, vocab_tiling):
+               weight_dtype, full, ray, vocab_tiling, moe):
     from tpuprof.commands import preflight as command
     from tpuprof.models.preflight import preflight_options
 
@@ -187,7 +189,7 @@ def _preflight(fn_or_model, example_args, tpu, batch, max_batch, compare_bf16, t
                                 tokens_per_example=tokens_per_example, price=price, model=model, seq=seq,
                                 batch_per_chip=batch_per_chip, global_batch=global_batch, remat=remat, dtype=dtype,
                                 mesh=mesh, weight_dtype=weight_dtype, full=full, ray=ray,
-                                vocab_tiling=vocab_tiling)
+                                vocab_tiling=vocab_tiling, moe=moe)
     return command.result(options, on_compile)
 
 

@@ -173,6 +173,8 @@ def model_result(options, on_compile=None):
         config, source = llm.load_config(options.model)
     except UserError as error:
         raise PreflightOptionError("model", "{option}: " + template(str(error))) from None
+    if options.moe != "capacity" and not config.moe:
+        raise PreflightOptionError("moe", f"{{option}} {options.moe}: {config.name} has no mixture of experts.")
     report_progress = on_compile or (lambda label, batch_size: None)
     work = [(chosen, policy) for chosen in options.slices for policy in options.remat_policies]
     if options.ray:  # the tasks run elsewhere: no progress lines from there
@@ -247,7 +249,14 @@ def _model_target(config, source, chosen, remat, options, report_progress):
     seq, max_batch = options.seq, options.max_batch
     target = chosen.target
     sizes = mesh_sizes(options.mesh, chosen)
-    step = llm.Step(config, source, seq, remat, options.dtype, sizes, options.weight_dtype, options.vocab_tiling)
+    if options.moe == "dropless" and sizes["expert"] > 1:
+        from tpuprof.models.preflight import PreflightOptionError
+
+        raise PreflightOptionError("moe", "{option} dropless with an expert axis ({mesh} expert="
+                                          f"{sizes['expert']}) is not modelled: tpuprof's dropless MoE holds every "
+                                          "expert on each device, as MaxText's does without expert parallelism.")
+    step = llm.Step(config, source, seq, remat, options.dtype, sizes, options.weight_dtype, options.vocab_tiling,
+                    options.moe)
     spec = llm.Spec(step, chosen)
     per_chip = target.devices_per_chip
     batch = preflight_step.llm_batch_per_device(chosen, options.batch_per_chip, options.global_batch)

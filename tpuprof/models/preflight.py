@@ -35,6 +35,8 @@ def custom_remat(policy: str) -> dict[str, str] | None:
         chosen[name] = place
     return chosen
 DTYPES = ("bf16", "fp8")
+# --moe: capacity-dropped one-hot routing, or MaxText's dropless sparse_matmul with megablox grouped matmuls.
+MOE_ROUTINGS = ("capacity", "dropless")
 WEIGHT_DTYPES = {"float32": 4, "bfloat16": 2}  # MaxText's weight_dtype -> bytes per element
 
 
@@ -49,8 +51,8 @@ FLAGS = {
     "compare_bf16": "--compare-bf16", "top": "--top", "cache": "--no-cache",
     "tokens_per_example": "--tokens-per-example", "price": "--price", "model": "--model", "seq": "--seq",
     "batch_per_chip": "--batch-per-chip", "global_batch": "--global-batch", "remat": "--remat", "dtype": "--dtype",
-    "mesh": "--mesh", "weight_dtype": "--weight-dtype", "vocab_tiling": "--vocab-tiling", "full": "--full",
-    "ray": "--ray",
+    "mesh": "--mesh", "weight_dtype": "--weight-dtype", "vocab_tiling": "--vocab-tiling", "moe": "--moe",
+    "full": "--full", "ray": "--ray",
 }
 
 
@@ -88,6 +90,7 @@ class PreflightOptions:
     full: bool = False
     ray: str | None = None  # --model: a sweep's compiles as tasks on this Ray cluster
     vocab_tiling: int | None = None  # --model: the loss in this many pieces (None: tpuprof's fewest within budget)
+    moe: str = "capacity"  # --model: how a mixture of experts routes (MOE_ROUTINGS)
 
     @property
     def remat_policies(self) -> tuple:
@@ -105,7 +108,7 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
                       seq: int = 2048, batch_per_chip: int | None = None, global_batch: int | None = None,
                       remat: str = "full", dtype: str = "bf16", mesh: str | None = None,
                       weight_dtype: str = "float32", full: bool = False, ray: str | None = None,
-                      vocab_tiling: int | None = None) -> PreflightOptions:
+                      vocab_tiling: int | None = None, moe: str = "capacity") -> PreflightOptions:
     """The one validation of a preflight question (what needs the step or the model loaded is checked where they
     are); raises PreflightOptionError naming the keyword at fault."""
     error = PreflightOptionError
@@ -139,13 +142,15 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
             raise error("dtype", f"{{option}} must be one of {', '.join(DTYPES)}, not {dtype!r}.")
         if weight_dtype not in WEIGHT_DTYPES:
             raise error("weight_dtype", f"{{option}} must be one of {', '.join(WEIGHT_DTYPES)}, not {weight_dtype!r}.")
+        if moe not in MOE_ROUTINGS:
+            raise error("moe", f"{{option}} must be one of {', '.join(MOE_ROUTINGS)}, not {moe!r}.")
         if vocab_tiling is not None and seq % vocab_tiling:
             raise error("vocab_tiling", f"{{option}} {vocab_tiling} must divide {{seq}} {seq}: the loss is computed "
                                         "over pieces of each sequence.")
     else:
-        if weight_dtype != "float32" or full or ray or vocab_tiling is not None:
+        if weight_dtype != "float32" or full or ray or vocab_tiling is not None or moe != "capacity":
             wrong = ("weight_dtype" if weight_dtype != "float32" else "full" if full else "ray" if ray
-                     else "vocab_tiling")
+                     else "vocab_tiling" if vocab_tiling is not None else "moe")
             raise error(wrong, f"{{{wrong}}} goes with {{model}} (tpuprof's LLM train step).")
         if fn_or_model is None:
             raise error("fn_or_model", "give {fn_or_model} (your step) or {model_n} (an LLM train step).")
@@ -158,7 +163,8 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
             raise error("batch", "give {batch_n} (the per-chip batch size) or {max_batch} to search for it.")
     return PreflightOptions(slices, fn_or_model, tuple(example_args), model, batch, bool(max_batch),
                             bool(compare_bf16), top, bool(cache), tokens_per_example, prices, seq, batch_per_chip,
-                            global_batch, remat, dtype, mesh, weight_dtype, bool(full), ray or None, vocab_tiling)
+                            global_batch, remat, dtype, mesh, weight_dtype, bool(full), ray or None, vocab_tiling,
+                            moe)
 
 
 # --- results -----------------------------------------------------------------------------------------------

@@ -26,8 +26,9 @@ Not modelled (same shapes, so memory holds; the figures say so where it matters)
 Llama 4's NoPE layers get RoPE's cheap elementwise work too), Llama 4's weightless L2 QK-norm, DeepSeek's
 group-limited sigmoid routing (softmax top-k here, with V3's selection bias) and its multi-token-prediction module
 (counted apart: `mtp_layers`), sequence / context parallelism, pipeline stages; MoE routes with a capacity factor
-of 1.25 over groups of tokens (GShard-style one-hot dispatch einsums, not dropless megablox kernels), so dropped
-tokens and load balance are not the real run's.
+of 1.25 over groups of tokens (GShard-style one-hot dispatch einsums) or dropless (`--moe dropless`: megablox
+grouped matmuls over each device's own tokens, without expert parallelism); the routing's load balance is not the
+real run's.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ if TYPE_CHECKING:
 
 OFFLOADED = ("decoder_layer_input", "query_proj", "key_proj", "value_proj")  # --remat offload, as MaxText names them
 CAPACITY_FACTOR = 1.25
+# --moe: how a mixture of experts routes its tokens (what the document's model.moe says).
+MOE_KINDS = {"capacity": "capacity factor {factor}: tokens beyond it dropped, one-hot dispatch einsums",
+             "dropless": "dropless: megablox grouped matmuls over the tokens each expert received"}
 MOE_GROUP = 512  # tokens routed together (the one-hot dispatch tensors grow with the group squared)
 # Splash attention's tiles and backward kernel. On v6e as tpu-recipes' published Llama 3.1 8B and 70B runs set
 # them (sa_block_* = 2048, sa_use_fused_bwd_kernel = True: dQ, dK and dV from one kernel), with the scoped VMEM
@@ -566,6 +570,8 @@ class Step:
     mesh_sizes: dict[str, int] = field(default_factory=dict)
     weight_dtype: str = "float32"  # MaxText's weight_dtype: the weights' and AdamW moments' storage
     vocab_tiling: int | None = None  # MaxText's num_vocab_tiling: the loss in this many pieces (None: loss_chunks)
+    moe: str = "capacity"  # MoE_KINDS: capacity-dropped one-hot einsums, or dropless grouped matmuls (MaxText's
+    # sparse_matmul with megablox)
 
     def key(self) -> str:
         own = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
@@ -574,6 +580,8 @@ class Step:
             parts.append(self.weight_dtype)
         if self.vocab_tiling is not None:
             parts.append(["vocab_tiling", self.vocab_tiling])
+        if self.moe != "capacity":
+            parts.append(["moe", self.moe])
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
@@ -632,7 +640,7 @@ def _train_step(config: ModelConfig, step: Step, mesh, batch_axes):
     gathered_head = NamedSharding(mesh, P(None, vocab_axis))
     chunk_sharding = NamedSharding(mesh, P(None, batch_axes, None, None))
     attention = _attention(config, step.seq_len, mesh, batch_axes)
-    moe = _moe(config, mesh, batch_axes) if config.moe else None
+    moe = (_dropless_moe if step.moe == "dropless" else _moe)(config, mesh, batch_axes) if config.moe else None
 
     def matmul(x, w, spec):
         if step.dtype == "fp8":
@@ -1038,15 +1046,101 @@ def _moe(config: ModelConfig, mesh, batch_axes):
         out = jnp.einsum("egcd,gtec->gtd", out, combine)
         out = jax.lax.with_sharding_constraint(out, grouped).reshape(b, s, d)
         if c.shared_expert_intermediate_size:
-            shared = matmul(glu(matmul(y, w["ws_gate"], "bsd,df->bsf"), matmul(y, w["ws_up"], "bsd,df->bsf")),
-                            w["ws_down"], "bsf,fd->bsd")
-            if c.shared_expert_gate:
-                shared = shared * jax.nn.sigmoid(
-                    jnp.einsum("bsd,do->bso", y.astype(jnp.float32), w["ws_router"])).astype(y.dtype)
-            out = out + shared
+            out = out + _shared_expert(c, y, w, matmul, glu)
         return out
 
     return moe
+
+
+def _dropless_moe(config: ModelConfig, mesh, batch_axes, interpret: bool = False):
+    """MaxText's dropless MoE (sparse_matmul with megablox): each device sorts its own tokens' top-k choices by
+    expert and runs the experts' MLP as grouped matmuls over the group sizes the routing counted
+    (jax.experimental.pallas.ops.tpu.megablox.gmm, tiles of at most MaxText's defaults, tile_batch_seq 512 and
+    tile_activation_dim / tile_weight_dim 1024), so no token is dropped and no one-hot dispatch is
+    built. As MaxText's shard_map does: the experts' weights whole on each device (gathered over fsdp), their
+    width over `tensor` with a sum over `tensor` after the down projection; routing, biases and the shared expert
+    as in `_moe`. No expert parallelism (refused where the options are read). INTERPRET: Pallas' interpreter, to
+    run the kernels on a CPU (tests)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu.megablox import gmm
+    from jax.sharding import PartitionSpec as P
+
+    c = config
+    e, k = c.num_experts, c.num_experts_per_tok
+    width = _fits(c.moe_intermediate_size, ("tensor",), mesh.shape)
+    specs = {"router": P(), "router_bias": P(), "router_score_bias": P(), "we_gate": P(None, None, width),
+             "we_up": P(None, None, width), "we_down": P(None, width, None), "be_gate": P(None, width),
+             "be_up": P(None, width), "be_down": P()}
+    tokens_spec = P(batch_axes, None, None)
+    # The backward pass runs the kernels with the same tiles over the transposed shapes, so one tile serves the
+    # embedding and the expert width alike: a multiple of 128 (the TPU's lane width) within both (the last tile
+    # of a width that is not a multiple is partial).
+    local_width = c.moe_intermediate_size // (mesh.shape["tensor"] if width else 1)
+    if min(c.hidden_size, local_width) < 128:
+        raise UserError(f"--moe dropless needs an embedding and a per-device expert width (moe_intermediate_size "
+                        f"{c.moe_intermediate_size} / tensor) of at least 128, the grouped matmul's tile: "
+                        f"{c.name} has {c.hidden_size} and {local_width}.")
+    tile = min(1024, min(c.hidden_size, local_width) // 128 * 128)
+
+    def moe(y, w, matmul, glu, dense_mlp):
+        compute = y.dtype
+        experts = {name: w[name] for name in specs if name in w}
+
+        @jax.shard_map(mesh=mesh, in_specs=(tokens_spec, {name: specs[name] for name in experts}),
+                       out_specs=tokens_spec, check_vma=False)
+        def local(y, w):
+            b, s, d = y.shape
+            x = y.reshape(b * s, d)
+            logits = x.astype(jnp.float32) @ w["router"].astype(jnp.float32)
+            if c.router_bias:
+                logits = logits + w["router_bias"].astype(jnp.float32)
+            scores = jax.nn.softmax(logits, axis=-1)
+            selection = scores + w["router_score_bias"].astype(jnp.float32) if c.router_score_bias else scores
+            _, chosen = jax.lax.top_k(selection, k)  # [tokens, k]
+            weights = jnp.take_along_axis(scores, chosen, axis=-1)
+            expert_of = chosen.reshape(-1)
+            order = jnp.argsort(expert_of, stable=True)  # the token-choices, grouped by expert
+            sorted_expert = expert_of[order]
+            sizes = jnp.bincount(expert_of, length=e).astype(jnp.int32)
+            rows = x[order // k]
+
+            def grouped(lhs, weight):
+                tiling = (math.gcd(lhs.shape[0], 512), tile, tile)
+                return gmm(lhs, weight.astype(compute), sizes, preferred_element_type=compute, tiling=tiling,
+                           interpret=interpret)
+
+            gate, up = grouped(rows, w["we_gate"]), grouped(rows, w["we_up"])
+            if c.expert_bias:
+                gate = gate + w["be_gate"].astype(compute)[sorted_expert]
+                up = up + w["be_up"].astype(compute)[sorted_expert]
+            out = grouped(glu(gate, up), w["we_down"])  # [tokens x k, d]: partial sums over `tensor`
+            if width:
+                out = jax.lax.psum(out, width)
+            if c.expert_bias:
+                out = out + w["be_down"].astype(compute)[sorted_expert]
+            out = out[jnp.argsort(order)].reshape(b * s, k, d)
+            return jnp.einsum("tkd,tk->td", out, weights.astype(compute)).reshape(b, s, d)
+
+        out = local(y, experts)
+        if c.shared_expert_intermediate_size:
+            out = out + _shared_expert(c, y, w, matmul, glu)
+        return out
+
+    return moe
+
+
+def _shared_expert(config: ModelConfig, y, w, matmul, glu):
+    """The shared expert every token also runs (Qwen-MoE's gated by a sigmoid, DeepSeek's and Llama 4's not)."""
+    import jax
+    import jax.numpy as jnp
+
+    shared = matmul(glu(matmul(y, w["ws_gate"], "bsd,df->bsf"), matmul(y, w["ws_up"], "bsd,df->bsf")),
+                    w["ws_down"], "bsf,fd->bsd")
+    if config.shared_expert_gate:
+        shared = shared * jax.nn.sigmoid(
+            jnp.einsum("bsd,do->bso", y.astype(jnp.float32), w["ws_router"])).astype(y.dtype)
+    return shared
 
 
 class Spec:
@@ -1087,14 +1181,18 @@ class Spec:
         fn, args = build(self.step, self.devices, batch_size)
         return Program("jax", (fn, args), self.text, compiler_options=compiler_options(generation_of(self.devices)))
 
+    def _attention(self) -> str:
+        generation = generation_of(self.devices)
+        if generation in XLA_ATTENTION_GENERATIONS:
+            return f"XLA attention (splash's reference: Pallas kernels do not compile for {generation})"
+        return "Pallas splash attention (causal)"
+
     def model_info(self) -> dict:
         config = self.step.config
         info = {"name": config.name, "source": self.step.source, "parameters": config.parameter_count(),
                 "weight_dtype": self.step.weight_dtype,
                 "family": config.model_type, "layers": config.num_hidden_layers, "implementation": IMPLEMENTATION,
-                "attention": ("XLA attention (splash's reference: Pallas kernels do not compile for "
-                              f"{generation_of(self.devices)})" if generation_of(self.devices) in
-                              XLA_ATTENTION_GENERATIONS else "Pallas splash attention (causal)"), "remat": self.step.remat, "dtype": self.step.dtype,
+                "attention": self._attention(), "remat": self.step.remat, "dtype": self.step.dtype,
                 "heads": config.num_attention_heads, "head_dim": config.head_dim}
         # The MFU's model FLOPs count, as MaxText does, the weights one token's matmuls use: attention's
         # projections, the MLP (an MoE: router, its top-k experts and any shared expert) and the logits, not
@@ -1113,10 +1211,14 @@ class Spec:
             info["attention_windows"] = {kind: windows[kind] for kind in sorted(used) if windows.get(kind)}
         not_modelled = [text for flag, text in (
             (config.mtp_layers, f"{config.mtp_layers} multi-token-prediction module(s) (not in the step or the count)"),
+            (config.moe and self.step.moe == "dropless" and self.step.dtype == "fp8",
+             "fp8 in the experts' grouped matmuls (megablox takes bf16: run in bf16)"),
         ) if flag]
         if not_modelled:
             info["not_modelled"] = not_modelled
         if config.moe:
             info["experts"] = config.num_experts
             info["experts_per_token"] = config.num_experts_per_tok
+            info["moe"] = (MOE_KINDS[self.step.moe] if self.step.moe == "dropless"
+                           else MOE_KINDS["capacity"].format(factor=CAPACITY_FACTOR))
         return info
