@@ -292,10 +292,10 @@ def test_preflight_of_a_keras_model_matches_the_cli(api_compile_cache):
         import keras_mlp
     finally:
         sys.path.remove(str(MODELS))
-    cli_target = cli_json("preflight", f"{MODELS / 'keras_mlp.py'}:factory", "--tpu", "v5e", "--batch", "64",
+    cli_target = cli_json("preflight", f"{MODELS / 'keras_mlp.py'}:factory", "--tpu", "v3", "--batch", "64",
                           env={"XDG_CACHE_HOME": str(api_compile_cache)})["targets"][0]
     model, x_spec, y_spec = keras_mlp.factory(64)
-    mine = tpuprof.preflight(model, x_spec, y_spec, tpu="v5e").to_dict()["targets"][0]
+    mine = tpuprof.preflight(model, x_spec, y_spec, tpu="v3").to_dict()["targets"][0]
     for key in ("batch_size", "fits", "required_bytes", "argument_bytes", "temp_bytes", "peak_heap_bytes"):
         assert mine[key] == cli_target[key], key
 

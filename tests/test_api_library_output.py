@@ -21,7 +21,7 @@ import tpuprof
 notebook = io.StringIO()
 if {notebook}:
     sys.stderr = notebook  # as ipykernel replaces it; fd 2 stays the process's
-result = tpuprof.preflight({spec!r}, tpu="v5e", batch=32, cache=False{verbose})
+result = tpuprof.preflight({spec!r}, tpu="v3", batch=32, cache=False{verbose})
 print("fits" if result.fits else "does not fit")
 print("caller's own line", file=sys.stderr)
 sys.stderr = sys.__stderr__

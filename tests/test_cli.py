@@ -253,7 +253,7 @@ def _library_lines(stderr: str) -> list[str]:
 def test_keras_preflight_prints_no_library_line(compile_cache):
     """TensorFlow, absl and CUDA print about ten lines while Keras loads and compiles; none reach stderr. A
     process of its own: they print as the libraries load."""
-    args = ["preflight", f"{ROOT / 'sample_profiles' / 'models' / 'keras_mlp.py'}:factory", "--tpu", "v5e",
+    args = ["preflight", f"{ROOT / 'sample_profiles' / 'models' / 'keras_mlp.py'}:factory", "--tpu", "v3",
             "--batch", "32"]
     env = {"XDG_CACHE_HOME": str(compile_cache)}
     result = run_cli_process(*args, env=env, timeout=600)
