@@ -17,6 +17,7 @@ import pytest
 from conftest import run_cli
 
 from tpuprof.sources import llm
+from tpuprof.units import fmt_bytes
 
 # Two scanned layers, GQA (4 query heads, 2 key/value heads), a gated MLP: shapes that tile on the TPU.
 TINY = {"model_type": "llama", "vocab_size": 1024, "hidden_size": 256, "intermediate_size": 512,
@@ -270,6 +271,15 @@ def test_a_model_that_cannot_fit_says_why_without_compiling(tmp_path):
     assert target["state_bytes_per_chip"] > 6 * target["hbm_capacity_bytes"]
     assert "parameters and AdamW state alone need" in target["verdict"]
     assert "70.6B parameters x 12 bytes" in target["verdict"] and "more than the 15.75 GiB" in target["verdict"]
+    # What would divide it, each with the same arithmetic: bf16 weights and moments halve it (still 6x too much);
+    # 70.6B x 12 bytes over 15.75 GiB needs 51 devices: the smallest power of two is 64. fsdp already spans the
+    # slice, so no "more fsdp".
+    verdict = target["verdict"]
+    assert f"--weight-dtype bfloat16 (MaxText's weight_dtype): {fmt_bytes(target['state_bytes_per_chip'] // 2)}" \
+        in verdict and "(still too much)" in verdict
+    at_64 = re.search(r"a slice of 64 v5e devices, fsdp over them: ([\d.]+) GiB per device", verdict)
+    assert at_64 and float(at_64.group(1)) * 2**30 == pytest.approx(parameters * 12 / 64, rel=0.005)
+    assert "more fsdp" not in verdict and "--mesh" not in verdict
 
 
 def test_parameters_a_mesh_axis_cannot_divide_are_said_with_the_mesh_that_does(tmp_path):

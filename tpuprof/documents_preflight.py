@@ -136,16 +136,27 @@ _WEIGHT_WORDS = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 def state_too_large(state_bytes_per_device: int, parameters: int, weight_dtype: str, mesh: dict, unsharded,
-                    generation) -> str:
-    """The verdict when the weights and AdamW state alone exceed a device's HBM: no batch fits, nothing compiled."""
+                    generation, alternatives: tuple = ()) -> str:
+    """The verdict when the weights and AdamW state alone exceed a device's HBM: no batch fits, nothing compiled.
+    ALTERNATIVES: (what to change, the state per device it gives), from the same arithmetic, smallest change
+    first."""
     shards = mesh["fsdp"] * mesh["tensor"] * mesh["expert"]
     sharding = "" if unsharded else f", sharded {shards} ways over fsdp x tensor x expert"
     words = _WEIGHT_WORDS[weight_dtype]
-    return (f"does not fit: the parameters and AdamW state alone need {fmt_bytes(state_bytes_per_device)} "
-            f"per device ({parameters / 1e9:.1f}B parameters x {state_bytes_per_parameter(weight_dtype)} bytes: "
-            f"{words} weights and two {words} moments{sharding}), more than the "
-            f"{fmt_bytes(generation.compiler_hbm_bytes)} of HBM a {generation.name} device has; "
-            + (f"{unsharded_words(unsharded, mesh)}." if unsharded else "use a larger slice or more fsdp."))
+    capacity = generation.compiler_hbm_bytes
+    verdict = (f"does not fit: the parameters and AdamW state alone need {fmt_bytes(state_bytes_per_device)} "
+               f"per device ({parameters / 1e9:.1f}B parameters x {state_bytes_per_parameter(weight_dtype)} bytes: "
+               f"{words} weights and two {words} moments{sharding}), more than the "
+               f"{fmt_bytes(capacity)} of HBM a {generation.name} device has")
+    if unsharded:
+        return f"{verdict}; {unsharded_words(unsharded, mesh)}."
+    changes = [f"{change}: {fmt_bytes(state)} per device{'' if state <= capacity else ' (still too much)'}"
+               for change, state in alternatives]
+    if not changes:
+        return f"{verdict}; use a larger slice."
+    return (f"{verdict}. The state per device with {'; with '.join(changes)}"
+            + (" (the state alone: activations come on top)." if any(s <= capacity for _, s in alternatives)
+               else "."))
 
 
 def unsharded_words(unsharded: dict, mesh: dict) -> str:
