@@ -148,6 +148,17 @@ def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit
         points[batch] = measure(batch)
         return points[batch].fits_within(host_capacity)
 
+    def beyond_the_host(batch: int) -> bool:
+        """Offloaded activations are held per sequence: once two compiles hold host memory in exact proportion to
+        their batch, a batch whose proportion exceeds the host's capacity cannot run, and is not compiled."""
+        held = [(b, p.host_bytes) for b, p in points.items() if p.stats and p.host_bytes]
+        if host_capacity is None or len(held) < 2:
+            return False
+        first_batch, first_bytes = held[0]
+        if any(held_bytes * first_batch != first_bytes * b for b, held_bytes in held):
+            return False
+        return batch * first_bytes > host_capacity * first_batch
+
     if not probe(step):
         return Search(None, None, list(points.values()), bound=points[step].bound(host_capacity))
     low, high = step, None  # low fits, high (if known) does not
@@ -161,7 +172,8 @@ def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit
             if host_capacity is not None and points[low].host_bytes:
                 # Offloaded activations grow in proportion to the batch, with no such overheads: jump no
                 # further than where that proportion reaches the host's capacity (a host-bound search then
-                # ends in 3 compiles: the first batch, the predicted maximum, the one above it).
+                # ends in 2 compiles: the first batch and the predicted maximum; the one above it holds its
+                # proportion, beyond the host, and is not compiled).
                 candidate = min(candidate, low * host_capacity // points[low].host_bytes)
         elif predicted is None:  # memory fell as the batch grew (the compiler rematerialises): no line
             if high is None:
@@ -192,7 +204,7 @@ def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit
             candidate = (min(max(predicted, low + width // 16), high - width // 16)
                          if inside and turn % 2 else (low + high) // 2)
         candidate = _align(candidate, low, high, limit, step, preferred, below=mode == "up")
-        fits = probe(candidate)
+        fits = False if beyond_the_host(candidate) else probe(candidate)
         if fits:
             low = candidate
         else:
@@ -206,7 +218,8 @@ def search_max_batch(measure: Callable[[int], Measurement], capacity: int, limit
     if recommended is None or low // preferred * preferred > recommended:
         recommended = low // preferred * preferred if low >= preferred else low
     ordered = sorted(points.values(), key=lambda p: p.batch_size)
-    bound = "batch_limit" if high is None else points[high].bound(host_capacity)
+    bound = ("batch_limit" if high is None else "host" if high not in points
+             else points[high].bound(host_capacity))
     return Search(low, recommended, ordered, limited=high is None, bound=bound)
 
 
