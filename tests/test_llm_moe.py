@@ -100,32 +100,35 @@ def test_dropless_routing_equals_the_capacity_routing_when_nothing_is_dropped(mo
 
 
 QWEN3_MOE = {"model_type": "qwen3_moe", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,
-             "moe_intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "moe_intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 2,
              "num_key_value_heads": 1, "head_dim": 128, "num_experts": 4, "num_experts_per_tok": 2}
 
 
 def test_a_dropless_step_runs_its_grouped_matmuls_over_every_routed_token_once(compile_cache, tmp_path,
                                                                                monkeypatch):
-    """`--moe dropless` compiled for v5e:2x2 (fsdp over 4 devices): the step's grouped-matmul kernels, costed from
-    their own cost_estimate, run over exactly the device's tokens x top-k rows (nothing dropped, no capacity
-    padding): per layer the forward's 3 (gate, up, down), again under remat full, and the backward's 6 (each
-    kernel's input gradient and the experts' weight gradient), each 2 x rows x embedding x expert width FLOPs.
-    The weights and their AdamW state are the model's parameter count's."""
+    """`--moe dropless` compiled for v5e:2x2 (fsdp over 4 devices) with MaxText's custom remat offloading each
+    layer's input and the experts' output (`mlpwo`, as the GPT-OSS recipe does): the grouped-matmul kernels,
+    costed from their own cost_estimate, run over exactly the device's tokens x top-k rows (nothing dropped, no
+    capacity padding), 11 a layer: the forward's 3 (gate, up, down), gate and up again for the backward (down's
+    output is on the host, not recomputed), and the backward's 6 (each kernel's input gradient and the experts'
+    weight gradient), each 2 x rows x embedding x expert width FLOPs. The host holds both named activations of
+    every layer, bf16; the weights and AdamW state are the parameter count's."""
     import tpuprof
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(compile_cache))
     path = tmp_path / "config.json"
     path.write_text(json.dumps(QWEN3_MOE))
-    seq = 512
-    common = dict(model=str(path), tpu="v5e:2x2", seq=seq, batch_per_chip=1, mesh="fsdp=4")
-    dropless = tpuprof.preflight(**common, moe="dropless")
+    seq, layers, d = 512, QWEN3_MOE["num_hidden_layers"], QWEN3_MOE["hidden_size"]
+    dropless = tpuprof.preflight(model=str(path), tpu="v5e:2x2", seq=seq, batch_per_chip=1, mesh="fsdp=4",
+                                 remat="custom:decoder_layer_input=offload,mlpwo=offload", moe="dropless")
     document = dropless.to_dict()["targets"][0]
     assert document["model"]["moe"].startswith("dropless") and document["fits"]
     # fp32 weights and two moments, over the 4 devices, and the tokens: as the capacity step holds them.
     counted = llm.parse_config(QWEN3_MOE, "small", "small").parameter_count() * 12 / 4
     assert counted <= document["argument_bytes"] <= counted * 1.01
+    rows = seq * QWEN3_MOE["num_experts_per_tok"]
+    assert document["host_bytes"] == layers * (seq + rows) * d * 2
     kernels = [timed.op for timed in dropless.targets[0].estimate.step.ops
                if timed.op.flops_source == "cost_estimate" and timed.op.name.startswith(("gmm", "tgmm"))]
-    rows = seq * QWEN3_MOE["num_experts_per_tok"]
-    one = 2 * rows * QWEN3_MOE["hidden_size"] * QWEN3_MOE["moe_intermediate_size"]
-    assert sum(op.flops * op.count for op in kernels) == QWEN3_MOE["num_hidden_layers"] * 12 * one
+    one = 2 * rows * d * QWEN3_MOE["moe_intermediate_size"]
+    assert sum(op.flops * op.count for op in kernels) == layers * 11 * one

@@ -1063,6 +1063,7 @@ def _dropless_moe(config: ModelConfig, mesh, batch_axes, interpret: bool = False
     run the kernels on a CPU (tests)."""
     import jax
     import jax.numpy as jnp
+    from jax.ad_checkpoint import checkpoint_name
     from jax.experimental.pallas.ops.tpu.megablox import gmm
     from jax.sharding import PartitionSpec as P
 
@@ -1114,11 +1115,15 @@ def _dropless_moe(config: ModelConfig, mesh, batch_axes, interpret: bool = False
             if c.expert_bias:
                 gate = gate + w["be_gate"].astype(compute)[sorted_expert]
                 up = up + w["be_up"].astype(compute)[sorted_expert]
-            out = grouped(glu(gate, up), w["we_down"])  # [tokens x k, d]: partial sums over `tensor`
+            # The names the dense MLP's activations have (MaxText names the grouped matmuls' outputs so too), for
+            # a custom remat policy to save or offload.
+            hidden = glu(checkpoint_name(gate, "mlpwi"), checkpoint_name(up, "mlpwi"))
+            out = grouped(hidden, w["we_down"])  # [tokens x k, d]: partial sums over `tensor`
             if width:
                 out = jax.lax.psum(out, width)
             if c.expert_bias:
                 out = out + w["be_down"].astype(compute)[sorted_expert]
+            out = checkpoint_name(out, "mlpwo")
             out = out[jnp.argsort(order)].reshape(b * s, k, d)
             return jnp.einsum("tkd,tk->td", out, weights.astype(compute)).reshape(b, s, d)
 
