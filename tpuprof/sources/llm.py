@@ -984,6 +984,7 @@ def _moe(config: ModelConfig, mesh, batch_axes):
     (GPT-OSS; DeepSeek-V3's selection bias), and a shared expert (Qwen-MoE's gated, DeepSeek's and Llama 4's not)."""
     import jax
     import jax.numpy as jnp
+    from jax.ad_checkpoint import checkpoint_name
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     c = config
@@ -1037,10 +1038,12 @@ def _moe(config: ModelConfig, mesh, batch_axes):
             up = up + w["be_up"].astype(up.dtype)[:, None, None, :]
         gate = jax.lax.with_sharding_constraint(gate, expert_hidden)
         up = jax.lax.with_sharding_constraint(up, expert_hidden)
-        out = matmul(glu(gate, up), w["we_down"], "egcf,efd->egcd")
+        # Named as the dense MLP's activations (and MaxText's dense_matmul MoE's), for a custom remat policy.
+        out = matmul(glu(checkpoint_name(gate, "mlpwi"), checkpoint_name(up, "mlpwi")), w["we_down"],
+                     "egcf,efd->egcd")
         if c.expert_bias:
             out = out + w["be_down"].astype(out.dtype)[:, None, None, :]
-        out = jax.lax.with_sharding_constraint(out, expert_side)
+        out = checkpoint_name(jax.lax.with_sharding_constraint(out, expert_side), "mlpwo")
         if local is not None:
             out = jax.lax.with_sharding_constraint(out, local)
         out = jnp.einsum("egcd,gtec->gtd", out, combine)
