@@ -6,6 +6,7 @@ its gradient all-reduces, and which remat policy answers best.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from tpuprof.analyses import preflight
@@ -148,6 +149,34 @@ def estimate(chosen, compiled: Compiled, options, *, tokens: int | None, model=N
     return TargetEstimate(timed, compiled.batch_size, seq_len or tokens,
                           prices.price_for(chosen.generation, options.prices), top=min(options.top, 5),
                           model_flops_per_device=flops, gradient_source="; ".join(p for p in sources if p))
+
+
+def smaller_state(config, sizes: dict, weight_dtype: str, chosen) -> tuple:
+    """What divides the weights and AdamW state further, each with the state per device it gives (llm's
+    sharding arithmetic, as the verdict's own figure): the data axis folded into fsdp, bf16 weights and moments,
+    and the smallest slice of the generation (a power of two of devices, up to 8,192) where they fit."""
+    from tpuprof.sources import llm
+
+    capacity = chosen.target.compiler_hbm_bytes
+    found = []
+    if sizes["data"] > 1:
+        folded = {**sizes, "fsdp": sizes["fsdp"] * sizes["data"], "data": 1}
+        found.append((f"--mesh fsdp={folded['fsdp']}" + "".join(f",{axis}={folded[axis]}" for axis in
+                                                               ("tensor", "expert") if folded[axis] > 1),
+                      llm.state_bytes_per_device(config, folded, weight_dtype)))
+    if weight_dtype == "float32":
+        found.append(("--weight-dtype bfloat16 (MaxText's weight_dtype)",
+                      llm.state_bytes_per_device(config, sizes, "bfloat16")))
+    devices = math.prod(sizes.values())
+    for larger in (devices * 2 ** n for n in range(1, 14)):
+        if larger > 8192:
+            break
+        state = llm.state_bytes_per_device(config, {**sizes, "fsdp": larger // (sizes["tensor"] * sizes["expert"]),
+                                                    "data": 1}, weight_dtype)
+        if state <= capacity:
+            found.append((f"a slice of {larger} {chosen.target.name} devices, fsdp over them", state))
+            break
+    return tuple(found)
 
 
 def throughput(target: PreflightTarget) -> float:

@@ -7,7 +7,6 @@ goes (the memory command's analysis of the compile's dump). No TPU needed. Wirin
 
 from __future__ import annotations
 
-import math
 import os
 
 from tpuprof.errors import UserError
@@ -242,34 +241,6 @@ def _portable(target):
     return target
 
 
-def _smaller_state(config, sizes: dict, options, chosen) -> tuple:
-    """What divides the weights and AdamW state further, each with the state per device it gives (llm's
-    sharding arithmetic, as the verdict's own figure): the data axis folded into fsdp, bf16 weights and moments,
-    and the smallest slice of the generation (a power of two of devices, up to 8,192) where they fit."""
-    from tpuprof.sources import llm
-
-    capacity = chosen.target.compiler_hbm_bytes
-    found = []
-    if sizes["data"] > 1:
-        folded = {**sizes, "fsdp": sizes["fsdp"] * sizes["data"], "data": 1}
-        found.append((f"--mesh fsdp={folded['fsdp']}" + "".join(f",{axis}={folded[axis]}" for axis in
-                                                               ("tensor", "expert") if folded[axis] > 1),
-                      llm.state_bytes_per_device(config, folded, options.weight_dtype)))
-    if options.weight_dtype == "float32":
-        found.append(("--weight-dtype bfloat16 (MaxText's weight_dtype)",
-                      llm.state_bytes_per_device(config, sizes, "bfloat16")))
-    devices = math.prod(sizes.values())
-    for larger in (devices * 2 ** n for n in range(1, 14)):
-        if larger > 8192:
-            break
-        state = llm.state_bytes_per_device(config, {**sizes, "fsdp": larger // (sizes["tensor"] * sizes["expert"]),
-                                                    "data": 1}, options.weight_dtype)
-        if state <= capacity:
-            found.append((f"a slice of {larger} {chosen.target.name} devices, fsdp over them", state))
-            break
-    return tuple(found)
-
-
 def _model_target(config, source, chosen, remat, options, report_progress):
     from tpuprof.analyses import preflight, preflight_step
     from tpuprof.models.preflight import Compiled, FastAnswer, PreflightTarget
@@ -298,7 +269,7 @@ def _model_target(config, source, chosen, remat, options, report_progress):
         from tpuprof.documents_preflight import state_too_large
 
         verdict = state_too_large(spec.state_bytes_per_device, config.parameter_count(), options.weight_dtype, sizes,
-                                  llm_fields["unsharded"], target, _smaller_state(config, sizes, options, chosen))
+                                  llm_fields["unsharded"], target, preflight_step.smaller_state(config, sizes, options.weight_dtype, chosen))
         compiled = Compiled(batch, False, None, 0, parameter_bytes=spec.state_bytes_per_device, verdict=verdict)
         return PreflightTarget(chosen, compiled, cache, **llm_fields,
                                **preflight_step.slice_batches(chosen, batch, whole_slice=True))
