@@ -238,7 +238,7 @@ def run_layout(command: list[str], workdir: Path) -> tuple[dict | None, str, flo
     (tpuprof.commands.preflight): its slice's entry of the preflight document, "how" saying so."""
     sys.path.insert(0, str(ROOT))
     from tpuprof.analyses import preflight_step
-    from tpuprof.commands.preflight import mesh_sizes
+    from tpuprof.commands.preflight import llm_spec
     from tpuprof.models.preflight import Compiled, CompilerFigures, PreflightTarget, preflight_options
     from tpuprof.results import PreflightResult
     from tpuprof.sources import llm, tpu_compile
@@ -255,9 +255,7 @@ def run_layout(command: list[str], workdir: Path) -> tuple[dict | None, str, flo
     options = preflight_options(**keywords)
     chosen = options.slices[0]
     config, source = llm.load_config(options.model)
-    sizes = mesh_sizes(options.mesh, chosen)
-    spec = llm.Spec(llm.Step(config, source, options.seq, options.remat, options.dtype, sizes, options.weight_dtype,
-                             options.vocab_tiling, options.moe), chosen)
+    spec = llm_spec(config, source, chosen, options.remat, options)
     batch = preflight_step.llm_batch_per_device(chosen, options.batch_per_chip, None)
     dump = workdir / f"layout-{len(list(workdir.iterdir()))}"
     try:
@@ -274,8 +272,8 @@ def run_layout(command: list[str], workdir: Path) -> tuple[dict | None, str, flo
     estimate = preflight_step.estimate(chosen, compiled, options, tokens=options.seq, model=model,
                                        seq_len=options.seq, batch_per_chip=batches.get("batch_per_chip"),
                                        whole_job="global_batch" in batches)
-    answer = PreflightTarget(chosen, compiled, "", estimate=estimate, model=model, mesh=sizes, seq_len=options.seq,
-                             **batches)
+    answer = PreflightTarget(chosen, compiled, "", estimate=estimate, model=model, mesh=spec.step.mesh_sizes,
+                             seq_len=options.seq, **batches)
     target = PreflightResult(f"--model {config.name}", [answer]).to_dict()["targets"][0]
     target["how"] = ("layout only (roofline)" if result.stage == "buffer_assignment"
                      else "whole compile (it ended before the layout was read)")

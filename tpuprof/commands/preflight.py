@@ -241,13 +241,11 @@ def _portable(target):
     return target
 
 
-def _model_target(config, source, chosen, remat, options, report_progress):
-    from tpuprof.analyses import preflight, preflight_step
-    from tpuprof.models.preflight import Compiled, FastAnswer, PreflightTarget
+def llm_spec(config, source, chosen, remat: str, options):
+    """The LLM train step the options describe on slice CHOSEN (with REMAT, one policy of a sweep), as preflight
+    compiles it (the bench's layouts build theirs here too)."""
     from tpuprof.sources import llm
 
-    seq, max_batch = options.seq, options.max_batch
-    target = chosen.target
     sizes = mesh_sizes(options.mesh, chosen)
     if options.moe == "dropless" and sizes["expert"] > 1:
         from tpuprof.models.preflight import PreflightOptionError
@@ -255,9 +253,20 @@ def _model_target(config, source, chosen, remat, options, report_progress):
         raise PreflightOptionError("moe", "{option} dropless with an expert axis ({mesh} expert="
                                           f"{sizes['expert']}) is not modelled: tpuprof's dropless MoE holds every "
                                           "expert on each device, as MaxText's does without expert parallelism.")
-    step = llm.Step(config, source, seq, remat, options.dtype, sizes, options.weight_dtype, options.vocab_tiling,
-                    options.moe)
-    spec = llm.Spec(step, chosen)
+    step = llm.Step(config, source, options.seq, remat, options.dtype, sizes, options.weight_dtype,
+                    options.vocab_tiling, options.moe)
+    return llm.Spec(step, chosen)
+
+
+def _model_target(config, source, chosen, remat, options, report_progress):
+    from tpuprof.analyses import preflight, preflight_step
+    from tpuprof.models.preflight import Compiled, FastAnswer, PreflightTarget
+    from tpuprof.sources import llm
+
+    seq, max_batch = options.seq, options.max_batch
+    target = chosen.target
+    spec = llm_spec(config, source, chosen, remat, options)
+    sizes = spec.step.mesh_sizes
     per_chip = target.devices_per_chip
     batch = preflight_step.llm_batch_per_device(chosen, options.batch_per_chip, options.global_batch)
     whole = llm.unsharded(config, sizes, options.weight_dtype)
