@@ -232,6 +232,15 @@ def test_builtin_model_is_advised_through_its_options(tmp_path):
     for s in suggestions:  # no Flax/JAX edits of tpuprof's code (a fused attention kernel, dtype=jnp.bfloat16)
         assert s.get("code", "").startswith("--") and "framework" not in s, s
         assert "jnp." not in s.get("code", "") and "splash_attention" not in s.get("code", "")
+    # The evidence names the options that build the step, every one of them (those that change the compiled
+    # program: tpuprof.models.preflight.FLAGS of the LLM step) and only options preflight has.
+    import re
+
+    from tpuprof.models.preflight import FLAGS
+
+    named = set(re.findall(r"--[a-z-]+", suggestions[0]["evidence"].split("the levers are", 1)[1]))
+    builds_the_step = {FLAGS[k] for k in ("remat", "dtype", "weight_dtype", "mesh", "vocab_tiling", "moe")}
+    assert builds_the_step <= named <= set(FLAGS.values()) | {"--batch-per-chip", "--global-batch"}, named
     # `report` on the document reads the compile's dump again: the advice stays the document's (no donation for
     # the step that donates, no framework code).
     from tpuprof.commands import report

@@ -401,13 +401,14 @@ def _capacity(result: ModuleMemory, framework: str | None, shortfall: int | None
 
 # tpuprof's built-in LLM step (preflight --model): its code is tpuprof's, so a fix is one of the options that build
 # it. Padding, attention and one-hot fixes would edit that code; donation is done (the step donates its state).
-BUILTIN_LEVERS = "--remat, --dtype, --mesh and the batch (--batch-per-chip / --global-batch)"
+BUILTIN_LEVERS = ("--remat, --dtype, --weight-dtype, --mesh, --vocab-tiling, --moe (a mixture of experts) and the batch "
+                  "(--batch-per-chip / --global-batch)")
 
 
 def for_builtin_step(module: ModuleMemory, remat: str, dtype: str) -> None:
     """Precondition of framework code: the user wrote the program. For tpuprof's own step the suggestions become its
     options: remat only when the step runs without it (--remat none), bf16 never (its matmuls already take bf16 or
-    fp8; weights and optimizer state stay fp32 on purpose), the batch and the capacity as they are."""
+    fp8; the weights and optimizer state are --weight-dtype's), the batch and the capacity as they are."""
     kept = []
     for item in module.suggestions:
         if item.kind == "remat" and remat == "none":
