@@ -356,12 +356,14 @@ def test_mla_models_are_refused_in_one_sentence_rather_than_given_a_wrong_kv_fig
 @needs_libtpu
 def test_v2_and_v3_are_refused_because_the_paged_attention_kernel_does_not_compile_there(monkeypatch):
     """The refusal rests on libtpu: let through, the v3 compile of the engine's attention fails in Mosaic."""
-    from tpuprof.models import serve as serve_model
+    import dataclasses
+
+    from tpuprof import targets
 
     result = run_cli("serve", "--model", "qwen2.5-0.5b", "--tpu", "v6e-1,v3-8", "--no-compile")
     assert result.returncode == 2 and result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
     assert "--tpu v3-8: the engines' ragged paged attention kernel does not compile for v3" in result.stderr
-    monkeypatch.setattr(serve_model, "PAGED_ATTENTION_REFUSED", ())
+    monkeypatch.setitem(targets.TARGETS, "v3", dataclasses.replace(targets.get("v3"), pallas_kernels=True))
     with pytest.raises(tpuprof.UserError, match="Mosaic failed to compile TPU kernel"):
         tpuprof.serve("qwen2.5-0.5b", "v3-8", max_model_len=1024, max_num_seqs=8)
 

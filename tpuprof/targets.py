@@ -85,6 +85,10 @@ class Target:
     ici_wraparound: str = ""  # which slice axes close into rings: "cube" (v4/v5p/TPU7x) or "16" (v5e/v6e)
     dcn_gbps_per_chip: float | None = None  # data-centre network between slices, Gbit/s per chip
     ici_source: str = ""
+    # Whether Mosaic, the Pallas TPU compiler, compiles the Pallas kernels tpuprof's steps run (splash attention,
+    # ragged paged attention). Not on v2 and v3 (libtpu 0.0.42.1): "E2001: Unsupported matmul RHS type on target:
+    # vector<128x128xbf16>" for splash, "Expected the 2nd minor dimension is aligned to the tile" for paged attention.
+    pallas_kernels: bool = True
 
     @property
     def device(self) -> str:
@@ -149,10 +153,10 @@ TARGETS: dict[str, Target] = {
     for t in (
         Target("v2", "v2:2x2", None, "TensorCore", 1, 2, _g(7.48), 16 * GiB, 46, 716,
                jax_device_kind="TPU v2", capture_device_types=("TPU v2",), codename="TPU_VERSION_JELLYFISH",
-               aliases=("tpu v2",), compiler_host_bytes=None),
+               aliases=("tpu v2",), compiler_host_bytes=None, pallas_kernels=False),
         Target("v3", "v3:2x2", None, "TensorCore", 1, 2, _g(15.48), 32 * GiB, 123, 900,
                jax_device_kind="TPU v3", capture_device_types=("TPU v3",), codename="TPU_VERSION_DRAGONFISH",
-               aliases=("tpu v3",), compiler_host_bytes=None),
+               aliases=("tpu v3",), compiler_host_bytes=None, pallas_kernels=False),
         Target("v4", "v4:2x2x1", "megacore", "chip", 2, 1, _g(30.75), 32 * GiB, 275, 1200,
                jax_device_kind="TPU v4", capture_device_types=("TPU v4",), codename="TPU_VERSION_PUFFERFISH",
                aliases=("tpu v4",), host_link_gbps=16.0, host_link=HOST_LINK_TYPICAL),

@@ -167,15 +167,14 @@ def smaller_state(config, sizes: dict, weight_dtype: str, chosen) -> tuple:
     if weight_dtype == "float32":
         found.append(("--weight-dtype bfloat16 (MaxText's weight_dtype)",
                       llm.state_bytes_per_device(config, sizes, "bfloat16")))
-    devices = math.prod(sizes.values())
-    for larger in (devices * 2 ** n for n in range(1, 14)):
-        if larger > 8192:
-            break
+    larger = 2 * math.prod(sizes.values())
+    while larger <= 8192:
         state = llm.state_bytes_per_device(config, {**sizes, "fsdp": larger // (sizes["tensor"] * sizes["expert"]),
                                                     "data": 1}, weight_dtype)
         if state <= capacity:
             found.append((f"a slice of {larger} {chosen.target.name} devices, fsdp over them", state))
             break
+        larger *= 2
     return tuple(found)
 
 

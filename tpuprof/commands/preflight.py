@@ -277,8 +277,9 @@ def _model_target(config, source, chosen, remat, options, report_progress):
     if spec.state_bytes_per_device > target.compiler_hbm_bytes:  # no batch can fit: say why without compiling
         from tpuprof.documents_preflight import state_too_large
 
+        alternatives = preflight_step.smaller_state(config, sizes, options.weight_dtype, chosen)
         verdict = state_too_large(spec.state_bytes_per_device, config.parameter_count(), options.weight_dtype, sizes,
-                                  llm_fields["unsharded"], target, preflight_step.smaller_state(config, sizes, options.weight_dtype, chosen))
+                                  llm_fields["unsharded"], target, alternatives)
         compiled = Compiled(batch, False, None, 0, parameter_bytes=spec.state_bytes_per_device, verdict=verdict)
         return PreflightTarget(chosen, compiled, cache, **llm_fields,
                                **preflight_step.slice_batches(chosen, batch, whole_slice=True))

@@ -56,11 +56,6 @@ class ServeOptions:
     compile: bool = True  # False: weights from shapes, no programs (no JAX)
 
 
-# Generations where libtpu's Mosaic refuses the ragged paged attention kernel every engine here runs ("Expected
-# the 2nd minor dimension is aligned to the tile", measured on libtpu 0.0.42.1).
-PAGED_ATTENTION_REFUSED = ("v2", "v3")
-
-
 def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm", max_model_len: int | None = None,
                   max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                   tensor_parallel_size: int | None = None, enable_expert_parallel: bool = False,
@@ -92,7 +87,7 @@ def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm"
                                                     f"above 0 and at most 1, not {gpu_memory_utilization!r}.")
     parsed = options.tpu_slices(tpu, OptionError, "{option} needs a slice such as v6e-8 (or several: v6e-8,v5p-8).")
     for chosen in parsed:
-        if chosen.generation in PAGED_ATTENTION_REFUSED:
+        if not chosen.target.pallas_kernels:  # every engine here runs the ragged paged attention kernel
             raise OptionError("tpu", f"{{option}} {chosen.name}: the engines' ragged paged attention kernel does not "
                                      f"compile for {chosen.generation} (Mosaic, the Pallas TPU compiler, refuses its "
                                      "tiles there): serve on v4 or newer.")

@@ -64,10 +64,6 @@ SPLASH_BLOCK = {"v6e": 2048}
 SPLASH_FUSED_BACKWARD = {"v6e": True}
 DEFAULT_SPLASH_BLOCK = 512
 RECIPE_VMEM_LIMIT = {"v6e": {"xla_tpu_scoped_vmem_limit_kib": 98304}}  # DENSE_VMEM_LIMIT_FLAG
-# Mosaic (the Pallas TPU compiler) refuses splash's bf16 matmuls on these ("E2001: Unsupported matmul RHS type on
-# target: vector<128x128xbf16>"): attention there is splash's own XLA reference (make_attention_reference), which
-# holds each head's [seq, seq] fp32 scores, as MaxText's dot-product attention does.
-XLA_ATTENTION_GENERATIONS = ("v2", "v3")
 # The published 8B runs also turn off collective matmuls (DISABLE_COLLECTIVE_MATMUL): by default libtpu splits
 # the FSDP-gathered MLP matmuls into windowed einsums whose partial sums re-read and re-write the
 # [batch, seq, mlp] output once per window.
@@ -833,6 +829,14 @@ def _rope(x, theta: float):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+def _pallas_kernels(generation: str) -> bool:
+    """Whether Mosaic compiles the step's Pallas kernels (splash attention) for GENERATION."""
+    from tpuprof import targets
+
+    target = targets.TARGETS.get(generation)
+    return target is None or target.pallas_kernels
+
+
 def generation_of(devices) -> str:
     """The TPU generation (v6e) of the devices a step is compiled for."""
     from tpuprof import targets
@@ -881,7 +885,7 @@ def _attention(config: ModelConfig, seq_len: int, mesh, batch_axes):
         # program instead of a constant in it, so the compiled module no longer says which blocks each kernel
         # skips (tpuprof.analyses.attention_kernels reads them). Splash caches the processed mask: it is worked
         # out once.
-        if generation in XLA_ATTENTION_GENERATIONS:
+        if not _pallas_kernels(generation):  # v2, v3: splash's XLA reference, holding [seq, seq] fp32 scores a head
             kernel = _xla_attention(c, window, shape)
         else:
             mask = masks.MultiHeadMask([mask_of[window]() for _ in range(local_heads)])
@@ -1191,7 +1195,7 @@ class Spec:
 
     def _attention(self) -> str:
         generation = generation_of(self.devices)
-        if generation in XLA_ATTENTION_GENERATIONS:
+        if not _pallas_kernels(generation):
             return f"XLA attention (splash's reference: Pallas kernels do not compile for {generation})"
         return "Pallas splash attention (causal)"
 
@@ -1227,6 +1231,5 @@ class Spec:
         if config.moe:
             info["experts"] = config.num_experts
             info["experts_per_token"] = config.num_experts_per_tok
-            info["moe"] = (MOE_KINDS[self.step.moe] if self.step.moe == "dropless"
-                           else MOE_KINDS["capacity"].format(factor=CAPACITY_FACTOR))
+            info["moe"] = MOE_KINDS[self.step.moe].format(factor=CAPACITY_FACTOR)
         return info
