@@ -79,3 +79,7 @@ def test_a_v3_step_compiles_with_xla_attention_and_holds_its_scores(tmp_path, co
     target = json.loads(result.stdout)["targets"][0]
     assert target["fits"] and target["model"]["attention"].startswith("XLA attention")
     assert target["temp_bytes"] >= HEADS * seq * seq * 4, target["temp_bytes"]
+    # The table says so on the model's line (its slowest ops name splash's source file, where the reference lives).
+    table = run_cli("preflight", "--model", str(path), "--tpu", "v3:1x1", "--seq", str(seq), "--batch-per-chip", "2",
+                    timeout=600, env={"XDG_CACHE_HOME": str(compile_cache), "COLUMNS": "200"})
+    assert "XLA attention (no Pallas kernels here)" in table.stdout, table.stdout

@@ -219,7 +219,8 @@ def _model(t: dict) -> str:
     return (f"{m['name']}: {_parameters(m['parameters'])} parameters, seq {t.get('seq_len')}, remat {m['remat']}, "
             f"{m['dtype']}" + (f", {weights} weights" if weights != "float32" else "")
             + (f", loss in {m['vocab_tiling']} pieces" if m.get("vocab_tiling") else "")
-            + (", dropless MoE" if m.get("moe", "").startswith("dropless") else ""))
+            + (", dropless MoE" if m.get("moe", "").startswith("dropless") else "")
+            + (", XLA attention (no Pallas kernels here)" if m.get("attention", "").startswith("XLA") else ""))
 
 
 def _parameters(count: int) -> str:
