@@ -171,8 +171,8 @@ def plan(run: dict) -> dict:
     cannot += notes
     if run.get("weight_dtype") == "bfloat16":
         command += ["--weight-dtype", "bfloat16"]
-    elif run.get("mu_dtype") == "bfloat16":
-        cannot.append("mu_dtype=bfloat16 with fp32 weights (tpuprof keeps AdamW's moments in the weights' dtype)")
+    if run.get("mu_dtype") in ("bfloat16", "float32"):
+        command += ["--mu-dtype", run["mu_dtype"]]
     precision = run.get("precision")
     if precision == "fp8_full":
         command += ["--dtype", "fp8"]
@@ -316,7 +316,7 @@ def short(note: str) -> str:
              (r"^sparse_matmul through.*", "ragged_dot as megablox"),
              (r"^XLA flag sets (.*)", r"flags \1"), (r"^the recipe's own LIBTPU flags.*", "own LIBTPU flags"),
              (r"^splash blocks (\[.*\]) .*", r"splash blocks \1"), (r"^other settings: (.*)", r"\1"),
-             (r"^mu_dtype=bfloat16.*", "bf16 moments, fp32 weights"), (r"^fp8_full through qwix.*", "qwix fp8_full"),
+             (r"^fp8_full through qwix.*", "qwix fp8_full"),
              (r"^quantization=int8.*", "int8 (run bf16)"), (r"^(ici_fsdp_transpose_parallelism=\S+) .*", r"\1"),
              (r"^(dcn_\w+=\S+) \(sharded across slices.*", r"\1 (tpuprof: slices as replicas)"),
              (r"^MaxText's 'default' model.*", "MaxText default model"), (r"^remat policy (.*)", r"remat \1")]

@@ -144,6 +144,8 @@ def family_runs(tmp_path_factory):
                 runs[name, "full"] = answer(preflight.model_result(options(str(path), full=True, **common)))
         runs["gpt3", "bf16"] = answer(preflight.model_result(options(str(folder / "gpt3.json"),
                                                               weight_dtype="bfloat16", **common)))
+        runs["gpt3", "mu_bf16"] = answer(preflight.model_result(options(str(folder / "gpt3.json"),
+                                                                 mu_dtype="bfloat16", **common)))
         return runs
     finally:
         if saved is None:
@@ -171,6 +173,17 @@ def test_bf16_weights_halve_the_weights_arguments(family_runs):
     assert counted * 6 <= bf16["argument_bytes"] <= counted * 6 * 1.005
     assert bf16["argument_bytes"] == pytest.approx(fp32["argument_bytes"] / 2, rel=0.002)
     assert bf16["state_bytes_per_chip"] * 2 == fp32["state_bytes_per_chip"] == counted * 12
+
+
+def test_a_bf16_first_moment_takes_two_of_the_twelve_bytes_a_parameter(family_runs):
+    """MaxText's mu_dtype is optax's: the first moment alone in bf16, the second in the weights' fp32: 4 + 2 + 4
+    bytes a parameter, in the compiled step's arguments as in the state arithmetic."""
+    fp32, mu = family_runs["gpt3", "fast"], family_runs["gpt3", "mu_bf16"]
+    counted = fp32["model"]["parameters"]
+    assert mu["model"]["mu_dtype"] == "bfloat16" and "mu_dtype" not in fp32["model"]
+    assert counted * 10 <= mu["argument_bytes"] <= counted * 10 * 1.005
+    assert fp32["argument_bytes"] - mu["argument_bytes"] == pytest.approx(counted * 2, rel=0.005)
+    assert mu["state_bytes_per_chip"] == counted * 10
 
 
 @pytest.mark.parametrize("name", FAST)

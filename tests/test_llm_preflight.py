@@ -282,6 +282,21 @@ def test_a_model_that_cannot_fit_says_why_without_compiling(tmp_path):
     assert "more fsdp" not in verdict and "--mesh" not in verdict
 
 
+def test_a_bf16_first_moment_is_in_the_state_and_its_words(tmp_path):
+    """--mu-dtype bfloat16 (MaxText's mu_dtype): fp32 weights and second moment, bf16 first moment, 10 bytes a
+    parameter, in the figure and the sentence; bf16 weights then take the first moment with them (6 bytes)."""
+    document = preflight(tmp_path, "--model", "llama3.1-70b", "--tpu", "v5e-8", "--seq", "8192",
+                         "--batch-per-chip", "1", "--mu-dtype", "bfloat16")
+    target = document["targets"][0]
+    parameters = target["model"]["parameters"]
+    assert target["model"]["mu_dtype"] == "bfloat16"
+    assert target["state_bytes_per_chip"] == pytest.approx(parameters * 10 / 8, rel=0.001)
+    assert (f"{parameters / 1e9:.1f}B parameters x 10 bytes: fp32 weights, a bf16 first moment and an fp32 second "
+            "moment") in target["verdict"]
+    assert f"--weight-dtype bfloat16 (MaxText's weight_dtype): {fmt_bytes(target['state_bytes_per_chip'] * 6 // 10)}" \
+        in target["verdict"]
+
+
 def test_parameters_a_mesh_axis_cannot_divide_are_said_with_the_mesh_that_does(tmp_path):
     """A 49B model of hidden size 7,168 (7 x 1,024) on v5p-4096 (2,048 devices): JAX shards a dimension only evenly,
     so fsdp=2048 divides none of its weights and each device would hold them whole. preflight says so without

@@ -124,9 +124,9 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
               tokens_per_example: Optional[int] = None, price: Union[str, dict, None] = None,
               model: Optional[str] = None, seq: int = 2048, batch_per_chip: Optional[int] = None,
               global_batch: Optional[int] = None, remat: str = "full", dtype: str = "bf16",
-              mesh: Optional[str] = None, weight_dtype: str = "float32", full: bool = False,
-              ray: Optional[str] = None, vocab_tiling: Optional[int] = None, moe: str = "capacity",
-              verbose: bool = False) -> PreflightResult:
+              mesh: Optional[str] = None, weight_dtype: str = "float32", mu_dtype: Optional[str] = None,
+              full: bool = False, ray: Optional[str] = None, vocab_tiling: Optional[int] = None,
+              moe: str = "capacity", verbose: bool = False) -> PreflightResult:
     """Will a training step fit in one TPU device's HBM, and the largest batch that does: compiled by libtpu
     for the target on this machine, no TPU needed (`pip install 'jax[tpu]'`).
 
@@ -154,6 +154,8 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
         with max_batch: a batch x remat table), `dtype` ("bf16", "fp8") and `mesh` ("fsdp=-1,tensor=4").
     mesh: also for a factory with a `mesh` parameter: the Mesh it receives has these axes over the slice.
     weight_dtype: with model: "float32" (12 bytes a parameter of weights and AdamW moments) or "bfloat16" (6).
+    mu_dtype: with model: AdamW's first moment's dtype, "float32" or "bfloat16" (MaxText's mu_dtype; default: the
+        weights'): fp32 weights with a bf16 first moment are 10 bytes a parameter.
     full: with model: always compile to the end (default: stop early when the compiler's memory layout alone cannot
         fit; `fast` in the result says so).
     ray: with model: run a sweep's compiles (several slices, remat="all") as tasks on this Ray cluster ("auto",
@@ -173,24 +175,18 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
     from tpuprof import library_output
 
     with library_output.held(verbose):
-        return _preflight(fn_or_model, example_args, tpu, batch, max_batch, compare_bf16, top, cache, on_compile,
-                          tokens_per_example, price, model, seq, batch_per_chip, global_batch, remat, dtype, mesh,
-                          weight_dtype, full, ray, vocab_tiling, moe)
+        return _preflight(fn_or_model, example_args, on_compile, tpu=tpu, batch=batch, max_batch=max_batch,
+                          compare_bf16=compare_bf16, top=top, cache=cache, tokens_per_example=tokens_per_example,
+                          price=price, model=model, seq=seq, batch_per_chip=batch_per_chip, global_batch=global_batch,
+                          remat=remat, dtype=dtype, mesh=mesh, weight_dtype=weight_dtype, mu_dtype=mu_dtype,
+                          full=full, ray=ray, vocab_tiling=vocab_tiling, moe=moe)
 
 
-def _preflight(fn_or_model, example_args, tpu, batch, max_batch, compare_bf16, top, cache, on_compile,
-               tokens_per_example, price, model, seq, batch_per_chip, global_batch, remat, dtype, mesh,
-               weight_dtype, full, ray, vocab_tiling, moe):
+def _preflight(fn_or_model, example_args, on_compile, **keywords):
     from tpuprof.commands import preflight as command
     from tpuprof.models.preflight import preflight_options
 
-    options = preflight_options(fn_or_model, example_args, tpu=tpu, batch=batch, max_batch=max_batch,
-                                compare_bf16=compare_bf16, top=top, cache=cache,
-                                tokens_per_example=tokens_per_example, price=price, model=model, seq=seq,
-                                batch_per_chip=batch_per_chip, global_batch=global_batch, remat=remat, dtype=dtype,
-                                mesh=mesh, weight_dtype=weight_dtype, full=full, ray=ray,
-                                vocab_tiling=vocab_tiling, moe=moe)
-    return command.result(options, on_compile)
+    return command.result(preflight_options(fn_or_model, example_args, **keywords), on_compile)
 
 
 def serve(model: str, tpu: Union[str, Iterable[str]], *, engine: str = "vllm", max_model_len: Optional[int] = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from tpuprof import targets
 from tpuprof.analyses import attention_kernels
 from tpuprof.analyses.step_estimate import NOT_MODELLED, StepEstimate, TimedOp
-from tpuprof.models.preflight import (Compiled, PreflightTarget, TargetEstimate, state_bytes_per_parameter,
+from tpuprof.models.preflight import (Compiled, PreflightTarget, TargetEstimate, TrainingState,
                                       stated_rate)
 from tpuprof.units import fmt_bytes, fmt_count, fmt_ms, fmt_usd
 
@@ -133,20 +133,23 @@ def _oom(c: Compiled) -> dict:
 # --- prose -----------------------------------------------------------------------------------------------
 
 _WEIGHT_WORDS = {"float32": "fp32", "bfloat16": "bf16"}
+_WITH_ARTICLE = {"fp32": "an fp32", "bf16": "a bf16"}
 
 
-def state_too_large(state_bytes_per_device: int, parameters: int, weight_dtype: str, mesh: dict, unsharded,
+def state_too_large(state_bytes_per_device: int, parameters: int, state: TrainingState, mesh: dict, unsharded,
                     generation, alternatives: tuple = ()) -> str:
     """The verdict when the weights and AdamW state alone exceed a device's HBM: no batch fits, nothing compiled.
     ALTERNATIVES: (what to change, the state per device it gives), from the same arithmetic, smallest change
     first."""
     shards = mesh["fsdp"] * mesh["tensor"] * mesh["expert"]
     sharding = "" if unsharded else f", sharded {shards} ways over fsdp x tensor x expert"
-    words = _WEIGHT_WORDS[weight_dtype]
+    weights, mu = _WEIGHT_WORDS[state.weights], _WEIGHT_WORDS[state.first_moment]
+    kept = (f"{weights} weights and two {weights} moments" if mu == weights
+            else f"{weights} weights, {_WITH_ARTICLE[mu]} first moment and {_WITH_ARTICLE[weights]} second moment")
     capacity = generation.compiler_hbm_bytes
     verdict = (f"does not fit: the parameters and AdamW state alone need {fmt_bytes(state_bytes_per_device)} "
-               f"per device ({parameters / 1e9:.1f}B parameters x {state_bytes_per_parameter(weight_dtype)} bytes: "
-               f"{words} weights and two {words} moments{sharding}), more than the "
+               f"per device ({parameters / 1e9:.1f}B parameters x {state.bytes_per_parameter()} bytes: "
+               f"{kept}{sharding}), more than the "
                f"{fmt_bytes(capacity)} of HBM a {generation.name} device has")
     if unsharded:
         return f"{verdict}; {unsharded_words(unsharded, mesh)}."

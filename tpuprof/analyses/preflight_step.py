@@ -7,6 +7,7 @@ its gradient all-reduces, and which remat policy answers best.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Callable
 
 from tpuprof.analyses import preflight
@@ -151,10 +152,11 @@ def estimate(chosen, compiled: Compiled, options, *, tokens: int | None, model=N
                           model_flops_per_device=flops, gradient_source="; ".join(p for p in sources if p))
 
 
-def smaller_state(config, sizes: dict, weight_dtype: str, chosen) -> tuple:
+def smaller_state(config, sizes: dict, state, chosen) -> tuple:
     """What divides the weights and AdamW state further, each with the state per device it gives (llm's
-    sharding arithmetic, as the verdict's own figure): the data axis folded into fsdp, bf16 weights and moments,
-    and the smallest slice of the generation (a power of two of devices, up to 8,192) where they fit."""
+    sharding arithmetic, as the verdict's own figure; STATE: its TrainingState): the data axis folded into fsdp, bf16
+    weights and moments, and the smallest slice of the generation (a power of two of devices, up to 8,192) where
+    they fit."""
     from tpuprof.sources import llm
 
     capacity = chosen.target.compiler_hbm_bytes
@@ -163,16 +165,16 @@ def smaller_state(config, sizes: dict, weight_dtype: str, chosen) -> tuple:
         folded = {**sizes, "fsdp": sizes["fsdp"] * sizes["data"], "data": 1}
         found.append((f"--mesh fsdp={folded['fsdp']}" + "".join(f",{axis}={folded[axis]}" for axis in
                                                                ("tensor", "expert") if folded[axis] > 1),
-                      llm.state_bytes_per_device(config, folded, weight_dtype)))
-    if weight_dtype == "float32":
+                      llm.state_bytes_per_device(config, folded, state)))
+    if state.weights == "float32":
         found.append(("--weight-dtype bfloat16 (MaxText's weight_dtype)",
-                      llm.state_bytes_per_device(config, sizes, "bfloat16")))
+                      llm.state_bytes_per_device(config, sizes, replace(state, weights="bfloat16"))))
     larger = 2 * math.prod(sizes.values())
     while larger <= 8192:
-        state = llm.state_bytes_per_device(config, {**sizes, "fsdp": larger // (sizes["tensor"] * sizes["expert"]),
-                                                    "data": 1}, weight_dtype)
-        if state <= capacity:
-            found.append((f"a slice of {larger} {chosen.target.name} devices, fsdp over them", state))
+        per_device = llm.state_bytes_per_device(
+            config, {**sizes, "fsdp": larger // (sizes["tensor"] * sizes["expert"]), "data": 1}, state)
+        if per_device <= capacity:
+            found.append((f"a slice of {larger} {chosen.target.name} devices, fsdp over them", per_device))
             break
         larger *= 2
     return tuple(found)

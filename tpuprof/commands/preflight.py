@@ -254,7 +254,7 @@ def llm_spec(config, source, chosen, remat: str, options):
                                           f"{sizes['expert']}) is not modelled: tpuprof's dropless MoE holds every "
                                           "expert on each device, as MaxText's does without expert parallelism.")
     step = llm.Step(config, source, options.seq, remat, options.dtype, sizes, options.weight_dtype,
-                    options.vocab_tiling, options.moe)
+                    options.mu_dtype, options.vocab_tiling, options.moe)
     return llm.Spec(step, chosen)
 
 
@@ -269,7 +269,7 @@ def _model_target(config, source, chosen, remat, options, report_progress):
     sizes = spec.step.mesh_sizes
     per_chip = target.devices_per_chip
     batch = preflight_step.llm_batch_per_device(chosen, options.batch_per_chip, options.global_batch)
-    whole = llm.unsharded(config, sizes, options.weight_dtype)
+    whole = llm.unsharded(config, sizes, spec.step.state)
     model = spec.model_info()
     llm_fields = dict(model=model, mesh=sizes, seq_len=seq, state_bytes_per_chip=spec.state_bytes_per_device * per_chip,
                       unsharded=whole.to_json(per_chip) if whole is not None else None, searched=max_batch)
@@ -277,8 +277,8 @@ def _model_target(config, source, chosen, remat, options, report_progress):
     if spec.state_bytes_per_device > target.compiler_hbm_bytes:  # no batch can fit: say why without compiling
         from tpuprof.documents_preflight import state_too_large
 
-        alternatives = preflight_step.smaller_state(config, sizes, options.weight_dtype, chosen)
-        verdict = state_too_large(spec.state_bytes_per_device, config.parameter_count(), options.weight_dtype, sizes,
+        alternatives = preflight_step.smaller_state(config, sizes, spec.step.state, chosen)
+        verdict = state_too_large(spec.state_bytes_per_device, config.parameter_count(), spec.step.state, sizes,
                                   llm_fields["unsharded"], target, alternatives)
         compiled = Compiled(batch, False, None, 0, parameter_bytes=spec.state_bytes_per_device, verdict=verdict)
         return PreflightTarget(chosen, compiled, cache, **llm_fields,

@@ -37,12 +37,24 @@ def custom_remat(policy: str) -> dict[str, str] | None:
 DTYPES = ("bf16", "fp8")
 # --moe: capacity-dropped one-hot routing, or MaxText's dropless sparse_matmul with megablox grouped matmuls.
 MOE_ROUTINGS = ("capacity", "dropless")
-WEIGHT_DTYPES = {"float32": 4, "bfloat16": 2}  # MaxText's weight_dtype -> bytes per element
+WEIGHT_DTYPES = {"float32": 4, "bfloat16": 2}  # MaxText's weight_dtype and mu_dtype -> bytes per element
 
 
-def state_bytes_per_parameter(weight_dtype: str = "float32") -> int:
-    """Weights + AdamW's first and second moments, all three in WEIGHT_DTYPE (optax's default, as MaxText runs)."""
-    return 3 * WEIGHT_DTYPES[weight_dtype]
+@dataclass(frozen=True)
+class TrainingState:
+    """What the step keeps of each parameter from one step to the next, as MaxText stores it: the weights in
+    weight_dtype, AdamW's first moment in mu_dtype (optax's `mu_dtype`; None: the weights' dtype) and its second
+    moment in the weights' dtype (optax has no setting for it)."""
+
+    weights: str = "float32"
+    mu: str | None = None
+
+    @property
+    def first_moment(self) -> str:
+        return self.mu or self.weights
+
+    def bytes_per_parameter(self) -> int:
+        return 2 * WEIGHT_DTYPES[self.weights] + WEIGHT_DTYPES[self.first_moment]
 
 
 # The Python keyword of each option and what sets it on the command line.
@@ -51,7 +63,8 @@ FLAGS = {
     "compare_bf16": "--compare-bf16", "top": "--top", "cache": "--no-cache",
     "tokens_per_example": "--tokens-per-example", "price": "--price", "model": "--model", "seq": "--seq",
     "batch_per_chip": "--batch-per-chip", "global_batch": "--global-batch", "remat": "--remat", "dtype": "--dtype",
-    "mesh": "--mesh", "weight_dtype": "--weight-dtype", "vocab_tiling": "--vocab-tiling", "moe": "--moe",
+    "mesh": "--mesh", "weight_dtype": "--weight-dtype", "mu_dtype": "--mu-dtype", "vocab_tiling": "--vocab-tiling",
+    "moe": "--moe",
     "full": "--full", "ray": "--ray",
 }
 
@@ -87,6 +100,7 @@ class PreflightOptions:
     dtype: str = "bf16"
     mesh: str | None = None  # AXIS=N,... (checked against each slice's devices when the step is built)
     weight_dtype: str = "float32"
+    mu_dtype: str | None = None  # --model: AdamW's first moment (None: the weights' dtype)
     full: bool = False
     ray: str | None = None  # --model: a sweep's compiles as tasks on this Ray cluster
     vocab_tiling: int | None = None  # --model: the loss in this many pieces (None: tpuprof's fewest within budget)
@@ -107,8 +121,9 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
                       tokens_per_example: int | None = None, price: Any = None, model: str | None = None,
                       seq: int = 2048, batch_per_chip: int | None = None, global_batch: int | None = None,
                       remat: str = "full", dtype: str = "bf16", mesh: str | None = None,
-                      weight_dtype: str = "float32", full: bool = False, ray: str | None = None,
-                      vocab_tiling: int | None = None, moe: str = "capacity") -> PreflightOptions:
+                      weight_dtype: str = "float32", mu_dtype: str | None = None, full: bool = False,
+                      ray: str | None = None, vocab_tiling: int | None = None,
+                      moe: str = "capacity") -> PreflightOptions:
     """The one validation of a preflight question (what needs the step or the model loaded is checked where they
     are); raises PreflightOptionError naming the keyword at fault."""
     error = PreflightOptionError
@@ -142,15 +157,18 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
             raise error("dtype", f"{{option}} must be one of {', '.join(DTYPES)}, not {dtype!r}.")
         if weight_dtype not in WEIGHT_DTYPES:
             raise error("weight_dtype", f"{{option}} must be one of {', '.join(WEIGHT_DTYPES)}, not {weight_dtype!r}.")
+        if mu_dtype is not None and mu_dtype not in WEIGHT_DTYPES:
+            raise error("mu_dtype", f"{{option}} must be one of {', '.join(WEIGHT_DTYPES)}, not {mu_dtype!r}.")
         if moe not in MOE_ROUTINGS:
             raise error("moe", f"{{option}} must be one of {', '.join(MOE_ROUTINGS)}, not {moe!r}.")
         if vocab_tiling is not None and seq % vocab_tiling:
             raise error("vocab_tiling", f"{{option}} {vocab_tiling} must divide {{seq}} {seq}: the loss is computed "
                                         "over pieces of each sequence.")
     else:
-        if weight_dtype != "float32" or full or ray or vocab_tiling is not None or moe != "capacity":
-            wrong = ("weight_dtype" if weight_dtype != "float32" else "full" if full else "ray" if ray
-                     else "vocab_tiling" if vocab_tiling is not None else "moe")
+        given = {"weight_dtype": weight_dtype != "float32", "mu_dtype": mu_dtype is not None, "full": full,
+                 "ray": ray, "vocab_tiling": vocab_tiling is not None, "moe": moe != "capacity"}
+        wrong = next((keyword for keyword, set_ in given.items() if set_), None)
+        if wrong:
             raise error(wrong, f"{{{wrong}}} goes with {{model}} (tpuprof's LLM train step).")
         if fn_or_model is None:
             raise error("fn_or_model", "give {fn_or_model} (your step) or {model_n} (an LLM train step).")
@@ -163,8 +181,8 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
             raise error("batch", "give {batch_n} (the per-chip batch size) or {max_batch} to search for it.")
     return PreflightOptions(slices, fn_or_model, tuple(example_args), model, batch, bool(max_batch),
                             bool(compare_bf16), top, bool(cache), tokens_per_example, prices, seq, batch_per_chip,
-                            global_batch, remat, dtype, mesh, weight_dtype, bool(full), ray or None, vocab_tiling,
-                            moe)
+                            global_batch, remat, dtype, mesh, weight_dtype, mu_dtype, bool(full), ray or None,
+                            vocab_tiling, moe)
 
 
 # --- results -----------------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ GPT-OSS's clamped SwiGLU), GPT-3's GELU MLP with biases, or a top-k routed mixtu
 biases, shared experts); Gemma's norms after attention and MLP; final norm, LM head (Gemma 2's final soft-cap),
 causal-LM cross-entropy computed over pieces of the sequence so the fp32 [batch, seq, vocab] logits are never whole
 in memory (MaxText's vocabulary tiling), the backward pass, and an AdamW update (weights and moments in fp32, or in
-bf16 with --weight-dtype bfloat16, as MaxText's weight_dtype; a few lines here rather than a dependency on optax).
+bf16 with --weight-dtype bfloat16, as MaxText's weight_dtype, the first moment in --mu-dtype; a few lines here
+rather than a dependency on optax).
 Matmuls run in bf16 (`--dtype bf16`) or with fp8 operands (`--dtype fp8`: e4m3 casts before each matmul, bf16
 accumulation).
 
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuprof.errors import UserError
-from tpuprof.models.preflight import custom_remat, state_bytes_per_parameter
+from tpuprof.models.preflight import TrainingState, custom_remat
 from tpuprof.sources.mesh import MESH_AXES, make_mesh, parse_mesh  # noqa: F401 - the LLM step's mesh
 
 if TYPE_CHECKING:
@@ -387,12 +388,14 @@ def _plan(kinds: list[str], prefix: int) -> tuple:
 
 # --- state arithmetic ------------------------------------------------------------------------------
 
-def state_bytes_per_device(config: ModelConfig, sizes: dict[str, int], weight_dtype: str = "float32") -> int:
-    """The weights and AdamW's two moments per device (in the weights' dtype: 12 bytes a parameter in fp32, 6 in
-    bf16), from the sharding rules (no compile): every parameter is divided over fsdp x tensor (x expert for the
-    experts' weights) when those divide it; gradients, activations and temporaries come on top."""
+def state_bytes_per_device(config: ModelConfig, sizes: dict[str, int],
+                           state: TrainingState = TrainingState()) -> int:
+    """The weights and AdamW's two moments per device (12 bytes a parameter in fp32, 6 in bf16, 10 with fp32
+    weights and a bf16 first moment), from the sharding rules (no compile): every parameter is divided over fsdp x
+    tensor (x expert for the experts' weights) when those divide it; gradients, activations and temporaries come
+    on top."""
     return sum(_per_device(shape, axes, sizes) for shape, axes in _parameter_layout(config, sizes).values()) \
-        * state_bytes_per_parameter(weight_dtype)
+        * state.bytes_per_parameter()
 
 
 def _per_device(shape: tuple, axes: tuple, sizes: dict[str, int]) -> int:
@@ -422,7 +425,7 @@ class Unsharded:
                 "dimensions": self.dimensions, "mesh": self.mesh}
 
 
-def unsharded(config: ModelConfig, sizes: dict[str, int], weight_dtype: str = "float32") -> Unsharded | None:
+def unsharded(config: ModelConfig, sizes: dict[str, int], state: TrainingState = TrainingState()) -> Unsharded | None:
     """What the mesh SIZES leaves whole of CONFIG's parameters (None: every parameter is divided as meant), and
     the largest fsdp/expert axes that would divide it all, the rest of the devices moved to the data axis."""
     meant, placed = _parameter_layout(config, sizes, even_only=False), _parameter_layout(config, sizes)
@@ -450,7 +453,7 @@ def unsharded(config: ModelConfig, sizes: dict[str, int], weight_dtype: str = "f
     mesh = None
     if better != sizes and "tensor" not in dimensions:
         mesh = ",".join(f"{axis}={n}" for axis, n in better.items() if n > 1)
-    return Unsharded(names, extra * state_bytes_per_parameter(weight_dtype), dimensions, mesh)
+    return Unsharded(names, extra * state.bytes_per_parameter(), dimensions, mesh)
 
 
 def _parameter_layout(config: ModelConfig, sizes: dict[str, int],
@@ -565,9 +568,14 @@ class Step:
     dtype: str = "bf16"
     mesh_sizes: dict[str, int] = field(default_factory=dict)
     weight_dtype: str = "float32"  # MaxText's weight_dtype: the weights' and AdamW moments' storage
+    mu_dtype: str | None = None  # MaxText's mu_dtype: AdamW's first moment (None: the weights' dtype)
     vocab_tiling: int | None = None  # MaxText's num_vocab_tiling: the loss in this many pieces (None: loss_chunks)
     moe: str = "capacity"  # MoE_KINDS: capacity-dropped one-hot einsums, or dropless grouped matmuls (MaxText's
     # sparse_matmul with megablox)
+
+    @property
+    def state(self) -> TrainingState:
+        return TrainingState(self.weight_dtype, self.mu_dtype)
 
     def key(self) -> str:
         own = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
@@ -578,6 +586,8 @@ class Step:
             parts.append(["vocab_tiling", self.vocab_tiling])
         if self.moe != "capacity":
             parts.append(["moe", self.moe])
+        if self.mu_dtype is not None:
+            parts.append(["mu_dtype", self.mu_dtype])
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
@@ -604,9 +614,9 @@ def build(step: Step, devices, batch_per_device: int):
     def sharded(shape, spec, dtype):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P(*spec)))
 
-    weights = jnp.dtype(step.weight_dtype)
-    params = {name: sharded(shape, spec, weights) for name, (shape, spec) in layout.items()}
-    opt = {"mu": params, "nu": params, "count": sharded((), (), jnp.int32)}
+    params = {name: sharded(shape, spec, jnp.dtype(step.weight_dtype)) for name, (shape, spec) in layout.items()}
+    mu = {name: sharded(shape, spec, jnp.dtype(step.state.first_moment)) for name, (shape, spec) in layout.items()}
+    opt = {"mu": mu, "nu": params, "count": sharded((), (), jnp.int32)}
     global_batch = batch_per_device * len(devices)
     tokens = sharded((global_batch, step.seq_len + 1), (batch_axes, None), jnp.int32)
     train_step = _train_step(config, step, mesh, batch_axes)
@@ -799,15 +809,15 @@ def cross_entropy(logits_of, x, targets, chunks: int, sharding=None):
 
 
 def _adamw(params, grads, opt, lr=1e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1):
-    """AdamW (decoupled weight decay, bias-corrected moments), the state in the weights' dtype (optax's default,
-    which MaxText keeps: fp32 unless --weight-dtype bfloat16), one fused update per parameter."""
+    """AdamW (decoupled weight decay, bias-corrected moments), the state in the dtypes OPT holds (optax's default,
+    which MaxText keeps: the weights'; the first moment in --mu-dtype), one fused update per parameter."""
     import jax
     import jax.numpy as jnp
 
     count = opt["count"] + 1
     c1 = 1 - b1 ** count.astype(jnp.float32)
     c2 = 1 - b2 ** count.astype(jnp.float32)
-    # Computed in fp32 and stored back in the state's own dtype (bf16 with --weight-dtype bfloat16).
+    # Computed in fp32 and stored back in each moment's own dtype.
     mu = jax.tree_util.tree_map(lambda m, g: (b1 * m + (1 - b1) * g.astype(jnp.float32)).astype(m.dtype),
                                 opt["mu"], grads)
     nu = jax.tree_util.tree_map(lambda v, g: (b2 * v + (1 - b2) * jnp.square(g.astype(jnp.float32))).astype(v.dtype),
@@ -1177,7 +1187,7 @@ class Spec:
         self.text = f"--model {step.config.name}"
         self.factory_name = "llm"
         self.digest = step.key()
-        self.state_bytes_per_device = state_bytes_per_device(step.config, step.mesh_sizes, step.weight_dtype)
+        self.state_bytes_per_device = state_bytes_per_device(step.config, step.mesh_sizes, step.state)
 
     def __getstate__(self) -> dict:  # for a compile in a child process: the topology's devices do not pickle
         return {name: value for name, value in self.__dict__.items() if name != "devices"}
@@ -1212,6 +1222,8 @@ class Spec:
         info["active_parameters"] = config.matmul_parameter_count()
         if self.step.vocab_tiling is not None:
             info["vocab_tiling"] = self.step.vocab_tiling
+        if self.step.mu_dtype is not None:
+            info["mu_dtype"] = self.step.mu_dtype
         if config.mla:
             info["attention_width"] = config.num_attention_heads * (config.head_dim + config.v_head_dim) // 2
         kinds = config.layer_kinds()
