@@ -141,6 +141,23 @@ def test_qwen3_log_batch_is_its_own_per_chip_batch_not_the_hidden_size(tmp_path)
     assert not any(s.get("severity") == "blocking" and s.get("saving_bytes") for s in suggestions)
 
 
+@pytest.fixture(scope="module")
+def qwen3_scan_v6e(tmp_path_factory):
+    """The public Qwen3-8B train step (scan over 36 layers, splash attention), estimated against a v6e chip."""
+    from tpuprof.commands import memory
+
+    path = real_data.real_artefact(real_data.QWEN3_8B_TRAIN_STEP_V6E_8_HLO, tmp_path_factory.mktemp("qwen3"))
+    (module,) = memory.module_memories(path, target="v6e", compile_=False)
+    return module
+
+
+def test_no_fused_attention_advice_for_a_step_that_runs_splash_attention(qwen3_scan_v6e):
+    # The step calls splash attention (its kernels' instructions and op names say so); its [36,4,4096,4096] buffers
+    # are layers x batch x sequence x hidden (Qwen3-8B's hidden size is 4096), not queries x keys.
+    assert any("splash_mha" in b.instruction for b in qwen3_scan_v6e.buffers)
+    assert "attention" not in [s.kind for s in qwen3_scan_v6e.suggestions]
+
+
 # ------------------------------------------------------------------ 4. padding: dimensions the user chooses
 
 @needs_libtpu

@@ -211,7 +211,10 @@ def _layer_count(buffers) -> int | None:
 
 
 def _attention(result: ModuleMemory, job) -> Suggestion | None:
-    """Precondition: score tensors, by shape (queries x keys) and by name where the shape alone could be an image."""
+    """Precondition: score tensors, by shape (queries x keys) and by name where the shape alone could be an image, in
+    a program that runs no fused attention kernel yet."""
+    if preconditions.fused_attention(name for b in result.buffers for name in (b.op_name, b.instruction)):
+        return None
     convolves = convolutional(result)
     scores = [b for b in result.buffers if b.live_at_peak and b.allocation_type == "temp"
               and _scores_shape(b, convolves)]

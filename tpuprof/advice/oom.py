@@ -287,6 +287,9 @@ def _remat(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
 
 
 def _attention(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
+    # Precondition: no fused attention kernel in the program yet (splash/flash in the op names or labels).
+    if preconditions.fused_attention(name for a in report.allocations for name in (a.op_name, a.xla_label)):
+        return None
     scores = [a for a in listed if len(a.dims) >= 3 and a.dims[-1] == a.dims[-2] and a.dims[-1] >= 128
               and preconditions.ATTENTION_OP.search((a.op_name or "") + " " + (a.xla_label or ""))]
     if not scores:
