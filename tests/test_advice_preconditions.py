@@ -151,6 +151,18 @@ def qwen3_scan_v6e(tmp_path_factory):
     return module
 
 
+def test_scanned_layers_are_not_the_batch(qwen3_scan_v6e):
+    from tpuprof.advice.memory import batch_dimension
+
+    # bf16[36,4,4096,12288]: the scan stacks each of its 36 layers' activations; the weights lead with 36 too
+    assert any(b.shape.startswith("bf16[36,4,4096,12288]") and b.live_at_peak for b in qwen3_scan_v6e.buffers)
+    assert any(b.shape.startswith("bf16[36,1024,6144]") and b.allocation_type == "parameter"
+               for b in qwen3_scan_v6e.buffers)
+    assert batch_dimension(qwen3_scan_v6e) != 36
+    batch = next(s for s in qwen3_scan_v6e.suggestions if s.kind == "batch_size")
+    assert "batch of 36" not in batch.message and batch.extra.get("batch", 0) < 36
+
+
 def test_no_fused_attention_advice_for_a_step_that_runs_splash_attention(qwen3_scan_v6e):
     # The step calls splash attention (its kernels' instructions and op names say so); its [36,4,4096,4096] buffers
     # are layers x batch x sequence x hidden (Qwen3-8B's hidden size is 4096), not queries x keys.
