@@ -91,6 +91,18 @@ def test_identify_renamed_and_compressed_files(tmp_path):
     assert inputs.identify(empty).kind.name == "folder"
 
 
+def test_a_log_that_starts_with_an_empty_line_is_a_log(tmp_path):
+    """Logs pasted or saved from a terminal often start with an empty line: the OOM log stays a log for report."""
+    import real_data
+
+    original = real_data.real_artefact(real_data.OOM_QWEN3_CUT_LIST, tmp_path)
+    log = tmp_path / "pasted.log"
+    log.write_bytes(b"\n" + original.read_bytes())
+    assert inputs.identify(log).kind.name == "oom_log"
+    result = run_cli("report", log, "-o", tmp_path / "r.html")
+    assert result.returncode == 0 and (tmp_path / "r.html").exists(), result.stderr
+
+
 def test_identify_missing_path():
     with pytest.raises(UserError, match="does not exist"):
         inputs.identify("/no/such/input")

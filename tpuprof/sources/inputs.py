@@ -130,7 +130,7 @@ def _file_kind(path: Path) -> str:
         return "oom_log"
     if head.lstrip().startswith(b"{") and b'"schema": "tpuprof.' in head:  # a --json document saved as *.txt...
         return "document"
-    if b"\0" in head or head[:1] == b"\x0a":
+    if b"\0" in head or head[:1] == b"\x0a" and _binary(head):
         # Binary: an HloProto (or HloModuleProto) without the usual name starts with field 1, length-delimited.
         if head[:1] == b"\x0a":
             return "hlo_proto"
@@ -144,6 +144,15 @@ def _file_kind(path: Path) -> str:
     if text.startswith("HloModule"):
         return "hlo_text"
     return "oom_log"
+
+
+# Bytes no text holds (tab, newline, form feed, carriage return and ESC, which colours logs, are text). A protobuf's
+# field tags and lengths are such bytes; a log may start with an empty line, the byte of an HloProto's first tag.
+_NOT_TEXT = bytes(set(range(32)) - {9, 10, 12, 13, 27})
+
+
+def _binary(head: bytes) -> bool:
+    return any(byte in _NOT_TEXT for byte in head)
 
 
 def expect(path: str | Path, family: str) -> Source | None:
