@@ -141,6 +141,17 @@ def test_qwen3_log_batch_is_its_own_per_chip_batch_not_the_hidden_size(tmp_path)
     assert not any(s.get("severity") == "blocking" and s.get("saving_bytes") for s in suggestions)
 
 
+def test_remat_evidence_does_not_claim_op_names_a_cut_log_does_not_hold(tmp_path):
+    from tpuprof.commands import oom
+
+    path = real_data.real_artefact(real_data.OOM_QWEN3_CUT_LIST, tmp_path)
+    report, _, suggestions, _ = oom.explain(str(path))
+    assert not report.allocations  # the list is cut off after its heading: not one op name or label
+    remat = next(s for s in suggestions if s["kind"] == "remat")
+    assert "no op name or label shows" not in remat["evidence"]
+    assert "lists no allocation" in remat["evidence"]
+
+
 @pytest.fixture(scope="module")
 def qwen3_scan_v6e(tmp_path_factory):
     """The public Qwen3-8B train step (scan over 36 layers, splash attention), estimated against a v6e chip."""

@@ -281,7 +281,11 @@ def _remat(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
         how = "layer count unknown: 30-70% of the temporaries, as for a model of a few repeated blocks"
     message = (f"Temporaries are {fmt(temp)} of {fmt(used)}: recompute activations in the backward pass instead "
                "of keeping them for every layer.")
-    how += "; no op name or label shows rematerialisation (checkpoint, .remat)"
+    if any(a.op_name or a.xla_label for a in report.allocations):
+        how += "; no op name or label shows rematerialisation (checkpoint, .remat)"
+    else:  # nothing to check: the step may recompute already
+        how += ("; the log lists no allocation with an op name or label, so whether the step rematerialises already "
+                "is not in it: check for jax.checkpoint / nn.remat (or your framework's) before adding it")
     return Suggestion(kind="remat", saving_bytes=point, saving_bytes_range=(low, high), confidence="rough",
                       message=message, evidence=how, code=code)
 
