@@ -141,6 +141,46 @@ def test_qwen3_log_batch_is_its_own_per_chip_batch_not_the_hidden_size(tmp_path)
     assert not any(s.get("severity") == "blocking" and s.get("saving_bytes") for s in suggestions)
 
 
+def test_remat_evidence_does_not_claim_op_names_a_cut_log_does_not_hold(tmp_path):
+    from tpuprof.commands import oom
+
+    path = real_data.real_artefact(real_data.OOM_QWEN3_CUT_LIST, tmp_path)
+    report, _, suggestions, _ = oom.explain(str(path))
+    assert not report.allocations  # the list is cut off after its heading: not one op name or label
+    remat = next(s for s in suggestions if s["kind"] == "remat")
+    assert "no op name or label shows" not in remat["evidence"]
+    assert "lists no allocation" in remat["evidence"]
+
+
+@pytest.fixture(scope="module")
+def qwen3_scan_v6e(tmp_path_factory):
+    """The public Qwen3-8B train step (scan over 36 layers, splash attention), estimated against a v6e chip."""
+    from tpuprof.commands import memory
+
+    path = real_data.real_artefact(real_data.QWEN3_8B_TRAIN_STEP_V6E_8_HLO, tmp_path_factory.mktemp("qwen3"))
+    (module,) = memory.module_memories(path, target="v6e", compile_=False)
+    return module
+
+
+def test_scanned_layers_are_not_the_batch(qwen3_scan_v6e):
+    from tpuprof.advice.memory import batch_dimension
+
+    # bf16[36,4,4096,12288]: the scan stacks each of its 36 layers' activations; the weights lead with 36 too
+    assert any(b.shape.startswith("bf16[36,4,4096,12288]") and b.live_at_peak for b in qwen3_scan_v6e.buffers)
+    assert any(b.shape.startswith("bf16[36,1024,6144]") and b.allocation_type == "parameter"
+               for b in qwen3_scan_v6e.buffers)
+    assert batch_dimension(qwen3_scan_v6e) != 36
+    batch = next(s for s in qwen3_scan_v6e.suggestions if s.kind == "batch_size")
+    assert "batch of 36" not in batch.message and batch.extra.get("batch", 0) < 36
+
+
+def test_no_fused_attention_advice_for_a_step_that_runs_splash_attention(qwen3_scan_v6e):
+    # The step calls splash attention (its kernels' instructions and op names say so); its [36,4,4096,4096] buffers
+    # are layers x batch x sequence x hidden (Qwen3-8B's hidden size is 4096), not queries x keys.
+    assert any("splash_mha" in b.instruction for b in qwen3_scan_v6e.buffers)
+    assert "attention" not in [s.kind for s in qwen3_scan_v6e.suggestions]
+
+
 # ------------------------------------------------------------------ 4. padding: dimensions the user chooses
 
 @needs_libtpu

@@ -170,3 +170,20 @@ def test_fail_if_compares_the_figure_it_prints():
     assert result.returncode == 1 and "+99.0%" in result.stdout
     assert "FAIL --fail-if peak_heap_bytes>=+99% (jit_train_step): peak_heap_bytes +99.0%." in result.stdout
     assert run_cli("diff", B64, B128, "--fail-if", "peak_heap_bytes>+99%").returncode == 0  # 99.0 is not > 99
+
+
+def test_an_exact_dump_against_its_own_estimated_text_says_the_methods_differ():
+    """The same program read twice: the HloProto's buffer assignment (exact) and the HLO text (a liveness estimate).
+    The estimate counts its temporaries and buffers otherwise, so the diff shows changes no program made; it says so."""
+    text = next((DUMPS / "diff_b64").glob("*.after_optimizations.txt"))
+    result = run_cli("diff", DUMPS / "diff_b64", text, "--json")
+    assert result.returncode == 0, result.stderr
+    (group,) = json.loads(result.stdout)["groups"]
+    temp = next(m for m in group["metrics"] if m["name"] == "temp_bytes")
+    assert temp["change"] != 0  # the same program, counted two ways
+    assert group["methods"] == {"a": "buffer_assignment", "b": "hlo_liveness"}
+    for form in ("table", "markdown"):
+        shown = run_cli("diff", DUMPS / "diff_b64", text, "--format", form).stdout
+        assert "B's figures are an estimate" in " ".join(shown.split()) and "not the program's" in shown, shown
+    same = run_cli("diff", DUMPS / "diff_b64", DUMPS / "diff_b128")
+    assert same.returncode == 0 and "figures are an estimate" not in same.stdout

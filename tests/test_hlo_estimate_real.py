@@ -73,3 +73,16 @@ def test_llama3_estimate_lies_between_what_batch_6_and_batch_4_tell(tmp_path):
     at_batch_6 = V6E_HBM + 220 * (1 << 20)
     at_least = at_batch_6 - 2 * (at_batch_6 - estimate.argument_bytes) / 6
     assert estimate.peak_heap_bytes >= 0.9 * at_least, (estimate.peak_heap_bytes / GiB, at_least / GiB)
+
+
+def test_llama3_estimate_says_its_temporaries_are_summed_not_a_buffer_assignment(tmp_path):
+    """Without a buffer assignment no temporary shares an allocation: the figure is every temporary added up, larger
+    than the peak itself (34.02 GiB against 25.95 GiB), and the table says so instead of naming an assignment."""
+    from conftest import run_cli
+
+    path = real_artefact(LLAMA3_8B_TRAIN_STEP_V6E_8_HLO, tmp_path)
+    for form in ("table", "markdown"):
+        result = run_cli("memory", path, "--format", form)
+        assert result.returncode == 0, result.stderr
+        (line,) = [line for line in result.stdout.splitlines() if "temporaries" in line and "34.02 GiB" in line]
+        assert "buffer assignment" not in line and "added up" in line, line

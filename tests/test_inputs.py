@@ -91,6 +91,37 @@ def test_identify_renamed_and_compressed_files(tmp_path):
     assert inputs.identify(empty).kind.name == "folder"
 
 
+@pytest.mark.parametrize("command, artefact, what", [
+    ("memory", "TPU_PALLAS_MATMUL_HLO_PROTO", "an XLA dump file"),
+    ("memory", "QWEN3_8B_TRAIN_STEP_V6E_8_HLO", "an XLA dump file"),
+    ("analyze", "TPU_PALLAS_MATMUL_V6E_1", "a profile"),
+    ("report", "TPU_PALLAS_MATMUL_V6E_1", "a profile"),
+])
+def test_a_gzipped_dump_or_capture_is_said_to_be_compressed(command, artefact, what, tmp_path):
+    """A dump file or a capture gzipped to be shared (as sample_profiles/estimate keeps its HLO texts) is named for
+    what it is, with the way to read it; never "a text file" or "not a readable HloProto"."""
+    import real_data
+
+    original = real_data.real_artefact(getattr(real_data, artefact), tmp_path / "original")
+    packed = tmp_path / (original.name + ".gz")
+    packed.write_bytes(gzip.compress(original.read_bytes()))
+    result = run_cli(command, packed, *(["-o", tmp_path / "r.html"] if command == "report" else []))
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"tpuprof: {packed} is {what}, gzip-compressed: `gunzip"), result.stderr
+
+
+def test_a_log_that_starts_with_an_empty_line_is_a_log(tmp_path):
+    """Logs pasted or saved from a terminal often start with an empty line: the OOM log stays a log for report."""
+    import real_data
+
+    original = real_data.real_artefact(real_data.OOM_QWEN3_CUT_LIST, tmp_path)
+    log = tmp_path / "pasted.log"
+    log.write_bytes(b"\n" + original.read_bytes())
+    assert inputs.identify(log).kind.name == "oom_log"
+    result = run_cli("report", log, "-o", tmp_path / "r.html")
+    assert result.returncode == 0 and (tmp_path / "r.html").exists(), result.stderr
+
+
 def test_identify_missing_path():
     with pytest.raises(UserError, match="does not exist"):
         inputs.identify("/no/such/input")

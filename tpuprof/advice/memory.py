@@ -56,14 +56,18 @@ def _dims_of_text(text: str) -> tuple[int, ...]:
 def batch_dimension(result: ModuleMemory) -> int | None:
     """The per-chip batch: the leading dimension of most of the temporaries' bytes at the peak (activations
     lead with the batch), when it carries at least 40% of them. A size that some described buffer has in another
-    position is a feature size (a hidden or vocabulary size, heads, a sequence), never the batch."""
+    position is a feature size (a hidden or vocabulary size, heads, a sequence), never the batch. A scan over layers
+    stacks its weights and its kept activations: [layers, batch, ...] is read past the layer count."""
     weights: dict[int, int] = {}
     total = 0
     features = {d for buffer in result.buffers if buffer.shape for d in _dims(buffer)[1:]}
+    layers = stacked_layers(result)
     for buffer in result.buffers:
         if buffer.allocation_type != "temp" or not buffer.live_at_peak or not buffer.shape:
             continue
         dims = _dims(buffer)
+        if len(dims) >= 3 and dims[0] in layers:
+            dims = dims[1:]
         total += buffer.size_bytes
         if len(dims) >= 2 and dims[0] > 1 and dims[0] not in features:
             weights[dims[0]] = weights.get(dims[0], 0) + buffer.size_bytes
@@ -71,6 +75,23 @@ def batch_dimension(result: ModuleMemory) -> int | None:
         return None
     dim = max(weights, key=lambda d: weights[d])
     return dim if weights[dim] >= 0.4 * total else None
+
+
+# Weights of one layer stacked for a scan (jax.lax.scan, nn.scan) lead with the layer count: this many parameters of
+# distinct per-layer shapes (q, k, v, MLP up and down...) leading with one size. A batch leads a few inputs at most.
+STACKED_WEIGHTS = 3
+
+
+def stacked_layers(result: ModuleMemory) -> frozenset[int]:
+    """The layer counts of scans over stacked weights: the leading size of STACKED_WEIGHTS or more parameters of
+    rank 3 or more whose per-layer shapes differ."""
+    per_layer: dict[int, set[tuple[int, ...]]] = {}
+    for buffer in result.buffers:
+        if buffer.allocation_type == "parameter" and buffer.shape:
+            dims = _dims(buffer)
+            if len(dims) >= 3 and dims[0] > 1:
+                per_layer.setdefault(dims[0], set()).add(dims[1:])
+    return frozenset(size for size, shapes in per_layer.items() if len(shapes) >= STACKED_WEIGHTS)
 
 
 _SUBSHAPE = re.compile(r"\b[a-z]\w*\[([\d,]*)\]")
@@ -211,7 +232,10 @@ def _layer_count(buffers) -> int | None:
 
 
 def _attention(result: ModuleMemory, job) -> Suggestion | None:
-    """Precondition: score tensors, by shape (queries x keys) and by name where the shape alone could be an image."""
+    """Precondition: score tensors, by shape (queries x keys) and by name where the shape alone could be an image, in
+    a program that runs no fused attention kernel yet."""
+    if preconditions.fused_attention(name for b in result.buffers for name in (b.op_name, b.instruction)):
+        return None
     convolves = convolutional(result)
     scores = [b for b in result.buffers if b.live_at_peak and b.allocation_type == "temp"
               and _scores_shape(b, convolves)]

@@ -281,12 +281,19 @@ def _remat(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
         how = "layer count unknown: 30-70% of the temporaries, as for a model of a few repeated blocks"
     message = (f"Temporaries are {fmt(temp)} of {fmt(used)}: recompute activations in the backward pass instead "
                "of keeping them for every layer.")
-    how += "; no op name or label shows rematerialisation (checkpoint, .remat)"
+    if any(a.op_name or a.xla_label for a in report.allocations):
+        how += "; no op name or label shows rematerialisation (checkpoint, .remat)"
+    else:  # nothing to check: the step may recompute already
+        how += ("; the log lists no allocation with an op name or label, so whether the step rematerialises already "
+                "is not in it: check for jax.checkpoint / nn.remat (or your framework's) before adding it")
     return Suggestion(kind="remat", saving_bytes=point, saving_bytes_range=(low, high), confidence="rough",
                       message=message, evidence=how, code=code)
 
 
 def _attention(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
+    # Precondition: no fused attention kernel in the program yet (splash/flash in the op names or labels).
+    if preconditions.fused_attention(name for a in report.allocations for name in (a.op_name, a.xla_label)):
+        return None
     scores = [a for a in listed if len(a.dims) >= 3 and a.dims[-1] == a.dims[-2] and a.dims[-1] >= 128
               and preconditions.ATTENTION_OP.search((a.op_name or "") + " " + (a.xla_label or ""))]
     if not scores:

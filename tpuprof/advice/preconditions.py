@@ -43,3 +43,17 @@ def in_16_bits(sixteen_bit_bytes: int, total_bytes: int) -> bool:
 # (queries x keys, tpuprof.advice.memory._scores_shape).
 ATTENTION_OP = re.compile(r"attention|attn|hqk|bhqk|qk->|qhd|khd|bnts|bnqk|aecd,abcd->acbe|scaled_dot_product|"
                           r"baddbmm|softmax|scores", re.I)
+
+
+# A fused attention kernel already in the program: jax's Pallas splash and flash attention (their calls and scopes:
+# splash_mha_fwd, _splash_attention, flash_mha_bwd_dq, _flash_attention), PyTorch/XLA's and Keras' flash_attention.
+# Such a program is not told to use one: what looks like scores there is something else of that shape.
+_FUSED_ATTENTION = re.compile(r"splash|flash", re.I)
+
+
+def fused_attention(names: Iterable[str]) -> str | None:
+    """The first op or instruction name that shows the program already runs a fused attention kernel, or None."""
+    for name in names:
+        if name and _FUSED_ATTENTION.search(name):
+            return name
+    return None

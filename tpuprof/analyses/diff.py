@@ -236,6 +236,16 @@ def per_example(a: dict, b: dict, batch_a: int, batch_b: int, evidence: str,
     return out
 
 
+def _method(module: dict) -> str | None:
+    """How a memory module's figures were obtained (tpuprof.models.memory's methods); older documents say only
+    whether they are estimated."""
+    if module.get("method"):
+        return module["method"]
+    if module.get("estimated") is not None:
+        return "estimate" if module["estimated"] else "buffer_assignment"
+    return None
+
+
 # ---------------------------------------------------------------- the diff
 
 def compare(kind: str, a_doc: dict, b_doc: dict, top: int = 10, batches: tuple[int, int] | None = None,
@@ -250,6 +260,7 @@ def compare(kind: str, a_doc: dict, b_doc: dict, top: int = 10, batches: tuple[i
         group = {"name": b_name if a_name == b_name else f"{a_name} -> {b_name}", "a_name": a_name,
                  "b_name": b_name, "metrics": metrics}
         if kind == "memory":
+            group["methods"] = {"a": _method(a_raw), "b": _method(b_raw)}
             group["buffers"] = compare_buffers(a_raw, b_raw, top)
             found = (batches[0], batches[1], batch_source) if batches else infer_batches(a_raw, b_raw)
             group["per_example"] = per_example(a_raw, b_raw, *found) if found else None

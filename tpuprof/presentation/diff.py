@@ -14,6 +14,8 @@ from tpuprof.units import fmt_bytes
 # and for counts that only describe the run (steps captured, buffers) neither.
 HIGHER_IS_BETTER = {"compute_percent", "max_batch_size"}
 NEUTRAL = {"buffer_count"}
+# The memory methods whose figures are the compiler's own (tpuprof.models.memory; docs/memory.md).
+EXACT_MEMORY_METHODS = ("buffer_assignment", "recompiled")
 TITLES = {"steps": "Step time", "memory": "Memory", "preflight": "Preflight"}
 
 
@@ -125,6 +127,16 @@ def _group(g: dict, kind: str, top: int) -> Section:
     if measured:
         out.blocks.append(Note(f"Steps measured: {measured.get('a')} in A, {measured.get('b')} in B (that depends on "
                                "how long each capture ran: not compared)."))
+    methods = g.get("methods")
+    if isinstance(methods, dict) and methods.get("a") != methods.get("b") and methods.get("a") and methods.get("b"):
+        estimated = [side.upper() for side in ("a", "b") if methods[side] not in EXACT_MEMORY_METHODS]
+        if estimated:
+            whose = ("A's and B's figures are estimates" if len(estimated) == 2
+                     else f"{estimated[0]}'s figures are an estimate")
+            out.blocks.append(Note(
+                f"{whose}, obtained otherwise ({methods['a']} in A, {methods['b']} in B): a change may be the "
+                "method's, not the program's (an estimate adds up every temporary and counts buffers otherwise); "
+                "compare two inputs of one kind (HloProto or HLO text) for the program's own.", "warning"))
     verdict = g.get("verdict")
     if isinstance(verdict, dict) and verdict.get("a") != verdict.get("b"):
         out.blocks.append(Note(f"Verdict: {verdict.get('a')} -> {verdict.get('b')}."))

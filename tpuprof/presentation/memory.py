@@ -83,8 +83,12 @@ def module_section(m: dict, top: int = TOP, title: str | None = None) -> Section
                                    "counts it: the temporaries unpadded, the arguments/outputs as allocated)"))
         if m.get("padding_at_peak_bytes") is not None:
             out.blocks.append(Fact("padding live at the peak", fmt_bytes(m["padding_at_peak_bytes"])))
+    # An estimate has no buffer assignment to share allocations between temporaries: its figure is their sizes added
+    # up over the whole program, larger than what is live at once.
+    temporaries = (" (every HBM temporary's size added up over the program: not all live at once; the peak is what "
+                   "is)" if m.get("estimated") else " (HBM temporaries of the buffer assignment)")
     for label, key, how in (("arguments", "argument_bytes", ""), ("outputs", "output_bytes", ""),
-                            ("temporaries", "temp_bytes", " (HBM temporaries of the buffer assignment)")):
+                            ("temporaries", "temp_bytes", temporaries)):
         if m.get(key) is not None:
             out.blocks.append(Fact(label, fmt_bytes(m[key]) + how))
     for space, size in sorted((m.get("other_memory_spaces") or {}).items()):

@@ -126,11 +126,12 @@ def _file_kind(path: Path) -> str:
             head = handle.read(HEAD_BYTES)
     except OSError as error:
         raise UserError(f"cannot read {path}: {error.strerror or error}.") from None
-    if head[:2] == b"\x1f\x8b":  # gzip: a saved job log (`tpuprof oom` reads them)
+    if head[:2] == b"\x1f\x8b":  # gzip: a saved job log (`tpuprof oom` reads them), or a dump or capture packed
+        _refuse_compressed(path)
         return "oom_log"
     if head.lstrip().startswith(b"{") and b'"schema": "tpuprof.' in head:  # a --json document saved as *.txt...
         return "document"
-    if b"\0" in head or head[:1] == b"\x0a":
+    if b"\0" in head or head[:1] == b"\x0a" and _binary(head):
         # Binary: an HloProto (or HloModuleProto) without the usual name starts with field 1, length-delimited.
         if head[:1] == b"\x0a":
             return "hlo_proto"
@@ -144,6 +145,41 @@ def _file_kind(path: Path) -> str:
     if text.startswith("HloModule"):
         return "hlo_text"
     return "oom_log"
+
+
+# Bytes no text holds (tab, newline, form feed, carriage return and ESC, which colours logs, are text). A protobuf's
+# field tags and lengths are such bytes; a log may start with an empty line, the byte of an HloProto's first tag.
+_NOT_TEXT = bytes(set(range(32)) - {9, 10, 12, 13, 27})
+
+
+def _binary(head: bytes) -> bool:
+    return any(byte in _NOT_TEXT for byte in head)
+
+
+def _refuse_compressed(path: Path) -> None:
+    """A gzipped XLA dump file or capture (packed to be shared) is a UserError saying how to read it; a gzipped log
+    is left to the OOM triage, which reads it as it is."""
+    import gzip
+    import zlib
+    from shlex import quote
+
+    try:
+        with gzip.open(path, "rb") as handle:
+            head = handle.read(HEAD_BYTES)
+    except (OSError, EOFError, zlib.error):
+        return  # cut or not gzip after all: the log reader says so
+    inner = path.name.removesuffix(".gz")
+    text = head.lstrip()
+    if inner.endswith(PROFILE_SUFFIX):
+        what, command = "a profile", "analyze"
+    elif inner.endswith((".hlo.pb", ".hlo_proto.pb")) or text.startswith((b"HloModule", b"BufferAssignment")) \
+            or (head[:1] == b"\x0a" and _binary(head)):
+        what, command = "an XLA dump file", "memory"
+    else:
+        return
+    unpacked = quote(str(path.with_name(inner) if inner != path.name else path.with_name(inner + ".out")))
+    raise UserError(f"{path} is {what}, gzip-compressed: `gunzip -c {quote(str(path))} > {unpacked}` and "
+                    f"`tpuprof {command} {unpacked}` read it.")
 
 
 def expect(path: str | Path, family: str) -> Source | None:
