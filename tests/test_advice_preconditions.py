@@ -108,12 +108,61 @@ def test_donation_is_advised_only_where_the_outputs_alias_no_argument(donate, tm
                    timeout=600, capture_output=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     (module,) = memory.module_memories(tmp_path / "dump", target="v5e")
     kinds = [s.kind for s in module.suggestions]
+    # The HloProto's own input_output_alias: (w, m) given to the new (w, m) when donated, nothing otherwise.
     if donate == "donated":  # the new state is written over the old one: 16 MiB of outputs in argument buffers
-        assert module.aliased_bytes == 16 << 20 and "donation" not in kinds
+        assert module.aliased_bytes == 16 << 20 and module.alias_pairs == 2 and "donation" not in kinds
     else:
-        assert module.aliased_bytes == 0 and "donation" in kinds
+        assert module.aliased_bytes == 0 and module.alias_pairs == 0 and "donation" in kinds
         hint = module.suggestions[kinds.index("donation")]
         assert "outputs in argument buffers 0 B" in hint.evidence and "donate_argnums" in hint.code
+        assert "the module declares no input_output_alias" in hint.evidence
+        assert "2 parameters have an output of their dtype and shape" in hint.evidence  # w and m, not x
+
+
+def _program_shape_leaves(shape, index=()):
+    """(shape index, (element type, dims)) of each array in a ShapeProto, read here from the proto itself."""
+    if shape.tuple_shapes:
+        for n, element in enumerate(shape.tuple_shapes):
+            yield from _program_shape_leaves(element, (*index, n))
+    else:
+        yield index, (shape.element_type, tuple(shape.dimensions))
+
+
+@pytest.mark.parametrize("dump", ["transformer_bf16_v6e", "keras_mlp_v5e"])
+def test_donation_of_an_hlo_proto_reads_the_protos_own_input_output_alias(dump):
+    """An HloProto carries the module's input_output_alias as the HLO text does: the advice says what it declares
+    (never that the input does not carry it) and names the parameters an output of their shape could be written
+    over, counted here from the proto's own program shape."""
+    from conftest import DUMPS
+    from tpuprof import protos
+    from tpuprof.commands import memory
+
+    (path,) = (DUMPS / dump).glob("*.hlo.pb")
+    proto = protos.hlo_pb2().HloProto.FromString(path.read_bytes())
+    assert proto.hlo_module.HasField("input_output_alias") and proto.buffer_assignment.logical_buffers
+    declared = list(proto.hlo_module.input_output_alias.entries)
+    (module,) = memory.module_memories(path)
+    assert module.source_kind == "hlo_proto" and not module.estimated and module.alias_pairs == len(declared)
+    hints = [s for s in module.suggestions if s.kind == "donation"]
+    if dump == "keras_mlp_v5e":  # 19 declared pairs: TF updates its variables in place, nothing to donate
+        assert len(declared) == 19 and not hints
+        return
+    program = proto.hlo_module.host_program_shape
+    outputs = [key for _, key in _program_shape_leaves(program.result)]
+    could = 0
+    for parameter in program.parameters:
+        for _, key in _program_shape_leaves(parameter):
+            if key in outputs:
+                outputs.remove(key)
+                could += 1
+    assert not declared and could == 6  # the layer's 6 weights; x and target have no output of their shape
+    (hint,) = hints
+    assert "the module declares no input_output_alias" in hint.evidence
+    assert "does not carry" not in hint.evidence
+    assert f"{could} parameters" in hint.evidence
+    for op_name in ("params[0]['down']", "params[0]['up']", "params[0]['qkv']", "params[0]['out']"):
+        assert op_name in hint.evidence, hint.evidence
+    assert "'x'" not in hint.evidence and "target" not in hint.evidence
 
 
 def test_llama3_train_step_that_donates_40_pairs_gets_no_donation_advice(tmp_path):

@@ -319,32 +319,45 @@ def _remat(result: ModuleMemory, job) -> Suggestion | None:
         code=code, source_line=max(kept, key=lambda b: b.size_bytes).source_line)
 
 
+DONATION_NAMES = 8  # parameters named in the evidence; the rest counted
+
+
 def donation(argument_bytes: int, output_bytes: int, alias_bytes: int, job, peak: int = 0,
-             alias_pairs: int | None = None, where: str = "the buffer assignment") -> Suggestion | None:
+             alias_pairs: int | None = None, where: str = "the buffer assignment",
+             candidates: list[str] | None = None) -> Suggestion | None:
     """A train step's new state has the old state's shapes: when its outputs reuse none of its arguments'
     buffers, donating the state frees up to the smaller of the two.
 
     Precondition: a training step whose outputs alias (almost) no argument: ALIAS_BYTES (outputs held in argument
     buffers, from WHERE) under half the outputs, and ALIAS_PAIRS (the module's input_output_alias) none. A step
-    jitted with donate_argnums has both."""
+    jitted with donate_argnums has both. CANDIDATES (the parameters an output of their shape could be written over,
+    None when unknown) are named; with none, donating frees nothing."""
     if job.training is not True or not output_bytes or not argument_bytes:
         return None
     if alias_pairs or alias_bytes >= 0.5 * output_bytes:
         return None  # already donated: the outputs are written over the arguments
+    if candidates is not None and not candidates:
+        return None  # no output has a parameter's shape: none could be written over one
     saving = min(output_bytes, argument_bytes) - alias_bytes
     code = calls.call("donation", job.framework)
     if saving <= max(MIN_PADDING_BYTES, 0.01 * peak) or not code:
         return None
     pairs = ("the module declares no input_output_alias" if alias_pairs == 0
              else "the input does not carry the module's input_output_alias")
+    if candidates:
+        shown = ", ".join(candidates[:DONATION_NAMES]) + (
+            f" and {len(candidates) - DONATION_NAMES} more" if len(candidates) > DONATION_NAMES else "")
+        which = (f"{len(candidates)} parameters have an output of their dtype and shape that could be written over "
+                 f"them: {shown}")
+    else:
+        which = "the saving is exact when every output has an argument of its shape"
     return Suggestion(
         kind="donation", saving_bytes=saving, confidence="estimated", framework=job.framework, code=code,
         message=(f"Outputs ({fmt_bytes(output_bytes)}) reuse {fmt_bytes(alias_bytes)} of the arguments' "
                  f"{fmt_bytes(argument_bytes)}: donate the step's state so the new state is written over the old "
                  f"one; up to {fmt_bytes(saving)} less HBM."),
         evidence=f"{where}: arguments {fmt_bytes(argument_bytes)}, outputs {fmt_bytes(output_bytes)}, outputs in "
-                 f"argument buffers {fmt_bytes(alias_bytes)}; {pairs}; the saving is exact when every output has an "
-                 "argument of its shape")
+                 f"argument buffers {fmt_bytes(alias_bytes)}; {pairs}; {which}")
 
 
 def add_donation(module: ModuleMemory, stats: dict) -> None:
@@ -353,7 +366,7 @@ def add_donation(module: ModuleMemory, stats: dict) -> None:
                                  (b.source_line for b in module.buffers))
     hint = donation(int(stats.get("argument_size_in_bytes") or 0), int(stats.get("output_size_in_bytes") or 0),
                     int(stats.get("alias_size_in_bytes") or 0), job, module.peak_heap_bytes or 0,
-                    module.alias_pairs, "the compile's memory_analysis()")
+                    module.alias_pairs, "the compile's memory_analysis()", module.donation_candidates)
     # The compile's own aliasing replaces the buffer assignment's guess, also when it finds nothing to donate.
     peak = module.peak_heap_bytes or 0
     capacity = module.hbm_capacity_bytes
@@ -366,7 +379,8 @@ def _donation(result: ModuleMemory, job) -> Suggestion | None:
     # outputs (aliased_bytes); the HLO's input_output_alias says what the program declared.
     return donation(result.argument_bytes, result.output_bytes, result.aliased_bytes, job,
                     result.peak_heap_bytes or 0, result.alias_pairs,
-                    "the buffer assignment" if not result.estimated else "the liveness estimate")
+                    "the buffer assignment" if not result.estimated else "the liveness estimate",
+                    result.donation_candidates)
 
 
 def _bf16(result: ModuleMemory, job) -> Suggestion | None:

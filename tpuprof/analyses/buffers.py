@@ -38,3 +38,35 @@ def aggregate_ops(buffers: list[Buffer], has_peak: bool) -> tuple[list[OpTotal],
             total.worst_buffer = buffer.instruction
     ops = sorted(totals.values(), key=lambda t: (-t.size_bytes, t.op_name))
     return ops, scope
+
+
+def donation_candidates(parameters, result: shapes.Shape,
+                        aliases: tuple[tuple[tuple[int, ...], int, tuple[int, ...]], ...] = ()) -> list[str]:
+    """The entry parameters an output could be written over if the step donated them: each array of PARAMETERS
+    ((number, label, shape), in number order) that no alias already gives an output, matched one to one with an
+    array of the entry's RESULT of the same dtype and dims that no alias holds (a train step returns its new state
+    in the old state's shapes). Labels: the parameter's label, with the array's index in a tuple parameter."""
+    held = {tuple(out_index) for out_index, _, _ in aliases}
+    given = {(number, tuple(index)) for _, number, index in aliases}
+    wanted: dict[tuple, int] = {}
+    for index, leaf in _arrays(result):
+        if index not in held:
+            key = (leaf.dtype, leaf.dims)
+            wanted[key] = wanted.get(key, 0) + 1
+    candidates = []
+    for number, label, shape in sorted(parameters, key=lambda p: p[0]):
+        for index, leaf in _arrays(shape):
+            key = (leaf.dtype, leaf.dims)
+            if (number, index) in given or not wanted.get(key):
+                continue
+            wanted[key] -= 1
+            candidates.append(label + ("{" + ",".join(map(str, index)) + "}" if index else ""))
+    return candidates
+
+
+def _arrays(shape: shapes.Shape, index: tuple[int, ...] = ()):
+    if shape.is_tuple:
+        for n, element in enumerate(shape.tuple_shapes):
+            yield from _arrays(element, (*index, n))
+    elif shape.dtype not in shapes.NON_ARRAY_TYPES:
+        yield index, shape

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 from tpuprof import targets
-from tpuprof.analyses.buffers import aggregate_ops, fill_shape_details
+from tpuprof.analyses.buffers import aggregate_ops, donation_candidates, fill_shape_details
 from tpuprof.errors import UserError
 from tpuprof.models import shape as shapes
 from tpuprof.models.hlo_module import HloModule
@@ -468,6 +468,12 @@ def estimate(module: hlo_text.TextModule, source: str, kind: str, target: str | 
         sets = _buffer_sets(flow, outputs)
     result = ModuleMemory(name=module.name, source=source, source_kind=kind, target=target, estimated=True)
     result.alias_pairs = len(module.input_output_alias)
+    result_shape = next((i.shape for i in entry if i.is_root), None)
+    if result_shape is not None:
+        result.donation_candidates = donation_candidates(
+            [(i.parameter_number, i.op_name or i.name, i.shape) for i in entry
+             if i.opcode == "parameter" and i.parameter_number is not None],
+            result_shape, module.input_output_alias)
     scheduled = module.scheduled and tiled
     result.method = METHOD_HLO_LIVENESS if scheduled else METHOD_UNSCHEDULED_BOUND
     _peak(flow, sets, result, entry_instance)

@@ -15,7 +15,7 @@ import math
 from operator import attrgetter
 from pathlib import Path
 
-from tpuprof.analyses.buffers import aggregate_ops, fill_shape_details
+from tpuprof.analyses.buffers import aggregate_ops, donation_candidates, fill_shape_details
 from tpuprof.errors import UserError
 from tpuprof.models import shape as shapes
 from tpuprof.models.hlo_module import HloModule, MissingInstructions
@@ -222,6 +222,7 @@ def from_hlo_proto(proto, source: str, whole_module: bool = True) -> ModuleMemor
         return dense_facts(buffer_id)[0]
 
     result = ModuleMemory(name=module.name, source=source, source_kind="hlo_proto")
+    _aliasing(hlo, result)
     replay = _replay_heap_trace(assignment, allocations, logical, allocation_of, unpadded)
 
     # Allocations of indefinite lifetime count at every point of the program.
@@ -286,6 +287,24 @@ def from_hlo_proto(proto, source: str, whole_module: bool = True) -> ModuleMemor
     result.details_source = (hlo, by_id, logical)
     result.ops, result.ops_scope = aggregate_ops(result.buffers, has_peak=bool(live_at_peak))
     return result
+
+
+def _aliasing(hlo: HloModule, result: ModuleMemory) -> None:
+    """The module's declared input_output_alias (XLA writes it, empty too, into every HloProto) and the entry
+    parameters an output could be written over."""
+    module = hlo.proto
+    if not module.HasField("input_output_alias"):
+        return
+    aliases = tuple((tuple(e.output_shape_index), e.parameter_number, tuple(e.parameter_shape_index))
+                    for e in module.input_output_alias.entries)
+    result.alias_pairs = len(aliases)
+    entry = hlo.entry
+    root = next((i for i in entry.instructions if i.id == entry.root_id), None)
+    if root is None:
+        return
+    parameters = [(i.parameter_number, i.metadata.op_name or i.name, hlo.shape(i))
+                  for i in entry.instructions if i.opcode == "parameter"]
+    result.donation_candidates = donation_candidates(parameters, hlo.shape(root), aliases)
 
 
 def self_contained(result: ModuleMemory) -> ModuleMemory:

@@ -88,6 +88,9 @@ class ModuleMemory:
     # How many (output, parameter) pairs the module's input_output_alias declares; None where the input does not
     # say (a buffer-assignment text, a proto read without its header).
     alias_pairs: int | None = None
+    # Entry parameters (framework op name, else instruction name) that an output of the same dtype and dims could be
+    # written over if the step donated them; None where the input does not give the entry's parameters and result.
+    donation_candidates: list[str] | None = None
     temp_bytes: int = 0
     hbm_capacity_bytes: int | None = None
     other_memory_spaces: dict[int, int] = field(default_factory=dict)  # memory space -> bytes
