@@ -148,3 +148,31 @@ def test_report_of_a_saved_estimate_says_it_in_words(cli, tmp_path):
     assert report.returncode == 0, report.stderr
     text = " ".join(page.read_text().split())
     assert "Estimate for v5e without a TPU schedule or layouts" in text and "the real peak lies between" in text
+
+
+DUMPS_WITH_BOTH = sorted(p.name for p in (SAMPLES / "dumps").iterdir()
+                         if any(p.glob("*.after_optimizations.txt")) and any(p.glob("*.hlo.pb")))
+
+
+@pytest.mark.parametrize("dump", DUMPS_WITH_BOTH)
+def test_each_row_of_a_text_estimate_is_its_own_shapes_bytes_as_the_hloproto_says(dump):
+    """A row of the estimate's buffer table names one array: its padded and unpadded bytes are that array's, and
+    where the same module's HloProto has a logical buffer of that name, the compiler's size of it (exact). A buffer
+    set that holds more (a temporary packed into an output's allocation) is named after the array its size is
+    (diff_b64: copy-start.14{0} f32[64,512] read 512 KiB, fusion.89's, for its own 128 KiB)."""
+    folder = SAMPLES / "dumps" / dump
+    (text,) = folder.glob("*.after_optimizations.txt")
+    (proto,) = folder.glob("*.hlo.pb")
+    (estimate,) = command.module_memories(text, top=100_000)
+    (exact,) = command.module_memories(proto, top=100_000)
+    assert estimate.estimated and not exact.estimated
+    compiler = {b.instruction: b.size_bytes for b in exact.buffers}
+    checked = 0
+    for row in estimate.buffers:
+        shape = shapes.parse_shape(row.shape)
+        if not shape.is_tuple:  # a tuple's row is its index table, sized per generation
+            assert (row.size_bytes, row.unpadded_bytes) == (shape.padded_bytes(), shape.unpadded_bytes()), row
+        if row.instruction in compiler:
+            assert row.size_bytes == compiler[row.instruction], (row.instruction, row.shape)
+            checked += 1
+    assert checked >= 0.9 * len(estimate.buffers)

@@ -711,13 +711,18 @@ def _peak(flow: _Dataflow, sets: dict[int, _Set], result: ModuleMemory, entry_in
         worst_temps = sum(e.worst for e in sets.values() if e.space == 0 and e.kind == TEMP)
         result.peak_range_bytes = (indefinite_unpadded, indefinite_worst + worst_temps)
 
-    # Buffers: one per HBM buffer set, named after its first definition.
+    # Buffers: one per HBM buffer set, named after its first definition of the set's size. A set can hold arrays of
+    # other sizes (a temporary packed into an output's allocation, which keeps the output's size): the row's shape
+    # and bytes are then the largest array's, as XProf shows an allocation by its largest logical buffer.
     peak_position = result.peak_position
     described = []
+    values = flow.values
     for entry in sets.values():
         if entry.size <= 0 or entry.space != 0:
             continue
-        first = flow.values[min(entry.members, key=lambda v: (instances[flow.values[v].instance].depth, v))]
+        first = values[min((v for v in entry.members
+                            if (values[v].size, values[v].unpadded) == (entry.size, entry.unpadded)),
+                           key=lambda v: (instances[values[v].instance].depth, v))]
         if entry.kind == TEMP:
             live = (entry.home == entry_instance and entry.start is not None
                     and entry.start <= peak_position <= entry.stop)
