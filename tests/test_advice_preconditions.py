@@ -232,6 +232,8 @@ def test_no_fused_attention_advice_for_a_step_that_runs_splash_attention(qwen3_s
 
 # ------------------------------------------------------------------ 4. padding: dimensions the user chooses
 
+@pytest.mark.slow
+@pytest.mark.compile
 @needs_libtpu
 def test_conv18_preflight_gives_no_padding_fix_on_the_image_width(tmp_path):
     result = run_cli("preflight", "sample_profiles/models/conv18.py:factory", "--tpu", "v5e", "--batch", "64",
@@ -307,6 +309,8 @@ def test_real_pytorch_xla_run_time_oom_is_no_saving():
 
 # ------------------------------------------------------------------ 6. tpuprof's own LLM step: its options only
 
+@pytest.mark.slow
+@pytest.mark.compile
 @needs_libtpu
 def test_builtin_model_is_advised_through_its_options(tmp_path):
     config = tmp_path / "config.json"

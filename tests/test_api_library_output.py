@@ -39,11 +39,15 @@ def run_script(tmp_path, notebook: bool, verbose: bool) -> subprocess.CompletedP
     return done
 
 
+@pytest.mark.slow
+@pytest.mark.compile
 def test_preflight_in_a_notebook_prints_no_library_line(tmp_path):
     done = run_script(tmp_path, notebook=True, verbose=False)
     assert done.stderr == "" and done.stdout.splitlines()[-1] == "NOTEBOOK:caller's own line|"
 
 
+@pytest.mark.slow
+@pytest.mark.compile
 def test_verbose_shows_the_library_lines(tmp_path):
     loud = run_script(tmp_path, notebook=False, verbose=True)
     library_lines = [line for line in loud.stderr.splitlines() if line.strip() and line != "caller's own line"]

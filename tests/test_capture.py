@@ -225,6 +225,7 @@ def _as_from_a_shell() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_interrupted_capture_leaves_no_run(profiler_job, tmp_path):
     # In full test runs started in the background from a fresh clone the interrupt was lost (exit 0) in 4 of 4
     # runs, never in this file alone; the pytest process there had SIGINT ignored, which children inherit. The

@@ -264,6 +264,7 @@ def test_keras_preflight_prints_no_library_line(compile_cache):
     assert verbose.returncode == 0 and _library_lines(verbose.stderr), verbose.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_capture_of_a_tpu_name_without_credentials_prints_one_sentence():
     """TensorClusterResolver loads TensorFlow (CUDA and absl lines) before it fails for want of credentials."""

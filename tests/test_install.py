@@ -173,6 +173,7 @@ print(json.dumps({{command: [result["code"], result["stderr"][-1000:]] for comma
     assert _child(code) == {"memory": [0, ""], "analyze": [0, ""]}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed (tf extra)")
 def test_tensorflow_and_tpuprof_in_one_process():
     """tpuprof first, then `import tensorflow`, then both read the same HloProto bytes: TensorFlow's classes and

@@ -234,6 +234,8 @@ def test_a_step_whose_layout_does_not_fit_is_answered_before_code_generation(tmp
 
 
 
+@pytest.mark.slow
+@pytest.mark.compile
 def test_each_splash_kernel_is_costed_by_the_blocks_its_mask_keeps(tmp_path):
     """Gemma 3 small at 2,048 tokens on v5e (splash blocks of 512: a 4 x 4 grid), compiled up to its memory layout
     (the module the step estimate reads): the estimate reads each attention kernel's block mask from the compiled

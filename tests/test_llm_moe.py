@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from conftest import run_cli
 
 from tpuprof.sources import llm
@@ -55,6 +57,7 @@ ROUTED = {"model_type": "gpt_oss", "vocab_size": 512, "hidden_size": 128, "inter
           "num_local_experts": 4, "num_experts_per_tok": 2}
 
 
+@pytest.mark.slow
 def test_dropless_routing_equals_the_capacity_routing_when_nothing_is_dropped(monkeypatch):
     """The dropless MoE (megablox grouped matmuls, run in Pallas' interpreter on this CPU) and the capacity MoE
     with a capacity of every token (factor experts / top-k: nothing dropped) compute the same layer, forward

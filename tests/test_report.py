@@ -200,6 +200,7 @@ def test_ranked_suggestions_and_oom_sections(every_sample_report):
     assert page.count('<b class="oom">out of HBM</b>') == len(OOM_TEXTS) - len(host)
 
 
+@pytest.mark.slow
 def test_page_renders_in_headless_chromium(every_sample_report):
     if browser.chromium() is None:
         pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run does it): browser check skipped.")

@@ -110,6 +110,8 @@ def naive_fp8_tp8(config) -> int:
     return 2 * config.num_key_value_heads * config.head_dim * 1 * config.num_hidden_layers // 8
 
 
+@pytest.mark.slow
+@pytest.mark.compile
 @needs_libtpu
 def test_the_compiled_fp8_cache_holds_the_packed_slots():
     result = tpuprof.serve("llama3.1-8b", "v6e-8", max_model_len=2048, kv_cache_dtype="fp8", **SMALL)
@@ -118,6 +120,8 @@ def test_the_compiled_fp8_cache_holds_the_packed_slots():
     assert target.programs.kv_page_bytes_per_layer == target.kv.page_bytes_per_layer == target.kv.page_size * 4 * 128
 
 
+@pytest.mark.slow
+@pytest.mark.compile
 @needs_libtpu
 def test_an_smem_failure_is_found_at_compile_time_with_the_setting_that_avoids_it():
     """SGLang-JAX takes the page size it is given: 256 requests x 2048 pages of 16 tokens overflow SMEM when the
@@ -353,6 +357,8 @@ def test_mla_models_are_refused_in_one_sentence_rather_than_given_a_wrong_kv_fig
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
+@pytest.mark.compile
 @needs_libtpu
 def test_v2_and_v3_are_refused_because_the_paged_attention_kernel_does_not_compile_there(monkeypatch):
     """The refusal rests on libtpu: let through, the v3 compile of the engine's attention fails in Mosaic."""
