@@ -341,6 +341,8 @@ def test_the_cli_plans_without_jax_ranks_slices_and_prints_the_launch_command():
     (["--tpu", "v6e-8", "--max-model-len", "200000"], "--max-model-len 200000 is beyond the 131072 positions"),
     (["--tpu", "v6e-8", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
     (["--tpu", "v6e-8", "--engine", "tgi"], "tgi"),
+    # no --output-len: the default output was what the length leaves, -1952 tokens, and the estimate went on with it
+    (["--tpu", "v6e-8", "--max-model-len", "2048", "--input-len", "4000"], "--input-len 4000 leaves no tokens"),
 ])
 def test_bad_input_is_one_sentence_and_exit_2(args, flag):
     result = run_cli("serve", "--model", "llama3.1-70b", "--no-compile", *args)

@@ -105,6 +105,9 @@ def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm"
     if input_len is not None and output_len is not None and input_len + output_len > length:
         raise OptionError("input_len", f"{{option}} {input_len} plus {{output_len}} {output_len} exceed the max "
                                        f"model length {length}.")
+    if input_len is not None and output_len is None and input_len >= length:
+        raise OptionError("input_len", f"{{option}} {input_len} leaves no tokens to generate within the max model "
+                                       f"length {length}.")
     input_len = input_len or min(DEFAULT_INPUT_LEN, length // 2)
     output_len = output_len or min(DEFAULT_OUTPUT_LEN, length - input_len)
     if input_len + output_len > length:

@@ -357,15 +357,16 @@ def _memory(page: _Page, item: Input, top: int) -> None:
         _memory_module(page, m, top)
 
 
-def _memory_module(page: _Page, m: dict, top: int, title: str | None = None) -> None:
+def _memory_module(page: _Page, m: dict, top: int, title: str | None = None, summary=None) -> None:
     """One module: what `tpuprof memory` presents (tpuprof/presentation/memory.py) but its tables, which the page
     replaces by the padding wasters and padding by op, each with its chart and fixes; then the curve. TITLE: the
-    section's own (another command's compile names its target)."""
+    section's own (another command's compile names its target); SUMMARY: the section another command built for
+    the module (preflight's, under the compile's verdict)."""
     from tpuprof.presentation import Fixes, Table
     from tpuprof.presentation.memory import module_section
     from tpuprof.renderers.printers import html
 
-    summary = module_section(m, top, title)
+    summary = summary or module_section(m, top, title)
     summary.blocks = [b for b in summary.blocks if not isinstance(b, (Table, Fixes))]
     page.add(html(summary, page.figure_html))
     _memory_timeline(page, m)
@@ -829,7 +830,9 @@ def _preflight(page: _Page, item: Input, top: int) -> None:
         shown.blocks.insert(at, Plot(lambda: _curve_figure(curves)))
     page.add(html(shown, page.figure_html))
     for sub, t in zip(memory, [t for t in targets if isinstance(t.get("memory"), dict)]):
-        _memory_module(page, t["memory"], top, f"{sub.title}: {sub.sections[0].title}")
+        module = sub.sections[0]
+        module.title = f"{sub.title}: {module.title}"
+        _memory_module(page, t["memory"], top, summary=module)
 
 
 def _curve_figure(targets: list[dict]):
