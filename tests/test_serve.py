@@ -136,6 +136,28 @@ def test_an_smem_failure_is_found_at_compile_time_with_the_setting_that_avoids_i
     assert not fixed.programs.failures
 
 
+@pytest.mark.slow
+@pytest.mark.compile
+@needs_libtpu
+def test_an_smem_fix_shrinks_the_page_table_as_the_compiled_kernel_holds_it(tmp_path):
+    """vLLM's rule allows 4,096 requests of 2,048 tokens in 128-token pages (a flat 256 KiB page table), but the
+    kernel tpuprof compiles pads each request's 16 pages to 128 entries in SMEM: 2 MiB of 1 MiB. The fix named is
+    fewer requests (a larger page cannot shorten a padded row), it compiles, and the problem says vLLM's own
+    kernel may start as asked."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 256, "intermediate_size": 768,
+                                  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "vocab_size": 2048, "max_position_embeddings": 4096}))
+    asked = dict(max_model_len=2048, max_num_batched_tokens=16)
+    failed = tpuprof.serve(str(config), "v5e-1", max_num_seqs=4096, **asked).targets[0]
+    refused = [r for r in failed.programs.records if r.failure_space == "smem"]
+    assert refused and not failed.fits
+    assert refused[0].fix == "--max-num-seqs 1024", refused[0].fix
+    assert "vLLM itself may start" in failed.problems[0] and "256 KiB" in failed.problems[0]
+    fixed = tpuprof.serve(str(config), "v5e-1", max_num_seqs=1024, **asked).targets[0]
+    assert not fixed.programs.failures
+
+
 @needs_libtpu
 def test_the_safe_utilization_lies_below_one_whose_headroom_the_largest_program_does_not_fit(gemma3_1b_v5e):
     target = gemma3_1b_v5e.targets[0]

@@ -30,6 +30,10 @@ from tpuprof.models.serve import Capacity, EngineRules, KvLayout
 MiB = 1 << 20
 SMEM_BYTES = 1 * MiB  # per core on v4 and later (jax _src/pallas/mosaic/tpu_info.py)
 SMEM_PAGE_TABLE_SHARE = 2  # vLLM keeps the page table within half of SMEM (get_min_page_size)
+# JAX's ragged paged attention kernel (the one tpuprof compiles) takes the page table as a 2D int32 scalar prefetch,
+# which Mosaic lays out in SMEM with each request's row padded to 128 entries: [4096, 16] took 2 MiB (libtpu
+# 0.0.42.1, v5e). vLLM's tpu-inference kernel keeps the table flat, as vLLM's rule counts it.
+SMEM_ROW_ENTRIES = 128
 # vLLM TPU's utilization when --gpu-memory-utilization is not given: 0.92 of the limit in public start-up logs
 # (tests/fixtures/serving: "total_hbm_limit_cap_gb=14.49GiB" of 15.75 on v5e, 28.74 of 31.24 on v6e).
 DEFAULT_UTILIZATION = 0.92
@@ -139,25 +143,31 @@ def kv_layout(config, engine: str, tp: int, kv_cache_dtype: str, max_model_len: 
                     DTYPE_BYTES[dtype], page, rule, page_bytes, layers, page_bytes * layers // page)
 
 
-def smem_page_table_bytes(max_num_seqs: int, max_model_len: int, page: int) -> int:
-    """The int32 page table `[max_num_seqs, ceil(max_model_len / page)]` the attention kernel prefetches to SMEM."""
-    return max_num_seqs * -(-max_model_len // page) * 4
+def smem_page_table_bytes(max_num_seqs: int, max_model_len: int, page: int, padded: bool = False) -> int:
+    """The int32 page table `[max_num_seqs, ceil(max_model_len / page)]` the attention kernel prefetches to SMEM:
+    flat, as vLLM counts it, or PADDED as the compiled JAX kernel holds it (SMEM_ROW_ENTRIES)."""
+    pages = -(-max_model_len // page)
+    if padded:
+        pages = -(-pages // SMEM_ROW_ENTRIES) * SMEM_ROW_ENTRIES
+    return max_num_seqs * pages * 4
 
 
 def smem_limit_bytes() -> int:
     return SMEM_BYTES // SMEM_PAGE_TABLE_SHARE
 
 
-def largest_max_num_seqs(max_model_len: int, page: int) -> int:
-    """vLLM get_max_num_seqs: the most requests whose page table fits the SMEM share."""
-    return max(smem_limit_bytes() // (4 * -(-max_model_len // page)), 0)
+def largest_max_num_seqs(max_model_len: int, page: int, padded: bool = False) -> int:
+    """vLLM get_max_num_seqs: the most requests whose page table (PADDED: as the compiled kernel holds it) fits the
+    SMEM share."""
+    return max(smem_limit_bytes() // smem_page_table_bytes(1, max_model_len, page, padded), 0)
 
 
-def smallest_page_for(max_num_seqs: int, max_model_len: int) -> int | None:
-    """The smallest power-of-two page size whose page table fits the SMEM share (None: none up to 256... 4096)."""
+def smallest_page_for(max_num_seqs: int, max_model_len: int, padded: bool = False) -> int | None:
+    """The smallest power-of-two page size whose page table fits the SMEM share (None: none up to 4096; PADDED: a
+    larger page does not help once a request's pages fit one padded row)."""
     page = 16
     while page <= 4096:
-        if smem_page_table_bytes(max_num_seqs, max_model_len, page) <= smem_limit_bytes():
+        if smem_page_table_bytes(max_num_seqs, max_model_len, page, padded) <= smem_limit_bytes():
             return page
         page *= 2
     return None

@@ -93,13 +93,13 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
                         f"{_gib(programs.all_code_bytes)}, and a {_gib(margin)} margin): loading them can fail (XLA error 0101, 'Attempting to reserve ... at the bottom of memory'): use {safe:.2f}.")
     table = serve_memory.smem_page_table_bytes(max_num_seqs, max_model_len, kv.page_size)
     if options.engine == "vllm" and table > serve_memory.smem_limit_bytes():
-        fix = serve_programs.fix_for("smem", kv, max_num_seqs, max_model_len)
+        fix = serve_programs.fix_for("smem", kv, max_num_seqs, max_model_len, padded=False)
         problems.append(f"the page table ({max_num_seqs} requests x {-(-max_model_len // kv.page_size)} pages x 4 B "
                         f"= {table // 1024} KiB) exceeds half of the 1 MiB SMEM the engine allows it: use {fix}.")
     for record in (programs.failures if programs else []):
         problems.append(f"the {record.tokens or record.requests}-{'token' if record.kind == 'backbone' else 'request'} "
                         f"{record.kind} program does not compile: out of {record.failure_space or 'memory'} "
-                        f"({record.failure[:160]}): use {record.fix}.")
+                        f"({record.failure[:160]}): use {record.fix}." + _kernel_note(record, options, table))
     fits = not problems
     concurrency = serve_estimate.concurrency_for(options.concurrency, max_num_seqs, cap.tokens, options.input_len,
                                                  options.output_len)
@@ -163,3 +163,14 @@ def _gib(value: float) -> str:
     from tpuprof.units import fmt_bytes
 
     return fmt_bytes(int(value))
+
+
+def _kernel_note(record, options: ServeOptions, flat_table: int) -> str:
+    """Where the compiled kernel's SMEM refusal is not vLLM's: its page table rows are padded (SMEM_ROW_ENTRIES),
+    vLLM's own kernel keeps the table flat, within the share vLLM's rule allows."""
+    if record.failure_space != "smem" or options.engine != "vllm" or flat_table > serve_memory.smem_limit_bytes():
+        return ""
+    return (f" (JAX's ragged paged attention kernel, which tpuprof compiles, pads each request's pages to "
+            f"{serve_memory.SMEM_ROW_ENTRIES} entries in SMEM; vLLM's tpu-inference kernel keeps the table flat, "
+            f"{flat_table // 1024} KiB within the {serve_memory.smem_limit_bytes() // 1024} KiB its rule allows, so "
+            "vLLM itself may start with these settings)")

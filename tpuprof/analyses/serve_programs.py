@@ -113,11 +113,15 @@ def metadata_bytes(program) -> int:
     return sum(-(-4 * n // 512) * 512 for n in sizes)
 
 
-def fix_for(space: str | None, kv: KvLayout, max_num_seqs: int, max_model_len: int) -> str:
+def fix_for(space: str | None, kv: KvLayout, max_num_seqs: int, max_model_len: int, padded: bool = True) -> str:
+    """The settings that avoid a program's failure in SPACE. SMEM: fewer requests or larger pages, each only where
+    it shrinks the page table below the SMEM share, counted as the compiled kernel holds it (PADDED) or flat as
+    vLLM's rule counts it."""
     if space == "smem":
-        seqs = serve_memory.largest_max_num_seqs(max_model_len, kv.page_size)
-        page = serve_memory.smallest_page_for(max_num_seqs, max_model_len)
-        options = [f"--max-num-seqs {seqs}" if seqs else None, f"--block-size {page}" if page else None]
+        seqs = serve_memory.largest_max_num_seqs(max_model_len, kv.page_size, padded)
+        page = serve_memory.smallest_page_for(max_num_seqs, max_model_len, padded)
+        options = [f"--max-num-seqs {seqs}" if 0 < seqs < max_num_seqs else None,
+                   f"--block-size {page}" if page and page > kv.page_size else None]
         return " or ".join(o for o in options if o) or "a shorter --max-model-len"
     if space == "vmem":
         return "a smaller --max-num-batched-tokens or --block-size (the kernel's blocks hold fewer tokens)"
