@@ -320,6 +320,8 @@ def test_slices_rank_by_cost_and_by_time():
     cheapest, fastest = documents_preflight.choice(results).splitlines()
     assert cheapest.startswith("cheapest that fits: v6e-256") and "by cost: v6e-256 $2.00 < v5p-128 $3.00" in cheapest
     assert fastest.startswith("fastest: v6e-256") and "v6e-256 1,024/s > tpu7x-64 960/s > v5p-128 640/s" in fastest
+    # Throughput per chip beside the batch, which is per device (two a chip on TPU7x): each says which.
+    assert "per chip" in fastest and "at batch 8 per device" in fastest and "at batch 8 per device" in cheapest
 
 
 def test_llm_model_flops_follow_maxtext():

@@ -255,8 +255,8 @@ def preflight(
     tpu: str = Option(..., "--tpu", metavar="GENERATION[,...]", help=f"TPU generation ({GENERATIONS}; {GENERATION_NAMES}) or topology (v5e:2x2); "
                             "a comma list compares them.",
                             callback=_check_generations, autocompletion=_complete_generation),
-    batch: Optional[int] = Option(None, "--batch", help="Per-chip batch size to check."),
-    max_batch: bool = Option(False, "--max-batch", help="Search the largest per-chip batch that fits."),
+    batch: Optional[int] = Option(None, "--batch", help="Batch size per device to check (a device is a chip on v4, v5e, v5p and v6e, a TensorCore on v2, v3 and TPU7x)."),
+    max_batch: bool = Option(False, "--max-batch", help="Search the largest batch per device that fits."),
     compare_bf16: bool = Option(False, "--compare-bf16", help="Also compile in bfloat16 and compare."),
     top: int = Option(10, "--top", min=0, help="Rows in the memory breakdown tables."),
     tokens_per_example: Optional[int] = Option(None, "--tokens-per-example", metavar="N",

@@ -367,12 +367,12 @@ def choice(results: list[dict]) -> str | None:
         e = cheapest["estimate"]
         order = " < ".join(f"{target_label(r)} {fmt_usd(r['estimate'][key])}" for r in ranked["by_cost"])
         lines.append(f"cheapest that fits: {target_label(cheapest)} ({fmt_usd(e[key])} per {unit} at batch "
-                     f"{cheapest['batch_size']}{'' if e['price_verified'] else ', unverified price'})"
+                     f"{cheapest['batch_size']} per device{'' if e['price_verified'] else ', unverified price'})"
                      + (f"; by cost: {order}" if len(ranked["by_cost"]) > 1 else ""))
     fastest = ranked["by_time"][0]
     e = fastest["estimate"]
     order = " > ".join(f"{target_label(r)} {fmt_count(r['estimate']['examples_per_s'] * _chips(r))}/s" for r in ranked["by_time"])
     lines.append(f"fastest: {target_label(fastest)} ({e['examples_per_s']:,} examples/s per chip, step {fmt_ms(e['step_ms'])} "
-                 f"at batch {fastest['batch_size']})"
+                 f"at batch {fastest['batch_size']} per device)"
                  + (f"; by time (examples/s for the whole slice): {order}" if len(ranked["by_time"]) > 1 else ""))
     return "\n".join(lines)

@@ -178,7 +178,7 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
         if batch is not None and max_batch:
             raise error("batch", "give either {batch_n} or {max_batch}, not both.")
         if batch is None and not max_batch and not (example_args and not isinstance(fn_or_model, (str, os.PathLike))):
-            raise error("batch", "give {batch_n} (the per-chip batch size) or {max_batch} to search for it.")
+            raise error("batch", "give {batch_n} (the batch size per device) or {max_batch} to search for it.")
     return PreflightOptions(slices, fn_or_model, tuple(example_args), model, batch, bool(max_batch),
                             bool(compare_bf16), top, bool(cache), tokens_per_example, prices, seq, batch_per_chip,
                             global_batch, remat, dtype, mesh, weight_dtype, mu_dtype, bool(full), ray or None,
