@@ -158,6 +158,23 @@ def test_an_smem_fix_shrinks_the_page_table_as_the_compiled_kernel_holds_it(tmp_
     assert not fixed.programs.failures
 
 
+@pytest.mark.compile
+@needs_libtpu
+def test_jetstreams_contiguous_cache_is_compiled_in_pages_of_128_tokens(tmp_path):
+    """JetStream keeps one contiguous slot per request. Compiled as pages of one token, 256 requests x 2,048 tokens
+    made a 2 MiB page table and 'does not serve' with a --block-size JetStream does not have; in pages of 128 tokens
+    (the same KV bytes per token) every program compiles."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 256, "intermediate_size": 768,
+                                  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "vocab_size": 2048, "max_position_embeddings": 4096}))
+    target = tpuprof.serve(str(config), "v5e-1", engine="jetstream", max_model_len=2048, max_num_seqs=256,
+                           max_num_batched_tokens=16).targets[0]
+    assert not target.programs.failures and target.fits, target.problems
+    assert target.kv.page_size == 1
+    assert target.programs.kv_page_bytes_per_layer == 128 * target.kv.page_bytes_per_layer
+
+
 @needs_libtpu
 def test_the_safe_utilization_lies_below_one_whose_headroom_the_largest_program_does_not_fit(gemma3_1b_v5e):
     target = gemma3_1b_v5e.targets[0]

@@ -152,6 +152,19 @@ def smem_page_table_bytes(max_num_seqs: int, max_model_len: int, page: int, padd
     return max_num_seqs * pages * 4
 
 
+# JetStream's cache is contiguous (one slot of max_target_length per request: page size 1 in KvLayout's terms). Its
+# programs are compiled with the paged kernel over pages of this many tokens: the same KV bytes per token, and a
+# page table of [max_num_seqs, max_model_len / 128] instead of one entry per token, which no contiguous cache holds
+# and which SMEM cannot (256 requests x 2,048 tokens is 2 MiB).
+CONTIGUOUS_COMPILED_PAGE = 128
+
+
+def compiled_page_size(kv: KvLayout) -> int:
+    """Tokens per page of the programs tpuprof compiles: the engine's page, or for a contiguous cache (JetStream)
+    CONTIGUOUS_COMPILED_PAGE."""
+    return kv.page_size if kv.page_size > 1 else CONTIGUOUS_COMPILED_PAGE
+
+
 def smem_limit_bytes() -> int:
     return SMEM_BYTES // SMEM_PAGE_TABLE_SHARE
 

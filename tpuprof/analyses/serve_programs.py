@@ -61,15 +61,16 @@ def programs(config, kv: KvLayout, *, tp: int, max_num_seqs: int, max_model_len:
 
     tokens = serve_memory.token_paddings(max_num_batched_tokens)
     requests = serve_memory.request_paddings(max_num_seqs)
-    pages_per_request = -(-max_model_len // kv.page_size)
+    page_size = serve_memory.compiled_page_size(kv)
+    pages_per_request = -(-max_model_len // page_size)
     combined, head_dim, merged = compiled_kv_layout(kv)
     base = ServeProgram(
         kind="backbone", tokens=tokens[0], requests=max_num_seqs, layers=config.num_hidden_layers,
         pages_per_request=pages_per_request,
-        page_size=kv.page_size, kv_pages=KV_PAGES_COMPILED, combined_kv_heads=combined, head_dim=head_dim,
+        page_size=page_size, kv_pages=KV_PAGES_COMPILED, combined_kv_heads=combined, head_dim=head_dim,
         kv_merged=merged, kv_dtype=kv.dtype, weight_dtype=quantization, tensor_parallel_size=tp,
         expert_parallel=expert_parallel,
-        num_kv_pages_per_block=max(1, min(pages_per_request, KV_TOKENS_PER_BLOCK // kv.page_size)),
+        num_kv_pages_per_block=max(1, min(pages_per_request, KV_TOKENS_PER_BLOCK // page_size)),
         num_queries_per_block=QUERIES_PER_BLOCK, vmem_limit_bytes=vmem_limit_bytes(generation))
     backbones = [replace(base, tokens=t, num_queries_per_block=min(QUERIES_PER_BLOCK, t)) for t in tokens]
     # The logits programs hold no experts: one compile serves with and without expert parallelism.
@@ -116,15 +117,18 @@ def metadata_bytes(program) -> int:
 def fix_for(space: str | None, kv: KvLayout, max_num_seqs: int, max_model_len: int, padded: bool = True) -> str:
     """The settings that avoid a program's failure in SPACE. SMEM: fewer requests or larger pages, each only where
     it shrinks the page table below the SMEM share, counted as the compiled kernel holds it (PADDED) or flat as
-    vLLM's rule counts it."""
+    vLLM's rule counts it. A contiguous cache (JetStream) has no page size to set."""
+    paged = kv.page_size > 1
+    page_size = serve_memory.compiled_page_size(kv)
     if space == "smem":
-        seqs = serve_memory.largest_max_num_seqs(max_model_len, kv.page_size, padded)
-        page = serve_memory.smallest_page_for(max_num_seqs, max_model_len, padded)
+        seqs = serve_memory.largest_max_num_seqs(max_model_len, page_size, padded)
+        page = serve_memory.smallest_page_for(max_num_seqs, max_model_len, padded) if paged else None
         options = [f"--max-num-seqs {seqs}" if 0 < seqs < max_num_seqs else None,
-                   f"--block-size {page}" if page and page > kv.page_size else None]
+                   f"--block-size {page}" if page and page > page_size else None]
         return " or ".join(o for o in options if o) or "a shorter --max-model-len"
     if space == "vmem":
-        return "a smaller --max-num-batched-tokens or --block-size (the kernel's blocks hold fewer tokens)"
+        return ("a smaller --max-num-batched-tokens" + (" or --block-size" if paged else "")
+                + " (the kernel's blocks hold fewer tokens)")
     return "a larger slice or --tensor-parallel-size"
 
 
