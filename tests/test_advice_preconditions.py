@@ -343,3 +343,35 @@ def test_builtin_model_is_advised_through_its_options(tmp_path):
     saved.write_text(result.stdout)
     reloaded = report._load_json(saved).document["targets"][0]["memory"]
     assert "timeline" in reloaded and reloaded["suggestions"] == suggestions
+
+
+@pytest.mark.compile
+@needs_libtpu
+def test_a_compile_over_hbm_whose_buffer_assignment_is_not_gets_the_batch_fix(tmp_path):
+    """preflight's memory breakdown is the buffer assignment libtpu dumps before code generation, which then adds
+    temporaries and code: a step can be over HBM by the compile's total while the breakdown's peak is under it.
+    The fix is then judged by the compile's total (a 4-layer llama at 264 sequences of 2,048 on v5e-4 was 16.11
+    GiB against 15.75 with a breakdown of 12.07 GiB, and no fix was offered). The device here is the v3 step's
+    own, offered the HBM between the breakdown's peak and the compile's total."""
+    from conftest import SAMPLES
+
+    sys.path.insert(0, str(SAMPLES / "models"))
+    try:
+        import narrow_mlp
+    finally:
+        sys.path.remove(str(SAMPLES / "models"))
+
+    from tpuprof.advice.memory import add_compiled_total
+    from tpuprof.commands.preflight import _memory
+    from tpuprof.sources import tpu_compile
+
+    compiled = tpu_compile.compile_jax(*narrow_mlp.factory(64), "v3", dump_dir=tmp_path / "dump")
+    memory = _memory(str(tmp_path / "dump"), "v3", 10)
+    peak, needed = memory.peak_heap_bytes, compiled.required_bytes
+    assert peak < needed  # code generation added to what the buffer assignment laid out
+    memory.hbm_capacity_bytes = (peak + needed) // 2
+    assert not any(s.severity == "blocking" for s in memory.suggestions)  # judged by the breakdown: it fits
+    add_compiled_total(memory, compiled.memory_analysis())
+    blocking = [s for s in memory.suggestions if s.kind == "batch_size" and s.severity == "blocking"]
+    assert blocking and blocking[0].saving_bytes == needed - memory.hbm_capacity_bytes
+    assert "The compiled step needs" in blocking[0].message and "before code generation" in blocking[0].message

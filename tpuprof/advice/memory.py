@@ -160,11 +160,14 @@ def padding_fix(buffer: Buffer, batch: int | None = None, classes: frozenset[int
     return head + "; ".join(padding_advice.describe(d) for d in dims) + ": no size to change."
 
 
-def suggest(result: ModuleMemory) -> list[Suggestion]:
+def suggest(result: ModuleMemory, compiled_bytes: int | None = None) -> list[Suggestion]:
+    """RESULT's suggestions, ranked. COMPILED_BYTES: what the whole compile needs (preflight: arguments + outputs -
+    aliased + temporaries + code), which decides the shortfall when it exceeds the buffer assignment's peak (code
+    generation adds temporaries after the assignment is dumped)."""
     job = frameworks.from_module(result.name, (b.op_name for b in result.buffers),
                                  (b.source_line for b in result.buffers))
     framework = job.framework
-    peak = result.peak_heap_bytes or 0
+    peak = max(result.peak_heap_bytes or 0, compiled_bytes or 0)
     capacity = result.hbm_capacity_bytes
     shortfall = peak - capacity if capacity and peak > capacity else None
     found: list[Suggestion] = []
@@ -173,7 +176,7 @@ def suggest(result: ModuleMemory) -> list[Suggestion]:
         item = make(result, job)
         if item is not None:
             found.append(item)
-    found += _capacity(result, framework, shortfall)
+    found += _capacity(result, framework, shortfall, compiled_bytes)
     for item in found:
         if item.code:
             item.framework = framework
@@ -360,6 +363,17 @@ def donation(argument_bytes: int, output_bytes: int, alias_bytes: int, job, peak
                  f"argument buffers {fmt_bytes(alias_bytes)}; {pairs}; {which}")
 
 
+def add_compiled_total(module: ModuleMemory, stats: dict) -> None:
+    """preflight's hook: the compile's own total (compiled.memory_analysis()) decides whether the step fits, and a
+    step over HBM whose buffer assignment's peak is not is advised by that total's shortfall."""
+    needed = (int(stats.get("argument_size_in_bytes") or 0) + int(stats.get("output_size_in_bytes") or 0)
+              - int(stats.get("alias_size_in_bytes") or 0) + int(stats.get("temp_size_in_bytes") or 0)
+              + int(stats.get("generated_code_size_in_bytes") or 0))
+    capacity = module.hbm_capacity_bytes
+    if capacity and needed > capacity >= (module.peak_heap_bytes or 0):
+        module.suggestions = suggest(module, compiled_bytes=needed)
+
+
 def add_donation(module: ModuleMemory, stats: dict) -> None:
     """preflight's hook: its compile knows the aliased bytes (compiled.memory_analysis())."""
     job = frameworks.from_module(module.name, (b.op_name for b in module.buffers),
@@ -368,10 +382,13 @@ def add_donation(module: ModuleMemory, stats: dict) -> None:
                     int(stats.get("alias_size_in_bytes") or 0), job, module.peak_heap_bytes or 0,
                     module.alias_pairs, "the compile's memory_analysis()", module.donation_candidates)
     # The compile's own aliasing replaces the buffer assignment's guess, also when it finds nothing to donate.
-    peak = module.peak_heap_bytes or 0
-    capacity = module.hbm_capacity_bytes
     module.suggestions = rank([*(s for s in module.suggestions if s.kind != "donation"), *([hint] if hint else [])],
-                              shortfall_bytes=peak - capacity if capacity and peak > capacity else None)
+                              shortfall_bytes=_shortfall(module.suggestions))
+
+
+def _shortfall(suggestions: list[Suggestion]) -> int | None:
+    """The shortfall SUGGESTIONS were ranked by: the blocking batch suggestion's saving (_capacity), if any."""
+    return next((s.saving_bytes for s in suggestions if s.kind == "batch_size" and s.severity == "blocking"), None)
 
 
 def _donation(result: ModuleMemory, job) -> Suggestion | None:
@@ -408,15 +425,21 @@ def _bf16(result: ModuleMemory, job) -> Suggestion | None:
         code=calls.call("bf16", job.framework) or "")
 
 
-def _capacity(result: ModuleMemory, framework: str | None, shortfall: int | None) -> list[Suggestion]:
+def _capacity(result: ModuleMemory, framework: str | None, shortfall: int | None,
+              compiled_bytes: int | None = None) -> list[Suggestion]:
     if not result.hbm_capacity_bytes or result.peak_heap_bytes is None:
         return []
     use = result.peak_heap_bytes / result.hbm_capacity_bytes
     if shortfall:
         batch = batch_dimension(result)
         temp = sum(b.size_bytes for b in result.buffers if b.live_at_peak and b.allocation_type == "temp")
-        message = (f"The peak ({fmt_bytes(result.peak_heap_bytes)}) exceeds the "
-                   f"{fmt_bytes(result.hbm_capacity_bytes)} of HBM by {fmt_bytes(shortfall)}.")
+        if compiled_bytes and compiled_bytes > result.peak_heap_bytes:
+            message = (f"The compiled step needs {fmt_bytes(compiled_bytes)} (its buffer assignment, dumped before "
+                       f"code generation added temporaries and code, peaks at {fmt_bytes(result.peak_heap_bytes)}): "
+                       f"over the {fmt_bytes(result.hbm_capacity_bytes)} of HBM by {fmt_bytes(shortfall)}.")
+        else:
+            message = (f"The peak ({fmt_bytes(result.peak_heap_bytes)}) exceeds the "
+                       f"{fmt_bytes(result.hbm_capacity_bytes)} of HBM by {fmt_bytes(shortfall)}.")
         extra = {}
         if batch and temp > shortfall:
             from tpuprof.analyses.oom import fitting_batch

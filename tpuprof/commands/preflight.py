@@ -128,9 +128,10 @@ def _compile(spec, chosen, dtype, batch, options, on_compile, layout_only=False,
 
     def breakdown(dump_dir: str, stats: dict | None):
         memory = _memory(dump_dir, chosen.generation, options.top)
-        if memory is not None and stats:  # the compiler's aliased bytes make the donation hint's figure
-            from tpuprof.advice.memory import add_donation
+        if memory is not None and stats:  # the compiler's own totals: the shortfall, and the donation hint's figure
+            from tpuprof.advice.memory import add_compiled_total, add_donation
 
+            add_compiled_total(memory, stats)
             add_donation(memory, stats)
         return memory
 
