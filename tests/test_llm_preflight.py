@@ -282,6 +282,16 @@ def test_a_model_that_cannot_fit_says_why_without_compiling(tmp_path):
     assert "more fsdp" not in verdict and "--mesh" not in verdict
 
 
+def test_the_state_sentence_says_which_weights_the_expert_axis_divides(tmp_path):
+    """Mixtral 8x22B over fsdp=2 x expert=4: the experts' weights are divided 8 ways, the rest 2 ways; the sentence
+    says so rather than '8 ways' for all 140.6B parameters (which would be 197.5 GiB, not the 218.84 given)."""
+    document = preflight(tmp_path, "--model", "mixtral-8x22b", "--tpu", "v5e-8", "--mesh", "fsdp=2,expert=4",
+                         "--seq", "4096", "--batch-per-chip", "1")
+    target = document["targets"][0]
+    assert target["compiles"] == 0 and target["state_bytes_per_chip"] > target["model"]["parameters"] * 12 / 8
+    assert "sharded 2 ways over fsdp x tensor, the experts' weights 8 ways with expert" in target["verdict"]
+
+
 def test_a_bf16_first_moment_is_in_the_state_and_its_words(tmp_path):
     """--mu-dtype bfloat16 (MaxText's mu_dtype): fp32 weights and second moment, bf16 first moment, 10 bytes a
     parameter, in the figure and the sentence; bf16 weights then take the first moment with them (6 bytes)."""

@@ -141,8 +141,10 @@ def state_too_large(state_bytes_per_device: int, parameters: int, state: Trainin
     """The verdict when the weights and AdamW state alone exceed a device's HBM: no batch fits, nothing compiled.
     ALTERNATIVES: (what to change, the state per device it gives), from the same arithmetic, smallest change
     first."""
-    shards = mesh["fsdp"] * mesh["tensor"] * mesh["expert"]
-    sharding = "" if unsharded else f", sharded {shards} ways over fsdp x tensor x expert"
+    shards = mesh["fsdp"] * mesh["tensor"]
+    sharding = "" if unsharded else (f", sharded {shards} ways over fsdp x tensor"
+                                     + (f", the experts' weights {shards * mesh['expert']} ways with expert"
+                                        if mesh["expert"] > 1 else ""))
     weights, mu = _WEIGHT_WORDS[state.weights], _WEIGHT_WORDS[state.first_moment]
     kept = (f"{weights} weights and two {weights} moments" if mu == weights
             else f"{weights} weights, {_WITH_ARTICLE[mu]} first moment and {_WITH_ARTICLE[weights]} second moment")
