@@ -53,6 +53,15 @@ def fmt_count(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
+def fmt_parameters(count: int) -> str:
+    """A parameter count for people: 8.03B, 45.2M, 1,024 (a tiny model is not "0.00B")."""
+    if count >= 10**9:
+        return f"{count / 1e9:.2f}B"
+    if count >= 10**6:
+        return f"{count / 1e6:.1f}M"
+    return f"{count:,}"
+
+
 def fmt_usd(value: float) -> str:
     """Dollars: whole above $100, cents above $1, 3 significant digits below (a cost per 1M tokens is cents)."""
     if value >= 100:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tpuprof.presentation.memory import module_section
 from tpuprof.presentation.model import Caveats, Fact, Fixes, Note, Section, Table, Verdict, fits_word, text
-from tpuprof.units import fmt_bytes, fmt_ms, fmt_usd
+from tpuprof.units import fmt_bytes, fmt_ms, fmt_parameters, fmt_usd
 
 TOP = 8  # rows of each compile's memory tables
 ESTIMATE_TITLE = "Step estimate per chip (estimated from the compiled program)"
@@ -232,21 +232,12 @@ def _slice(s: dict) -> str:
 def _model(t: dict) -> str:
     m = t["model"]
     weights = m.get("weight_dtype", "float32")
-    return (f"{m['name']}: {_parameters(m['parameters'])} parameters, seq {t.get('seq_len')}, remat {m['remat']}, "
+    return (f"{m['name']}: {fmt_parameters(m['parameters'])} parameters, seq {t.get('seq_len')}, remat {m['remat']}, "
             f"{m['dtype']}" + (f", {weights} weights" if weights != "float32" else "")
             + (f", {m['mu_dtype']} first moment" if m.get("mu_dtype", weights) != weights else "")
             + (f", loss in {m['vocab_tiling']} pieces" if m.get("vocab_tiling") else "")
             + (", dropless MoE" if m.get("moe", "").startswith("dropless") else "")
             + (", XLA attention (no Pallas kernels here)" if m.get("attention", "").startswith("XLA") else ""))
-
-
-def _parameters(count: int) -> str:
-    """A parameter count for people: 8.03B, 45.2M, 1,024 (a tiny model is not "0.00B")."""
-    if count >= 10**9:
-        return f"{count / 1e9:.2f}B"
-    if count >= 10**6:
-        return f"{count / 1e6:.1f}M"
-    return f"{count:,}"
 
 
 def _host(t: dict) -> str:

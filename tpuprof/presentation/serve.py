@@ -5,7 +5,7 @@ and the ranking. The terminal, Markdown, the report page and the notebook all pr
 from __future__ import annotations
 
 from tpuprof.presentation.model import Caveats, Command, Fact, Note, Section, Table, Verdict, name, number, text
-from tpuprof.units import fmt_bytes
+from tpuprof.units import fmt_bytes, fmt_parameters
 
 
 def _ms(value) -> str:
@@ -43,7 +43,7 @@ def _row(t: dict) -> tuple[str, ...]:
 
 def section(document: dict) -> Section:
     model, workload, targets = document["model"], document["workload"], document["targets"]
-    out = Section(f"tpuprof serve: {model['name']} ({model['parameters'] / 1e9:.1f}B parameters), "
+    out = Section(f"tpuprof serve: {model['name']} ({fmt_parameters(model['parameters'])} parameters), "
                   f"{workload['input_len']} in / {workload['output_len']} out tokens per request")
     out.blocks += [Verdict(t["slice"]["name"], t["fits"], t["verdict"]) for t in targets]
     out.blocks.append(Table(COLUMNS, tuple(_row(t) for t in targets)))
