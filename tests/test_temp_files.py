@@ -24,13 +24,15 @@ def run_in_fresh_tmpdir(tmp_path: Path, *args: str, env: dict | None = None) -> 
     temp.mkdir()
     merged = {**os.environ, "COLUMNS": "200", "TMPDIR": str(temp), **(env or {})}
     merged.pop("TPU_LOG_DIR", None)
+    # Logs another process left under the pid this one gets (pids are reused) are not this command's.
+    earlier = set(LIBTPU_LOGS.iterdir()) if LIBTPU_LOGS.is_dir() else set()
     process = subprocess.Popen([sys.executable, "-m", "tpuprof", *map(str, args)], cwd=ROOT, env=merged,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout, stderr = process.communicate(timeout=600)
     assert process.returncode == 0, stderr
     left = sorted(str(p.relative_to(temp)) for p in temp.rglob("*"))
     assert left == [], f"`tpuprof {args[0]}` left {left} in TMPDIR"
-    libtpu_logs = sorted(LIBTPU_LOGS.glob(f"*.{process.pid}")) if LIBTPU_LOGS.is_dir() else []
+    libtpu_logs = sorted(set(LIBTPU_LOGS.glob(f"*.{process.pid}")) - earlier) if LIBTPU_LOGS.is_dir() else []
     assert libtpu_logs == [], f"`tpuprof {args[0]}` left libtpu's logs {libtpu_logs}"
     return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
 
