@@ -98,7 +98,7 @@ def test_long_names_keep_both_ends():
 def test_preflight_table_fits(compile_cache):
     """Two generations side by side with their bfloat16 compiles: the program and options of test_preflight.py's
     two-generations test, so that the run's compile cache holds them once for both tests and every width."""
-    args = ["preflight", f"{SAMPLES / 'models' / 'narrow_mlp.py'}:factory", "--tpu", "v5e,v6e", "--batch", "256",
+    args = ["preflight", f"{SAMPLES / 'models' / 'narrow_mlp.py'}:factory", "--tpu", "v2,v3", "--batch", "256",
             "--compare-bf16"]
     env = {"XDG_CACHE_HOME": str(compile_cache)}
     reference = run_cli(*args, env={**env, "COLUMNS": "200"}, timeout=600)
