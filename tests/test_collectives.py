@@ -151,6 +151,8 @@ def test_an_all_reduce_on_the_sparsecores_is_timed_as_a_collective(sparsecore_al
     assert reduce.asynchronous and reduce.seconds > 0
     # Timed by the collective model, not as HBM traffic of the compute estimate.
     assert not [t for t in estimate.ops if t.op.name == reduce.name]
+    # libtpu's token-only bookkeeping of the async call (PrepareAsyncCallStart/Done) is no kernel to estimate.
+    assert "PrepareAsyncCallDone" in text and not estimate.kernels_without_estimate, estimate.kernels_without_estimate
 
 
 LAYERS, WIDTH = 4, 1024  # the FSDP program: a scan over 4 [1024, 1024] bf16 layers on v5p:2x2x1

@@ -43,8 +43,11 @@ NO_TRAFFIC = {
     "domain", "iota",
 }
 # Custom calls that only reinterpret or place buffers: no kernel to estimate.
+# Custom calls that move no data of their own: layout and placement markers, and libtpu's token-only bookkeeping
+# around an async call (PrepareAsyncCallStart/Done: token in, token out, before an async collective).
 LAYOUT_ONLY_CUSTOM_CALLS = {"ConcatBitcast", "AllocateBuffer", "Sharding", "SPMDFullToShardShape",
-                            "SPMDShardToFullShape", "MoveToHost", "MoveToDevice", "annotate_device_placement"}
+                            "SPMDShardToFullShape", "MoveToHost", "MoveToDevice", "annotate_device_placement",
+                            "PrepareAsyncCallStart", "PrepareAsyncCallDone"}
 
 
 @dataclass
