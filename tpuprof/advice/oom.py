@@ -221,8 +221,11 @@ def _fragmentation(report: OomReport, missing: int | None) -> list[Suggestion]:
         message += " Buffers of many different sizes alive at once fragment the heap;"
     message += (" fewer distinct large temporaries (one layer body reused by a loop, one padded sequence length) "
                 "pack better, and a slightly smaller batch often changes the packing.")
-    return [Suggestion(kind="fragmentation", saving_bytes=frag, confidence="exact", message=message,
-                       evidence=f"HLO temp {fmt(report.hlo_temp_bytes)}, {share:.1f}% fragmentation ({fmt(frag)})",
+    # The fragmentation is the compiler's own figure; what a change frees is at most that (the changed program
+    # packs anew): an estimate, not exact.
+    return [Suggestion(kind="fragmentation", saving_bytes=frag, confidence="estimated", message=message,
+                       evidence=f"HLO temp {fmt(report.hlo_temp_bytes)}, {share:.1f}% fragmentation ({fmt(frag)}, "
+                                "the compiler's figure): the saving is at most that, as the changed program packs",
                        code=_code("fragmentation", report.framework))]
 
 
