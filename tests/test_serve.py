@@ -442,3 +442,15 @@ def test_other_engines_follow_their_own_rules_and_flags():
                               compile=False).to_dict()["targets"][0]
     assert jetstream["kv_cache_tokens"] % 8192 == 0  # whole slots of max_target_length
     assert "ici_tensor_parallelism=4" in jetstream["command"]
+
+
+def test_the_longest_length_says_when_the_models_positions_cap_it():
+    """Four requests of Llama 3.1 8B on v6e-8 would fit 440k tokens each in the cache; the model has 131,072
+    positions, and the line says which of the two bounds the figure."""
+    from tpuprof.presentation import serve as shown
+
+    document = tpuprof.serve("llama3.1-8b", "v6e-8", max_model_len=8192, concurrency=4, compile=False).to_dict()
+    (target,) = document["targets"]
+    assert target["largest_max_model_len"] == document["model"]["max_position_embeddings"] == 131072
+    lines = [fact.value for s in shown.section(document).sections for fact in s.blocks if hasattr(fact, "value")]
+    assert any("for the concurrency asked: 131,072 (the model's positions)" in line for line in lines), lines

@@ -47,7 +47,7 @@ def section(document: dict) -> Section:
                   f"{workload['input_len']} in / {workload['output_len']} out tokens per request")
     out.blocks += [Verdict(t["slice"]["name"], t["fits"], t["verdict"]) for t in targets]
     out.blocks.append(Table(COLUMNS, tuple(_row(t) for t in targets)))
-    out.sections += [_target(t) for t in targets]
+    out.sections += [_target(t, model.get("max_position_embeddings")) for t in targets]
     ranking = document["ranking"]
     if len(targets) > 1 and ranking["speed"]:
         out.sections.append(Section("ranking", [Note(f"fastest first: {', '.join(ranking['speed'])}; cheapest first: "
@@ -55,7 +55,8 @@ def section(document: dict) -> Section:
     return out
 
 
-def _target(t: dict) -> Section:
+def _target(t: dict, positions: int | None) -> Section:
+    """One slice's facts; POSITIONS: the model's max_position_embeddings, which caps the longest length."""
     kv = t["kv"]
     blocks = [
         Fact("weights", f"{fmt_bytes(t['weights_bytes_per_device'])} per device ({t['weights_how']})"),
@@ -68,7 +69,8 @@ def _target(t: dict) -> Section:
                          f"{fmt_bytes(t['bytes_limit_per_device'])}: {t['kv_cache_pages']:,} pages, "
                          f"{t['kv_cache_tokens']:,} tokens, {t['max_concurrency']:.2f} requests of "
                          f"{t['max_model_len']} tokens; longest --max-model-len for the concurrency asked: "
-                         f"{t['largest_max_model_len']:,}"),
+                         f"{t['largest_max_model_len']:,}"
+                         + (" (the model's positions)" if t["largest_max_model_len"] == positions else "")),
     ]
     programs = t["programs"]
     if programs:
