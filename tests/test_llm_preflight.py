@@ -290,6 +290,8 @@ def test_the_state_sentence_says_which_weights_the_expert_axis_divides(tmp_path)
     target = document["targets"][0]
     assert target["compiles"] == 0 and target["state_bytes_per_chip"] > target["model"]["parameters"] * 12 / 8
     assert "sharded 2 ways over fsdp x tensor, the experts' weights 8 ways with expert" in target["verdict"]
+    # The larger slice keeps the expert axis, and says with which mesh.
+    assert "a slice of 128 v5e devices, fsdp over them (--mesh fsdp=32,expert=4)" in target["verdict"]
 
 
 def test_a_bf16_first_moment_is_in_the_state_and_its_words(tmp_path):

@@ -171,10 +171,12 @@ def smaller_state(config, sizes: dict, state, chosen) -> tuple:
                       llm.state_bytes_per_device(config, sizes, replace(state, weights="bfloat16"))))
     larger = 2 * math.prod(sizes.values())
     while larger <= 8192:
-        per_device = llm.state_bytes_per_device(
-            config, {**sizes, "fsdp": larger // (sizes["tensor"] * sizes["expert"]), "data": 1}, state)
+        wider = {**sizes, "fsdp": larger // (sizes["tensor"] * sizes["expert"]), "data": 1}
+        per_device = llm.state_bytes_per_device(config, wider, state)
         if per_device <= capacity:
-            found.append((f"a slice of {larger} {chosen.target.name} devices, fsdp over them", per_device))
+            kept = "".join(f",{axis}={wider[axis]}" for axis in ("tensor", "expert") if wider[axis] > 1)
+            found.append((f"a slice of {larger} {chosen.target.name} devices, fsdp over them"
+                          + (f" (--mesh fsdp={wider['fsdp']}{kept})" if kept else ""), per_device))
             break
         larger *= 2
     return tuple(found)
