@@ -320,3 +320,26 @@ def test_capture_with_analysis_is_what_analyze_reads(profiler_job, tmp_path):
     assert captured.analysis is not None, captured.analysis_error
     assert document["analysis"] == cli_json("analyze", captured.run_dir)
     assert captured.analysis.report.step_count >= 5
+
+
+def test_a_functions_batch_is_said_to_be_its_arguments_leading_dimension(api_compile_cache):
+    """A time-major input ([T, B, D]) leads with its sequence, which tpuprof cannot tell from a batch: the answer
+    says which dimension of which arguments it took as the batch, so a throughput per 'example' is not taken on
+    trust."""
+    import jax
+    import jax.numpy as jnp
+
+    from tpuprof.presentation import preflight as shown
+
+    def step(w, x, y):
+        return w - 0.1 * jax.grad(lambda w: jnp.mean((jnp.tanh(x @ w) - y) ** 2))(w)
+
+    w = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    x = y = jax.ShapeDtypeStruct((256, 32, 64), jnp.float32)
+    document = tpuprof.preflight(step, w, x, y, tpu="v3").to_dict()
+    (target,) = document["targets"]
+    assert target["batch_size"] == 256
+    assert target["batch_from"].startswith("the leading dimension of example argument(s) 2 (256x32x64), "
+                                           "3 (256x32x64), taken as the batch")
+    facts = {b.label: b.value for b in shown.section(document).blocks if hasattr(b, "label")}
+    assert facts["v3 batch"].startswith("256: the leading dimension")

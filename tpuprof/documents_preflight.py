@@ -50,6 +50,8 @@ def target(t: PreflightTarget, top: int) -> dict:
                                    "step_ms": _ms(row.estimate.step.point_s) if row.estimate else None,
                                    "compiles": row.compiles} for row in t.remat_table]
     out.update({"batch_size": c.batch_size, "fits": c.fits, "required_bytes": c.required_bytes})
+    if t.batch_from is not None:
+        out["batch_from"] = t.batch_from
     if c.figures is not None:
         out.update({"argument_bytes": c.figures.argument_bytes, "output_bytes": c.figures.output_bytes,
                     "alias_bytes": c.figures.alias_bytes, "temp_bytes": c.figures.temp_bytes,

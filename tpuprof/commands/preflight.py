@@ -116,7 +116,8 @@ def _target(spec, chosen, batch, options, report_progress):
 
             measure_bf16(main.memory, bf16.memory.peak_heap_bytes if bf16.memory else None, main.batch_size)
     return PreflightTarget(chosen, main, str(preflight.cache_root()), bf16=bf16,
-                           searched=options.max_batch, **preflight_step.slice_batches(chosen, main.batch_size))
+                           searched=options.max_batch, batch_from=spec.batch_from,
+                           **preflight_step.slice_batches(chosen, main.batch_size))
 
 
 def _compile(spec, chosen, dtype, batch, options, on_compile, layout_only=False, on_layout=None):

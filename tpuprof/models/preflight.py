@@ -326,6 +326,7 @@ class PreflightTarget:
     max_batch_per_chip: int | None = None
     remat_table: tuple = ()  # --remat all: the answer under each policy (PreflightTarget), this one among them
     fast: FastAnswer | None = None
+    batch_from: str | None = None  # a function's example arguments: which dimension was taken as the batch
 
     @property
     def generation(self):

@@ -279,7 +279,7 @@ def _curve(t: dict) -> str:
 def _details(t: dict, label: str) -> list:
     """The slice's lines under the tables; each left out when a document read back lacks what it is made of."""
     out: list = []
-    for piece in (_unsharded, _fast, _remat, _curve_points, _oom):
+    for piece in (_batch_from, _unsharded, _fast, _remat, _curve_points, _oom):
         try:
             out += piece(t, label)
         except (AttributeError, KeyError, TypeError, ValueError):
@@ -297,6 +297,10 @@ def _details(t: dict, label: str) -> list:
 
 def _strings(items) -> tuple[str, ...]:
     return tuple(str(i) for i in items) if isinstance(items, list) else ()
+
+
+def _batch_from(t: dict, label: str) -> list:
+    return [Fact(f"{label} batch", f"{t['batch_size']}: {t['batch_from']}")] if t.get("batch_from") else []
 
 
 def _unsharded(t: dict, label: str) -> list:

@@ -35,6 +35,9 @@ def spec_from_objects(value, example_args: tuple):
         if not callable(value):
             raise UserError(f"preflight takes a JAX function or a Keras model, not a {type(value).__name__}.")
         factory, example_batch, digest = _jax_factory(value, example_args)
+        spec = tpu_compile.Spec(name, None, name, factory, digest, False, False,
+                                batch_from=batch_from(example_args, example_batch))
+        return spec, example_batch
     elif callable(value):  # a factory, as in file.py:factory
         try:
             parameters = inspect.signature(value).parameters
@@ -46,6 +49,22 @@ def spec_from_objects(value, example_args: tuple):
         raise UserError(f"preflight takes a file.py:factory text, a JAX function and its example arguments, a Keras "
                         f"model with example inputs and labels, or a factory; not a {type(value).__name__}.")
     return tpu_compile.Spec(name, None, name, factory, digest, False, False), example_batch
+
+
+def batch_from(args: tuple, batch: int | None) -> str | None:
+    """Which example arguments tpuprof takes to lead with the batch (the last one, and every one whose arrays all
+    lead with its size), in words: a time-major input leads with its sequence, which tpuprof cannot tell apart."""
+    import jax
+
+    if batch is None:
+        return None
+    leading = [i for i, arg in enumerate(args, 1)
+               if (leaves := jax.tree_util.tree_leaves(arg)) and _batch_dim(leaves) == batch
+               and all(len(getattr(leaf, "shape", ())) >= 1 for leaf in leaves)]
+    shapes = ", ".join(f"{i} ({'x'.join(map(str, jax.tree_util.tree_leaves(args[i - 1])[0].shape))})"
+                       for i in leading)
+    return (f"the leading dimension of example argument(s) {shapes}, taken as the batch (examples/s and cost "
+            "count it: arrays whose batch is not their first dimension are not counted right)")
 
 
 def _batch_dim(leaves) -> int | None:

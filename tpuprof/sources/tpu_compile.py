@@ -666,6 +666,7 @@ class Spec:
     accepts_mesh: bool
     kind: str | None = None  # what the factory returned last: jax | tf | keras
     mesh_text: str | None = None  # --mesh: the axes of the Mesh a factory with a `mesh` parameter receives
+    batch_from: str | None = None  # a function's example arguments: which dimension is taken as the batch
 
     def program(self, batch_size: int, dtype: str | None = None, target: slices.Slice | str | None = None) -> Program:
         kwargs: dict[str, Any] = {}
