@@ -99,3 +99,21 @@ def test_the_index_finds_what_the_memory_analysis_needs():
     assert set(module.find(wanted)) == wanted
     assert module.find(set()) == {}
     assert {i.name for i in module.find(wanted).values()} <= {i.name for i in module.by_id.values()}
+
+
+def test_hlo_text_names_each_op_as_its_hloproto_does():
+    """XLA prints metadata strings C-escaped (op_name="...state[\\'model\\']..."); the text reader unescapes them, so
+    an op has one name whether its module was read from the text or from the HloProto (diff matches ops by name)."""
+    from tpuprof.protos import hlo_pb2
+    from tpuprof.sources import hlo_text
+
+    folder = SAMPLES / "dumps" / "diff_b64"
+    text = next(folder.glob("*.after_optimizations.txt")).read_text()
+    assert "\\'" in text  # the escaped form this test is about
+    proto = hlo_pb2().HloProto()
+    proto.ParseFromString(next(folder.glob("*.after_optimizations.hlo.pb")).read_bytes())
+    from_proto = {i.name: i.metadata.op_name for c in proto.hlo_module.computations for i in c.instructions}
+    from_text = {i.name: i.op_name for c in hlo_text.parse(text).computations.values() for i in c}
+    both = from_proto.keys() & from_text.keys()
+    assert len(both) > 100 and any("'" in from_proto[n] for n in both)
+    assert {n: from_text[n] for n in both} == {n: from_proto[n] for n in both}

@@ -34,6 +34,16 @@ _METADATA_RE = {
 }
 
 
+def _unescape(value: str) -> str:
+    """A metadata string as XLA printed it, C-escaped (absl::CEscape: \\', \\", \\\\, octal bytes), back to what the
+    HloProto holds."""
+    if "\\" not in value:
+        return value
+    import codecs
+
+    return codecs.escape_decode(value.encode("ascii", "backslashreplace"))[0].decode("utf-8", "replace")
+
+
 @dataclass
 class TextInstruction:
     name: str
@@ -143,8 +153,9 @@ def _parse_instruction(line: str, computation: str, source: str) -> TextInstruct
         fusion_kind=fusion_kind.group(1) if fusion_kind else "",
         operand_aliasing=(_aliases(aliasing.group(1)) if aliasing else
                           backend_aliasing(rest, len(operands), shape.is_tuple)),
-        op_name=op_name.group(1) if op_name else "",
-        source_line=f"{source_file.group(1)}:{source_line.group(1)}" if source_file and source_line else "",
+        op_name=_unescape(op_name.group(1)) if op_name else "",
+        source_line=(f"{_unescape(source_file.group(1))}:{source_line.group(1)}" if source_file and source_line
+                     else ""),
     )
 
 
