@@ -219,6 +219,8 @@ def test_a_capture_committed_mangled_is_one_clear_error(tmp_path):
     done = run_cli("analyze", path)
     assert done.returncode == 2 and done.stdout == ""
     assert "is not a readable xplane.pb" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    # and why: the bytes a copy as text puts in place of every byte that is not UTF-8
+    assert "UTF-8 replacement characters (EF BF BD)" in done.stderr and "copied as text" in done.stderr
 
 
 # --- v6e-1 Pallas matmul -----------------------------------------------------------------------------
