@@ -179,3 +179,14 @@ def test_command_given_another_commands_input_names_it(command, path, names):
     assert result.returncode == 2 and result.stdout == ""
     assert names in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_an_hloproto_copied_as_text_is_said_to_be(tmp_path):
+    """What a text channel does to a binary file (every byte that is not UTF-8 becomes U+FFFD), done to a committed
+    HloProto: memory names the cause and the remedy in one sentence, as analyze does for a capture."""
+    proto = next((DUMPS / "diff_b64").glob("*.after_optimizations.hlo.pb")).read_bytes()
+    mangled = tmp_path / "module.hlo.pb"
+    mangled.write_bytes(proto.decode("utf-8", "replace").encode("utf-8"))
+    done = run_cli("memory", mangled)
+    assert done.returncode == 2 and done.stdout == "" and len(done.stderr.strip().splitlines()) == 1
+    assert "not a readable HloProto: it holds" in done.stderr and "copied as text" in done.stderr

@@ -194,18 +194,11 @@ def parse_xspace(data: bytes, path: str = "<bytes>", light: bool = True):
         raise UserError(f"{path} is an HloProto (an XLA dump), not a profile: use `tpuprof memory` on it.")
     if not data:
         raise UserError(f"{path} is empty: the capture did not finish writing.")
-    replaced = data.count(_REPLACEMENT)
-    if replaced >= _MANGLED_AT_LEAST:
-        raise UserError(f"{path} is not a readable xplane.pb: it holds {replaced:,} UTF-8 replacement characters "
-                        "(EF BF BD), as a binary file does after it was copied as text; copy the capture again as "
-                        "bytes (gsutil cp, scp, a raw download).")
-    raise UserError(f"{path} is not a readable xplane.pb (truncated, or not a profiler capture).")
+    from tpuprof.sources.inputs import copied_as_text
 
-
-# A binary file copied as text (a web page's raw view, a text editor, a text API) has every byte that is not
-# UTF-8 replaced by U+FFFD; a real capture may hold the sequence by chance, not this often.
-_REPLACEMENT = b"\xef\xbf\xbd"
-_MANGLED_AT_LEAST = 64
+    why = copied_as_text(data)
+    raise UserError(f"{path} is not a readable xplane.pb: {why}" if why else
+                    f"{path} is not a readable xplane.pb (truncated, or not a profiler capture).")
 
 
 # Files up to this size that are not captures are read whole to say what they are instead (an HloProto).
