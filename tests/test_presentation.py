@@ -13,6 +13,7 @@ import pytest
 import tpuprof
 
 from conftest import SAMPLES, run_cli
+from tpuprof.units import fmt_ms
 
 SERVE = ["serve", "--model", "llama3.1-70b", "--tpu", "v6e-8,v5p-16,v5e-8", "--max-model-len", "8192",
          "--concurrency", "64", "--no-compile"]
@@ -49,9 +50,9 @@ def test_report_draws_a_serve_section_from_a_saved_document(serve_json, tmp_path
         e = t["estimate"]
         if t["fits"]:
             p = e["prefill_ms"]
-            figures += [f"TPOT {e['tpot_ms']:,.1f} ms ({e['tpot_ms_low']:,.1f} ms to {e['tpot_ms_high']:,.1f} ms)",
-                        f"TTFT {e['ttft_ms']:,.1f} ms (prefill chunk {p['point']:,.1f} ms, {p['low']:,.1f} ms to "
-                        f"{p['high']:,.1f} ms)", f"{e['output_tokens_per_s']:,.0f} output tokens/s",
+            figures += [f"TPOT {fmt_ms(e['tpot_ms'])} ({fmt_ms(e['tpot_ms_low'])} to {fmt_ms(e['tpot_ms_high'])})",
+                        f"TTFT {fmt_ms(e['ttft_ms'])} (prefill chunk {fmt_ms(p['point'])}, {fmt_ms(p['low'])} to "
+                        f"{fmt_ms(p['high'])})", f"{e['output_tokens_per_s']:,.0f} output tokens/s",
                         f"${e['cost_per_million_output_tokens']:,.3f}"]
         for figure in figures:
             assert figure in page, figure

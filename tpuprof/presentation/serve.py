@@ -5,11 +5,7 @@ and the ranking. The terminal, Markdown, the report page and the notebook all pr
 from __future__ import annotations
 
 from tpuprof.presentation.model import Caveats, Command, Fact, Note, Section, Table, Verdict, name, number, text
-from tpuprof.units import fmt_bytes, fmt_parameters
-
-
-def _ms(value) -> str:
-    return "n/a" if value is None else f"{value:,.1f} ms"
+from tpuprof.units import fmt_bytes, fmt_ms, fmt_parameters
 
 
 def _usd(value) -> str:
@@ -18,7 +14,7 @@ def _usd(value) -> str:
 
 def _prefill(e: dict) -> str:
     band = e.get("prefill_ms")
-    return "" if not band else f" (prefill chunk {_ms(band['point'])}, {_ms(band['low'])} to {_ms(band['high'])})"
+    return "" if not band else f" (prefill chunk {fmt_ms(band['point'])}, {fmt_ms(band['low'])} to {fmt_ms(band['high'])})"
 
 
 def _utilization(t: dict) -> str:
@@ -36,7 +32,7 @@ def _row(t: dict) -> tuple[str, ...]:
     return (t["slice"]["name"], f"{t['tensor_parallel_size']}" + (f" x{t['replicas']}" if t["replicas"] > 1 else ""),
             "yes" if t["fits"] else "no", fmt_bytes(t["weights_bytes_per_device"]),
             f"{t['kv_bytes_per_token_per_device']:,} B", f"{t['kv_cache_tokens']:,}", f"{t['max_concurrency']:.1f}",
-            _utilization(t), _ms(e.get("tpot_ms")), _ms(e.get("ttft_ms")),
+            _utilization(t), fmt_ms(e.get("tpot_ms")), fmt_ms(e.get("ttft_ms")),
             "n/a" if not e else f"{e['output_tokens_per_s']:,.0f}", _usd(e.get("cost_per_million_output_tokens")),
             "n/a" if not t["programs"] else f"{t['programs']['count']:,}")
 
@@ -87,9 +83,9 @@ def _target(t: dict, positions: int | None) -> Section:
     if e:
         step = e["decode_step_ms"]
         blocks.append(Fact("speed and cost",
-                           f"at {e['concurrency']} requests: decode step {_ms(step['point'])} ({_ms(step['low'])} to "
-                           f"{_ms(step['high'])}, {e['bound']}-bound), TPOT {_ms(e['tpot_ms'])} "
-                           f"({_ms(e['tpot_ms_low'])} to {_ms(e['tpot_ms_high'])}), TTFT {_ms(e['ttft_ms'])}{_prefill(e)}, "
+                           f"at {e['concurrency']} requests: decode step {fmt_ms(step['point'])} ({fmt_ms(step['low'])} to "
+                           f"{fmt_ms(step['high'])}, {e['bound']}-bound), TPOT {fmt_ms(e['tpot_ms'])} "
+                           f"({fmt_ms(e['tpot_ms_low'])} to {fmt_ms(e['tpot_ms_high'])}), TTFT {fmt_ms(e['ttft_ms'])}{_prefill(e)}, "
                            f"{e['output_tokens_per_s']:,.0f} output tokens/s ({e['output_tokens_per_s_per_chip']:,.0f} "
                            f"per chip), {_usd(e['cost_per_million_output_tokens'])} per 1M output tokens (estimated)"))
     blocks += [Note(p, "problem") for p in t["problems"][1:]]  # the first is the verdict's reason
