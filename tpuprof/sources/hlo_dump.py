@@ -187,7 +187,7 @@ def read_hlo_proto(path: Path):
     # An HloModuleProto on its own (`*.before_optimizations.hlo.pb`, TF's compiler IR) is another message.
     module = _parse(hlo_pb2.HloModuleProto, data)
     if module is None or not module.computations or not module.name:
-        from tpuprof.sources.inputs import copied_as_text
+        from tpuprof.sources.binary import copied_as_text
 
         why = copied_as_text(data)
         raise UserError(f"{path} is not a readable HloProto: {why}" if why else

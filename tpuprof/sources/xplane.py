@@ -194,7 +194,7 @@ def parse_xspace(data: bytes, path: str = "<bytes>", light: bool = True):
         raise UserError(f"{path} is an HloProto (an XLA dump), not a profile: use `tpuprof memory` on it.")
     if not data:
         raise UserError(f"{path} is empty: the capture did not finish writing.")
-    from tpuprof.sources.inputs import copied_as_text
+    from tpuprof.sources.binary import copied_as_text
 
     why = copied_as_text(data)
     raise UserError(f"{path} is not a readable xplane.pb: {why}" if why else
