@@ -42,7 +42,6 @@ NO_TRAFFIC = {
     "all-gather-done", "all-reduce-done", "collective-permute-done", "while", "call", "conditional",
     "domain", "iota",
 }
-# Custom calls that only reinterpret or place buffers: no kernel to estimate.
 # Custom calls that move no data of their own: layout and placement markers, and libtpu's token-only bookkeeping
 # around an async call (PrepareAsyncCallStart/Done: token in, token out, before an async collective).
 LAYOUT_ONLY_CUSTOM_CALLS = {"ConcatBitcast", "AllocateBuffer", "Sharding", "SPMDFullToShardShape",

@@ -11,6 +11,8 @@ METHOD_RECOMPILED = "recompiled"  # recompiled with libtpu here, then its buffer
 METHOD_RECOMPILED_ONE_DEVICE = "recompiled_one_device"
 METHOD_HLO_LIVENESS = "hlo_liveness"  # liveness over scheduled HLO with TPU layouts: an estimate
 METHOD_UNSCHEDULED_BOUND = "unscheduled_bound"  # no TPU schedule or layouts: an estimate within a range
+# The methods whose figures are the compiler's own, per device.
+PER_DEVICE_COMPILER_METHODS = (METHOD_BUFFER_ASSIGNMENT, METHOD_RECOMPILED)
 
 # Allocation kinds, in XProf's precedence order (an entry parameter that is also live-out is a parameter).
 PARAMETER, OUTPUT, THREAD_LOCAL, CONSTANT, TEMP = "parameter", "output", "thread-local", "constant", "temp"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from decimal import ROUND_HALF_UP, Decimal
 
+from tpuprof.models.memory import PER_DEVICE_COMPILER_METHODS
 from tpuprof.presentation.memory import wrappable_shape
 from tpuprof.presentation.model import Caveats, Fact, Note, Section, Table, Verdict, name, number, text
 from tpuprof.units import fmt_bytes
@@ -14,8 +15,6 @@ from tpuprof.units import fmt_bytes
 # and for counts that only describe the run (steps captured, buffers) neither.
 HIGHER_IS_BETTER = {"compute_percent", "max_batch_size"}
 NEUTRAL = {"buffer_count"}
-# The memory methods whose figures are the compiler's own (tpuprof.models.memory; docs/memory.md).
-EXACT_MEMORY_METHODS = ("buffer_assignment", "recompiled")
 TITLES = {"steps": "Step time", "memory": "Memory", "preflight": "Preflight"}
 
 
@@ -129,7 +128,7 @@ def _group(g: dict, kind: str, top: int) -> Section:
                                "how long each capture ran: not compared)."))
     methods = g.get("methods")
     if isinstance(methods, dict) and methods.get("a") != methods.get("b") and methods.get("a") and methods.get("b"):
-        estimated = [side.upper() for side in ("a", "b") if methods[side] not in EXACT_MEMORY_METHODS]
+        estimated = [side.upper() for side in ("a", "b") if methods[side] not in PER_DEVICE_COMPILER_METHODS]
         if estimated:
             whose = ("A's and B's figures are estimates" if len(estimated) == 2
                      else f"{estimated[0]}'s figures are an estimate")

@@ -14,7 +14,9 @@ def _usd(value) -> str:
 
 def _prefill(e: dict) -> str:
     band = e.get("prefill_ms")
-    return "" if not band else f" (prefill chunk {fmt_ms(band['point'])}, {fmt_ms(band['low'])} to {fmt_ms(band['high'])})"
+    if not band:
+        return ""
+    return f" (prefill chunk {fmt_ms(band['point'])}, {fmt_ms(band['low'])} to {fmt_ms(band['high'])})"
 
 
 def _utilization(t: dict) -> str:
