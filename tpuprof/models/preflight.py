@@ -64,8 +64,7 @@ FLAGS = {
     "tokens_per_example": "--tokens-per-example", "price": "--price", "model": "--model", "seq": "--seq",
     "batch_per_chip": "--batch-per-chip", "global_batch": "--global-batch", "remat": "--remat", "dtype": "--dtype",
     "mesh": "--mesh", "weight_dtype": "--weight-dtype", "mu_dtype": "--mu-dtype", "vocab_tiling": "--vocab-tiling",
-    "moe": "--moe",
-    "full": "--full", "ray": "--ray",
+    "moe": "--moe", "full": "--full", "ray": "--ray",
 }
 
 

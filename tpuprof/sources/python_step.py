@@ -34,10 +34,8 @@ def spec_from_objects(value, example_args: tuple):
     elif example_args:
         if not callable(value):
             raise UserError(f"preflight takes a JAX function or a Keras model, not a {type(value).__name__}.")
-        factory, example_batch, digest = _jax_factory(value, example_args)
-        spec = tpu_compile.Spec(name, None, name, factory, digest, False, False,
-                                batch_from=batch_from(example_args, example_batch))
-        return spec, example_batch
+        factory, example_batch, digest, batch_from = _jax_factory(value, example_args)
+        return tpu_compile.Spec(name, None, name, factory, digest, False, False, batch_from=batch_from), example_batch
     elif callable(value):  # a factory, as in file.py:factory
         try:
             parameters = inspect.signature(value).parameters
@@ -51,18 +49,13 @@ def spec_from_objects(value, example_args: tuple):
     return tpu_compile.Spec(name, None, name, factory, digest, False, False), example_batch
 
 
-def batch_from(args: tuple, batch: int | None) -> str | None:
-    """Which example arguments tpuprof takes to lead with the batch (the last one, and every one whose arrays all
-    lead with its size), in words: a time-major input leads with its sequence, which tpuprof cannot tell apart."""
-    import jax
-
-    if batch is None:
+def _batch_words(leaves_of: list, batched: list[bool]) -> str | None:
+    """Which example arguments are taken to lead with the batch, in words: a time-major input leads with its
+    sequence, which tpuprof cannot tell apart from a batch."""
+    shapes = ", ".join(f"{i} ({'x'.join(map(str, leaves[0].shape))})"
+                       for i, (leaves, lead) in enumerate(zip(leaves_of, batched), 1) if lead)
+    if not shapes:
         return None
-    leading = [i for i, arg in enumerate(args, 1)
-               if (leaves := jax.tree_util.tree_leaves(arg)) and _batch_dim(leaves) == batch
-               and all(len(getattr(leaf, "shape", ())) >= 1 for leaf in leaves)]
-    shapes = ", ".join(f"{i} ({'x'.join(map(str, jax.tree_util.tree_leaves(args[i - 1])[0].shape))})"
-                       for i in leading)
     return (f"the leading dimension of example argument(s) {shapes}, taken as the batch (examples/s and cost "
             "count it: arrays whose batch is not their first dimension are not counted right)")
 
@@ -104,7 +97,7 @@ def _jax_factory(fn, args: tuple):
         digest = _hash(text, [scaled for scaled in batched])
     except Exception:  # noqa: BLE001 - no stable key: compile without reusing the cache
         digest = _unique()
-    return factory, example_batch, digest
+    return factory, example_batch, digest, _batch_words(leaves_of, batched)
 
 
 def _scaled_that_trace(fn, batched: list[bool], resized) -> list[bool]:
