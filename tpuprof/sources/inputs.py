@@ -131,7 +131,7 @@ def _file_kind(path: Path) -> str:
         return "oom_log"
     if head.lstrip().startswith(b"{") and b'"schema": "tpuprof.' in head:  # a --json document saved as *.txt...
         return "document"
-    if b"\0" in head or head[:1] == b"\x0a" and _binary(head):
+    if b"\0" in head or (head[:1] == b"\x0a" and _binary(head)):
         # Binary: an HloProto (or HloModuleProto) without the usual name starts with field 1, length-delimited.
         if head[:1] == b"\x0a":
             return "hlo_proto"
