@@ -454,3 +454,17 @@ def test_the_longest_length_says_when_the_models_positions_cap_it():
     assert target["largest_max_model_len"] == document["model"]["max_position_embeddings"] == 131072
     lines = [fact.value for s in shown.section(document).sections for fact in s.blocks if hasattr(fact, "value")]
     assert any("for the concurrency asked: 131,072 (the model's positions)" in line for line in lines), lines
+
+
+def test_every_built_in_model_launches_by_a_name_the_engine_can_load():
+    """GPT-OSS, Llama 4 and Qwen3-235B had no Hugging Face id: the command to paste read `vllm serve
+    built-in:gpt-oss-120b`, which vLLM takes for a model name that does not exist."""
+    from tpuprof.sources.llm import builtin_names
+
+    for name in builtin_names():
+        if name.startswith("deepseek"):  # MLA: refused before any command is built
+            continue
+        (target,) = tpuprof.serve(name, "v6e-8", max_model_len=2048, compile=False).to_dict()["targets"]
+        assert "built-in:" not in target["command"], target["command"]
+    (gpt_oss,) = tpuprof.serve("gpt-oss-120b", "tpu7x-8", max_model_len=4096, compile=False).to_dict()["targets"]
+    assert gpt_oss["command"].startswith("vllm serve openai/gpt-oss-120b ")

@@ -23,7 +23,10 @@ HF_IDS = {
     "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct", "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct", "qwen3-8b": "Qwen/Qwen3-8B",
     "qwen3-32b": "Qwen/Qwen3-32B", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B", "qwen1.5-moe-a2.7b": "Qwen/Qwen1.5-MoE-A2.7B",
     "gemma2-9b": "google/gemma-2-9b-it", "gemma2-27b": "google/gemma-2-27b-it", "gemma3-12b": "google/gemma-3-12b-it",
-    "gemma3-27b": "google/gemma-3-27b-it",
+    "gemma3-27b": "google/gemma-3-27b-it", "gpt-oss-20b": "openai/gpt-oss-20b", "gpt-oss-120b": "openai/gpt-oss-120b",
+    "llama4-scout": "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+    "llama4-maverick": "meta-llama/Llama-4-Maverick-17B-128E-Instruct", "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3", "deepseek-v2-lite": "deepseek-ai/DeepSeek-V2-Lite-Chat",
 }
 
 
@@ -127,7 +130,9 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
 def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_model_len: int, max_num_seqs: int,
                    utilization: float, kv) -> str:
     config = options.model
-    name = HF_IDS.get(config.name, options.model_source) if options.model_source.startswith("built-in:") else \
+    # A built-in config with no public checkpoint (GPT-3) gets a placeholder the engine would refuse, never the
+    # "built-in:NAME" source, which reads as a model name and is not one.
+    name = HF_IDS.get(config.name, f"<{config.name} weights>") if options.model_source.startswith("built-in:") else \
         options.model_source.rsplit("/config.json", 1)[0]
     if options.engine == "vllm":
         parts = ["vllm", "serve", name, "--tensor-parallel-size", str(tp), "--max-model-len", str(max_model_len),
