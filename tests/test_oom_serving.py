@@ -207,6 +207,10 @@ def test_a_bare_used_of_hbm_fragment_is_an_out_of_memory(text):
     if "vLLM" in text:
         assert report.serving.cause == "compile_hbm"
         assert {f["kind"] for f in fixes(report)} >= {"tensor_parallel", "quantization", "serve_plan"}
+        # vLLM TPU refuses --quantization for a bf16 checkpoint's weights unless it is a quantized checkpoint's
+        # format: they are quantized as they load by qwix rules in --additional-config.
+        (quantize,) = [f for f in fixes(report) if f["kind"] == "quantization"]
+        assert "--quantization" not in quantize["code"] and '"weight_qtype": "float8_e4m3fn"' in quantize["code"]
     # A program that fitted prints the same words: not an error.
     assert analysis.find_in_stream(io.BytesIO(b"Used 8.00G of 31.25G hbm\n")) is None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -468,3 +469,21 @@ def test_every_built_in_model_launches_by_a_name_the_engine_can_load():
         assert "built-in:" not in target["command"], target["command"]
     (gpt_oss,) = tpuprof.serve("gpt-oss-120b", "tpu7x-8", max_model_len=4096, compile=False).to_dict()["targets"]
     assert gpt_oss["command"].startswith("vllm serve openai/gpt-oss-120b ")
+
+
+def test_launch_commands_carry_every_setting_the_figures_rest_on_in_the_engines_own_flags():
+    """SGLang-JAX's command dropped --max-num-batched-tokens (its --chunked-prefill-size: the programs tpuprof
+    compiled were not the ones it would run) and the quantization; without it tpuprof took vLLM's v6e default of
+    1024 where SGLang-JAX prefills 4096 tokens at once. vLLM TPU refuses `--quantization int8` (its platform's
+    supported_quantization has no int8): a bf16 checkpoint is quantized as it loads by qwix rules."""
+    sglang = tpuprof.serve("qwen3-8b", "v6e-4", engine="sglang-jax", max_model_len=8192, compile=False)
+    assert sglang.targets[0].max_num_batched_tokens == 4096
+    (given,) = tpuprof.serve("qwen3-8b", "v6e-4", engine="sglang-jax", max_model_len=8192, max_num_batched_tokens=512,
+                             quantization="int8", compile=False).to_dict()["targets"]
+    assert "--chunked-prefill-size 512" in given["command"]
+    assert "--quantization-config-path int8.yaml" in given["command"]
+    (vllm,) = tpuprof.serve("qwen3-8b", "v6e-4", max_model_len=8192, quantization="int8",
+                            compile=False).to_dict()["targets"]
+    assert "--quantization " not in vllm["command"]
+    flag = vllm["command"].split("--additional-config ")[1]
+    assert json.loads(shlex.split(flag)[0])["quantization"]["qwix"]["rules"][0]["weight_qtype"] == "int8"

@@ -18,9 +18,11 @@ The facts are vLLM TPU's (tpu-inference, read from its code: ../shared/reference
 from __future__ import annotations
 
 import math
+import shlex
 
 from tpuprof.analyses import oom_serving
 from tpuprof.analyses.oom import format_bytes as fmt
+from tpuprof.analyses.serve_memory import vllm_quantization
 from tpuprof.models.oom import OomReport
 from tpuprof.models.suggestion import Suggestion, rank
 
@@ -322,8 +324,10 @@ def _more_devices(settings, why: str) -> Suggestion:
 def _quantize(settings, found: str) -> Suggestion:
     return Suggestion(
         kind="quantization", severity="improve", confidence="estimated",
-        message=(f"Weights in 8 bits: --quantization fp8 (or an int8 checkpoint) halves bf16 weights; {found}."),
-        code=_vllm(settings, "--quantization fp8"))
+        message=(f"Weights in 8 bits halve bf16 weights: an fp8 checkpoint, or a bf16 one quantized as it loads (qwix "
+                 f"rules in --additional-config: vLLM TPU takes --quantization only for a checkpoint already "
+                 f"quantized); {found}."),
+        code=_vllm(settings, "--additional-config " + shlex.quote(vllm_quantization("fp8"))))
 
 
 def _plan(report: OomReport, settings) -> Suggestion:

@@ -23,6 +23,7 @@ preallocated, heads over the tensor axis.
 
 from __future__ import annotations
 
+import json
 import math
 
 from tpuprof.models.serve import Capacity, EngineRules, KvLayout
@@ -42,6 +43,8 @@ DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default for `vllm serve`
 # generation; other generations take vLLM's general default.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = {"v6e": 1024, "v5e": 512, "v5p": 256}
 GENERAL_MAX_NUM_BATCHED_TOKENS = 2048
+# SGLang-JAX's --chunked-prefill-size when not given (server_args.py @ cddbf6f1), on every generation.
+SGLANG_JAX_CHUNKED_PREFILL_SIZE = 4096
 MIN_TOKEN_BUCKET = 16  # tpu_inference envs.py MIN_TOKEN_BUCKET
 MIN_NUM_SEQS = 8  # tpu_runner.py MIN_NUM_SEQS
 
@@ -235,7 +238,17 @@ def engine_program_count(tokens: tuple, requests: tuple) -> tuple[int, str]:
     return count, rule
 
 
-def default_max_num_batched_tokens(generation: str) -> int:
+def vllm_quantization(quantization: str) -> str:
+    """vLLM TPU's setting that quantizes a bf16 checkpoint's weights as it loads them (qwix rules in
+    --additional-config, tpu-inference's qwix_utils): its platform takes --quantization only for checkpoints already
+    quantized (supported_quantization has fp8 and no int8: `--quantization int8` is refused)."""
+    qtype = {"fp8": "float8_e4m3fn", "int8": "int8"}[quantization]
+    return json.dumps({"quantization": {"qwix": {"rules": [{"module_path": ".*", "weight_qtype": qtype}]}}})
+
+
+def default_max_num_batched_tokens(generation: str, engine: str = "vllm") -> int:
+    if engine == "sglang-jax":
+        return SGLANG_JAX_CHUNKED_PREFILL_SIZE
     return DEFAULT_MAX_NUM_BATCHED_TOKENS.get(generation, GENERAL_MAX_NUM_BATCHED_TOKENS)
 
 

@@ -56,7 +56,8 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
     max_model_len = options.max_model_len or config.max_position_embeddings
     # The concurrency asked for is the number of requests to schedule together when --max-num-seqs is not given.
     max_num_seqs = options.max_num_seqs or options.concurrency or serve_memory.DEFAULT_MAX_NUM_SEQS
-    batched = options.max_num_batched_tokens or serve_memory.default_max_num_batched_tokens(slice_.generation)
+    batched = (options.max_num_batched_tokens
+               or serve_memory.default_max_num_batched_tokens(slice_.generation, options.engine))
     kv = serve_memory.kv_layout(config, options.engine, tp, options.kv_cache_dtype, max_model_len, options.block_size,
                                max_num_seqs)
     limit = slice_.target.compiler_hbm_bytes
@@ -146,7 +147,7 @@ def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_mo
         if options.block_size:
             parts += ["--block-size", str(options.block_size)]
         if options.quantization != "bf16":
-            parts += ["--quantization", options.quantization]
+            parts += ["--additional-config", serve_memory.vllm_quantization(options.quantization)]
         if options.enable_expert_parallel:
             parts += ["--enable-expert-parallel"]
         return shlex.join(parts)
@@ -154,8 +155,12 @@ def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_mo
         parts = ["python", "-m", "sgl_jax.launch_server", "--model-path", name, "--tp-size", str(tp),
                  "--context-length", str(max_model_len), "--max-running-requests", str(max_num_seqs),
                  "--mem-fraction-static", f"{utilization:.2f}", "--page-size", str(kv.page_size)]
+        if options.max_num_batched_tokens:
+            parts += ["--chunked-prefill-size", str(options.max_num_batched_tokens)]
         if options.kv_cache_dtype == "fp8":
             parts += ["--kv-cache-dtype", "fp8_e4m3"]
+        if options.quantization != "bf16":  # weight-only, per channel: its built-in qwix configs
+            parts += ["--quantization-config-path", f"{options.quantization}.yaml"]
         return shlex.join(parts)
     per_device = max(max_num_seqs // max(tp, 1), 1)
     return shlex.join(["python", "-m", "MaxText.maxengine_server", "MaxText/configs/base.yml",
