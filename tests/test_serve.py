@@ -487,3 +487,36 @@ def test_launch_commands_carry_every_setting_the_figures_rest_on_in_the_engines_
     assert "--quantization " not in vllm["command"]
     flag = vllm["command"].split("--additional-config ")[1]
     assert json.loads(shlex.split(flag)[0])["quantization"]["qwix"]["rules"][0]["weight_qtype"] == "int8"
+
+
+@pytest.mark.parametrize("name", ["llama4-maverick", "llama4-scout", "qwen3-30b-a3b", "llama3.1-70b"])
+def test_weights_from_the_shapes_are_the_models_parameters_in_bf16(name):
+    """Llama 4 Maverick routes experts in every other layer (interleave_moe_layer_step 2): serve gave every layer
+    its 128 experts, 182.65 GiB per device on v6e-8 for a 400.7B-parameter model (1,569 GB in all, twice its
+    bf16 weights). At TP 4 no model here replicates KV heads (which adds their projections' copies)."""
+    result = tpuprof.serve(name, "v6e-4", max_model_len=4096, compile=False)
+    config, (target,) = result.answer.options.model, result.targets
+    total = target.capacity.weights_bytes_per_device * target.tensor_parallel_size
+    assert total == pytest.approx(2 * config.parameter_count(), rel=0.005)
+    if name == "qwen3-30b-a3b":  # the one that fits v6e-4: its estimate says where its weights came from (it
+        # said "from the compile" with nothing compiled)
+        assert target.estimate.how.endswith("weights per device from the shapes (not compiled)")
+
+
+@needs_libtpu
+def test_the_compiled_backbone_routes_experts_only_in_the_layers_that_have_them():
+    from dataclasses import replace
+
+    from tpuprof.analyses import serve_programs
+    from tpuprof.slices import resolve
+    from tpuprof.sources import llm_serve
+
+    result = tpuprof.serve("llama4-maverick", "v6e-8", max_model_len=4096, compile=False)
+    config, (target,) = result.answer.options.model, result.targets
+    backbones, _ = serve_programs.programs(config, target.kv, tp=8, max_num_seqs=8, max_model_len=4096,
+                                           max_num_batched_tokens=16, quantization="bf16", expert_parallel=False,
+                                           generation="v6e")
+    _, (_, layers, _, _), _ = llm_serve.build(config, replace(backbones[0], layers=2),
+                                              tpu_compile.topology_devices(resolve("v6e-8")))
+    assert "we_gate" not in layers[0] and layers[0]["w_gate"].shape == (config.hidden_size, config.intermediate_size)
+    assert layers[1]["we_gate"].shape[0] == config.num_experts

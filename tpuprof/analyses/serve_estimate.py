@@ -24,6 +24,7 @@ step on average, which is what TPOT adds on top of the decode step. TTFT = the r
 
 from __future__ import annotations
 
+from tpuprof.analyses.serve_memory import moe_layers
 from tpuprof.models.serve import Band, ServeEstimate
 
 # (low, point, high) ends of the band: fractions of the published peak reached.
@@ -36,12 +37,12 @@ def active_parameters(config) -> int:
     """Parameters one token's matmuls use: attention projections, the MLP (an MoE: router, top-k experts, shared
     expert) and the LM head."""
     d, h, kv, hd = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    if config.moe:
-        mlp = (d * config.num_experts + config.num_experts_per_tok * 3 * d * config.moe_intermediate_size
-               + 3 * d * config.shared_expert_intermediate_size)
-    else:
-        mlp = 3 * d * config.intermediate_size
-    return config.num_hidden_layers * (2 * d * h * hd + 2 * d * kv * hd + mlp) + config.vocab_size * d
+    dense = 3 * d * config.intermediate_size
+    routed = moe_layers(config) if config.moe else 0
+    moe = (d * config.num_experts + config.num_experts_per_tok * 3 * d * config.moe_intermediate_size
+           + 3 * d * config.shared_expert_intermediate_size) if config.moe else 0
+    mlp = routed * moe + (config.num_hidden_layers - routed) * dense
+    return config.num_hidden_layers * (2 * d * h * hd + 2 * d * kv * hd) + mlp + config.vocab_size * d
 
 
 def _all_reduce_s(bytes_: float, tp: int, target, latency_us: float) -> float:
@@ -93,7 +94,8 @@ def prefill_s(config, target, tp: int, weights: int, tokens: int, chunk: int, en
 
 
 def estimate(config, slice_, tp: int, replicas: int, weights: int, kv_per_token: int, concurrency: int,
-             input_len: int, output_len: int, chunk: int, price, expert_bytes: int = 0) -> ServeEstimate:
+             input_len: int, output_len: int, chunk: int, price, expert_bytes: int = 0,
+             weights_compiled: bool = True) -> ServeEstimate:
     context = input_len + output_len / 2  # a request's mean context over its decode steps
     steps = [decode_step_s(config, slice_.target, tp, weights, kv_per_token, concurrency, context, end, expert_bytes)
              for end in range(3)]
@@ -121,7 +123,7 @@ def estimate(config, slice_, tp: int, replicas: int, weights: int, kv_per_token:
         decode_breakdown_ms={k: round(point[k] * 1e3, 4) for k in ("hbm", "compute", "ici")},
         how=("roofline of the decode step (weights (of an MoE, the experts tokens are routed to) + KV read from HBM, FLOPs at the bf16 peak, 2 all-reduces per "
              "layer over ICI) at the efficiencies of tpuprof/analyses/serve_estimate.py; weights per device "
-             "from the compile"))
+             + ("from the compile" if weights_compiled else "from the shapes (not compiled)")))
 
 
 def concurrency_for(requested: int | None, max_num_seqs: int, kv_tokens: int, input_len: int, output_len: int) -> int:

@@ -272,8 +272,13 @@ def expert_weights_bytes_per_device(config, tp: int, quantization: str) -> int:
     if not config.moe:
         return 0
     w = {"bf16": 2, "fp8": 1, "int8": 1}[quantization]
-    return config.num_hidden_layers * config.num_experts * 3 * config.hidden_size * config.moe_intermediate_size \
-        * w // tp
+    return moe_layers(config) * config.num_experts * 3 * config.hidden_size * config.moe_intermediate_size * w // tp
+
+
+def moe_layers(config) -> int:
+    """Decoder layers with routed experts: all of an MoE's but the dense ones its config names (Llama 4 Maverick's
+    every other layer, interleave_moe_layer_step 2)."""
+    return sum(kind.endswith("+moe") for kind in config.layer_kinds())
 
 
 def shape_weights_bytes_per_device(config, tp: int, quantization: str, expert_parallel: bool) -> int:
@@ -285,12 +290,13 @@ def shape_weights_bytes_per_device(config, tp: int, quantization: str, expert_pa
     attention = (2 * d * h * hd // tp + 2 * d * per_kv * hd) * w
     if quantization != "bf16":
         attention += (h * hd // tp * 2 + 2 * per_kv * hd + d) * 2
+    dense = 3 * d * config.intermediate_size * w // tp
+    moe = 0
     if config.moe:
-        mlp = config.num_experts * 3 * d * config.moe_intermediate_size * w // tp + d * config.num_experts * 2
+        moe = config.num_experts * 3 * d * config.moe_intermediate_size * w // tp + d * config.num_experts * 2
         if config.shared_expert_intermediate_size:
-            mlp += 3 * d * config.shared_expert_intermediate_size * w // tp + 2 * d
-    else:
-        mlp = 3 * d * config.intermediate_size * w // tp
-    layer = attention + mlp + 2 * d * 2
+            moe += 3 * d * config.shared_expert_intermediate_size * w // tp + 2 * d
+    routed = moe_layers(config)
+    layers = config.num_hidden_layers * (attention + 2 * d * 2) + routed * moe + (config.num_hidden_layers - routed) * dense
     vocab = config.vocab_size * d * 2 * (1 if config.tie_word_embeddings else 2) // tp
-    return config.num_hidden_layers * layer + vocab + d * 2
+    return layers + vocab + d * 2

@@ -115,7 +115,8 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
                                            concurrency, options.input_len, options.output_len, batched,
                                            prices.price_for(slice_.generation, dict(options.prices)),
                                            serve_memory.expert_weights_bytes_per_device(config, tp,
-                                                                                        options.quantization))
+                                                                                        options.quantization),
+                                           weights_compiled=bool(programs and programs.weights_bytes_per_device))
     verdict = (f"serves: {cap.tokens:,} KV tokens per engine, {cap.max_concurrency:.1f} requests of "
                f"{max_model_len} tokens at once" if fits else "does not serve as asked: " + problems[0])
     return ServeTarget(

@@ -85,8 +85,9 @@ def _weight(shape, spec, dtype_name, mesh):
     return jax.ShapeDtypeStruct(shape, jnp.dtype(DTYPES[dtype_name]), sharding=NamedSharding(mesh, P(*spec)))
 
 
-def _layer_shapes(config: ModelConfig, program: ServeProgram) -> dict[str, tuple[tuple, tuple, str]]:
-    """name -> (global shape, partition spec, dtype) of one decoder layer's weights. KV projections carry
+def _layer_shapes(config: ModelConfig, program: ServeProgram, moe: bool) -> dict[str, tuple[tuple, tuple, str]]:
+    """name -> (global shape, partition spec, dtype) of one decoder layer's weights, with routed experts when MOE
+    (an MoE's dense layers, Llama 4 Maverick's every other one, have the dense MLP). KV projections carry
     `kv_per_device x TP` heads: the replicated heads each device holds when TP exceeds the model's KV heads."""
     d, h, hd = config.hidden_size, config.num_attention_heads, config.head_dim
     tp = program.tensor_parallel_size
@@ -100,7 +101,7 @@ def _layer_shapes(config: ModelConfig, program: ServeProgram) -> dict[str, tuple
         "wv": ((d, kv_global * hd), (None, "tensor"), w),
         "wo": ((h * hd, d), ("tensor", None), w),
     }
-    if config.moe:
+    if moe:
         e, f = config.num_experts, config.moe_intermediate_size
         expert_axis = ("tensor", None, None) if program.expert_parallel else (None, None, "tensor")
         down_axis = ("tensor", None, None) if program.expert_parallel else (None, "tensor", None)
@@ -141,9 +142,9 @@ def _backbone(config: ModelConfig, program: ServeProgram, devices):
     q_per_device = h // tp
     kv_dtype = jnp.dtype(DTYPES[program.kv_dtype])
     tokens, requests = program.tokens, program.requests
-    shapes = _layer_shapes(config, program)
-    layers = [{name: _weight(shape, spec, dtype, mesh) for name, (shape, spec, dtype) in shapes.items()}
-              for _ in range(program.layers)]
+    shapes = {moe: _layer_shapes(config, program, moe) for moe in ((False, True) if config.moe else (False,))}
+    layers = [{name: _weight(shape, spec, dtype, mesh) for name, (shape, spec, dtype) in shapes[moe].items()}
+              for moe in [kind.endswith("+moe") for kind in config.layer_kinds()][:program.layers]]
     embed = _weight((config.vocab_size, d), ("tensor", None), "bf16", mesh)
     cache = jax.ShapeDtypeStruct((program.kv_pages, program.page_size, combined * tp, hd_pad), kv_dtype,
                                  sharding=NamedSharding(mesh, P(None, None, "tensor", None)))
@@ -263,7 +264,7 @@ def _backbone(config: ModelConfig, program: ServeProgram, devices):
             o = o[:, :q_per_device, :hd].reshape(tokens, q_per_device * hd)
             x = x + jax.lax.psum(matmul(o, w, "wo"), "tensor")
             y = norm(x, w["mlp_norm"])
-            if config.moe:
+            if "we_gate" in w:
                 out = experts(y, w)
             else:
                 out = matmul(act(matmul(y, w, "w_gate")) * matmul(y, w, "w_up"), w, "w_down")
