@@ -463,12 +463,12 @@ def test_every_built_in_model_launches_by_a_name_the_engine_can_load():
     from tpuprof.sources.llm import builtin_names
 
     for name in builtin_names():
-        if name.startswith("deepseek"):  # MLA: refused before any command is built
+        if name.startswith(("deepseek", "gpt-oss")):  # MLA, MXFP4 experts: refused before any command is built
             continue
         (target,) = tpuprof.serve(name, "v6e-8", max_model_len=2048, compile=False).to_dict()["targets"]
         assert "built-in:" not in target["command"], target["command"]
-    (gpt_oss,) = tpuprof.serve("gpt-oss-120b", "tpu7x-8", max_model_len=4096, compile=False).to_dict()["targets"]
-    assert gpt_oss["command"].startswith("vllm serve openai/gpt-oss-120b ")
+    (scout,) = tpuprof.serve("llama4-scout", "tpu7x-8", max_model_len=4096, compile=False).to_dict()["targets"]
+    assert scout["command"].startswith("vllm serve meta-llama/Llama-4-Scout-17B-16E-Instruct ")
 
 
 def test_launch_commands_carry_every_setting_the_figures_rest_on_in_the_engines_own_flags():
@@ -520,3 +520,41 @@ def test_the_compiled_backbone_routes_experts_only_in_the_layers_that_have_them(
                                               tpu_compile.topology_devices(resolve("v6e-8")))
     assert "we_gate" not in layers[0] and layers[0]["w_gate"].shape == (config.hidden_size, config.intermediate_size)
     assert layers[1]["we_gate"].shape[0] == config.num_experts
+
+
+def _checkpoint(tmp_path, built_in: str, folder: str, quantization_config: dict) -> str:
+    """A Hugging Face model folder whose config.json is the built-in's with the published quantization_config."""
+    data = json.loads((ROOT / "tpuprof" / "llm_configs" / f"{built_in}.json").read_text())
+    (tmp_path / folder).mkdir()
+    (tmp_path / folder / "config.json").write_text(json.dumps({**data, "quantization_config": quantization_config}))
+    return str(tmp_path / folder)
+
+
+def test_a_quantized_checkpoint_is_sized_in_its_stored_format(tmp_path):
+    """vLLM and SGLang-JAX load the format a config's quantization_config names; serve read Qwen/Qwen3-32B-FP8 as
+    bf16 (30.5 GiB per device at TP 2 on tpu7x-2, not 16.0): at the Ironwood recipe's settings it gave 109
+    requests of 9,216 tokens at once, where the recipe sets --max-num-seqs 135 (bench/serving_published.json)."""
+    fp8 = _checkpoint(tmp_path, "qwen3-32b", "Qwen3-32B-FP8", {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                                               "quant_method": "fp8", "weight_block_size": [128, 128]})
+    recipe = dict(max_model_len=9216, max_num_seqs=135, block_size=256, kv_cache_dtype="fp8",
+                  gpu_memory_utilization=0.98, compile=False)
+    (target,) = tpuprof.serve(fp8, "tpu7x-2", **recipe).targets
+    (bf16,) = tpuprof.serve("qwen3-32b", "tpu7x-2", **recipe).targets
+    assert target.capacity.weights_bytes_per_device < 0.53 * bf16.capacity.weights_bytes_per_device
+    assert 135 <= target.capacity.max_concurrency < 140
+    # The checkpoint is fp8 already: the launch command quantizes nothing.
+    assert "--quantization" not in target.command and "--additional-config" not in target.command
+    with pytest.raises(tpuprof.UserError, match="stores its weights as fp8 already"):
+        tpuprof.serve(fp8, "tpu7x-2", quantization="int8", compile=False)
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-120b", "awq"])
+def test_a_checkpoint_in_a_format_tpuprof_does_not_model_is_refused_in_one_sentence(tmp_path, model):
+    """GPT-OSS's experts are MXFP4 (tpu-inference keeps them as float4_e2m1): counted as bf16, gpt-oss-120b had
+    27.21 GiB per device on v6e-8 for about 7.2, and gpt-oss-20b did not fit v6e-1."""
+    if model == "awq":
+        model = _checkpoint(tmp_path, "qwen3-32b", "Qwen3-32B-AWQ", {"bits": 4, "group_size": 128,
+                                                                     "quant_method": "awq", "version": "gemm"})
+    result = run_cli("serve", "--model", model, "--tpu", "v6e-8", "--no-compile")
+    assert result.returncode == 2 and result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
+    assert "stores its weights as" in result.stderr and "which tpuprof does not model" in result.stderr

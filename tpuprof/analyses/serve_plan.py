@@ -147,7 +147,7 @@ def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_mo
             parts += ["--kv-cache-dtype", "fp8"]
         if options.block_size:
             parts += ["--block-size", str(options.block_size)]
-        if options.quantization != "bf16":
+        if options.quantization != "bf16" and not options.quantized_checkpoint:
             parts += ["--additional-config", serve_memory.vllm_quantization(options.quantization)]
         if options.enable_expert_parallel:
             parts += ["--enable-expert-parallel"]
@@ -160,7 +160,7 @@ def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_mo
             parts += ["--chunked-prefill-size", str(options.max_num_batched_tokens)]
         if options.kv_cache_dtype == "fp8":
             parts += ["--kv-cache-dtype", "fp8_e4m3"]
-        if options.quantization != "bf16":  # weight-only, per channel: its built-in qwix configs
+        if options.quantization != "bf16" and not options.quantized_checkpoint:  # weight-only, per channel: its built-in qwix configs
             parts += ["--quantization-config-path", f"{options.quantization}.yaml"]
         return shlex.join(parts)
     per_device = max(max_num_seqs // max(tp, 1), 1)

@@ -17,12 +17,13 @@ def options(model: str, tpu, **settings):
     from tpuprof.models.options import template
     from tpuprof.models.serve import OptionError, serve_options
     from tpuprof.sources.llm import load_config
+    from tpuprof.sources.llm_serve import checkpoint_quantization
 
     try:
         loaded = load_config(model)
     except UserError as error:
         raise OptionError("model", "{option}: " + template(str(error))) from None
-    return serve_options(loaded, tpu, **settings)
+    return serve_options(loaded, tpu, checkpoint=checkpoint_quantization(loaded[1]), **settings)
 
 
 def result(options, on_compile=None):

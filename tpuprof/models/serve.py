@@ -54,6 +54,7 @@ class ServeOptions:
     concurrency: int | None = None  # None: max_num_seqs, as far as the KV cache holds them
     prices: Mapping = field(default_factory=dict)  # generation -> tpuprof.prices.Price overriding the table
     compile: bool = True  # False: weights from shapes, no programs (no JAX)
+    quantized_checkpoint: bool = False  # the weights are stored in `quantization` already (no flag quantizes them)
 
 
 def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm", max_model_len: int | None = None,
@@ -62,9 +63,10 @@ def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm"
                   kv_cache_dtype: str = "auto", quantization: str = "bf16",
                   gpu_memory_utilization: float | None = None, block_size: int | None = None,
                   input_len: int | None = None, output_len: int | None = None, concurrency: int | None = None, prices: Any = None,
-                  compile: bool = True) -> ServeOptions:
+                  compile: bool = True, checkpoint: str | None = None) -> ServeOptions:
     """The one validation of a serving question; raises OptionError naming the keyword at fault. MODEL: the
-    model's (tpuprof.sources.llm.ModelConfig, source), read at the edge (tpuprof.commands.serve.options)."""
+    model's (tpuprof.sources.llm.ModelConfig, source), read at the edge (tpuprof.commands.serve.options), with
+    CHECKPOINT the format its config's quantization_config names (None: unquantized)."""
     if engine not in ENGINES:
         raise OptionError("engine", f"{{option}} {engine!r} is not an engine tpuprof knows: use one of {', '.join(ENGINES)}.")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -117,13 +119,23 @@ def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm"
         raise OptionError("model", f"{{option}}: {config.name} uses multi-head latent attention (MLA), whose serving "
                                    "is not modelled: its KV cache holds a latent of kv_lora_rank + rope dimensions per "
                                    "token, not KV heads x head_dim, so no figure tpuprof gives would be right.")
+    if checkpoint is not None and checkpoint not in QUANTIZATIONS:
+        raise OptionError("model", f"{{option}}: {config.name}'s checkpoint stores its weights as {checkpoint} (the "
+                                   "quantization_config of its config), which tpuprof does not model (bf16, fp8 or "
+                                   "int8 weights): counted as bf16, its weights per device would be several times too "
+                                   "large.")
+    if checkpoint is not None and quantization not in ("bf16", checkpoint):
+        raise OptionError("quantization", f"{{option}} {quantization}: {config.name}'s checkpoint stores its weights "
+                                          f"as {checkpoint} already (the quantization_config of its config).")
+    if checkpoint is not None:  # the engines load the stored format; no flag is needed or taken
+        quantization = checkpoint
     if enable_expert_parallel and not config.moe:
         raise OptionError("enable_expert_parallel", f"{{option}}: {config.name} has no experts.")
     overrides = options.price_overrides(prices, OptionError)
     return ServeOptions(config, source, parsed, engine, max_model_len, max_num_seqs, max_num_batched_tokens,
                         tensor_parallel_size, bool(enable_expert_parallel), kv_cache_dtype, quantization,
                         None if gpu_memory_utilization is None else float(gpu_memory_utilization), block_size,
-                        input_len, output_len, concurrency, overrides, bool(compile))
+                        input_len, output_len, concurrency, overrides, bool(compile), checkpoint is not None)
 
 
 # --- results -----------------------------------------------------------------------------------------------

@@ -63,6 +63,33 @@ class ServeProgram:
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def checkpoint_quantization(source: str) -> str | None:
+    """The format of the checkpoint's weights its config.json names (`quantization_config`, as vLLM and SGLang-JAX
+    read it): "fp8", "int8", another method's name ("mxfp4", "awq", "compressed-tensors 4-bit", ...), or None for
+    unquantized weights. SOURCE: what load_config returned ("built-in:NAME" or the config's path)."""
+    from importlib import resources
+
+    if source.startswith("built-in:"):
+        text = (resources.files("tpuprof") / "llm_configs" / f"{source.removeprefix('built-in:')}.json").read_text()
+    else:
+        text = Path(source).read_text()
+    data = json.loads(text)  # load_config read it already
+    found = data.get("quantization_config") or (data.get("text_config") or {}).get("quantization_config")
+    if not isinstance(found, dict):
+        return None
+    method = str(found.get("quant_method", "")).lower()
+    if method == "compressed-tensors":  # the weights' bits and type per group (llm-compressor's format)
+        weights = [g.get("weights") or {} for g in (found.get("config_groups") or {}).values() if isinstance(g, dict)]
+        kinds = {(w.get("num_bits"), w.get("type")) for w in weights}
+        if kinds == {(8, "float")}:
+            return "fp8"
+        if kinds == {(8, "int")}:
+            return "int8"
+        bits = sorted({b for b, _ in kinds if isinstance(b, int)})
+        return f"compressed-tensors {'/'.join(map(str, bits)) or 'unknown'}-bit"
+    return method or None
+
+
 def build(config: ModelConfig, program: ServeProgram, devices):
     """(jitted function, arguments as sharded ShapeDtypeStructs, donated argument numbers, mesh)."""
     if program.kind == "logits":
