@@ -487,6 +487,10 @@ def test_launch_commands_carry_every_setting_the_figures_rest_on_in_the_engines_
     assert "--quantization " not in vllm["command"]
     flag = vllm["command"].split("--additional-config ")[1]
     assert json.loads(shlex.split(flag)[0])["quantization"]["qwix"]["rules"][0]["weight_qtype"] == "int8"
+    # MaxText keeps its cache in bf16 unless told: the fp8 figures need quantize_kvcache.
+    (jetstream,) = tpuprof.serve("qwen3-8b", "v6e-4", engine="jetstream", max_model_len=8192, kv_cache_dtype="fp8",
+                                 compile=False).to_dict()["targets"]
+    assert "quantize_kvcache=True kv_quant_dtype=fp8" in jetstream["command"]
 
 
 @pytest.mark.parametrize("name", ["llama4-maverick", "llama4-scout", "qwen3-30b-a3b", "llama3.1-70b"])

@@ -167,7 +167,8 @@ def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_mo
     return shlex.join(["python", "-m", "MaxText.maxengine_server", "MaxText/configs/base.yml",
                        f"tokenizer_path={name}", f"ici_tensor_parallelism={tp}", f"max_target_length={max_model_len}",
                        f"max_prefill_predict_length={options.input_len}", f"per_device_batch_size={per_device}"]
-                      + ([f"quantization={options.quantization}"] if options.quantization != "bf16" else []))
+                      + ([f"quantization={options.quantization}"] if options.quantization != "bf16" else [])
+                      + (["quantize_kvcache=True", "kv_quant_dtype=fp8"] if options.kv_cache_dtype == "fp8" else []))
 
 
 def _gib(value: float) -> str:
