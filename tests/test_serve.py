@@ -562,3 +562,20 @@ def test_a_checkpoint_in_a_format_tpuprof_does_not_model_is_refused_in_one_sente
     result = run_cli("serve", "--model", model, "--tpu", "v6e-8", "--no-compile")
     assert result.returncode == 2 and result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
     assert "stores its weights as" in result.stderr and "which tpuprof does not model" in result.stderr
+
+
+def test_a_hugging_face_id_is_the_built_in_config_or_a_sentence_saying_where_its_config_is():
+    """`tpuprof oom` reads the model back from a vLLM log as its hub id and prints the `tpuprof serve` command to
+    plan the server: that command answered with the list of every built-in name for google/gemma-4-E2B-it, and
+    the launch command's own meta-llama/Llama-3.1-8B-Instruct was not taken back."""
+    from tpuprof import oom as oom_api
+
+    known = run_cli("serve", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--tpu", "v6e-4", "--max-model-len",
+                    "4096", "--no-compile", "--json")
+    assert known.returncode == 0 and json.loads(known.stdout)["model"]["name"] == "llama3.1-8b"
+    log = ROOT / "tests" / "fixtures" / "oom" / "serving" / "xbill9_gemma4_e2b_v5e1_e0101_reserve.txt"
+    command = oom_api(str(log)).to_dict()["serving"]["serve_command"]
+    assert "--model google/gemma-4-E2B-it" in command
+    result = run_cli(*shlex.split(command)[1:], "--no-compile")
+    assert result.returncode == 2 and result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
+    assert "https://huggingface.co/google/gemma-4-E2B-it/blob/main/config.json" in result.stderr

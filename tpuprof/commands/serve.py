@@ -20,10 +20,32 @@ def options(model: str, tpu, **settings):
     from tpuprof.sources.llm_serve import checkpoint_quantization
 
     try:
-        loaded = load_config(model)
+        loaded = load_config(_built_in_for(model))
     except UserError as error:
+        if _looks_like_hub_id(model):  # what vLLM takes and `tpuprof oom` reads back from a log
+            raise OptionError("model", f"{{option}} {model}: tpuprof reads no model hub: give the model's config.json "
+                                       f"(https://huggingface.co/{model}/blob/main/config.json) or its folder.") from None
         raise OptionError("model", "{option}: " + template(str(error))) from None
     return serve_options(loaded, tpu, checkpoint=checkpoint_quantization(loaded[1]), **settings)
+
+
+def _built_in_for(model: str) -> str:
+    """The built-in config of a Hugging Face id the launch commands name (meta-llama/Llama-3.1-8B-Instruct ->
+    llama3.1-8b), unless a file or folder of that name exists; MODEL otherwise."""
+    from pathlib import Path
+
+    from tpuprof.analyses.serve_plan import HF_IDS
+
+    names = {hub_id.lower(): name for name, hub_id in HF_IDS.items()}
+    return names.get(model.lower(), model) if not Path(model).expanduser().exists() else model
+
+
+def _looks_like_hub_id(model: str) -> bool:
+    import re
+    from pathlib import Path
+
+    return bool(re.fullmatch(r"[\w.-]+/[\w.-]+", model)) and not Path(model).expanduser().exists() \
+        and not model.endswith(".json")
 
 
 def result(options, on_compile=None):
