@@ -579,3 +579,15 @@ def test_a_hugging_face_id_is_the_built_in_config_or_a_sentence_saying_where_its
     result = run_cli(*shlex.split(command)[1:], "--no-compile")
     assert result.returncode == 2 and result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
     assert "https://huggingface.co/google/gemma-4-E2B-it/blob/main/config.json" in result.stderr
+
+
+def test_the_engines_fp8_cache_names_are_taken_as_fp8():
+    """vLLM (tpu-inference's to_jax_dtype) and SGLang-JAX take fp8_e4m3 and fp8_e5m2; pasting a vLLM command's
+    `--kv-cache-dtype fp8_e4m3` into serve was a usage error."""
+    args = ["serve", "--model", "llama3.1-8b", "--tpu", "v6e-4", "--max-model-len", "4096", "--no-compile", "--json"]
+    fp8 = json.loads(run_cli(*args, "--kv-cache-dtype", "fp8").stdout)["targets"][0]
+    result = run_cli(*args, "--kv-cache-dtype", "fp8_e5m2")
+    assert result.returncode == 0, result.stderr
+    e5m2 = json.loads(result.stdout)["targets"][0]
+    assert e5m2["kv_bytes_per_token_per_device"] == fp8["kv_bytes_per_token_per_device"] == 16384
+    assert e5m2["command"].endswith("--kv-cache-dtype fp8_e5m2")

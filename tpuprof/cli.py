@@ -295,7 +295,7 @@ def preflight(
 
 # serve's closed sets, from the one place that knows them (tpuprof.models.serve).
 ServeEngine = Enum("ServeEngine", {name: name for name in ("vllm", "sglang-jax", "jetstream")}, type=str)
-KvCacheDtype = Enum("KvCacheDtype", {name: name for name in ("auto", "fp8")}, type=str)
+KvCacheDtype = Enum("KvCacheDtype", {name: name for name in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")}, type=str)
 Quantization = Enum("Quantization", {name: name for name in ("bf16", "fp8", "int8")}, type=str)
 
 
@@ -315,7 +315,7 @@ def serve(
     max_num_batched_tokens: Optional[int] = Option(None, "--max-num-batched-tokens", help="Tokens per step (default: vLLM's for the chip: v6e 1024, v5e 512, v5p 256)."),
     tensor_parallel_size: Optional[int] = Option(None, "--tensor-parallel-size", help="Devices one engine spans (default: every device of the slice the heads allow)."),
     enable_expert_parallel: bool = Option(False, "--enable-expert-parallel", help="Shard a mixture of experts by expert instead of by width."),
-    kv_cache_dtype: KvCacheDtype = Option(KvCacheDtype("auto"), "--kv-cache-dtype", help="auto (bf16) or fp8."),
+    kv_cache_dtype: KvCacheDtype = Option(KvCacheDtype("auto"), "--kv-cache-dtype", help="auto (bf16) or fp8 (fp8_e4m3, fp8_e5m2)."),
     quantization: Quantization = Option(Quantization("bf16"), "--quantization", help="Weights: bf16, fp8 or int8."),
     gpu_memory_utilization: Optional[float] = Option(None, "--gpu-memory-utilization", help="Fraction of HBM the engine takes (default: the largest safe one tpuprof finds)."),
     block_size: Optional[int] = Option(None, "--block-size", help="Tokens per KV page (default: the engine's rule)."),

@@ -80,8 +80,8 @@ DTYPE_BYTES = {"bf16": 2, "fp8": 1}
 
 
 def kv_dtype(kv_cache_dtype: str) -> str:
-    """--kv-cache-dtype auto is the model's dtype (bf16 here); fp8 stores e4m3."""
-    return "fp8" if kv_cache_dtype == "fp8" else "bf16"
+    """--kv-cache-dtype auto is the model's dtype (bf16 here); fp8, fp8_e4m3 and fp8_e5m2 store one byte a value."""
+    return "fp8" if kv_cache_dtype.startswith("fp8") else "bf16"
 
 
 def padded_head_dim(head_dim: int, engine: str) -> int:

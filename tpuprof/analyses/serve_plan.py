@@ -143,8 +143,8 @@ def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_mo
             parts += ["--data-parallel-size", str(replicas)]
         if options.max_num_batched_tokens:
             parts += ["--max-num-batched-tokens", str(options.max_num_batched_tokens)]
-        if options.kv_cache_dtype == "fp8":
-            parts += ["--kv-cache-dtype", "fp8"]
+        if options.kv_cache_dtype != "auto":
+            parts += ["--kv-cache-dtype", options.kv_cache_dtype]
         if options.block_size:
             parts += ["--block-size", str(options.block_size)]
         if options.quantization != "bf16" and not options.quantized_checkpoint:
@@ -158,8 +158,8 @@ def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_mo
                  "--mem-fraction-static", f"{utilization:.2f}", "--page-size", str(kv.page_size)]
         if options.max_num_batched_tokens:
             parts += ["--chunked-prefill-size", str(options.max_num_batched_tokens)]
-        if options.kv_cache_dtype == "fp8":
-            parts += ["--kv-cache-dtype", "fp8_e4m3"]
+        if options.kv_cache_dtype != "auto":  # SGLang-JAX names the format
+            parts += ["--kv-cache-dtype", "fp8_e4m3" if options.kv_cache_dtype == "fp8" else options.kv_cache_dtype]
         if options.quantization != "bf16" and not options.quantized_checkpoint:  # weight-only, per channel: its built-in qwix configs
             parts += ["--quantization-config-path", f"{options.quantization}.yaml"]
         return shlex.join(parts)
@@ -168,7 +168,7 @@ def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_mo
                        f"tokenizer_path={name}", f"ici_tensor_parallelism={tp}", f"max_target_length={max_model_len}",
                        f"max_prefill_predict_length={options.input_len}", f"per_device_batch_size={per_device}"]
                       + ([f"quantization={options.quantization}"] if options.quantization != "bf16" else [])
-                      + (["quantize_kvcache=True", "kv_quant_dtype=fp8"] if options.kv_cache_dtype == "fp8" else []))
+                      + (["quantize_kvcache=True", "kv_quant_dtype=fp8"] if options.kv_cache_dtype != "auto" else []))
 
 
 def _gib(value: float) -> str:

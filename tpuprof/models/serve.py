@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from tpuprof.models import options
 
 ENGINES = ("vllm", "sglang-jax", "jetstream")
-KV_CACHE_DTYPES = ("auto", "fp8")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's names for one byte per value
 QUANTIZATIONS = ("bf16", "fp8", "int8")
 DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = 1024, 256
 
@@ -70,7 +70,8 @@ def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm"
     if engine not in ENGINES:
         raise OptionError("engine", f"{{option}} {engine!r} is not an engine tpuprof knows: use one of {', '.join(ENGINES)}.")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise OptionError("kv_cache_dtype", f"{{option}} {kv_cache_dtype!r}: use auto (the model's bf16) or fp8.")
+        raise OptionError("kv_cache_dtype", f"{{option}} {kv_cache_dtype!r}: use auto (the model's bf16) or fp8 "
+                                               "(fp8_e4m3, fp8_e5m2).")
     if quantization not in QUANTIZATIONS:
         raise OptionError("quantization", f"{{option}} {quantization!r}: use one of {', '.join(QUANTIZATIONS)} "
                                           "(int4 weights are not modelled).")
