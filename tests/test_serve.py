@@ -591,3 +591,19 @@ def test_the_engines_fp8_cache_names_are_taken_as_fp8():
     e5m2 = json.loads(result.stdout)["targets"][0]
     assert e5m2["kv_bytes_per_token_per_device"] == fp8["kv_bytes_per_token_per_device"] == 16384
     assert e5m2["command"].endswith("--kv-cache-dtype fp8_e5m2")
+
+
+def test_the_fixes_a_problem_names_change_the_answer():
+    """Llama 3.1 70B at TP 8 holds one KV head per device, where fp8 fills 2 of 4 packed slots: the problem named
+    --kv-cache-dtype fp8, which run again gave the same 60,672 tokens; and --quantization fp8 was named to weights
+    already in fp8."""
+    asked = dict(gpu_memory_utilization=0.6, compile=False)
+    (short,) = tpuprof.serve("llama3.1-70b", "v6e-8", **asked).targets
+    (again,) = tpuprof.serve("llama3.1-70b", "v6e-8", kv_cache_dtype="fp8", **asked).targets
+    assert again.capacity.tokens == short.capacity.tokens == 60672
+    assert "--kv-cache-dtype fp8" not in short.problems[0] and "--max-model-len 60672" in short.problems[0]
+    # With 2 heads per device (TP 4 on v6e-4 of Llama 3.1 8B) fp8 halves the cache, and is named.
+    (halved,) = tpuprof.serve("llama3.1-8b", "v6e-4", gpu_memory_utilization=0.2, compile=False).targets
+    assert "--kv-cache-dtype fp8" in halved.problems[0]
+    (fp8,) = tpuprof.serve("llama3.1-70b", "v5e-4", quantization="fp8", max_model_len=4096, compile=False).targets
+    assert "leave no KV cache" in fp8.problems[0] and "--quantization" not in fp8.problems[0]

@@ -82,13 +82,17 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
     problems = []
     if cap.kv_budget_bytes_per_device <= 0:
         problems.append(f"the weights ({_gib(weights)} per device) leave no KV cache within {_gib(limit)} x "
-                        f"{utilization:.2f}: use more devices (a larger slice or --tensor-parallel-size) or "
-                        f"--quantization fp8.")
+                        f"{utilization:.2f}: use more devices (a larger slice or --tensor-parallel-size)"
+                        + (" or --quantization fp8." if options.quantization == "bf16" else "."))
     elif cap.tokens < max_model_len:
         longest = cap.tokens // kv.page_size * kv.page_size
+        # fp8 only where it shrinks the cache: with one KV head per device it fills 2 of 4 packed slots.
+        fp8 = serve_memory.kv_layout(config, options.engine, tp, "fp8", max_model_len, options.block_size,
+                                     max_num_seqs)
+        smaller = fp8.kv_bytes_per_token_per_device < kv.kv_bytes_per_token_per_device
         problems.append(f"the KV cache holds {cap.tokens} tokens, fewer than one request of --max-model-len "
                         f"{max_model_len} (the engine refuses to start): use --max-model-len {longest} or fewer, "
-                        f"--kv-cache-dtype fp8, or more devices.")
+                        + ("--kv-cache-dtype fp8, " if smaller else "") + "or more devices.")
     if safe is not None and options.gpu_memory_utilization and options.gpu_memory_utilization > safe:
         problems.append(f"--gpu-memory-utilization {options.gpu_memory_utilization:g} leaves "
                         f"{_gib(limit * (1 - options.gpu_memory_utilization))} below the KV cache, less than the "
