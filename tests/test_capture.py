@@ -316,6 +316,52 @@ def test_dead_port_is_a_clear_error_within_the_attempts(tmp_path):
     assert result.stdout == ""
 
 
+@pytest.fixture
+def web_server():
+    """A real HTTP server on loopback: what answers on TensorBoard's or XProf's viewer port."""
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"localhost:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def other_grpc_server():
+    """A real gRPC server without the profiler service (as the TPU runtime's port 8470 or a job's coordinator)."""
+    from concurrent import futures
+
+    grpc = pytest.importorskip("grpc")  # installed with the tf extra, as `make setup` does
+    port = free_port()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_insecure_port(f"localhost:{port}")
+    server.start()
+    yield f"localhost:{port}"
+    server.stop(grace=None)
+
+
+@pytest.mark.parametrize("server, cause", [
+    ("web_server", "answers HTTP, not the profiler's gRPC: it is a web server"),
+    ("other_grpc_server", "does not offer the profiler service"),
+])
+def test_a_port_that_is_not_a_profiler_server_is_named_so(server, cause, request, tmp_path):
+    """The client's exception says "no trace event" for any server that answers; what each one answered is only in
+    the warnings it logs, which the CLI's quiet logging used to drop: a web server read 'Nothing is listening ...
+    any more', a gRPC server without the profiler service 'the job may be idle'."""
+    address = request.getfixturevalue(server)
+    result = run_cli("capture", "--service-addr", address, "--attempts", "1", "--duration", "300ms",
+                     "--logdir", str(tmp_path / "logs"))
+    assert result.returncode == 2
+    message = result.stderr.strip().splitlines()[-1]
+    assert cause in message and address in message, message
+    assert "jax.profiler.start_server(PORT)" in message
+    assert "idle" not in message and "Nothing is listening" not in message
+    assert result.stdout == ""
+
+
 def test_idle_job_gives_no_trace_event_error_after_the_attempts(profiler_job, tmp_path):
     idle = profiler_job("jax_job.py", "--idle")  # profiler server up, no step ever runs
     started = time.monotonic()

@@ -164,6 +164,29 @@ def _client_trace():
     return _pywrap_profiler_plugin.trace
 
 
+@contextmanager
+def _client_warnings_logged():
+    """Let the client log its warnings: only they name what each server answered (UNIMPLEMENTED from a gRPC server
+    without the profiler service, an HTTP reply from a web server); its exception says "no trace event" whatever
+    the cause. `tpuprof` quiets libraries with TF_CPP_MIN_LOG_LEVEL=3 and GRPC_VERBOSITY=ERROR (gRPC sets absl's
+    level from it), read when the client first logs: so they are relaxed before it is loaded. Its lines go to the
+    client's log file, never the terminal."""
+    wanted = {"TF_CPP_MIN_LOG_LEVEL": ("1", lambda v: v.isdigit() and int(v) <= 1),
+              "GRPC_VERBOSITY": ("INFO", lambda v: v.upper() in ("DEBUG", "INFO"))}
+    before = {name: os.environ.get(name) for name in wanted}
+    for name, (value, enough) in wanted.items():
+        if before[name] is None or not enough(before[name]):
+            os.environ[name] = value
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def run_client(service_addr: str, worker_list: str, logdir: str, options: TraceOptions,
                log_path: str, on_start: Optional[Callable[[tuple[int, int]], None]] = None) -> None:
     """One blocking CaptureRemoteTrace call; raises RuntimeError with the client's status text.
@@ -171,12 +194,13 @@ def run_client(service_addr: str, worker_list: str, logdir: str, options: TraceO
     `on_start(saved_fds)` runs once the native output is redirected: a progress display started
     there can keep writing to the real terminal through the saved fds.
     """
-    trace = _client_trace()
-    with _native_output_to(log_path) as saved:
-        if on_start:
-            on_start(saved)
-        trace(service_addr, logdir, worker_list, True, options.duration_ms, options.attempts,
-              options.as_client_options())
+    with _client_warnings_logged():
+        trace = _client_trace()
+        with _native_output_to(log_path) as saved:
+            if on_start:
+                on_start(saved)
+            trace(service_addr, logdir, worker_list, True, options.duration_ms, options.attempts,
+                  options.as_client_options())
 
 
 def attempts_started(log_path: str) -> int:
@@ -187,6 +211,18 @@ def attempts_started(log_path: str) -> int:
         return 0
 
 
+# The client logs each server's own answer ("localhost:9012 returned UNIMPLEMENTED: Method not found!"); the
+# exception it raises says only that no trace event came back, whatever the servers answered.
+SERVER_ANSWER = re.compile(r"\] (\S+) returned ([A-Z_]+): ([^\n]*)")
+# What gRPC reports when the port speaks HTTP but not gRPC: an HTTP/1 server (TensorBoard, XProf's page, Jupyter),
+# or an HTTP/2 one that answers with a status page.
+NOT_GRPC = re.compile(r"Failed parsing HTTP/2|Received http2 header with status")
+
+
+START_LINES = ("TF: tf.profiler.experimental.server.start(PORT); JAX: jax.profiler.start_server(PORT); "
+               "PyTorch/XLA: torch_xla.debug.profiler.start_server(PORT)")
+
+
 def explain_failure(error: Exception, log_text: str, addresses: list[str], options: TraceOptions) -> UserError:
     """The client's status text plus its log -> one or two sentences with the cause and the fix."""
     text = f"{error}\n{log_text}"
@@ -194,6 +230,17 @@ def explain_failure(error: Exception, log_text: str, addresses: list[str], optio
     if "Domain name not found" in text or "errors resolving" in text or "DNS resolution failed" in text:
         return UserError(f"Cannot resolve {where} (DNS lookup failed): check the host name, or pass the worker's "
                          "IP with --service-addr IP:PORT.")
+    answers = {address: (code, detail) for address, code, detail in SERVER_ANSWER.findall(log_text)}
+    web = [a for a, (_, detail) in answers.items() if NOT_GRPC.search(detail)]
+    if web:
+        return UserError(f"{', '.join(web)} answers HTTP, not the profiler's gRPC: it is a web server (TensorBoard, "
+                         "XProf's viewer, Jupyter...), not the job's profiler server; point at the port the job "
+                         f"passed to its profiler server ({START_LINES}).")
+    other_service = [a for a, (code, _) in answers.items() if code == "UNIMPLEMENTED"]
+    if other_service:
+        return UserError(f"The server at {', '.join(other_service)} does not offer the profiler service: point at "
+                         f"the port the job passed to its profiler server ({START_LINES}), not "
+                         "the TPU runtime's port 8470 or another gRPC service.")
     if "Connection refused" in text or "failed to connect to all addresses" in text:
         return UserError(f"Nothing is listening at {where} any more (connection refused during the capture): "
                          "the job may have exited; start it again with its profiler server on.")
@@ -204,9 +251,6 @@ def explain_failure(error: Exception, log_text: str, addresses: list[str], optio
             "the job may be idle, between steps or still compiling; capture while it trains, or raise "
             "--duration / --attempts."
         )
-    if "UNIMPLEMENTED" in text:
-        return UserError(f"The server at {where} does not offer the profiler service: point at the port the "
-                         "job passed to its profiler server start call (not the TPU runtime port 8470).")
     if "DEADLINE_EXCEEDED" in text:
         return UserError(f"The profiler at {where} did not answer in time: the host may be overloaded or the "
                          "trace too large; try a shorter --duration.")
