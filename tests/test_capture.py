@@ -232,7 +232,7 @@ def test_interrupted_capture_leaves_no_run(profiler_job, tmp_path):
     # child starts the way an interactive shell starts a command: SIGINT unblocked and default.
     job = profiler_job("jax_job.py", "--slow-loader-ms", str(SLOW_LOADER_MS), "--seconds", "300")
     process = subprocess.Popen([sys.executable, "-m", "tpuprof", "capture", "--service-addr", job.address,
-                                "--logdir", str(tmp_path), "--duration", "3s"],
+                                "--logdir", str(tmp_path / "logs"), "--duration", "3s"],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=_as_from_a_shell)
     time.sleep(2.0)  # inside the trace window
@@ -240,7 +240,7 @@ def test_interrupted_capture_leaves_no_run(profiler_job, tmp_path):
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
-    assert run_dirs(tmp_path) == [] and list(tmp_path.iterdir()) in ([], [tmp_path / "plugins"])
+    assert list(tmp_path.iterdir()) == []  # no run, no scratch, and no logdir: it did not exist before
 
 
 # ------------------------------------------------------------------------------------------------
@@ -366,13 +366,13 @@ def test_idle_job_gives_no_trace_event_error_after_the_attempts(profiler_job, tm
     idle = profiler_job("jax_job.py", "--idle")  # profiler server up, no step ever runs
     started = time.monotonic()
     result = run_cli("capture", "--service-addr", idle.address, "--attempts", "2", "--duration", "500ms",
-                     "--logdir", str(tmp_path))
+                     "--logdir", str(tmp_path / "new" / "logs"))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"tpuprof: No trace event was collected from {idle.address} after 2 attempt(s) of 0.5s: the job may be "
         "idle, between steps or still compiling; capture while it trains, or raise --duration / --attempts.")
     assert time.monotonic() - started < 20
-    assert list(tmp_path.iterdir()) == []  # no run, no scratch
+    assert list(tmp_path.iterdir()) == []  # no run, no scratch, not the empty folders the logdir needed
     assert result.stdout == ""
 
 

@@ -390,11 +390,13 @@ def capture(addresses: list[str], logdir: str, options: TraceOptions, tpu_master
     elsewhere = [a for a in addresses if not on_this_machine(a)]
     if elsewhere:
         return _capture_with_other_machines(addresses, elsewhere, logdir, options, tpu_master, on_start, started)
+    made: list[Path] = []  # the folders this capture creates, deepest first: removed again unless a run lands
     if remote:
         _remote_fs(logdir)  # a missing gcsfs or a bad URL fails before the job is traced
         scratch_parent = None
     else:
         scratch_parent = Path(logdir)
+        made = _missing_folders(Path(logdir, *PROFILE_DIR))
         try:
             scratch_parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -420,8 +422,31 @@ def capture(addresses: list[str], logdir: str, options: TraceOptions, tpu_master
             seconds=time.monotonic() - started,
             silent=_silent_hosts(addresses, hosts),
         )
+    except BaseException:  # a failure or Ctrl-C: no run, and no empty folder where the user had none
+        shutil.rmtree(scratch, ignore_errors=True)
+        _remove_empty(made)
+        raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _missing_folders(path: Path) -> list[Path]:
+    """PATH and its parents that do not exist yet, deepest first: what `mkdir(parents=True)` would create."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in folders:
+        try:
+            folder.rmdir()  # only an empty folder: anything else the logdir holds by now stays
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return
 
 
 def _trace_all(addresses: list[str], client_logdir: str, options: TraceOptions, tpu_master: Optional[str],
