@@ -194,6 +194,51 @@ def test_jax_recompiling_every_step_is_compile_bound_where_xprof_sees_no_compile
     assert compiles >= report.step_count >= 1
 
 
+def test_host_ops_per_step_hold_only_the_measured_steps(reports):
+    """jax_recompile: 10 `train` markers, 9 measured steps (the last one's end is not captured), and parts of steps
+    on either side: every kernel ran 11 times in the capture. An op's time per step is its time inside the measured
+    steps, read here from the whole XSpace proto; dividing the capture's total by the 9 steps read 5.18 ms for
+    ynn_fusion.2 (23% over), and `tpuprof diff` compared that."""
+    from tpuprof.protos import xplane_pb2
+
+    space = xplane_pb2().XSpace()
+    space.ParseFromString(next(capture("jax_recompile").rglob("*.xplane.pb")).read_bytes())
+    (plane,) = [p for p in space.planes if p.name == "/host:CPU"]
+    names = {k: m.name for k, m in plane.event_metadata.items()}
+    events = [(names[e.metadata_id], line.timestamp_ns * 1000 + e.offset_ps, e.duration_ps, i)
+              for i, line in enumerate(plane.lines) for e in line.events]
+    markers = sorted(start for name, start, _, _ in events if name == "train")
+    window = (markers[0], markers[-1])  # measured step i runs from marker i to marker i + 1
+    report = reports("jax_recompile")
+    assert report.step_count == len(markers) - 1
+    rows = {o["name"]: o for o in documents_analyze.document(report, 10)["top_ops"] if o["where"] == "host"}
+    checked = []
+    for name, row in rows.items():
+        runs = [(start, duration, line) for n, start, duration, line in events if n == name]
+        inside = [duration for start, duration, _ in runs if window[0] <= start < window[1]]
+        lines = {line for _, _, line in runs}
+        # Inside a kernel the profiler records only its thread pool's bookkeeping, which is no op: self time is
+        # the duration where nothing else is nested.
+        nested = [1 for n, start, duration, line in events if line in lines and n != name
+                  and not n.startswith(("ThreadpoolListener", "SlinkyThreadPool", "end: "))
+                  for s, d, run_line in runs if run_line == line and s <= start and start + duration <= s + d]
+        if nested:
+            continue
+        checked.append(name)
+        assert row["self_ms"] == pytest.approx(sum(d for _, d, _ in runs) / 1e9, abs=1e-3), name
+        assert row["self_ms_per_step"] == pytest.approx(sum(inside) / 1e9 / report.step_count, abs=1e-4), name
+    assert "ynn_fusion.2" in checked and len(checked) >= 5, checked
+    top = rows["ynn_fusion.2"]
+    assert top["count"] > report.step_count + 1  # the capture's edges hold runs outside the measured steps
+    assert top["self_ms_per_step"] < 0.9 * top["self_ms"] / report.step_count
+
+    import tpuprof
+
+    diff = tpuprof.diff(str(capture("jax_recompile")), str(capture("jax_compute"))).to_dict()
+    ops = {(o["where"], o["name"]): o for g in diff["groups"] for o in g.get("ops", [])}
+    assert ops[("host", "ynn_fusion.2")]["a_ms_per_step"] == pytest.approx(top["self_ms_per_step"], abs=1e-4)
+
+
 def test_two_hosts_one_with_a_slower_loader_is_the_straggler(reports):
     """Two JAX jobs traced in one call (loaders sleeping 10 and 20 ms per batch): one report, both hosts
     analysed in worker processes, the 20 ms one named as the straggler."""

@@ -18,10 +18,12 @@ def _rate(value: float | None, digits: int = 0):
 
 def op_json(report, o) -> dict:
     row = {"name": o.name, "kind": o.kind, "where": o.where, "count": o.count, "self_ms": _ms(o.self_ps)}
+    per_step = report.ms_per_step(o)
     if o.where != "device":
+        if per_step is not None:
+            row["self_ms_per_step"] = round(per_step, 4)
         return row
     rates = report.rates(o)
-    per_step = report.ms_per_step(o)
     row.update({
         "hlo_op": o.hlo_op, "category": o.category, "program": o.program, "shape": o.shape,
         "self_ms_per_step": None if per_step is None else round(per_step, 4),

@@ -142,9 +142,10 @@ def compare_buffers(a: dict, b: dict, top: int) -> dict:
 
 def compare_ops(a: dict, b: dict, top: int) -> list[dict]:
     """Top ops' self time per step (a capture's totals grow with its length; per step they compare).
-    Device ops use their time per step per chip (`self_ms_per_step`: inside the measured steps, averaged over
-    chips) and are matched by HLO op; host ops divide their self time by the steps. Only the ops in each
-    report's top list are known: one missing from a list is `None`, not zero."""
+    Ops use their time per step inside the measured steps (`self_ms_per_step`: a device op's per chip, averaged
+    over chips, matched by HLO op; a host op's where the host measured the steps); a host op without it (steps
+    measured on the chips) divides its self time over the capture by the steps. Only the ops in each report's top
+    list are known: one missing from a list is `None`, not zero."""
     def per_step(document: dict) -> dict:
         steps = (document.get("steps") or {}).get("count") or 0
         found = {}

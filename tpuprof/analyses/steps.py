@@ -345,8 +345,12 @@ def host_profile(space, host: str, path: str = "") -> HostProfile:
 
     if view is not None:
         profile.stages = input_pipeline.stages(view.plane, view.lines)
+    host_measured = view is not None and profile.steps and not (found is not None and found.steps)
+    profile.host_ops_in_steps = bool(host_measured)
+    window = (profile.steps[0].start_ps, profile.steps[-1].start_ps + profile.steps[-1].duration_ps) \
+        if host_measured else None  # on the host's clock only when the host measured the steps
     profile.ops = (found.ops if found is not None else []) + \
-        (top_ops.host_ops(view.plane, view.lines) if view else [])
+        (top_ops.host_ops(view.plane, view.lines, window) if view else [])
     if found is not None:
         profile.matmul_ps, profile.matmul_f32_ps = found.matmul_ps, found.matmul_f32_ps
     if view is not None and tpu_planes:

@@ -85,10 +85,14 @@ class ProfileSummary:
         return [(h.host, d) for h in self.hosts for d in h.devices]
 
     def ms_per_step(self, op: Op) -> float | None:
-        """A device op's self time per step per chip: inside the measured steps, averaged over chips."""
-        if op.where != "device" or not self.chip_steps:
-            return None
-        return op.step_self_ps / 1e9 / self.chip_steps
+        """An op's self time per step inside the measured steps: a device op's per chip (averaged over chips), a
+        host op's per host step, where every host measured its steps itself (else None: only the whole
+        capture's time is known, which holds parts of steps outside the measured ones)."""
+        if op.where == "device":
+            return op.step_self_ps / 1e9 / self.chip_steps if self.chip_steps else None
+        if self.step_count and all(h.host_ops_in_steps for h in self.hosts):
+            return op.step_self_ps / 1e9 / self.step_count
+        return None
 
     def rates(self, op: Op) -> OpRoofline | None:
         return self.op_rooflines.get((op.program, op.hlo_op))

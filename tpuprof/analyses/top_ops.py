@@ -44,20 +44,27 @@ def _stats(plane, meta, names: dict[int, str] | None = None) -> dict[str, object
     return result
 
 
-def _aggregate(rows: dict[tuple[str, str], list[int]], line: Line, idx: np.ndarray, label) -> None:
+def _aggregate(rows: dict[tuple[str, str], list[int]], line: Line, idx: np.ndarray, label,
+               window: tuple[int, int] | None) -> None:
     if not len(idx):
         return
     own = self_times(line.start[idx], line.end[idx])
     mid = line.mid[idx]
+    inside = (line.start[idx] >= window[0]) & (line.start[idx] < window[1]) if window else np.zeros(len(idx), bool)
     for key in distinct(mid):
         mask = mid == key
         name, kind = label(key)
-        entry = rows.setdefault((name, kind), [0, 0])
+        entry = rows.setdefault((name, kind), [0, 0, 0, 0])
         entry[0] += int(mask.sum())
         entry[1] += int(own[mask].sum())
+        entry[2] += int((mask & inside).sum())
+        entry[3] += int(own[mask & inside].sum())
 
 
-def host_ops(plane, lines: list[Line]) -> list[Op]:
+def host_ops(plane, lines: list[Line], window: tuple[int, int] | None = None) -> list[Op]:
+    """Host ops by self time over the capture; with WINDOW, the measured steps' span on the host's clock (start,
+    end in ps), also their count and self time inside it (`step_count`, `step_self_ps`): a capture holds parts
+    of steps before and after the measured ones, whose ops a division of the whole by the steps would count."""
     labels: dict[int, tuple[str, str]] = {}
     xla_ids = set()
     for key, meta in plane.event_metadata.items():
@@ -71,8 +78,9 @@ def host_ops(plane, lines: list[Line]) -> list[Op]:
     rows: dict[tuple[str, str], list[int]] = {}
     for line in lines:
         ids = tf_ids | (xla_ids if XLA_CPU_LINE.match(line.name) else set())
-        _aggregate(rows, line, line.select(ids), labels.__getitem__)
-    return [Op(name=n, kind=k, where="host", count=c, self_ps=s) for (n, k), (c, s) in rows.items()]
+        _aggregate(rows, line, line.select(ids), labels.__getitem__, window)
+    return [Op(name=n, kind=k, where="host", count=c, self_ps=s, step_count=sc, step_self_ps=ss)
+            for (n, k), (c, s, sc, ss) in rows.items()]
 
 
 # --------------------------------------------------------------------------------------------------

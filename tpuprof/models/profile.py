@@ -102,12 +102,14 @@ class Op:
     where: str  # device | host
     count: int
     self_ps: int  # over the whole capture, summed over chips
+    # Inside the measured step periods, summed over chips (device ops) or hosts (host ops, when the host measured
+    # the steps: HostProfile.host_ops_in_steps):
+    step_self_ps: int = 0  # self time
+    step_count: int = 0  # occurrences
     # Device ops only (one row per HLO instruction and program):
     hlo_op: str = ""  # the HLO instruction name, e.g. copy-done.2
     category: str = ""  # one of CATEGORIES: compute, host_transfer, collective, input
     program: str = ""  # the XLA program (module) it belongs to
-    step_self_ps: int = 0  # self time inside the measured step periods, summed over chips
-    step_count: int = 0  # occurrences inside the measured step periods, summed over chips
     flops: float = 0.0  # per occurrence
     model_flops: float = 0.0  # per occurrence (the model's FLOPs, without rematerialisation)
     bytes_accessed: float = 0.0  # per occurrence, every memory space (XProf's roofline bytes)
@@ -133,6 +135,7 @@ class HostProfile:
     compile_events: list[tuple[str, int, int]] = field(default_factory=list)  # (name, count, ps), largest first
     devices: list[Device] = field(default_factory=list)  # TPU chips, each with its own aligned steps
     chip_steps: int = 0  # steps measured on every chip, summed over chips (divides device op times per step)
+    host_ops_in_steps: bool = False  # its host ops hold their time inside the steps (steps measured on the host)
     matmul_ps: int = 0  # device time in matmuls/convolutions
     matmul_f32_ps: int = 0  # ... of which with a 32-bit result
     notes: list[str] = field(default_factory=list)
