@@ -376,6 +376,18 @@ def test_idle_job_gives_no_trace_event_error_after_the_attempts(profiler_job, tm
     assert result.stdout == ""
 
 
+def test_no_event_with_the_host_tracer_off_names_the_option_not_an_idle_job(jax_job, tmp_path):
+    """The job trains (every step shows in a default capture), but on CPU only the host tracer sees it: with
+    --host-tracer-level 0 nothing comes back, which read 'the job may be idle, between steps or still compiling'."""
+    result = run_cli("capture", "--service-addr", jax_job.address, "--attempts", "1", "--duration", "300ms",
+                     "--host-tracer-level", "0", "--logdir", str(tmp_path))
+    assert result.returncode == 2
+    message = result.stderr.strip().splitlines()[-1]
+    assert "with --host-tracer-level 0 only the devices were traced" in message, message
+    assert "--host-tracer-level 2" in message and "idle" not in message
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_unknown_host_is_a_dns_error():
     result = run_cli("capture", "--service-addr", "no-such-tpu-worker.invalid:8466", "--attempts", "1")
     assert result.returncode == 2

@@ -246,6 +246,13 @@ def explain_failure(error: Exception, log_text: str, addresses: list[str], optio
                          "the job may have exited; start it again with its profiler server on.")
     if "No trace event" in text or "empty_trace" in text or "did not have trace data" in text:
         seconds = options.duration_ms / 1000
+        if options.host_tracer_level == 0:  # the options, not the job, may be why nothing came back
+            traced = ("with --host-tracer-level 0 and --device-tracer-level 0 nothing was traced"
+                      if options.device_tracer_level == 0 else "with --host-tracer-level 0 only the devices were "
+                      "traced, and a job on CPU, or between device programs, gives no event")
+            return UserError(
+                f"No trace event was collected from {where} after {options.attempts} attempt(s) of {seconds:g}s: "
+                f"{traced}; capture with the default levels (--host-tracer-level 2 --device-tracer-level 1).")
         return UserError(
             f"No trace event was collected from {where} after {options.attempts} attempt(s) of {seconds:g}s: "
             "the job may be idle, between steps or still compiling; capture while it trains, or raise "
