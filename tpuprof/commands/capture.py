@@ -37,8 +37,21 @@ def run(
     render.say(f"tpuprof: capturing {', '.join(target.addresses)}. {target.why}{notes}.")
 
     progress = render.LiveProgress(target.addresses, options)
+    saved = []
+
+    def published(run_: capturing.CapturedRun) -> None:
+        """The run is in place: say so before the analysis starts, so that an interrupted analysis still names it."""
+        saved.append(run_)
+        progress.stop()
+        if not as_json:
+            render.print_summary(run_, target, options)
+
     try:
-        captured = result(target, logdir, options, analyze=analyze, on_start=progress.start)
+        captured = result(target, logdir, options, analyze=analyze, on_start=progress.start, on_captured=published)
+    except KeyboardInterrupt:
+        if saved and as_json:  # the summary is not printed with --json: name the run the capture left
+            render.say(f"tpuprof: the run is saved in {saved[0].run_dir}; its analysis was interrupted.")
+        raise
     finally:
         progress.stop()
     if as_json:  # the analysis, or why there is none, joins the document: stdout stays one JSON document
@@ -46,7 +59,6 @@ def run(
 
         print_json(captured.to_dict())
         return
-    render.print_summary(captured.capture, target, options)
     if captured.analysis_error is not None:  # the capture is saved all the same
         raise UserError(captured.analysis_error)
     if captured.analysis is not None:
@@ -88,12 +100,15 @@ def resolve(options: capturing.TraceOptions, service_addr: Optional[str] = None,
 
 
 def result(target: addressing.ProfilerAddresses, logdir: str, options: capturing.TraceOptions, analyze: bool = False,
-           on_start: Optional[Callable] = None):
+           on_start: Optional[Callable] = None, on_captured: Optional[Callable] = None):
     """Trace every address in one client call and publish the run under LOGDIR (never overwriting one); with
-    ANALYZE, the new run through the analyze pipeline. The typed result `tpuprof.capture()` returns."""
+    ANALYZE, the new run through the analyze pipeline. The typed result `tpuprof.capture()` returns.
+    `on_captured(run)` is called once the run is published, before the analysis."""
     from tpuprof.results import CaptureResult
 
     run_ = capturing.capture(target.addresses, logdir, options, tpu_master=target.tpu_master, on_start=on_start)
+    if on_captured:
+        on_captured(run_)
     analysis, error = None, None
     if analyze and not run_.hosts and run_.elsewhere and not capturing.is_remote(run_.logdir):
         error = (f"the traces are on the other machines ({', '.join(h.address for h in run_.elsewhere)}): fetch "

@@ -157,6 +157,7 @@ class LiveProgress:
             self.thread.join(timeout=2)
         if self.progress:
             self.progress.stop()
+            self.progress = None
         if self.stream:
             self.stream.close()
             self.stream = None
