@@ -512,6 +512,24 @@ def test_fresh_capture_of_an_input_bound_job(profiler_job, tmp_path, script, arg
     assert report.suggestions[0]["kind"] == "input_pipeline"
 
 
+def test_fresh_capture_of_a_compute_bound_jax_job_without_step_annotations(profiler_job, tmp_path):
+    """jax_job's loader is free: the jitted step fills the step. Without StepTraceAnnotation the steps are its
+    calls, which return at once (dispatch is asynchronous); XLA:CPU runs the program on its thread pool, where a
+    matmul shows only as the executor's `ThunkExecutor::Execute (wait for completion)`. That time is the CPU
+    computing the step: counted as untraced host time, this job read 'highly input-bound, 25.5% waiting for
+    input' with the input-pipeline advice (and a slower one 'host-overhead-bound' with steps per call)."""
+    from tpuprof.sources.capture import TraceOptions
+    from tpuprof.sources.capture import capture as capture_run
+
+    job = profiler_job("jax_job.py", "--no-step-annotation")
+    result = capture_run([job.address], str(tmp_path), TraceOptions(duration_ms=1500))
+    report = command.profile_summary(result.run_dir)
+    assert report.step_count >= 20 and "jitted function" in report.hosts[0].step_source
+    assert report.verdict == "compute-bound", (report.verdict, report.breakdown_percent)
+    assert report.input_bound_percent < 5 and report.breakdown_percent["compute"] >= 80, report.breakdown_percent
+    assert not {s["kind"] for s in report.suggestions} & {"input_pipeline", "steps_per_execution"}
+
+
 def test_one_bad_host_file_among_several_is_named(tmp_path, capsys):
     """Hosts are read in worker processes: the error still reaches the user as one sentence."""
     source = next(capture("jax_compute").rglob("*.xplane.pb")).read_bytes()

@@ -246,7 +246,7 @@ def test_analyze_terminal_markdown_page_and_notebook_say_the_same_facts(tmp_path
     document = json.loads(run_cli("analyze", capture, "--json").stdout)
     shown = section(document, top=5)
     said, cells = _facts(shown), _cells(shown, 5, 2)
-    assert any(s.startswith("highly input-bound. 80.7% of step time waiting for input") for s in said)
+    assert any(s.startswith("highly input-bound. 80.3% of step time waiting for input") for s in said)
     assert any(s.startswith("Straggler: localhost_54739 median step 23.10 ms") for s in said)
     assert "waiting for input" in cells and "localhost_54739" in cells and "ynn_fusion.5" in cells
     terminal = _plain(run_cli("analyze", capture, "--top", "5", env={"COLUMNS": "400"}).stdout)

@@ -14,7 +14,8 @@ Bottleneck built in (the ground truth lives here, not in the tests):
   "job idle / between steps" case a capture tool must explain).
 
 Every step is wrapped in `jax.profiler.StepTraceAnnotation("train", step_num=i)`, which is how XProf and
-tpuprof find step boundaries in a JAX capture.
+tpuprof find step boundaries in a JAX capture; `--no-step-annotation` leaves it out, as many training loops do
+(the steps are then the jitted step's calls), with the same bottleneck.
 
 Usage: python jax_job.py --port 6010 [--seconds 60] [--slow-loader-ms 20 | --new-shape-every-step | --idle]
 Prints `READY` (flushed) once the profiler server is up and training steps are running, then trains until
@@ -24,6 +25,7 @@ Prints `READY` (flushed) once the profiler server is up and training steps are r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -40,6 +42,8 @@ def parse_args(argv=None):
     parser.add_argument("--new-shape-every-step", action="store_true",
                         help="grow the batch by one example per step: a compilation every step (compile-bound)")
     parser.add_argument("--idle", action="store_true", help="start the profiler server, then never train")
+    parser.add_argument("--no-step-annotation", action="store_true",
+                        help="no StepTraceAnnotation around the steps (the bottleneck stays the same)")
     return parser.parse_args(argv)
 
 
@@ -93,7 +97,9 @@ def main(argv=None) -> int:
     batches = loader(batch, features, classes, args.slow_loader_ms)
     step = 0
     while time.monotonic() < deadline:
-        with jax.profiler.StepTraceAnnotation("train", step_num=step):
+        annotation = contextlib.nullcontext() if args.no_step_annotation else \
+            jax.profiler.StepTraceAnnotation("train", step_num=step)
+        with annotation:
             x, y = next(batches)
             if args.new_shape_every_step:  # one more example each step: a shape jit has not seen yet
                 x = jnp.concatenate([x, x[: step % batch + 1]])[: batch + step]

@@ -51,6 +51,7 @@ COMPILE = re.compile(r"(?i)(compile|pjit_lower|lower_sharding|trace_to_jaxpr|TfF
 COMPILE_EXCLUDE = re.compile(r"^XlaCompile|:XlaCompile$")  # TF's per-step cache lookup op, not a compile
 # Host lines that run the program's ops (TF executor, XLA:CPU thunks, Eigen pools).
 EXEC_LINE = re.compile(r"^(tf_Compute|tf_XLA|tf_inter_op|tf_numa|tf_pjrt|tf_Eigen|XLA)", re.I)
+XLA_CPU_EXECUTION = "ThunkExecutor::Execute"
 
 
 def _stat_names(plane) -> dict[int, str]:
@@ -101,9 +102,13 @@ class HostView:
         names = self.names = {key: meta.name for key, meta in plane.event_metadata.items()}
         get_next = _ids(names, GET_NEXT.match)
         compile_ids = _ids(names, lambda n: bool(COMPILE.search(n)) and not COMPILE_EXCLUDE.search(n))
-        # Work = kernels actually running: TF ops (`scope/name:Type`) and XLA:CPU thunks on executor threads.
+        # Work = kernels actually running: TF ops (`scope/name:Type`) and XLA:CPU thunks on executor threads, and
+        # XLA:CPU's executor running a program (`ThunkExecutor::Execute`, with its wait for the thunks it handed to
+        # the thread pool: a matmul there shows no event of its own). The executor is no op of its own (top ops
+        # leave it out), but the CPU is computing the step while it runs.
         tf_ops = _ids(names, lambda n: bool(top_ops.TF_OP.match(n)))
-        xla_ops = _ids(names, lambda n: bool(n) and not top_ops.NOT_OP.match(n) and not top_ops.TF_OP.match(n))
+        xla_ops = _ids(names, lambda n: bool(n) and not top_ops.NOT_OP.match(n) and not top_ops.TF_OP.match(n)) | \
+            _ids(names, lambda n: n.startswith(XLA_CPU_EXECUTION))
         iterator_ids = _ids(names, lambda n: n.startswith("Iterator::"))
         markers = set().union(*self._marker_ids().values())
         wanted = get_next | compile_ids | tf_ops | iterator_ids | markers | \
@@ -222,10 +227,12 @@ def _spans(pairs) -> Spans:
 
 
 def _trim(starts: np.ndarray, ends: np.ndarray, inner: Spans) -> tuple[np.ndarray, np.ndarray]:
-    """Each [start, end) shrunk to the span from the first to the last INNER time it contains."""
+    """Each [start, end) shrunk to the span from the first INNER time that begins in it to the last INNER time it
+    contains. A span begun before it (the previous step's program still finishing) does not open it: its time
+    inside counts through INNER itself, and the untraced time after it (a loader's sleep) is not the step's work."""
     if not len(inner.starts):
         return starts, ends
-    first = np.searchsorted(inner.ends, starts, side="right")  # first inner span ending after start
+    first = np.searchsorted(inner.starts, starts, side="left")  # first inner span starting at or after start
     first_start = inner.starts[np.minimum(first, len(inner.starts) - 1)]
     new_starts = np.where(first < len(inner.starts), np.maximum(starts, first_start), ends)
     last = np.searchsorted(inner.starts, ends, side="left") - 1  # last inner span starting before end
