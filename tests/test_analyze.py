@@ -512,6 +512,34 @@ def test_fresh_capture_of_an_input_bound_job(profiler_job, tmp_path, script, arg
     assert report.suggestions[0]["kind"] == "input_pipeline"
 
 
+def test_python_tracer_keeps_the_jax_loader_as_input(profiler_job, tmp_path):
+    """`capture --python-tracer-level 1` traces the user's Python too: jax_job's loader sleeps 20 ms a batch, now as
+    a `$time sleep` event. That is still the step waiting for input; it read 0.0% input, the sleep counted as host
+    overhead and the verdict compute-bound, with no input advice."""
+    from tpuprof.sources.capture import TraceOptions
+    from tpuprof.sources.capture import capture as capture_run
+
+    job = profiler_job("jax_job.py", "--slow-loader-ms", "20")
+    result = capture_run([job.address], str(tmp_path), TraceOptions(duration_ms=1500, python_tracer_level=1))
+    report = command.profile_summary(result.run_dir)
+    assert report.step_count >= 5
+    names = {m.name for m in _host_plane(result.run_dir).event_metadata.values()}
+    assert "$time sleep" in names  # the Python tracer was on, and traced the loader's sleep
+    assert report.breakdown_ms_per_step["input"] >= 0.9 * 20.0, report.breakdown_ms_per_step
+    assert report.verdict == "highly input-bound" and report.suggestions[0]["kind"] == "input_pipeline"
+    assert "the host ran its own Python" in report.suggestions[0]["evidence"]
+
+
+def _host_plane(run_dir: str):
+    from pathlib import Path
+
+    from tpuprof.protos import xplane_pb2
+
+    space = xplane_pb2().XSpace()
+    space.ParseFromString(next(Path(run_dir).glob("*.xplane.pb")).read_bytes())
+    return next(p for p in space.planes if p.name == "/host:CPU")
+
+
 def test_fresh_capture_of_a_compute_bound_jax_job_without_step_annotations(profiler_job, tmp_path):
     """jax_job's loader is free: the jitted step fills the step. Without StepTraceAnnotation the steps are its
     calls, which return at once (dispatch is asynchronous); XLA:CPU runs the program on its thread pool, where a

@@ -79,8 +79,8 @@ def _input(report: ProfileSummary) -> Suggestion | None:
         if not any(s.kind == "Prefetch" for s in report.stages):
             message += " The pipeline has no `prefetch`: add `prefetch(tf.data.AUTOTUNE)` as its last stage."
     elif any(h.untraced_input for h in report.hosts):
-        evidence.append("the host ran Python that the profiler does not trace between steps, with no step "
-                        "running: in a JAX process this is the data loader")
+        evidence.append("the host ran its own Python (no dispatch, transfer or kernel traced) between steps, with no "
+                        "step running: in a JAX process this is the data loader")
         message = ("The step waits for the host to prepare each batch: load batches ahead in a background "
                    "thread (a prefetching iterator, `grain` or `tf.data` with `prefetch`), move preprocessing "
                    "out of the Python loop (precompute, vectorise with numpy), and put the next batch on the "

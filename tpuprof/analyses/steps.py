@@ -52,6 +52,7 @@ COMPILE_EXCLUDE = re.compile(r"^XlaCompile|:XlaCompile$")  # TF's per-step cache
 # Host lines that run the program's ops (TF executor, XLA:CPU thunks, Eigen pools).
 EXEC_LINE = re.compile(r"^(tf_Compute|tf_XLA|tf_inter_op|tf_numa|tf_pjrt|tf_Eigen|XLA)", re.I)
 XLA_CPU_EXECUTION = "ThunkExecutor::Execute"
+PYTHON_TRACER = "$"  # the prefix of the Python tracer's events (a Python function call each)
 
 
 def _stat_names(plane) -> dict[int, str]:
@@ -186,9 +187,11 @@ class HostView:
         return None
 
     def traced_host_work(self, line: Line) -> Spans:
-        """The training thread's traced events other than step markers (dispatch, transfers, other jits)."""
-        markers = _ids(self.names, EXPLICIT_MARKER.match)
-        keep = ~np.isin(line.mid, list(markers)) if markers else np.ones(len(line.mid), bool)
+        """The training thread's traced events other than step markers (dispatch, transfers, other jits). The
+        Python tracer's events (`$file.py:12 load_batch`, `$time sleep`: `--python-tracer-level 1`) are not among
+        them: they trace the user's Python itself, the loader included, which is untraced without that tracer."""
+        skipped = _ids(self.names, lambda n: bool(EXPLICIT_MARKER.match(n)) or n.startswith(PYTHON_TRACER))
+        keep = ~np.isin(line.mid, list(skipped)) if skipped else np.ones(len(line.mid), bool)
         return Spans(line.start[keep], line.end[keep])
 
     def step_numbers(self, line: Line, idx: np.ndarray) -> np.ndarray | None:
