@@ -460,6 +460,8 @@ def test_bad_options_are_one_sentence(argv, message):
 
 @pytest.mark.parametrize("kwargs, env, expected, why", [
     ({"service_addr": "10.0.0.2:9012,10.0.0.3:9012"}, {}, ["10.0.0.2:9012", "10.0.0.3:9012"], "--service-addr"),
+    # separated by a space (it read as one host '10.0.0.2:9012 10.0.0.3' and failed as a DNS lookup)
+    ({"service_addr": "10.0.0.2:9012 10.0.0.3:9012"}, {}, ["10.0.0.2:9012", "10.0.0.3:9012"], "--service-addr"),
     ({"service_addr": "grpc://10.0.0.2:8470"}, {}, ["10.0.0.2:8466"], "--service-addr"),
     ({"service_addr": "grpc://10.0.0.2:8470", "port": 9999}, {}, ["10.0.0.2:8470"], "--service-addr"),
     ({"service_addr": "[::1]:6009"}, {}, ["[::1]:6009"], "--service-addr"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import socket
 import urllib.error
 import urllib.request
@@ -85,7 +86,8 @@ def _profiler_addresses(entries: Sequence[str], port: Optional[int], notes: list
 
 
 def _split_list(text: str) -> list[str]:
-    return [part.strip() for part in text.replace(";", ",").split(",") if part.strip()]
+    """Addresses separated by commas, semicolons or spaces (no host name or port holds one)."""
+    return [part for part in re.split(r"[,;\s]+", text) if part]
 
 
 def resolve(
