@@ -69,6 +69,13 @@ EXPECTED = {
     "easydel_166_v4_falcon": dict(
         kind="compile", used_bytes=b("63.80G"), capacity_bytes=b("30.75G"), exceeded_bytes=b("33.05G"),
         reserved_bytes=b("1.25G"), hlo_temp_bytes=b("63.79G"), fragmentation_bytes=b("210.89M")),
+    # The breakdown without its headline, the list's heading with nothing under it: no capacity, no used.
+    "easydel_95_headless_empty_list": dict(
+        kind="compile", memory_space="hbm", used_bytes=None, capacity_bytes=None, exceeded_bytes=None,
+        total_bytes=b("9.50G"), reserved_bytes=b("530.00M"), program_bytes=b("8.98G"), arguments_bytes=0,
+        output_bytes=0, output_shared_bytes=0, global_bytes=b("241.0K"), scoped_bytes=b("9.56M"),
+        hlo_temp_bytes=b("8.97G"), unpadded_bytes=b("8.94G"), padded_bytes=b("8.94G"), utilization=100.0,
+        fragmentation_bytes=b("36.60M"), allocations=[]),
     "lwm_60_split_headline": dict(
         kind="compile", used_bytes=b("21.95G"), capacity_bytes=b("15.48G"), exceeded_bytes=b("6.47G"),
         total_bytes=b("22.47G"), arguments_bytes=0),
@@ -258,10 +265,14 @@ def test_numbers_are_exactly_what_the_message_says(name):
     for key, value in EXPECTED[name].items():
         assert getattr(report, key) == value, f"{name}: {key}"
     cut = [n for n in report.notes if n.startswith("the allocation list starts at item")]
-    assert [n for n in report.notes if n not in cut] == [], f"{name}: the log's own totals add up"
+    empty = [n for n in report.notes if n.startswith("the log is cut off after 'Largest program allocations'")]
+    assert [n for n in report.notes if n not in cut + empty] == [], f"{name}: the log's own totals add up"
     assert bool(cut) == (name in LIST_TAILS), f"{name}: a list that starts after item 1 is said to be cut"
+    assert bool(empty) == (name in EMPTY_LISTS), f"{name}: a heading with nothing below it is said to be cut"
 
 
+# Pastes whose "Largest program allocations" heading has nothing below it.
+EMPTY_LISTS = {"easydel_95_headless_empty_list"}
 # Pastes that keep only the tail of the allocation list (its first item is not 1).
 LIST_TAILS = {"pytorch_xla_1965_glog_entries", "tensorflow_30803_untiled_layouts", "tpu_inference_2803_vllm_vmem"}
 
@@ -362,6 +373,14 @@ def test_batch_estimate_confidence_follows_what_the_message_gives():
     # Run-time and scratch-memory failures: no estimate at all.
     for name in ("colabtools_5126_runtime_alloc", "pytorch_xla_9524_vmem"):
         assert analysis.estimate_batch(report_of(FIXTURES / f"{name}.txt"), batch=8).scale is None
+
+
+def test_a_breakdown_without_its_headline_says_only_the_capacity_is_missing():
+    # EasyDeL #95: "Total hbm usage >= 9.50G" and the program's breakdown, no "Used X of Y hbm" headline.
+    report = report_of(FIXTURES / "easydel_95_headless_empty_list.txt")
+    estimate = analysis.estimate_batch(report)
+    assert estimate.scale is None
+    assert estimate.reason == "the message gives the usage (8.98G) but not the capacity (pass --target)"
 
 
 def test_short_forms_say_how_to_get_more_detail():

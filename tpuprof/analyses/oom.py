@@ -704,6 +704,9 @@ def estimate_batch(report: OomReport, batch: int | None = None, capacity: int | 
     if used is None or not capacity:
         if capacity:
             return BatchEstimate(None, "none", "the message gives the capacity but no total usage")
+        if used is not None:  # "Total hbm usage >= X" and its breakdown without the headline's "of Y hbm"
+            return BatchEstimate(None, "none", f"the message gives the usage ({format_bytes(used)}) but not the "
+                                 "capacity (pass --target)")
         return BatchEstimate(None, "none", "the message gives no total and no capacity (pass --target)")
     if used <= 0 or capacity < 0:  # "Used 0B of 16G": nothing to scale by (and no division by zero)
         return BatchEstimate(None, "none", f"the message's figures (used {format_bytes(used)} of "
