@@ -383,6 +383,22 @@ def test_a_breakdown_without_its_headline_says_only_the_capacity_is_missing():
     assert estimate.reason == "the message gives the usage (8.98G) but not the capacity (pass --target)"
 
 
+def test_targets_capacity_tells_which_fix_makes_it_fit(capsys, monkeypatch):
+    # Without the headline the message has no capacity; on a v2 (7.48G) the 8.98G program lacks 1.50G, and the
+    # fixes that free that much are said to be enough, as when the message gives the capacity itself.
+    path = FIXTURES / "easydel_95_headless_empty_list.txt"
+    text = b"\n" + path.read_bytes().split(b"\n", 1)[1]  # without our '# source:' line
+    code, out, err = run_cli(["oom", "-", "--json", "--target", "v2"], capsys, stdin=text, monkeypatch=monkeypatch)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert "capacity_bytes" not in doc  # the message does not give it: --target's is used, not reported as read
+    batch = next(s for s in doc["suggestions"] if s["kind"] == "batch_size")
+    assert batch["saving_bytes"] == b("8.98G") - targets.get("v2").compiler_hbm_bytes
+    assert batch["severity"] == "blocking"
+    # The fixes that cover the 1.50G come first, before the ones that cannot make it fit alone.
+    assert [s["severity"] for s in doc["suggestions"][:2]] == ["blocking", "blocking"]
+
+
 def test_short_forms_say_how_to_get_more_detail():
     report = report_of(FIXTURES / "openxla_error_1000_early_abort_flag.txt")
     tips = advice.suggest(report, analysis.estimate_batch(report))

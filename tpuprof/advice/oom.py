@@ -30,13 +30,16 @@ _LAYER = re.compile(r"/(?:layers?|h|blocks?|encoder_layer|decoder_layer)[/_.](\d
 
 
 
-def shortfall(report: OomReport) -> int | None:
-    """How many bytes the program lacks: what a fix must free for it to fit."""
+def shortfall(report: OomReport, capacity: int | None = None) -> int | None:
+    """How many bytes the program lacks: what a fix must free for it to fit. CAPACITY (`--target`'s HBM) stands in
+    for the message's when it gives none."""
     if report.exceeded_bytes:
         return report.exceeded_bytes
-    needed = report.used_bytes or report.required_bytes or report.hlo_temp_bytes
-    if needed and report.capacity_bytes and needed > report.capacity_bytes:
-        return needed - report.capacity_bytes
+    capacity = report.capacity_bytes or capacity
+    program = report.program_bytes + (report.arguments_bytes or 0) if report.program_bytes is not None else None
+    needed = report.used_bytes or report.required_bytes or program or report.hlo_temp_bytes
+    if needed and capacity and needed > capacity:
+        return needed - capacity
     if report.requested_bytes and report.free_bytes is not None and report.requested_bytes > report.free_bytes:
         return report.requested_bytes - report.free_bytes
     if report.kind == COMPILE and report.requested_bytes and report.capacity_bytes \
@@ -45,23 +48,23 @@ def shortfall(report: OomReport) -> int | None:
     return None
 
 
-def suggest(report: OomReport, estimate: BatchEstimate) -> list[dict]:
+def suggest(report: OomReport, estimate: BatchEstimate, capacity: int | None = None) -> list[dict]:
     """The ranked suggestions as the --json documents carry them (Suggestion.to_dict)."""
-    return [s.to_dict() for s in suggestions(report, estimate)]
+    return [s.to_dict() for s in suggestions(report, estimate, capacity)]
 
 
-def suggestions(report: OomReport, estimate: BatchEstimate) -> list[Suggestion]:
-    """The ranked suggestions for REPORT."""
+def suggestions(report: OomReport, estimate: BatchEstimate, capacity: int | None = None) -> list[Suggestion]:
+    """The ranked suggestions for REPORT; CAPACITY (`--target`'s HBM) when the message gives none."""
     if report.serving is not None:  # a serving engine's start-up: its own options are the fixes
         from tpuprof.advice import oom_serving
 
         scratch = _scratch_memory(report) if report.memory_space in ("vmem", "smem") else None
-        return oom_serving.suggestions(report, shortfall(report), scratch)
+        return oom_serving.suggestions(report, shortfall(report, capacity), scratch)
     found: list[Suggestion] = []
-    capacity = report.capacity_bytes
+    capacity = report.capacity_bytes or capacity
     listed = [a for a in report.allocations if a.size_bytes or a.recomputed_padded_bytes]
     framework = report.framework
-    missing = shortfall(report)
+    missing = shortfall(report, capacity)
 
     if report.memory_space in ("vmem", "smem"):
         found.append(_scratch_memory(report))

@@ -104,7 +104,9 @@ def explain(path: str | None, dump: Path | None = None, batch: int | None = None
         estimate.batch_source = batch_source
     elif batch_source == "--batch":
         raise UserError(f"--batch is not used for this error: {estimate.reason}.")
-    suggestions = advice.suggest(report, estimate)
+    # --target's HBM is the capacity of an HBM message that names none: what a fix must free follows from it.
+    hbm = capacity if report.memory_space in ("hbm", None) else None
+    suggestions = advice.suggest(report, estimate, hbm)
     if joined:  # the dump is the detail the advice would otherwise ask for
         suggestions = [s for s in suggestions if "--xla_dump_to" not in s["message"]]
     if joined and report.framework is None:  # the dump's module and op names say what the log did not
@@ -115,7 +117,7 @@ def explain(path: str | None, dump: Path | None = None, batch: int | None = None
         if job.framework:
             report.framework = job.framework
             report.training = job.training if report.training is None else report.training
-            suggestions = advice.suggest(report, estimate)
+            suggestions = advice.suggest(report, estimate, hbm)
             suggestions = [s for s in suggestions if "--xla_dump_to" not in s["message"]]
     return report, estimate, suggestions, joined
 
