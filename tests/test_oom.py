@@ -76,6 +76,13 @@ EXPECTED = {
         output_bytes=0, output_shared_bytes=0, global_bytes=b("241.0K"), scoped_bytes=b("9.56M"),
         hlo_temp_bytes=b("8.97G"), unpadded_bytes=b("8.94G"), padded_bytes=b("8.94G"), utilization=100.0,
         fragmentation_bytes=b("36.60M"), allocations=[]),
+    # The blank lines lost in the paste; the list cut inside item 1's shape.
+    "easylm_98_llama7b_v4_cut_list": dict(
+        kind="compile", memory_space="hbm", used_bytes=b("87.08G"), capacity_bytes=b("30.75G"),
+        exceeded_bytes=b("56.33G"), total_bytes=b("88.33G"), reserved_bytes=b("1.25G"), program_bytes=b("87.08G"),
+        arguments_bytes=0, output_bytes=0, global_bytes=b("13.02M"), scoped_bytes=b("529.0K"),
+        hlo_temp_bytes=b("87.06G"), unpadded_bytes=b("86.24G"), padded_bytes=b("86.24G"), utilization=100.0,
+        fragmentation_bytes=b("841.66M"), framework="jax", training=True),
     "lwm_60_split_headline": dict(
         kind="compile", used_bytes=b("21.95G"), capacity_bytes=b("15.48G"), exceeded_bytes=b("6.47G"),
         total_bytes=b("22.47G"), arguments_bytes=0),
@@ -397,6 +404,16 @@ def test_targets_capacity_tells_which_fix_makes_it_fit(capsys, monkeypatch):
     assert batch["severity"] == "blocking"
     # The fixes that cover the 1.50G come first, before the ones that cannot make it fit alone.
     assert [s["severity"] for s in doc["suggestions"][:2]] == ["blocking", "blocking"]
+
+
+def test_the_layer_count_read_from_a_listed_op_name_is_a_floor():
+    # EasyLM #98: LLaMA 7B (32 layers); the one listed buffer is layer 4's. The advice must not say the model has 5.
+    report = report_of(FIXTURES / "easylm_98_llama7b_v4_cut_list.txt")
+    (entry,) = report.allocations
+    assert entry.size_bytes == b("4.00G") and entry.shape == "f32[8"
+    assert "/transformer/h/4/attention/sub" in entry.op_name
+    remat = next(s for s in advice.suggest(report, analysis.estimate_batch(report)) if s["kind"] == "remat")
+    assert "at least 5 layers" in remat["evidence"] and "5 layers in the op names" not in remat["evidence"]
 
 
 def test_short_forms_say_how_to_get_more_detail():

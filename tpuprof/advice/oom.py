@@ -278,10 +278,13 @@ def _remat(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
     layers = _layers(report)
     # Without remat the forward activations of every layer are kept for the backward pass; with it, only each
     # layer's input plus one layer's activations while it is recomputed: about 2 of L layers' worth remain.
+    # The log lists its largest buffers only, so the highest layer index named is a floor on L: the saving with
+    # that L is the least of the model's.
     if layers and layers >= 4:
         keep = 2.0 / layers
         point, low, high = int(temp * (1 - keep) * 0.75), int(temp * (1 - keep) * 0.5), int(temp * (1 - keep))
-        how = f"{layers} layers in the op names: about 2 of {layers} layers' activations remain"
+        how = (f"layer indices up to {layers - 1} in the listed op names, so at least {layers} layers: about 2 of "
+               f"{layers} layers' activations remain (a smaller share with more layers)")
     else:
         point, low, high = int(temp * 0.5), int(temp * 0.3), int(temp * 0.7)
         how = "layer count unknown: 30-70% of the temporaries, as for a model of a few repeated blocks"
