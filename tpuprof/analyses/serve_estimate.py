@@ -24,7 +24,7 @@ step on average, which is what TPOT adds on top of the decode step. TTFT = the r
 
 from __future__ import annotations
 
-from tpuprof.analyses.serve_memory import moe_layers
+from tpuprof.analyses.serve_memory import mla_attention_parameters, moe_layers
 from tpuprof.models.serve import Band, ServeEstimate
 
 # (low, point, high) ends of the band: fractions of the published peak reached.
@@ -42,7 +42,17 @@ def active_parameters(config) -> int:
     moe = (d * config.num_experts + config.num_experts_per_tok * 3 * d * config.moe_intermediate_size
            + 3 * d * config.shared_expert_intermediate_size) if config.moe else 0
     mlp = routed * moe + (config.num_hidden_layers - routed) * dense
-    return config.num_hidden_layers * (2 * d * h * hd + 2 * d * kv * hd) + mlp + config.vocab_size * d
+    attention = sum(mla_attention_parameters(config)) if config.mla else 2 * d * h * hd + 2 * d * kv * hd
+    return config.num_hidden_layers * attention + mlp + config.vocab_size * d
+
+
+def attention_dim(config) -> int:
+    """The width per head of a context token's two attention matmuls, averaged (4 x context x heads x this FLOPs per
+    token and layer): head_dim, or with MLA absorbed into the latent, the latent with its RoPE key for the scores
+    and the latent alone for the values."""
+    if config.mla:
+        return (2 * config.kv_lora_rank + config.qk_rope_head_dim) // 2
+    return config.head_dim
 
 
 def _all_reduce_s(bytes_: float, tp: int, target, latency_us: float) -> float:
@@ -67,7 +77,7 @@ def decode_step_s(config, target, tp: int, weights: int, kv_per_token: int, batc
     peak = target.peak_bf16_tflops_per_device * 1e12 * (1.0 if end == 0 else MXU_EFFICIENCY[end])
     read = weights - expert_bytes * (1 - experts_touched(config, batch))
     hbm = (read + batch * context * kv_per_token) / bw
-    attention = 4 * batch * context * config.num_attention_heads * config.head_dim * config.num_hidden_layers
+    attention = 4 * batch * context * config.num_attention_heads * attention_dim(config) * config.num_hidden_layers
     compute = (2 * active_parameters(config) * batch + attention) / tp / peak
     ici = 2 * config.num_hidden_layers * _all_reduce_s(batch * config.hidden_size * 2, tp, target,
                                                        ALL_REDUCE_LATENCY_US[end])
@@ -84,7 +94,7 @@ def prefill_s(config, target, tp: int, weights: int, tokens: int, chunk: int, en
         n = min(chunk, tokens - done)
         prefix = done + n / 2
         flops = (2 * active_parameters(config) * n
-                 + 4 * n * prefix * config.num_attention_heads * config.head_dim * config.num_hidden_layers) / tp
+                 + 4 * n * prefix * config.num_attention_heads * attention_dim(config) * config.num_hidden_layers) / tp
         compute = flops / peak
         ici = 2 * config.num_hidden_layers * _all_reduce_s(n * config.hidden_size * 2, tp, target,
                                                            ALL_REDUCE_LATENCY_US[end])

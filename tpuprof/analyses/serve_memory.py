@@ -15,8 +15,30 @@ vLLM TPU = vllm-project/tpu-inference 0.32.0 (see ../shared/reference/serving-fa
   after the weights load, before any compile; no profiling run. `num_blocks = avail // (layers x page bytes)`.
 - buckets: token paddings double from 16 to max_num_batched_tokens (`runner/utils.get_token_paddings`), request
   paddings from 8 (`MIN_NUM_SEQS`) to max_num_seqs.
+vLLM TPU with multi-head latent attention (DeepSeek; read at tpu-inference commit b8692ff0 of 2026-08-22, the
+snapshot whose line numbers ../shared/reference/serving-facts.md gives; the v0.27.0 release branch has the same):
+- one latent per token and layer, no heads: `runner/kv_cache_manager.get_kv_cache_spec` pads kv_lora_rank and the
+  RoPE key to 128 each (512 + 64 -> 640 for DeepSeek), `kernels/mla/v2/kernel.get_kv_cache_shape` stores
+  `(pages, align(page_size, 32) / 32, 32, align128(latent))` (MLA_KV_PACKING_SIZE 32: pages hold a multiple of 32
+  tokens, in bf16 and fp8 alike), the page 1024 tokens unless --block-size (`flash_attn_mla.get_page_size`);
+- `platforms/tpu_platform.check_and_update_config` refuses an MLA model without NEW_MODEL_DESIGN=1 and
+  `enable_dp_attention`; then `ShardingConfigManager.from_vllm_config` turns the TP degree into attention data
+  parallelism (one latent "head" fills a device's cache row: attn_dp = TP, the model axis 1), so
+  `runner/kv_cache.create_kv_caches` splits the pages over the TP devices (PartitionSpec(BATCH, KV_CONTEXT)) and
+  `core/sched/dp_scheduler` gives each device num_blocks / TP of them and its own --max-num-seqs requests: a token's
+  latent is on one device, not split and not copied. The attention weights, the dense MLPs and the shared experts
+  are sharded over ATTN_HEAD (the model axis, 1) and so held whole on every device; the routed experts, the
+  embedding and the LM head over every device (`models/jax/deepseek_v3.py`).
+vLLM TPU with GPT-OSS's MXFP4 experts (`layers/vllm/quantization/mxfp4.py`, `layers/common/process_weights/
+moe_weights.quantize_moe_weights`, b8692ff0): the checkpoint's MXFP4 (blocks of 32) is dequantized and requantized to
+float4_e2m1fn in blocks of MXFP4_REQUANTIZED_BLOCK_SIZE = 512 along each matmul's contracting dimension, which is
+padded to a multiple of 512 (GPT-OSS's 2880 -> 3072, hidden and expert width alike), with one float32 scale per
+block and float32 biases; attention, router, embedding and LM head stay bf16. libtpu 0.0.42.1 stores float4_e2m1fn at
+half a byte a value (an fp4 [128, 3072, 3072] argument: 603,979,776 B, compiled for v6e).
 SGLang-JAX (`model_runner_kv_cache_mixin.py` @ cddbf6f1): per token `kv_heads_per_device x align128(head_dim) x 2 x
-layers x bytes`, no page packing; budget `available - total x (1 - mem_fraction_static)`.
+layers x bytes`, no page packing; budget `available - total x (1 - mem_fraction_static)`. MLA
+(`_compute_cell_size`, `mem_cache/memory_pool.MLATokenToKVPool`): `align128(kv_lora_rank) + align128(rope)` per token
+and layer, pages padded to the dtype's packing, the cache replicated on every TP device (pages split by DP only).
 JetStream / MaxText (`kvcache.py` @ 01739beb): a contiguous cache per slot, `batch x max_target_length` tokens
 preallocated, heads over the tensor axis.
 """
@@ -77,6 +99,12 @@ ENGINES = {
 }
 
 DTYPE_BYTES = {"bf16": 2, "fp8": 1}
+MLA_PAGE_SIZE = 1024  # tpu-inference flash_attn_mla.PallasMLAttentionBackend.get_page_size
+MLA_KV_PACKING = 32  # tpu-inference envs.MLA_KV_PACKING_SIZE: tokens per packed row of the MLA cache
+MLA_SOURCE = ("tpu-inference b8692ff0: runner/kv_cache_manager.py get_kv_cache_spec, kernels/mla/v2/"
+              "kernel.py get_kv_cache_shape, layers/common/sharding.py (enable_dp_attention), core/sched/"
+              "dp_scheduler.py")
+MXFP4_BLOCK = 512  # tpu-inference MXFP4_REQUANTIZED_BLOCK_SIZE: fp4 values per float32 scale
 
 
 def kv_dtype(kv_cache_dtype: str) -> str:
@@ -129,9 +157,17 @@ def page_size(max_model_len: int, block_size: int | None, engine: str, max_num_s
     return 1, "MaxText: contiguous per-slot cache (no pages)"
 
 
+def mla_latent_dim(config) -> int:
+    """The latent one MLA token stores per layer: kv_lora_rank and the RoPE key, each padded to 128 (vLLM TPU and
+    SGLang-JAX alike)."""
+    return -(-config.kv_lora_rank // 128) * 128 + -(-config.qk_rope_head_dim // 128) * 128
+
+
 def kv_layout(config, engine: str, tp: int, kv_cache_dtype: str, max_model_len: int,
               block_size: int | None, max_num_seqs: int = 1) -> KvLayout:
     dtype = kv_dtype(kv_cache_dtype)
+    if config.mla:
+        return _mla_layout(config, engine, tp, dtype, block_size)
     hd = padded_head_dim(config.head_dim, engine)
     per_device, replicated = kv_heads_per_device(config.num_key_value_heads, tp)
     packing = 32 // (8 * DTYPE_BYTES[dtype]) if engine == "vllm" else 1
@@ -144,6 +180,33 @@ def kv_layout(config, engine: str, tp: int, kv_cache_dtype: str, max_model_len: 
     layers = config.num_hidden_layers
     return KvLayout(config.head_dim, hd, config.num_key_value_heads, per_device, replicated, packing, slots, dtype,
                     DTYPE_BYTES[dtype], page, rule, page_bytes, layers, page_bytes * layers // page)
+
+
+def _mla_layout(config, engine: str, tp: int, dtype: str, block_size: int | None) -> KvLayout:
+    """One latent per token and layer (no KV heads): on vLLM TPU pages of align(page, 32) tokens split over the TP
+    devices by attention data parallelism, on SGLang-JAX pages padded to the dtype's packing, copied on every TP
+    device."""
+    latent, width = mla_latent_dim(config), DTYPE_BYTES[dtype]
+    layers = config.num_hidden_layers
+    if engine == "vllm":
+        page, rule = (block_size, "--block-size") if block_size else (
+            MLA_PAGE_SIZE, f"vLLM TPU's MLA page, {MLA_PAGE_SIZE} tokens (flash_attn_mla.get_page_size)")
+        packing, shards = MLA_KV_PACKING, tp
+        how = (f"one latent of {latent} dims per token and layer (kv_lora_rank {config.kv_lora_rank} and RoPE "
+               f"{config.qk_rope_head_dim}, each padded to 128), pages of a multiple of {packing} tokens, the pages "
+               f"split over the {tp} TP devices by attention data parallelism (each device holds its own requests' "
+               f"tokens, --max-num-seqs of them): {MLA_SOURCE}")
+    else:
+        page, rule = page_size(0, block_size, engine)
+        packing, shards = 32 // (8 * width), 1
+        how = (f"one latent of {latent} dims per token and layer (kv_lora_rank {config.kv_lora_rank} and RoPE "
+               f"{config.qk_rope_head_dim}, each padded to 128), pages padded to {packing} tokens, the cache copied "
+               "on every TP device: sglang-jax cddbf6f1 model_runner_kv_cache_mixin.py _compute_cell_size, "
+               "mem_cache/memory_pool.py MLATokenToKVPool")
+    page_bytes = -(-page // packing) * packing * latent * width
+    return KvLayout(latent, latent, 1, 1, shards == 1 and tp > 1, packing, 1, dtype, width, page, rule, page_bytes,
+                    layers, page_bytes * layers // page // shards, latent_dim=latent, page_shards=shards,
+                    layout_rule=how)
 
 
 def smem_page_table_bytes(max_num_seqs: int, max_model_len: int, page: int, padded: bool = False) -> int:
@@ -200,9 +263,13 @@ def capacity(kv: KvLayout, bytes_limit: int, utilization: float, weights: int, s
         tokens = slots * max_model_len
         pages = slots
     else:
-        pages = max(budget, 0) // kv.page_bytes if kv.page_bytes else 0
+        # Pages split over devices (vLLM TPU's MLA): each holds budget // page bytes of its own; the engine's count
+        # (`num_blocks`, rounded down to a multiple of the devices) is that times the devices.
+        pages = (max(budget, 0) // kv.page_bytes if kv.page_bytes else 0) * kv.page_shards
         tokens = pages * kv.page_size
-    longest = tokens // max(concurrency, 1) // kv.page_size * kv.page_size
+    # A request's pages lie on one device: CONCURRENCY requests put ceil(CONCURRENCY / shards) on each.
+    per_shard = -(-max(concurrency, 1) // kv.page_shards)
+    longest = tokens // kv.page_shards // per_shard // kv.page_size * kv.page_size
     return Capacity(bytes_limit, utilization, weights, state, budget, pages, tokens, tokens / max_model_len,
                     min(longest, position_limit) if position_limit else longest)
 
@@ -238,6 +305,16 @@ def engine_program_count(tokens: tuple, requests: tuple) -> tuple[int, str]:
     return count, rule
 
 
+def page_shards(config, engine: str, tp: int) -> int:
+    """Devices an engine splits the KV pages (and the requests) over: vLLM TPU's MLA, by attention data parallelism
+    over the TP devices; 1 elsewhere."""
+    return tp if config.mla and engine == "vllm" else 1
+
+
+# What tpu-inference requires of an MLA model's launch (tpu_platform.check_and_update_config), in --additional-config.
+VLLM_MLA_SHARDING = {"sharding": {"sharding_strategy": {"enable_dp_attention": True}}}
+
+
 def vllm_quantization(quantization: str) -> str:
     """vLLM TPU's setting that quantizes a bf16 checkpoint's weights as it loads them (qwix rules in
     --additional-config, tpu-inference's qwix_utils): its platform takes --quantization only for checkpoints already
@@ -271,8 +348,22 @@ def expert_weights_bytes_per_device(config, tp: int, quantization: str) -> int:
     width or, with expert parallelism, by whole experts: the same bytes when the experts divide evenly)."""
     if not config.moe:
         return 0
+    if quantization == "mxfp4":
+        return moe_layers(config) * mxfp4_expert_bytes(config) // tp
     w = {"bf16": 2, "fp8": 1, "int8": 1}[quantization]
     return moe_layers(config) * config.num_experts * 3 * config.hidden_size * config.moe_intermediate_size * w // tp
+
+
+def mxfp4_expert_bytes(config) -> int:
+    """One MoE layer's routed experts as vLLM TPU stores an MXFP4 checkpoint's: float4_e2m1fn (half a byte) with the
+    hidden size and the expert width each padded to a multiple of MXFP4_BLOCK, one float32 scale per MXFP4_BLOCK
+    values of a contracting dimension, float32 biases (GPT-OSS's experts have them)."""
+    d = -(-config.hidden_size // MXFP4_BLOCK) * MXFP4_BLOCK
+    f = -(-config.moe_intermediate_size // MXFP4_BLOCK) * MXFP4_BLOCK
+    values = 3 * d * f  # gate and up [2f, d], down [d, f]
+    scales = (2 * f * d + d * f) // MXFP4_BLOCK
+    biases = (2 * f + d) if config.expert_bias else 0
+    return config.num_experts * (values // 2 + 4 * scales + 4 * biases)
 
 
 def moe_layers(config) -> int:
@@ -281,21 +372,61 @@ def moe_layers(config) -> int:
     return sum(kind.endswith("+moe") for kind in config.layer_kinds())
 
 
-def shape_weights_bytes_per_device(config, tp: int, quantization: str, expert_parallel: bool) -> int:
+def mla_attention_parameters(config) -> tuple[int, int]:
+    """(parameters held whole, parameters split by heads) of one MLA layer's attention: the low-rank query and the
+    compressed KV projection (with their norms) are whole; the query's up-projection, kv_b and the output
+    projection are per head."""
+    d, h = config.hidden_size, config.num_attention_heads
+    qk = config.qk_nope_head_dim + config.qk_rope_head_dim
+    whole = d * (config.kv_lora_rank + config.qk_rope_head_dim) + config.kv_lora_rank
+    if config.q_lora_rank:
+        whole += d * config.q_lora_rank + config.q_lora_rank
+        heads = config.q_lora_rank * h * qk
+    else:
+        heads = d * h * qk
+    heads += config.kv_lora_rank * h * (config.qk_nope_head_dim + config.v_head_dim) + h * config.v_head_dim * d
+    return whole, heads
+
+
+def shape_weights_how(config, quantization: str, engine: str) -> str:
+    """How shape_weights_bytes_per_device counted, in words."""
+    how = "estimated from the shapes and the engine's sharding (not compiled; unpadded"
+    if quantization == "mxfp4":
+        how += (f", but the routed experts: float4_e2m1 padded to multiples of {MXFP4_BLOCK}, a float32 scale per "
+                f"{MXFP4_BLOCK} values and float32 biases, as tpu-inference requantizes MXFP4; the rest bf16")
+    if config.mla and engine == "vllm":
+        how += ("; the attention, dense MLPs and shared experts whole on every device, as tpu-inference's attention "
+                "data parallelism holds them")
+    return how + ")"
+
+
+def shape_weights_bytes_per_device(config, tp: int, quantization: str, expert_parallel: bool,
+                                   engine: str = "vllm") -> int:
     """Weights per device from the shapes and the engine's sharding (no compile): q/o over TP, k/v over TP with
-    replication, MLP over TP, vocabulary over TP; norms replicated. Unpadded (the compile gives the padded figure)."""
+    replication, MLP over TP, vocabulary over TP; norms replicated. Unpadded (the compile gives the padded figure),
+    but for MXFP4 experts, whose padding is the engine's (mxfp4_expert_bytes). MLA on vLLM TPU: the attention, the
+    dense MLPs and the shared experts whole on every device (attention data parallelism)."""
     d, h, hd, kv = config.hidden_size, config.num_attention_heads, config.head_dim, config.num_key_value_heads
-    w = {"bf16": 2, "fp8": 1, "int8": 1}[quantization]
-    per_kv, _ = kv_heads_per_device(kv, tp)
-    attention = (2 * d * h * hd // tp + 2 * d * per_kv * hd) * w
-    if quantization != "bf16":
-        attention += (h * hd // tp * 2 + 2 * per_kv * hd + d) * 2
-    dense = 3 * d * config.intermediate_size * w // tp
+    w = {"bf16": 2, "fp8": 1, "int8": 1, "mxfp4": 2}[quantization]  # MXFP4: only the experts are fp4
+    whole_mlp = config.mla and engine == "vllm"  # ATTN_HEAD sharding under attention data parallelism
+    if config.mla:
+        whole, heads = mla_attention_parameters(config)
+        attention = (whole + heads // (1 if whole_mlp else tp)) * w
+    else:
+        per_kv, _ = kv_heads_per_device(kv, tp)
+        attention = (2 * d * h * hd // tp + 2 * d * per_kv * hd) * w
+        if quantization not in ("bf16", "mxfp4"):
+            attention += (h * hd // tp * 2 + 2 * per_kv * hd + d) * 2
+    mlp_tp = 1 if whole_mlp else tp
+    dense = 3 * d * config.intermediate_size * w // mlp_tp
     moe = 0
     if config.moe:
-        moe = config.num_experts * 3 * d * config.moe_intermediate_size * w // tp + d * config.num_experts * 2
+        experts = mxfp4_expert_bytes(config) if quantization == "mxfp4" else \
+            config.num_experts * 3 * d * config.moe_intermediate_size * w
+        moe = experts // tp + d * config.num_experts * 2
         if config.shared_expert_intermediate_size:
-            moe += 3 * d * config.shared_expert_intermediate_size * w // tp + 2 * d
+            moe += 3 * d * config.shared_expert_intermediate_size * w // mlp_tp \
+                + (2 * d if config.shared_expert_gate else 0)  # Qwen-MoE's sigmoid gate, [d, 1] in bf16
     routed = moe_layers(config)
     layers = config.num_hidden_layers * (attention + 2 * d * 2) + routed * moe + (config.num_hidden_layers - routed) * dense
     vocab = config.vocab_size * d * 2 * (1 if config.tie_word_embeddings else 2) // tp

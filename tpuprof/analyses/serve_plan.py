@@ -4,6 +4,7 @@ the programs it compiles (compiled), the largest safe utilization, what stops it
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from tpuprof.analyses import serve_estimate, serve_memory, serve_programs
@@ -55,7 +56,12 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
     replicas = slice_.total_devices // tp
     max_model_len = options.max_model_len or config.max_position_embeddings
     # The concurrency asked for is the number of requests to schedule together when --max-num-seqs is not given.
-    max_num_seqs = options.max_num_seqs or options.concurrency or serve_memory.DEFAULT_MAX_NUM_SEQS
+    # Where the engine splits the requests over its devices (vLLM TPU's attention data parallelism for MLA), each
+    # device schedules --max-num-seqs of its own.
+    shards = serve_memory.page_shards(config, options.engine, tp)
+    max_num_seqs = options.max_num_seqs or (-(-options.concurrency // shards) if options.concurrency else
+                                            serve_memory.DEFAULT_MAX_NUM_SEQS)
+    requests = max_num_seqs * shards  # the engine's, over its devices
     batched = (options.max_num_batched_tokens
                or serve_memory.default_max_num_batched_tokens(slice_.generation, options.engine))
     kv = serve_memory.kv_layout(config, options.engine, tp, options.kv_cache_dtype, max_model_len, options.block_size,
@@ -69,28 +75,32 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
             max_num_batched_tokens=batched, quantization=options.quantization,
             expert_parallel=options.enable_expert_parallel, on_compile=on_compile)
     weights = programs.weights_bytes_per_device if programs and programs.weights_bytes_per_device else \
-        serve_memory.shape_weights_bytes_per_device(config, tp, options.quantization, options.enable_expert_parallel)
+        serve_memory.shape_weights_bytes_per_device(config, tp, options.quantization, options.enable_expert_parallel,
+                                                    options.engine)
     largest = programs.largest if programs else None
     headroom = serve_memory.headroom_bytes(programs.largest_temp_bytes, programs.all_code_bytes, margin) \
         if largest else None
     safe = serve_memory.safe_utilization(limit, headroom) if largest else None
     utilization = options.gpu_memory_utilization or (
         min(safe, MAX_RECOMMENDED_UTILIZATION) if safe is not None else serve_memory.DEFAULT_UTILIZATION)
-    wanted = options.concurrency or max_num_seqs
+    wanted = options.concurrency or requests
     cap = serve_memory.capacity(kv, limit, utilization, weights, STATE_BYTES_PER_DEVICE, max_model_len, wanted,
                                 options.engine, config.max_position_embeddings)
     problems = []
     if cap.kv_budget_bytes_per_device <= 0:
         problems.append(f"the weights ({_gib(weights)} per device) leave no KV cache within {_gib(limit)} x "
                         f"{utilization:.2f}: use more devices (a larger slice or --tensor-parallel-size)"
-                        + (" or --quantization fp8." if options.quantization == "bf16" else "."))
-    elif cap.tokens < max_model_len:
-        longest = cap.tokens // kv.page_size * kv.page_size
+                        + (" or --quantization fp8." if options.quantization == "bf16" else
+                           _fp4_experts(options, tp, weights, limit, utilization)))
+    elif cap.tokens // kv.page_shards < max_model_len:  # a request's pages lie on one device
+        longest = cap.tokens // kv.page_shards // kv.page_size * kv.page_size
         # fp8 only where it shrinks the cache: with one KV head per device it fills 2 of 4 packed slots.
         fp8 = serve_memory.kv_layout(config, options.engine, tp, "fp8", max_model_len, options.block_size,
                                      max_num_seqs)
         smaller = fp8.kv_bytes_per_token_per_device < kv.kv_bytes_per_token_per_device
-        problems.append(f"the KV cache holds {cap.tokens} tokens, fewer than one request of --max-model-len "
+        held = f"{cap.tokens} tokens" if kv.page_shards == 1 else \
+            f"{cap.tokens // kv.page_shards} tokens on each of the {kv.page_shards} devices a request's pages lie on"
+        problems.append(f"the KV cache holds {held}, fewer than one request of --max-model-len "
                         f"{max_model_len} (the engine refuses to start): use --max-model-len {longest} or fewer, "
                         + ("--kv-cache-dtype fp8, " if smaller else "") + "or more devices.")
     if safe is not None and options.gpu_memory_utilization and options.gpu_memory_utilization > safe:
@@ -109,7 +119,7 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
                         f"{record.kind} program does not compile: out of {record.failure_space or 'memory'} "
                         f"({record.failure[:160]}): use {record.fix}." + _kernel_note(record, options, table))
     fits = not problems
-    concurrency = serve_estimate.concurrency_for(options.concurrency, max_num_seqs, cap.tokens, options.input_len,
+    concurrency = serve_estimate.concurrency_for(options.concurrency, requests, cap.tokens, options.input_len,
                                                  options.output_len)
     estimate = None
     if concurrency > 0 and cap.kv_budget_bytes_per_device > 0:
@@ -130,7 +140,9 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
         margin_bytes=margin, programs=programs, fits=fits, verdict=verdict, problems=tuple(problems),
         estimate=estimate,
         command=launch_command(options, slice_, tp, replicas, max_model_len, max_num_seqs, utilization, kv),
-        smem_page_table_bytes=table, smem_limit_bytes=serve_memory.smem_limit_bytes(), headroom_bytes=headroom)
+        smem_page_table_bytes=table, smem_limit_bytes=serve_memory.smem_limit_bytes(), headroom_bytes=headroom,
+        weights_how=(programs.weights_how if programs and programs.weights_bytes_per_device else
+                     serve_memory.shape_weights_how(config, options.quantization, options.engine)))
 
 
 def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_model_len: int, max_num_seqs: int,
@@ -151,8 +163,14 @@ def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_mo
             parts += ["--kv-cache-dtype", options.kv_cache_dtype]
         if options.block_size:
             parts += ["--block-size", str(options.block_size)]
+        extra = {}
         if options.quantization != "bf16" and not options.quantized_checkpoint:
-            parts += ["--additional-config", serve_memory.vllm_quantization(options.quantization)]
+            extra.update(json.loads(serve_memory.vllm_quantization(options.quantization)))
+        if config.mla:  # tpu-inference refuses MLA without attention data parallelism and NEW_MODEL_DESIGN=1
+            extra.update(serve_memory.VLLM_MLA_SHARDING)
+            parts.insert(0, "NEW_MODEL_DESIGN=1")
+        if extra:
+            parts += ["--additional-config", json.dumps(extra)]
         if options.enable_expert_parallel:
             parts += ["--enable-expert-parallel"]
         return shlex.join(parts)
@@ -173,6 +191,24 @@ def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_mo
                        f"max_prefill_predict_length={options.input_len}", f"per_device_batch_size={per_device}"]
                       + ([f"quantization={options.quantization}"] if options.quantization != "bf16" else [])
                       + (["quantize_kvcache=True", "kv_quant_dtype=fp8"] if options.kv_cache_dtype != "auto" else []))
+
+
+def _fp4_experts(options: ServeOptions, tp: int, weights: int, limit: int, utilization: float) -> str:
+    """The end of the no-KV-cache problem for an fp8 MoE checkpoint on vLLM TPU: its routed experts requantized to
+    fp4 as tpu-inference's moe_weights.process_quantized_moe_weights does under MOE_REQUANTIZE_WEIGHT_DTYPE=fp4 (its
+    own DeepSeek-R1 benchmark on tpu7x-8 sets it, with blocks of 512), where that leaves a KV cache."""
+    config = options.model
+    if options.engine != "vllm" or options.quantization != "fp8" or not options.quantized_checkpoint or not config.moe:
+        return "."
+    fp4 = weights - serve_memory.expert_weights_bytes_per_device(config, tp, "fp8") \
+        + serve_memory.expert_weights_bytes_per_device(config, tp, "mxfp4")
+    left = int(limit * utilization) - fp4
+    if left <= 0:
+        return "."
+    return (f", or requantize the routed experts to fp4 as tpu-inference does with MOE_REQUANTIZE_WEIGHT_DTYPE=fp4 "
+            f"MOE_REQUANTIZE_BLOCK_SIZE={serve_memory.MXFP4_BLOCK} (fp4 with a float32 scale per "
+            f"{serve_memory.MXFP4_BLOCK} values: {_gib(fp4)} of weights per device, {_gib(left)} left for the KV "
+            "cache).")
 
 
 def _gib(value: float) -> str:

@@ -13,6 +13,9 @@ from tpuprof.models import options
 ENGINES = ("vllm", "sglang-jax", "jetstream")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's names for one byte per value
 QUANTIZATIONS = ("bf16", "fp8", "int8")
+# Checkpoint formats sized as the engine stores them: QUANTIZATIONS, and GPT-OSS's MXFP4 experts on vLLM TPU (its
+# other weights bf16), which no flag produces.
+CHECKPOINT_FORMATS = QUANTIZATIONS + ("mxfp4",)
 DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = 1024, 256
 
 # The Python keyword of each option and the command-line flag that sets it: errors name the one the caller used.
@@ -55,6 +58,7 @@ class ServeOptions:
     prices: Mapping = field(default_factory=dict)  # generation -> tpuprof.prices.Price overriding the table
     compile: bool = True  # False: weights from shapes, no programs (no JAX)
     quantized_checkpoint: bool = False  # the weights are stored in `quantization` already (no flag quantizes them)
+    not_compiled: str | None = None  # why tpuprof does not compile this model's programs (None: compiled if asked)
 
 
 def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm", max_model_len: int | None = None,
@@ -116,15 +120,20 @@ def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm"
     if input_len + output_len > length:
         raise OptionError("input_len", f"{{option}} {input_len} plus {{output_len}} {output_len} exceed the max "
                                        f"model length {length}.")
-    if config.mla:  # tpu-inference keeps one latent per token (runner/kv_cache.py, mla.get_kv_cache_shape)
-        raise OptionError("model", f"{{option}}: {config.name} uses multi-head latent attention (MLA), whose serving "
-                                   "is not modelled: its KV cache holds a latent of kv_lora_rank + rope dimensions per "
-                                   "token, not KV heads x head_dim, so no figure tpuprof gives would be right.")
-    if checkpoint is not None and checkpoint not in QUANTIZATIONS:
+    if config.mla and engine == "jetstream":
+        raise OptionError("engine", f"{{option}} jetstream: tpuprof does not model how MaxText's JetStream engine "
+                                    f"caches {config.name}'s multi-head latent attention (MLA); use --engine vllm or "
+                                    "sglang-jax, whose MLA caches it sizes.")
+    if checkpoint is not None and checkpoint not in CHECKPOINT_FORMATS:
         raise OptionError("model", f"{{option}}: {config.name}'s checkpoint stores its weights as {checkpoint} (the "
                                    "quantization_config of its config), which tpuprof does not model (bf16, fp8 or "
-                                   "int8 weights): counted as bf16, its weights per device would be several times too "
-                                   "large.")
+                                   "int8 weights, MXFP4 experts on vLLM TPU): counted as bf16, its weights per device "
+                                   "would be several times too large.")
+    if checkpoint == "mxfp4" and engine != "vllm":
+        why = ("SGLang-JAX has no GPT-OSS model (python/sgl_jax/srt/models @ cddbf6f1)" if engine == "sglang-jax"
+               else "tpuprof has not read how MaxText stores MXFP4 experts")
+        raise OptionError("engine", f"{{option}} {engine}: {config.name}'s experts are MXFP4 and {why}; use --engine "
+                                    "vllm, whose storage of them tpuprof sizes.")
     if checkpoint is not None and quantization not in ("bf16", checkpoint):
         raise OptionError("quantization", f"{{option}} {quantization}: {config.name}'s checkpoint stores its weights "
                                           f"as {checkpoint} already (the quantization_config of its config).")
@@ -133,10 +142,18 @@ def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm"
     if enable_expert_parallel and not config.moe:
         raise OptionError("enable_expert_parallel", f"{{option}}: {config.name} has no experts.")
     overrides = options.price_overrides(prices, OptionError)
+    not_compiled = None
+    if compile and (config.mla or checkpoint == "mxfp4"):
+        not_compiled = (f"{config.name} is sized from its shapes, not compiled: tpuprof's serving step builds "
+                        + ("grouped-query attention, not the engines' multi-head latent attention kernel"
+                           if config.mla else "bf16, fp8 or int8 experts, not tpu-inference's fp4 experts with "
+                                              "their block scales")
+                        + ", so a compile would size programs the engine does not run.")
     return ServeOptions(config, source, parsed, engine, max_model_len, max_num_seqs, max_num_batched_tokens,
                         tensor_parallel_size, bool(enable_expert_parallel), kv_cache_dtype, quantization,
                         None if gpu_memory_utilization is None else float(gpu_memory_utilization), block_size,
-                        input_len, output_len, concurrency, overrides, bool(compile), checkpoint is not None)
+                        input_len, output_len, concurrency, overrides, bool(compile) and not_compiled is None,
+                        checkpoint is not None, not_compiled)
 
 
 # --- results -----------------------------------------------------------------------------------------------
@@ -168,12 +185,24 @@ class KvLayout:
     page_size_rule: str  # how the page size was chosen
     page_bytes_per_layer: int  # one page of one layer on one device
     layers: int
-    kv_bytes_per_token_per_device: int  # all layers
+    kv_bytes_per_token_per_device: int  # all layers; with page_shards > 1 averaged over the devices holding pages
+    # Multi-head latent attention (MLA): the latent dimensions stored per token and layer (kv_lora_rank and the RoPE
+    # key, each padded to 128); 0 for K/V heads.
+    latent_dim: int = 0
+    # Devices the pages are split over, each holding whole pages of its own requests (vLLM TPU's attention data
+    # parallelism for MLA); 1: every device holds a part of every page.
+    page_shards: int = 1
+    layout_rule: str = ""  # how the engine lays out one token's cache, and where in its code
 
     @property
     def page_bytes(self) -> int:
         """One page of every layer on one device."""
         return self.page_bytes_per_layer * self.layers
+
+    @property
+    def kv_bytes_per_token_on_its_device(self) -> int:
+        """All layers of one token on the device that holds it (a page's bytes over its tokens)."""
+        return self.page_bytes // self.page_size
 
 
 @dataclass(frozen=True)
@@ -298,6 +327,7 @@ class ServeTarget:
     smem_page_table_bytes: int = 0
     smem_limit_bytes: int = 0
     headroom_bytes: int | None = None  # below the KV cache: largest temp + all code + margin (None: not compiled)
+    weights_how: str = ""  # how the weights per device were obtained
 
 
 @dataclass

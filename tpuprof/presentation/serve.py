@@ -44,6 +44,8 @@ def section(document: dict) -> Section:
     out = Section(f"tpuprof serve: {model['name']} ({fmt_parameters(model['parameters'])} parameters), "
                   f"{workload['input_len']} in / {workload['output_len']} out tokens per request")
     out.blocks += [Verdict(t["slice"]["name"], t["fits"], t["verdict"]) for t in targets]
+    if document.get("not_compiled"):
+        out.blocks.append(Note(document["not_compiled"]))
     out.blocks.append(Table(COLUMNS, tuple(_row(t) for t in targets)))
     out.sections += [_target(t, model.get("max_position_embeddings")) for t in targets]
     ranking = document["ranking"]
@@ -56,13 +58,22 @@ def section(document: dict) -> Section:
 def _target(t: dict, positions: int | None) -> Section:
     """One slice's facts; POSITIONS: the model's max_position_embeddings, which caps the longest length."""
     kv = t["kv"]
+    if kv.get("latent_dim"):
+        spread = (f"{kv['bytes_per_token_on_its_device']:,} B on the device holding the token, "
+                  f"{t['kv_bytes_per_token_per_device']:,} B averaged over the {kv['page_shards']} devices"
+                  if kv["page_shards"] > 1 else f"{t['kv_bytes_per_token_per_device']:,} B per device")
+        per_token = Fact("KV per token", f"{spread} ({kv['dtype']}, page {kv['page_size']} tokens: "
+                                         f"{kv['page_size_rule']}; {kv['layout_rule']})")
+    else:
+        per_token = Fact("KV per token", f"{t['kv_bytes_per_token_per_device']:,} B per device "
+                                         f"({kv['kv_heads_per_device']} KV head(s) per device"
+                                         f"{', replicated' if kv['replicated'] else ''}, head_dim {kv['head_dim']} "
+                                         f"stored as {kv['padded_head_dim']}, {kv['cache_slots']} {kv['dtype']} slots "
+                                         f"for {2 * kv['kv_heads_per_device']} K/V heads, page {kv['page_size']} "
+                                         f"tokens: {kv['page_size_rule']})")
     blocks = [
         Fact("weights", f"{fmt_bytes(t['weights_bytes_per_device'])} per device ({t['weights_how']})"),
-        Fact("KV per token", f"{t['kv_bytes_per_token_per_device']:,} B per device ({kv['kv_heads_per_device']} KV "
-                             f"head(s) per device{', replicated' if kv['replicated'] else ''}, head_dim "
-                             f"{kv['head_dim']} stored as {kv['padded_head_dim']}, {kv['cache_slots']} {kv['dtype']} "
-                             f"slots for {2 * kv['kv_heads_per_device']} K/V heads, page {kv['page_size']} tokens: "
-                             f"{kv['page_size_rule']})"),
+        per_token,
         Fact("KV cache", f"at utilization {t['gpu_memory_utilization']:.2f} of "
                          f"{fmt_bytes(t['bytes_limit_per_device'])}: {t['kv_cache_pages']:,} pages, "
                          f"{t['kv_cache_tokens']:,} tokens, {t['max_concurrency']:.2f} requests of "
