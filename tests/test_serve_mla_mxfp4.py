@@ -123,6 +123,16 @@ def test_sglang_jax_copies_the_latent_on_every_tp_device():
     assert "NEW_MODEL_DESIGN" not in t["command"] and "--tp-size 4" in t["command"]
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang-jax"])
+def test_mla_weights_on_one_device_are_the_parameters_preflight_counts(engine):
+    """At TP 1 nothing is split or copied: the serving weights equal, byte for byte, twice the parameters of the
+    training step's own layout (tpuprof.sources.llm, built apart from serve's arithmetic)."""
+    result = tpuprof.serve("deepseek-v2-lite", "v6e-1", engine=engine, max_model_len=4096, compile=False)
+    (t,) = result.targets
+    assert t.tensor_parallel_size == 1
+    assert t.capacity.weights_bytes_per_device == 2 * result.answer.options.model.parameter_count()
+
+
 def test_jetstream_mla_is_refused_in_one_sentence():
     result = run_cli("serve", "--model", "deepseek-v2-lite", "--tpu", "v6e-8", "--engine", "jetstream", "--no-compile")
     assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
@@ -182,16 +192,27 @@ def test_gpt_oss_experts_are_sized_as_tpu_inference_stores_them(name, tpu, tp):
     assert "--quantization" not in t["command"] and "--additional-config" not in t["command"]
 
 
-def test_gpt_oss_at_tpu_inference_s_own_benchmark_settings_serves():
-    """The daily gpt-oss-120b case on v7x-2 (gpt_oss_120b.json): TP 2, 9,216 tokens, fp8 KV, utilization 0.97,
-    1,024 requests; with the compile asked for, the answer is the shapes' and says why."""
-    result = tpuprof.serve("gpt-oss-120b", "tpu7x-2", tensor_parallel_size=2, max_model_len=9216,
-                           kv_cache_dtype="fp8", gpu_memory_utilization=0.97, max_num_seqs=1024)
+# Published launches of gpt-oss-120b on TPU7x with vLLM (no published throughput or KV figures): (slice, TP, max
+# model length, utilization, requests, data-parallel copies).
+GPT_OSS_LAUNCHES = [
+    # tpu-inference's daily case (CASES + "gpt_oss_120b.json", "C1"): v7x-2.
+    ("tpu7x-2", 2, 9216, 0.97, 1024, 1),
+    # tpu-recipes inference/ironwood/vLLM/GPT-OSS/README-lustre.md @ 186b468f: a 2x2x1 node, TP 2 x DP 4.
+    ("tpu7x-8", 2, 9216, 0.86, 2048, 4),
+]
+
+
+@pytest.mark.parametrize("tpu, tp, length, utilization, requests, copies", GPT_OSS_LAUNCHES)
+def test_gpt_oss_serves_at_its_published_launch_settings(tpu, tp, length, utilization, requests, copies):
+    """Both run with fp8 KV; with the compile asked for, the answer is the shapes' and says why."""
+    result = tpuprof.serve("gpt-oss-120b", tpu, tensor_parallel_size=tp, max_model_len=length, kv_cache_dtype="fp8",
+                           gpu_memory_utilization=utilization, max_num_seqs=requests)
     document = result.to_dict()
     assert document["compiled"] is False and "fp4 experts" in document["not_compiled"]
     assert document["workload"]["quantization"] == "mxfp4"
     (t,) = document["targets"]
-    assert t["fits"] and t["weights_bytes_per_device"] == gpt_oss_weights(config("gpt-oss-120b"), 2)
+    assert t["fits"] and t["weights_bytes_per_device"] == gpt_oss_weights(config("gpt-oss-120b"), tp)
+    assert t["replicas"] == copies and (f"--data-parallel-size {copies}" in t["command"]) == (copies > 1)
     from test_schemas import validate
     assert validate(document) == "serve"
 
