@@ -53,6 +53,12 @@ COMPILE_EXCLUDE = re.compile(r"^XlaCompile|:XlaCompile$")  # TF's per-step cache
 EXEC_LINE = re.compile(r"^(tf_Compute|tf_XLA|tf_inter_op|tf_numa|tf_pjrt|tf_Eigen|XLA)", re.I)
 XLA_CPU_EXECUTION = "ThunkExecutor::Execute"
 PYTHON_TRACER = "$"  # the prefix of the Python tracer's events (a Python function call each)
+# The Python tracer's events of JAX's own calls that wait for the device or move data to or from it
+# (`$api.py:2551 block_until_ready`), and of its profiler starting and stopping the trace (`$profiler.py:235
+# stop_trace`; not a step annotation's constructor, which opens each step): the host is in JAX, not in the
+# user's loader, while they run.
+JAX_PYTHON_WAITS = re.compile(r"^\$(\S+ (block_until_ready|try_to_block|device_get|device_put)"
+                              r"|profiler\.py:\d+ (start_trace|stop_trace|trace))$")
 
 
 def _stat_names(plane) -> dict[int, str]:
@@ -189,8 +195,10 @@ class HostView:
     def traced_host_work(self, line: Line) -> Spans:
         """The training thread's traced events other than step markers (dispatch, transfers, other jits). The
         Python tracer's events (`$file.py:12 load_batch`, `$time sleep`: `--python-tracer-level 1`) are not among
-        them: they trace the user's Python itself, the loader included, which is untraced without that tracer."""
-        skipped = _ids(self.names, lambda n: bool(EXPLICIT_MARKER.match(n)) or n.startswith(PYTHON_TRACER))
+        them but for JAX's own (JAX_PYTHON_WAITS): they trace the user's Python itself, the loader included, which
+        is untraced without that tracer."""
+        skipped = _ids(self.names, lambda n: bool(EXPLICIT_MARKER.match(n))
+                       or (n.startswith(PYTHON_TRACER) and not JAX_PYTHON_WAITS.match(n)))
         keep = ~np.isin(line.mid, list(skipped)) if skipped else np.ones(len(line.mid), bool)
         return Spans(line.start[keep], line.end[keep])
 
