@@ -155,6 +155,13 @@ EXPECTED = {
         output_bytes=b("5.06G"), hlo_temp_bytes=b("3.93G"), unpadded_bytes=b("3.81G"),
         padded_bytes=b("3.92G")),
     "pytorch_xla_4847_reserve_glog": dict(kind="reservation", requested_bytes=b("7.04G"), free_bytes=b("6.90G")),
+    "transformers_22328_fsdp_reserve": dict(
+        kind="reservation", requested_bytes=b("10.51G"), free_bytes=b("8.97G"), reserved_bytes=0,
+        reservable_bytes=b("8.97G"), framework="pytorch_xla"),
+    # The headline alone: nothing says how much of the 21.90G scales with the batch.
+    "easydel_78_v2_short_form": dict(
+        kind="compile", memory_space="hbm", used_bytes=b("21.90G"), capacity_bytes=b("7.48G"),
+        exceeded_bytes=b("14.42G"), allocations=[], framework="jax"),
     # Newer grammars and pastes (2024-2026): a headline wrapped inside its sentence, a program load wrapped the
     # same way, one kernel's scoped VMEM limit, the host's breakdown with no headline, TF 2.2's unnumbered list.
     "jax_38988_vmem_headline_wrapped": dict(
@@ -380,6 +387,36 @@ def test_batch_estimate_confidence_follows_what_the_message_gives():
     # Run-time and scratch-memory failures: no estimate at all.
     for name in ("colabtools_5126_runtime_alloc", "pytorch_xla_9524_vmem"):
         assert analysis.estimate_batch(report_of(FIXTURES / f"{name}.txt"), batch=8).scale is None
+
+
+def test_a_batch_estimated_from_the_total_alone_is_not_called_enough():
+    # EasyDeL #78: "Used 21.90G of 7.48G hbm" and nothing else (1.1B parameters on a v2 core; the maintainer's fix
+    # was a larger TPU). Assuming all 21.90G scales with the batch makes the batch's saving the shortfall by
+    # construction: no figure to rank it by or call it enough with.
+    report = report_of(FIXTURES / "easydel_78_v2_short_form.txt")
+    estimate = analysis.estimate_batch(report)
+    assert estimate.confidence == "low" and estimate.fixed_bytes is None
+    batch = next(s for s in advice.suggest(report, estimate) if s["kind"] == "batch_size")
+    assert batch["severity"] != "blocking" and "saving_bytes" not in batch
+    assert "frees at most 14.42G" in batch["message"] and "does not say how much" in batch["message"]
+    # Where the log gives what does not scale (arguments, temporaries), the arithmetic is the log's: enough.
+    report = report_of(FIXTURES / "easylm_98_llama7b_v4_cut_list.txt")
+    batch = next(s for s in advice.suggest(report, analysis.estimate_batch(report)) if s["kind"] == "batch_size")
+    assert batch["severity"] == "blocking" and batch["saving_bytes"] >= report.exceeded_bytes
+
+
+def test_a_program_that_cannot_be_reserved_shrinks_with_its_batch():
+    # transformers #22328: loading the program reserves its code and temporaries (10.51G) where 8.97G is free.
+    # The temporaries scale with the batch: a smaller batch is a fix, at most 8.97/10.51 of it fits.
+    report = report_of(FIXTURES / "transformers_22328_fsdp_reserve.txt")
+    estimate = analysis.estimate_batch(report, batch=8)
+    assert estimate.scale == pytest.approx(b("8.97G") / b("10.51G")) and estimate.confidence == "low"
+    assert estimate.fitting_batch == 6 and "not what to shrink" not in estimate.reason
+    kinds = [s["kind"] for s in advice.suggest(report, estimate)]
+    assert kinds[:2] == ["live_buffers", "batch_size"]
+    # More free than requested, less reservable: the bottom of memory is taken, the batch is not the cause.
+    report = report_of(FIXTURES / "pytorch_forum_136506_reserve_reservable.txt")
+    assert analysis.estimate_batch(report, batch=8).scale is None
 
 
 def test_a_breakdown_without_its_headline_says_only_the_capacity_is_missing():

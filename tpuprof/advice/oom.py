@@ -402,6 +402,13 @@ def _batch(report: OomReport, estimate: BatchEstimate, missing: int | None) -> S
                       code=code, extra=extra)
 
 
+    if estimate.fixed_bytes is None and saving:
+        # Only the total is known: the saving is the shortfall because everything is assumed to scale with the
+        # batch, which parameters and optimizer state do not. Nothing measured says it is enough, so no figure
+        # to rank or call enough by.
+        what += (f"; shrinking it that far frees at most {fmt(saving)}, less where what does not scale with the batch "
+                 "(parameters, optimizer state, the program's code) holds part of it: the log does not say how much")
+        saving = None
 def _largest_ops(listed: list[OomAllocation]) -> Suggestion | None:
     totals: dict[str, int] = {}
     for entry in listed:

@@ -689,6 +689,17 @@ def estimate_batch(report: OomReport, batch: int | None = None, capacity: int | 
         return BatchEstimate(None, "none", f"the compiler estimated {report.required_bytes / capacity:,.0f}x the "
                              "memory: a shape is far larger than intended, which a smaller batch will not fix",
                              current_batch=batch)
+    want, free = report.requested_bytes, report.free_bytes
+    if report.kind == RESERVATION and want and free is not None and 0 < free < want:
+        # What failed to load is the program itself: its code and temporaries, and the temporaries scale with the
+        # batch. The code does not, so the share that fits is an upper bound.
+        estimate = BatchEstimate(free / want, "low", f"the program reserves {format_bytes(want)} (its code and "
+                                 f"temporaries) and {format_bytes(free)} is free beside the arrays alive now: its "
+                                 "temporaries scale with the batch, its code does not, so this is an upper bound",
+                                 scaling_bytes=want, current_batch=batch)
+        if batch:
+            estimate.fitting_batch = fitting_batch(batch, estimate.scale)
+        return estimate
     if report.kind in (RUNTIME_ALLOCATION, RESERVATION, NOT_TPU):
         return BatchEstimate(None, "none", "a run-time allocation failed: the memory is held by other live "
                              "buffers, so the program's batch is not what to shrink first")
