@@ -24,8 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_profiles"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
-# What shows a step already recomputes activations: JAX's checkpoint / rematted_computation, XLA's ".remat".
-REMATERIALISED = re.compile(r"checkpoint|rematted_computation|\.remat\d*\b|/remat\d*\b")
+# What shows a step already recomputes activations: JAX's checkpoint / rematted_computation. XLA's ".remat" clones
+# are its own memory pass on any program over the limit, not the step's remat (openxla/xla hlo_rematerialization.cc:
+# best->Clone(/*suffix=*/"remat")).
+REMATERIALISED = re.compile(r"checkpoint|rematted_computation|/remat\d*\b")
 # "18 channels are padded to 24: use 16" (memory and oom): the size chosen against the size now.
 USE_SIZE = re.compile(r"(\d+)(?: channels| heads)?(?: of [^:]*)? (?:is|are) padded to (\d+): use (\d+)")
 SIXTEEN_BIT = ("bf16", "f16")

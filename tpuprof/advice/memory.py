@@ -294,7 +294,7 @@ def _remat(result: ModuleMemory, job) -> Suggestion | None:
         return None  # inference keeps no activations for a backward pass
     already = preconditions.rematerialised(b.op_name for b in result.buffers)
     if already:
-        return None  # jax.checkpoint / nn.remat (or XLA's rematerialisation) recomputes already
+        return None  # jax.checkpoint / nn.remat recomputes already
     kept = [b for b in result.buffers if b.live_at_peak and b.allocation_type == "temp"
             and _FORWARD.search(b.op_name or "") and not _BACKWARD.search(b.op_name or "")]
     total = sum(b.size_bytes for b in kept)

@@ -267,7 +267,8 @@ def _remat(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
     temp = report.hlo_temp_bytes
     if report.training is False or report.kind != COMPILE or not temp or not used:
         return None
-    # Precondition: not rematerialised already (jax.checkpoint in the op names, XLA's ".remat" in the labels).
+    # Precondition: the step does not rematerialise already (jax.checkpoint in the op names). XLA's ".remat" labels
+    # are the compiler's own pass, which any program over its limit gets: they do not count (preconditions).
     if preconditions.rematerialised(name for a in report.allocations for name in (a.op_name, a.xla_label)):
         return None
     if report.memory_space != "hbm" or temp < 0.5 * used:
@@ -290,8 +291,12 @@ def _remat(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
         how = "layer count unknown: 30-70% of the temporaries, as for a model of a few repeated blocks"
     message = (f"Temporaries are {fmt(temp)} of {fmt(used)}: recompute activations in the backward pass instead "
                "of keeping them for every layer.")
+    by_compiler = preconditions.compiler_rematerialised(a.xla_label for a in report.allocations)
     if any(a.op_name or a.xla_label for a in report.allocations):
-        how += "; no op name or label shows rematerialisation (checkpoint, .remat)"
+        how += "; no op name or label shows jax.checkpoint (checkpoint, rematted_computation)"
+    if by_compiler:
+        how += (f"; labels like {by_compiler} are XLA's own rematerialisation pass, which recomputes single "
+                "instructions of any program over its memory limit: not the step keeping only each layer's input")
     else:  # nothing to check: the step may recompute already
         how += ("; the log lists no allocation with an op name or label, so whether the step rematerialises already "
                 "is not in it: check for jax.checkpoint / nn.remat (or your framework's) before adding it")
@@ -397,11 +402,6 @@ def _batch(report: OomReport, estimate: BatchEstimate, missing: int | None) -> S
                          f"per-chip batch, {guess} fits")
     if estimate.confidence == "low":
         what = "at most " + what
-    return Suggestion(kind="batch_size", saving_bytes=saving, confidence=confidence,
-                      message=f"{what[0].upper()}{what[1:]}.", evidence=f"confidence {estimate.confidence}: {estimate.reason}",
-                      code=code, extra=extra)
-
-
     if estimate.fixed_bytes is None and saving:
         # Only the total is known: the saving is the shortfall because everything is assumed to scale with the
         # batch, which parameters and optimizer state do not. Nothing measured says it is enough, so no figure
@@ -409,6 +409,11 @@ def _batch(report: OomReport, estimate: BatchEstimate, missing: int | None) -> S
         what += (f"; shrinking it that far frees at most {fmt(saving)}, less where what does not scale with the batch "
                  "(parameters, optimizer state, the program's code) holds part of it: the log does not say how much")
         saving = None
+    return Suggestion(kind="batch_size", saving_bytes=saving, confidence=confidence,
+                      message=f"{what[0].upper()}{what[1:]}.", evidence=f"confidence {estimate.confidence}: {estimate.reason}",
+                      code=code, extra=extra)
+
+
 def _largest_ops(listed: list[OomAllocation]) -> Suggestion | None:
     totals: dict[str, int] = {}
     for entry in listed:

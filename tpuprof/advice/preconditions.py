@@ -10,20 +10,33 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-# Rematerialisation already in the program: JAX's `checkpoint` (jax.checkpoint / nn.remat) in op names and its
-# `rematted_computation` / `checkpoint` computations, XLA's own rematerialisation pass (`fusion.12.remat2`).
-# JAX names the recomputed ops ".../checkpoint/rematted_computation/tanh" and the barrier ".../remat2".
-_REMATERIALISED = re.compile(r"\bcheckpoint\b|rematted_computation|\bremat\d*\(|/remat\d*\b|\.remat\d*\b")
+# Rematerialisation the step asks for: JAX's `checkpoint` (jax.checkpoint / nn.remat) in op names and its
+# `rematted_computation` / `checkpoint` computations. JAX names the recomputed ops
+# ".../checkpoint/rematted_computation/tanh" and the barrier ".../remat2".
+_REMATERIALISED = re.compile(r"\bcheckpoint\b|rematted_computation|\bremat\d*\(|/remat\d*\b")
+# XLA's own memory pass (HloRematerialization) names each instruction it clones `<name>.remat` (`fusion.12.remat2`
+# after several rounds). It runs on any program over its memory limit and recomputes single instructions whose
+# operands are still live: it says the compiler tried, not that the step saves only each layer's input.
+_COMPILER_REMAT = re.compile(r"[\w-]+(?:\.[\w-]+)*?\.remat\d*\b")
 
 
-def rematerialised(names: Iterable[str]) -> str | None:
-    """The first op name or label that shows the program already recomputes activations, or None."""
+def _first(pattern: re.Pattern, names: Iterable[str]) -> str | None:
     for name in names:
         if name:
-            match = _REMATERIALISED.search(name)
+            match = pattern.search(name)
             if match:
                 return match.group(0)
     return None
+
+
+def rematerialised(names: Iterable[str]) -> str | None:
+    """The first op name or label that shows the step itself recomputes activations (jax.checkpoint), or None."""
+    return _first(_REMATERIALISED, names)
+
+
+def compiler_rematerialised(names: Iterable[str]) -> str | None:
+    """The first label XLA's rematerialisation pass gave a clone (`fusion.12.remat2`), or None."""
+    return _first(_COMPILER_REMAT, names)
 
 
 # A program that computes in 16 bits keeps some float32 on purpose (a loss cast, softmax, optimizer state, master
