@@ -140,6 +140,25 @@ def test_the_serve_command_carries_what_the_log_shows():
     assert "does not name the TPU slice" in [f for f in fixes(report) if f["kind"] == "serve_plan"][0]["message"]
 
 
+def test_the_serve_command_takes_the_logs_quantization_in_serves_words():
+    """vLLM's --quantization names a checkpoint format (compressed-tensors, awq) or an on-load quantization (fp8,
+    tpu_int8); serve takes bf16/fp8/int8 and reads a checkpoint's format from its config.json. Passing
+    `--quantization compressed-tensors` through made the suggested command a usage error."""
+    import dataclasses
+    import shlex
+
+    from tpuprof.analyses import oom_serving
+
+    settings = report_of(log_of(FAILURES / "tpu_inference_3408_e0101_allocate_tpu7x.txt")).serving.settings
+    for logged, served in (("compressed-tensors", None), ("awq", None), ("tpu_int8", "int8"), ("fp8", "fp8")):
+        command = oom_serving.serve_command(dataclasses.replace(settings, quantization=logged))
+        assert ("--quantization" in command) == (served is not None), command
+        words = shlex.split(command.replace("--model MODEL", "--model llama3.1-8b"))
+        result = run_cli(*words[1:], "--max-model-len", "4096", "--no-compile", "--json")
+        assert result.returncode == 0, (command, result.stderr)
+        assert json.loads(result.stdout)["targets"][0]["command"] is not None
+
+
 def test_kv_budget_takes_vllms_own_longest_request():
     report = report_of(log_of(FAILURES / "tpu_inference_223_kv_max_model_len_v5e8.txt"))
     assert report.serving.estimated_max_model_len == 5632

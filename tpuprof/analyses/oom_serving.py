@@ -163,6 +163,12 @@ _FLAGS = (("max_model_len", "--max-model-len"), ("max_num_seqs", "--max-num-seqs
           ("gpu_memory_utilization", "--gpu-memory-utilization"))
 
 
+# vLLM's --quantization names as `tpuprof serve --quantization` takes them (fp8, int8: weights quantized when
+# loaded). The rest (compressed-tensors, awq, gptq...) name a checkpoint's own format, which serve reads from the
+# model's config.json: passed through, serve refused the command as a usage error.
+_SERVE_QUANTIZATION = {"fp8": "fp8", "tpu_int8": "int8", "int8": "int8"}
+
+
 def serve_command(settings, **changes) -> str:
     """`tpuprof serve --model M --tpu SLICE ...` with the settings the log shows (CHANGES override them).
     MODEL and SLICE stand where the log does not name them."""
@@ -174,6 +180,8 @@ def serve_command(settings, **changes) -> str:
         parts.append(f"--engine {settings.engine}")
     for name, flag in _FLAGS:
         value = values.get(name)
+        if name == "quantization" and value is not None:
+            value = _SERVE_QUANTIZATION.get(value)
         if value is None or (name == "kv_cache_dtype" and value == "auto"):
             continue
         parts.append(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
