@@ -121,6 +121,18 @@ def test_inference_jobs_get_no_backward_pass_advice():
     assert "remat" in [t["kind"] for t in oom_advice.suggest(report, analysis.estimate_batch(report))]
 
 
+def test_a_log_that_does_not_say_it_trains_a_model_gets_no_training_words():
+    # trax #270's paste keeps only the headline: no framework, no training. The same E1000 comes from non-ML
+    # programs (Julia/Reactant simulations), so "gradient accumulation" is a condition, not the fix.
+    report = report_of("trax_270_reformer")
+    assert report.framework is None and report.training is None
+    batch = next(t for t in oom_advice.suggest(report, analysis.estimate_batch(report)) if t["kind"] == "batch_size")
+    assert "problem size" in batch["code"] and "a training job keeps" in batch["code"]
+    report.training = True
+    batch = next(t for t in oom_advice.suggest(report, analysis.estimate_batch(report)) if t["kind"] == "batch_size")
+    assert "problem size" not in batch["code"]
+
+
 def test_unknown_framework_is_neutral_wording():
     report = report_of("flowpm_27_arguments_unknown")  # a log with no traceback
     report.framework = None

@@ -374,6 +374,10 @@ def _batch(report: OomReport, estimate: BatchEstimate, missing: int | None) -> S
     code = _code("batch_size", report.framework)
     if report.training is False and report.framework != "vllm":  # no gradients to accumulate when serving
         code = "fewer sequences (or shorter ones) per forward pass"
+    elif report.training is None and report.framework is None:
+        # Nothing says it is a model (a Julia/Reactant simulation's E1000 reads the same): no training words.
+        code = ("less work per chip: a smaller batch or problem size in each chip's arrays (a training job keeps its "
+                "global batch with gradient accumulation)")
     confidence = {"high": "estimated", "medium": "estimated"}.get(estimate.confidence, "rough")
     if current == 1:
         return Suggestion(kind="batch_size", confidence=confidence, code="", message=(
