@@ -465,6 +465,9 @@ def test_bad_options_are_one_sentence(argv, message):
     ({"service_addr": "grpc://10.0.0.2:8470"}, {}, ["10.0.0.2:8466"], "--service-addr"),
     ({"service_addr": "grpc://10.0.0.2:8470", "port": 9999}, {}, ["10.0.0.2:8470"], "--service-addr"),
     ({"service_addr": "[::1]:6009"}, {}, ["[::1]:6009"], "--service-addr"),
+    # one local server by two of its names: its second session found it busy and called it never started
+    ({"service_addr": "localhost:9012,127.0.0.1:9012"}, {}, ["localhost:9012"], "--service-addr"),
+    ({"service_addr": "127.0.0.1:9012 localhost:9013"}, {}, ["127.0.0.1:9012", "localhost:9013"], "--service-addr"),
     ({"service_addr": "myhost"}, {}, ["myhost:8466"], "--service-addr"),
     ({}, {"TPU_GRPC_URL": "grpc://10.1.2.3:8470"}, ["10.1.2.3:8466"], "TPU_GRPC_URL"),
     ({"port": 9012}, {"TPU_GRPC_URL": "grpc://10.1.2.3:8470"}, ["10.1.2.3:9012"], "TPU_GRPC_URL"),
@@ -491,6 +494,11 @@ def test_service_addr_wins_over_environment():
 def test_grpc_url_port_note():
     target = addresses.resolve(environ={"COLAB_TPU_ADDR": "10.4.5.6:8470"})
     assert target.notes == ["port 8470 is the TPU runtime's; its profiler listens on 8466"]
+
+
+def test_one_local_server_named_twice_is_traced_once_and_said_so():
+    target = addresses.resolve(service_addr="localhost:9012 127.0.0.1:9012")
+    assert target.notes == ["127.0.0.1:9012 is localhost:9012, this machine's loopback: traced once"]
 
 
 def test_empty_address_is_a_user_error():

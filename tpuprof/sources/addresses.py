@@ -143,8 +143,23 @@ def _noun(addresses: list[str]) -> str:
     return "address was" if len(addresses) == 1 else "addresses were"
 
 
+# Names of this machine's loopback interface: one profiler server on a port answers to each of them, so two of
+# them with one port are one server (its second session found it busy and called it idle).
+_LOOPBACK = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
+
+
+def _server(address: str) -> str:
+    host, port = split_host_port(address)
+    return f"loopback:{port}" if host.lower() in _LOOPBACK else address
+
+
 def _target(addresses: list[str], why: str, notes: list[str], tpu_master: Optional[str] = None) -> ProfilerAddresses:
-    unique = list(dict.fromkeys(addresses))  # the same worker listed twice would be traced twice
+    servers: dict[str, str] = {}  # the same worker listed twice would be traced twice
+    for address in addresses:
+        first = servers.setdefault(_server(address), address)
+        if first != address:
+            notes = notes + [f"{address} is {first}, this machine's loopback: traced once"]
+    unique = list(servers.values())
     if not unique:
         raise UserError("No profiler address was found: pass --service-addr host:port or --tpu NAME.")
     return ProfilerAddresses(unique, why, tpu_master, notes)
