@@ -32,6 +32,15 @@ def fmt_bytes(value: int | float | None) -> str:
     raise AssertionError("unreachable: EiB always returns")
 
 
+def fmt_fixed(value: float, digits: int) -> str:
+    """VALUE to DIGITS decimals, halves rounded up: documents keep 3 decimals of a millisecond, and 30.415 read as
+    a float prints 30.41 by f"{:.2f}" where the figure it rounds printed 30.42. Every place that shows such a
+    figure to fewer decimals rounds it here."""
+    from decimal import ROUND_HALF_UP, Decimal
+
+    return str(Decimal(repr(value)).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
+
+
 def fmt_ms(value: float | None, *band: float) -> str:
     """A duration in ms or s, 3 significant digits, never in exponent notation ("1.14e+03 ms"); a BAND (low,
     high) follows in the same unit: "1.14 s (0.959-1.75 s)"."""

@@ -7,9 +7,9 @@ tpuprof, another tool): what is missing is left out."""
 from __future__ import annotations
 
 import os
-from decimal import ROUND_HALF_UP, Decimal
 
 from tpuprof.models.profile import CATEGORIES
+from tpuprof.units import fmt_fixed
 from tpuprof.presentation.model import Caveats, Fixes, Note, Section, Table, Verdict, name, number, text
 
 TOP = 10  # rows of the stage and op tables unless the command says otherwise
@@ -31,7 +31,7 @@ def _num(value, digits: int, unit: float = 1) -> str:
     2.925 read as a float would print 2.92 where the figure it rounds printed 2.93."""
     if value is None:
         return ""
-    return str(Decimal(repr(value / unit)).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
+    return fmt_fixed(value / unit, digits)
 
 
 def section(document: dict, top: int = TOP) -> Section:

@@ -4,12 +4,10 @@ and the buffers that changed, appeared or went. The terminal, Markdown and the n
 
 from __future__ import annotations
 
-from decimal import ROUND_HALF_UP, Decimal
-
 from tpuprof.models.memory import PER_DEVICE_COMPILER_METHODS
 from tpuprof.presentation.memory import wrappable_shape
 from tpuprof.presentation.model import Caveats, Fact, Note, Section, Table, Verdict, name, number, text
-from tpuprof.units import fmt_bytes
+from tpuprof.units import fmt_bytes, fmt_fixed
 
 # Red means worse. For most metrics (sizes, times, input share) more is worse; for these, more is better,
 # and for counts that only describe the run (steps captured, buffers) neither.
@@ -20,7 +18,7 @@ TITLES = {"steps": "Step time", "memory": "Memory", "preflight": "Preflight"}
 
 def _fixed(value: float, digits: int) -> str:
     """VALUE to DIGITS decimals, halves rounded up (a document's 2.925 ms reads 2.93, as the figure it rounds)."""
-    return str(Decimal(repr(value)).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
+    return fmt_fixed(value, digits)
 
 
 def tone(metric: str, change) -> str:

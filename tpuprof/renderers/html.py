@@ -12,7 +12,7 @@ import datetime as _dt
 import math
 from itertools import count
 
-from tpuprof.units import fmt_bytes
+from tpuprof.units import fmt_bytes, fmt_fixed
 from tpuprof.presentation import fits_share, fits_word
 from tpuprof.renderers.printers import esc, prose
 from tpuprof.sources.inputs import KIND_LABELS, MEMORY, OOM, PREFLIGHT, SERVE, STEPS, Input
@@ -332,7 +332,7 @@ def _suggestions(page: _Page, inputs: list[Input]) -> None:
                 if s.get("confidence"):
                     badge += f' <span class="meta">({esc(s["confidence"])})</span>'
             elif saving and unit == "ms":
-                badge = f' <span class="saving">up to {saving:.2f} ms per step</span>'
+                badge = f' <span class="saving">up to {fmt_fixed(saving, 2)} ms per step</span>'
             blocked = unit == "bytes" and (fits.get(number) or 0) > 0
             status = f' <span class="oom">{fits_word(False)}</span>' if blocked else ""
             title = KIND_TITLES.get(s.get("kind", ""), s.get("kind", ""))
