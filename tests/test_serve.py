@@ -594,3 +594,19 @@ def test_the_fixes_a_problem_names_change_the_answer():
     assert "--kv-cache-dtype fp8" in halved.problems[0]
     (fp8,) = tpuprof.serve("llama3.1-70b", "v5e-4", quantization="fp8", max_model_len=4096, compile=False).targets
     assert "leave no KV cache" in fp8.problems[0] and "--quantization" not in fp8.problems[0]
+
+
+def test_the_launch_command_loads_a_config_file_by_its_checkpoint_folder(tmp_path):
+    """The engines load a checkpoint folder, reading its config.json: a config given as FOLDER/config.json launches
+    FOLDER; one saved under another name launched `vllm serve qwen.json`, a model name vLLM cannot resolve."""
+    data = json.loads((SERVING / "llama-3.2-1b-1layer.config.json").read_text())
+    (tmp_path / "ckpt").mkdir()
+    for path in (tmp_path / "ckpt" / "config.json", tmp_path / "qwen.json"):
+        path.write_text(json.dumps(data))
+    (folder,) = tpuprof.serve(str(tmp_path / "ckpt" / "config.json"), "v6e-1", max_model_len=2048,
+                              compile=False).to_dict()["targets"]
+    assert folder["command"].startswith(f"vllm serve {tmp_path / 'ckpt'} ")
+    (renamed,) = tpuprof.serve(str(tmp_path / "qwen.json"), "v6e-1", max_model_len=2048,
+                               compile=False).to_dict()["targets"]
+    assert "qwen.json" in renamed["command"] and "vllm serve qwen.json" not in renamed["command"]
+    assert renamed["command"].startswith("vllm serve '<the checkpoint folder qwen.json describes>' ")

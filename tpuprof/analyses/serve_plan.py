@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 from tpuprof.analyses import serve_estimate, serve_memory, serve_programs
 from tpuprof.models.serve import OptionError, ServeAnswer, ServeOptions, ServeTarget
@@ -145,13 +146,23 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
                      serve_memory.shape_weights_how(config, options.quantization, options.engine)))
 
 
+def checkpoint_name(model: str, source: str) -> str:
+    """What the engines load the model by: its Hugging Face id, or the folder of the config.json given. The engines
+    read a checkpoint folder's config.json, so a config saved under another name (qwen.json) or a built-in config
+    with no public checkpoint (GPT-3) gets a placeholder the engine would refuse, never the file's name or the
+    "built-in:NAME" source, which read as model names and are not."""
+    if source.startswith("built-in:"):
+        return HF_IDS.get(model, f"<{model} weights>")
+    path = Path(source)
+    if path.name != "config.json":
+        return f"<the checkpoint folder {path.name} describes>"
+    return str(path.parent)
+
+
 def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_model_len: int, max_num_seqs: int,
                    utilization: float, kv) -> str:
     config = options.model
-    # A built-in config with no public checkpoint (GPT-3) gets a placeholder the engine would refuse, never the
-    # "built-in:NAME" source, which reads as a model name and is not one.
-    name = HF_IDS.get(config.name, f"<{config.name} weights>") if options.model_source.startswith("built-in:") else \
-        options.model_source.rsplit("/config.json", 1)[0]
+    name = checkpoint_name(config.name, options.model_source)
     if options.engine == "vllm":
         parts = ["vllm", "serve", name, "--tensor-parallel-size", str(tp), "--max-model-len", str(max_model_len),
                  "--max-num-seqs", str(max_num_seqs), "--gpu-memory-utilization", f"{utilization:.2f}"]
