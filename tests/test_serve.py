@@ -610,3 +610,18 @@ def test_the_launch_command_loads_a_config_file_by_its_checkpoint_folder(tmp_pat
                                compile=False).to_dict()["targets"]
     assert "qwen.json" in renamed["command"] and "vllm serve qwen.json" not in renamed["command"]
     assert renamed["command"].startswith("vllm serve '<the checkpoint folder qwen.json describes>' ")
+
+
+def test_jetstreams_launch_lays_out_the_replicas_the_figures_assume():
+    """MaxText's fsdp axis (-1 in base.yml) takes the devices tensor parallelism leaves: TP 4 on v6e-8 launched as
+    printed sharded the weights 8 ways with a batch of per_device_batch_size x 8, not the two replicas of 4 the
+    figures are of. The command pins fsdp to 1 and gives the replicas as MaxText's data axis."""
+    (target,) = tpuprof.serve("llama3.1-8b", "v6e-8", engine="jetstream", tensor_parallel_size=4,
+                              max_model_len=4096, max_num_seqs=64, compile=False).to_dict()["targets"]
+    words = dict(part.split("=", 1) for part in target["command"].split() if "=" in part)
+    assert (words["ici_tensor_parallelism"], words["ici_fsdp_parallelism"], words["ici_data_parallelism"]) == \
+        ("4", "1", "2")
+    assert int(words["per_device_batch_size"]) * 8 == 64 * 2  # each replica's 64 requests
+    (whole,) = tpuprof.serve("llama3.1-8b", "v6e-8", engine="jetstream", max_model_len=4096,
+                             compile=False).to_dict()["targets"]
+    assert "ici_data_parallelism" not in whole["command"] and "ici_fsdp_parallelism=1" in whole["command"]

@@ -196,10 +196,16 @@ def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_mo
         if options.quantization != "bf16" and not options.quantized_checkpoint:  # weight-only, per channel: its built-in qwix configs
             parts += ["--quantization-config-path", f"{options.quantization}.yaml"]
         return shlex.join(parts)
+    # MaxText's batch is per_device_batch_size x every device, and its fsdp axis (-1 by default) takes the devices
+    # the others leave: the replicas the figures assume are its data axis, with fsdp pinned to 1 (each replica holds
+    # the weights over its TP devices and its own max_num_seqs requests).
     per_device = max(max_num_seqs // max(tp, 1), 1)
+    replicas_per_slice = max(replicas // max(slice_.num_slices, 1), 1)
     return shlex.join(["python", "-m", "MaxText.maxengine_server", "MaxText/configs/base.yml",
-                       f"tokenizer_path={name}", f"ici_tensor_parallelism={tp}", f"max_target_length={max_model_len}",
-                       f"max_prefill_predict_length={options.input_len}", f"per_device_batch_size={per_device}"]
+                       f"tokenizer_path={name}", f"ici_tensor_parallelism={tp}", "ici_fsdp_parallelism=1"]
+                      + ([f"ici_data_parallelism={replicas_per_slice}"] if replicas_per_slice > 1 else [])
+                      + [f"max_target_length={max_model_len}", f"max_prefill_predict_length={options.input_len}",
+                         f"per_device_batch_size={per_device}"]
                       + ([f"quantization={options.quantization}"] if options.quantization != "bf16" else [])
                       + (["quantize_kvcache=True", "kv_quant_dtype=fp8"] if options.kv_cache_dtype != "auto" else []))
 
