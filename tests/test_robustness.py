@@ -284,3 +284,37 @@ def test_a_buffer_assignment_line_with_a_huge_size_is_read_in_linear_time(tmp_pa
     path.write_text(text)
     done = run_cli("memory", str(path), "--target", "v5e", timeout=60)
     assert "Traceback" not in done.stderr and done.returncode in (0, 2), done.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs a user really gives: a real file cut short, stdin closed
+
+
+@pytest.mark.parametrize("keep", [100_000, 800_000, 866_000])
+def test_a_real_hlo_text_cut_short_is_said_to_be_cut_short(tmp_path, keep):
+    """A Llama train step's HLO text cut inside a fused computation, inside the entry at a half line, and just before
+    the entry's closing brace: the file's end is the cause, not an alias, a layout or a hand edit (what the half
+    module was blamed on before)."""
+    from helpers import real_data
+
+    whole = real_data.real_artefact(real_data.LLAMA3_8B_TRAIN_STEP_V6E_8_HLO, tmp_path / "real")
+    cut = tmp_path / whole.name
+    cut.write_bytes(whole.read_bytes()[:keep])
+    done = run_cli("memory", str(cut), "--tpu", "v6e")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and done.stdout == "", done.stderr
+    assert lines[0].startswith(f"tpuprof: {cut} ends inside computation ") and "cut short" in lines[0]
+    assert run_cli("memory", str(whole), "--tpu", "v6e").returncode == 0
+
+
+@pytest.mark.parametrize("args", [["oom"], ["oom", "-"], ["oom", "-", "--json"]])
+def test_oom_with_stdin_closed_asks_for_the_log(args):
+    """`tpuprof oom <&-` (a cron job or a service without stdin): Python's sys.stdin is None."""
+    import os
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "tpuprof", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, preexec_fn=lambda: os.close(0))
+    assert done.stderr == "tpuprof: give the log file, or pipe the log into `tpuprof oom -`.\n", done.stderr
+    assert done.returncode == 2
+    assert (done.stdout != "") == ("--json" in args)

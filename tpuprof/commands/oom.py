@@ -36,7 +36,7 @@ def run(path: str | None, dump: Path | None = None, batch: int | None = None, ta
     from tpuprof.renderers.formats import output_format, print_document
 
     format_ = output_format(as_json, format_)
-    if path in (None, "-") and sys.stdin.isatty():
+    if path in (None, "-") and (sys.stdin is None or sys.stdin.isatty()):  # a terminal, or stdin closed (<&-)
         raise UserError("give the log file, or pipe the log into `tpuprof oom -`.")
     explained = result(path, dump=dump, batch=batch, target=target)
     if print_document(explained, format_):

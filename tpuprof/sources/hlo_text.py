@@ -89,6 +89,10 @@ def parse(text: str, source: str = "HLO text") -> TextModule:
     alias = _INPUT_OUTPUT_ALIAS_RE.search(header)
     if alias:
         module.input_output_alias = _aliases(alias.group(1))
+    open_at_end = _open_at_end(lines)
+    if open_at_end:
+        raise UserError(f"{source} ends inside computation {open_at_end} (no closing '}}'): the file is cut short; "
+                        f"give the whole dump file.")
     current: list[TextInstruction] | None = None
     current_name = ""
     for line in lines:
@@ -112,6 +116,20 @@ def parse(text: str, source: str = "HLO text") -> TextModule:
     if not module.computations:
         raise UserError(f"{source} holds no HLO computations.")
     return module
+
+
+def _open_at_end(lines: list[str]) -> str:
+    """The computation a text ends inside, or "": checked before its instructions are read, so that a copy cut short
+    is said to be one, not blamed on whatever its last, half line or the missing ones leave unresolved."""
+    name = ""
+    for line in lines:
+        stripped = line.strip()
+        if not name:
+            match = _COMPUTATION_RE.match(stripped) if stripped.endswith("{") and "->" in stripped else None
+            name = match.group(2) if match else ""
+        elif stripped == "}":
+            name = ""
+    return name
 
 
 def _parse_instruction(line: str, computation: str, source: str) -> TextInstruction | None:
