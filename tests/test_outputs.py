@@ -132,3 +132,12 @@ def test_with_json_an_error_is_also_a_document_on_stdout(args, kind, message):
 def test_without_json_stdout_stays_empty_on_an_error():
     result = run_cli("memory", "nope")
     assert result.returncode == 2 and result.stdout == ""
+
+
+@pytest.mark.parametrize("args", [("memory", str(DUMP)), ("memory", str(DUMP), "--json")])
+def test_stdout_closed_is_one_sentence(args):
+    """`tpuprof memory DUMP >&-`: sys.stdout is None; the flush after the command was a traceback, exit 1."""
+    result = subprocess.run([sys.executable, "-m", "tpuprof", *args], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                            timeout=300, preexec_fn=lambda: os.close(1))
+    result.stdout = ""
+    assert one_sentence(result) == "tpuprof: cannot write the output: stdout is closed."

@@ -393,6 +393,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     stderr. Standard output that cannot be written (a full disk) is one sentence and exit 2.
     """
     internal_error = False
+    if sys.stdout is None:  # `tpuprof ... >&-`: Python has no stdout to print an answer or an error document on
+        print("tpuprof: cannot write the output: stdout is closed.", file=sys.stderr)
+        sys.exit(2)
     args = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in args if not a.startswith("-")), None)
     as_json = _asks_for_json(args)
