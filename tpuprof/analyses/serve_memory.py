@@ -428,6 +428,7 @@ def shape_weights_bytes_per_device(config, tp: int, quantization: str, expert_pa
             moe += 3 * d * config.shared_expert_intermediate_size * w // mlp_tp \
                 + (2 * d if config.shared_expert_gate else 0)  # Qwen-MoE's sigmoid gate, [d, 1] in bf16
     routed = moe_layers(config)
-    layers = config.num_hidden_layers * (attention + 2 * d * 2) + routed * moe + (config.num_hidden_layers - routed) * dense
+    layers = (config.num_hidden_layers * (attention + 2 * d * 2) + routed * moe
+              + (config.num_hidden_layers - routed) * dense)
     vocab = config.vocab_size * d * 2 * (1 if config.tie_word_embeddings else 2) // tp
     return layers + vocab + d * 2

@@ -193,7 +193,8 @@ def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_mo
             parts += ["--chunked-prefill-size", str(options.max_num_batched_tokens)]
         if options.kv_cache_dtype != "auto":  # SGLang-JAX names the format
             parts += ["--kv-cache-dtype", "fp8_e4m3" if options.kv_cache_dtype == "fp8" else options.kv_cache_dtype]
-        if options.quantization != "bf16" and not options.quantized_checkpoint:  # weight-only, per channel: its built-in qwix configs
+        # Weight-only, per channel: SGLang-JAX's built-in qwix configs.
+        if options.quantization != "bf16" and not options.quantized_checkpoint:
             parts += ["--quantization-config-path", f"{options.quantization}.yaml"]
         return shlex.join(parts)
     # MaxText's batch is per_device_batch_size x every device, and its fsdp axis (-1 by default) takes the devices

@@ -23,8 +23,9 @@ def options(model: str, tpu, **settings):
         loaded = load_config(_built_in_for(model))
     except UserError as error:
         if _looks_like_hub_id(model):  # what vLLM takes and `tpuprof oom` reads back from a log
+            config_url = f"https://huggingface.co/{model}/blob/main/config.json"
             raise OptionError("model", f"{{option}} {model}: tpuprof reads no model hub: give the model's config.json "
-                                       f"(https://huggingface.co/{model}/blob/main/config.json) or its folder.") from None
+                                       f"({config_url}) or its folder.") from None
         raise OptionError("model", "{option}: " + template(str(error))) from None
     return serve_options(loaded, tpu, checkpoint=checkpoint_quantization(loaded[1]), **settings)
 
