@@ -94,6 +94,18 @@ def test_default_tiles(text, target, expected):
     assert hlo_estimate.default_tpu_layout(shapes.parse_shape(text), target).padded_bytes() == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("f32[64,96,1]{2,1,0}", 64 * 128 * 4),  # a time-major regression target: libtpu {1,2,0:T(1,128)}, 32 KiB
+    ("f32[4096,1]{1,0}", 4096 * 4),  # {0,1:T(1,128)}
+    ("s32[4096,1,1]{2,1,0}", 4096 * 4),  # Qwen3-8B's text (scratch/oom.txt): {0,2,1:T(1,128)}
+])
+def test_a_size_1_minor_dim_of_a_cpu_layout_is_not_padded_to_128_lanes(text, expected):
+    """A CPU dump lays arrays row-major, so [time, batch, 1] has its 1 minor; libtpu lays the batch in the lanes
+    instead (preflight of a JAX GRU step, x: [64, batch, 128], y: [64, batch, 1], on v5e). Taking the CPU's order
+    counted 128x its size and advised squeezing a dimension the compiler already moves."""
+    assert hlo_estimate.default_tpu_layout(shapes.parse_shape(text), "v5e").padded_bytes() == expected
+
+
 def test_tuple_tables_per_generation():
     """Measured on libtpu 0.0.42.1 (buffer assignments of 3- to 40-element result tuples)."""
     assert [hlo_estimate.tuple_table_bytes(n, "v6e") for n in (3, 5, 9, 17, 40)] == [32, 32, 64, 96, 160]

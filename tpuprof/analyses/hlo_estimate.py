@@ -67,7 +67,8 @@ def default_tpu_layout(shape: shapes.Shape, target: str | None = None) -> shapes
     as laid out: T(8,128) on the two minor dims, with T(1,128)/T(2,128)/T(4,128) when the second-minor dim is
     that small; 16-bit types add (2,1), 8-bit (4,1), 4-bit (8,1) with E(4) (packed); rank 1 T(1024)
     (T(512)/T(256)/T(128) for smaller arrays of wider types), scalars T(128) (T(256) for 16-bit types, T(512) for
-    8-bit ones); on v2/v3 the smallest tile of 32-bit scalars and rank-1 arrays is T(256)."""
+    8-bit ones); on v2/v3 the smallest tile of 32-bit scalars and rank-1 arrays is T(256). A size-1 minor dim
+    leaves the lanes: libtpu lays the others minor."""
     if shape.is_tuple:
         return shapes.Shape("tuple", tuple_shapes=tuple(default_tpu_layout(s, target) for s in shape.tuple_shapes))
     if shape.dtype in shapes.NON_ARRAY_TYPES:
@@ -75,6 +76,11 @@ def default_tpu_layout(shape: shapes.Shape, target: str | None = None) -> shapes
     rank = len(shape.dims)
     m2m = shape.layout.minor_to_major if shape.layout and shape.layout.minor_to_major else tuple(
         range(rank - 1, -1, -1))
+    if rank >= 2 and shape.dims[m2m[0]] == 1 and any(d > 1 for d in shape.dims):
+        # libtpu does not leave a size-1 dim in the lanes of a buffer (a [time, batch, 1] target would be 128x):
+        # f32[64,30840,1] gets {1,2,0:T(1,128)}, f32[N,1] {0,1:T(1,128)}, s32[4096,1,1] {0,2,1:T(1,128)}, whose
+        # sizes are those of the size-1 dims made most-major.
+        m2m = tuple(d for d in m2m if shape.dims[d] != 1) + tuple(d for d in m2m if shape.dims[d] == 1)
     bits = shapes.ELEMENT_BITS[shape.dtype]
     packing = max(1, 32 // bits) if bits < 32 else 1
     element_bits = bits if bits < 8 else 0
