@@ -167,3 +167,25 @@ def test_overlapping_events_go_to_another_lane_and_every_lane_nests(tmp_path):
               for t in perfetto_reader.read(output).values() if t.slices}
     assert tracks == {"line 0": [("inner", 10, 20), ("later", 120, 130), ("outer", 0, 100)],
                       "line 1": [("overlapping", 50, 150)]}
+
+
+def test_a_logdir_of_several_runs_says_which_run_it_read(tmp_path):
+    """A logdir holds one run per capture; trace reads the newest, as analyze does, and now says which (the JSON's
+    `run`, and analyze's sentence above the summary): it named no run, so a user could not tell which capture the
+    trace was of."""
+    import shutil
+
+    (source,) = (CAPTURES / "jax_compute" / "plugins" / "profile").iterdir()
+    runs = tmp_path / "logdir" / "plugins" / "profile"
+    for name in ("2026_01_01_00_00_00", "2026_01_02_00_00_00"):
+        shutil.copytree(source, runs / name)
+    done = run_cli("trace", str(tmp_path / "logdir"), "-o", str(tmp_path / "t.pftrace"), "--json")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["run"] == {"name": "2026_01_02_00_00_00", "folder": str(runs), "other_runs": 1}
+    text = run_cli("trace", str(tmp_path / "logdir"), "-o", str(tmp_path / "u.pftrace")).stdout
+    assert text.splitlines()[0].startswith("Run 2026_01_02_00_00_00, the newest in ")
+    assert "1 older run not read" in text.splitlines()[0]
+    single = json.loads(run_cli("trace", str(runs / "2026_01_01_00_00_00"), "-o", str(tmp_path / "v.pftrace"),
+                                "--json").stdout)
+    assert single["run"] is None

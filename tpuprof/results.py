@@ -345,10 +345,11 @@ class TraceResult(Result):
     events: int
     window_ms: float
     suggestions: list = field(default_factory=list)
+    run: dict | None = None  # the run read from a logdir (name, folder, other_runs), as analyze's; None: a file
 
     def _document(self) -> dict:
         return {"output": self.output, "bytes": self.bytes, "hosts": self.hosts, "steps": self.steps,
-                "events": self.events, "window_ms": self.window_ms}
+                "events": self.events, "window_ms": self.window_ms, "run": self.run}
 
     def __repr__(self) -> str:
         return f"TraceResult({self.output!r}: steps {self.steps} of {len(self.hosts)} host(s), {self.events} events)"

@@ -12,7 +12,6 @@ existing file is replaced only with --force. Exit 2 on bad input (one sentence).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from tpuprof.errors import UserError
@@ -104,7 +103,7 @@ def export(path: str, output: Path, steps: str | None = None, hosts: str | None 
     asked = parse_steps(steps)
     written = output_file(output, force, "steps.pftrace")  # a symlink's target; refused: not a regular file
     inputs.expect(path, inputs.STEPS)
-    files, _ = xplane.find_capture(path)
+    files, chosen_run = xplane.find_capture(path)
     files = choose_hosts(files, hosts)
     profiles = [analysis.host_profile_of_file(f) for f in files]  # the step analysis of `tpuprof analyze`
     first = next((p for p in profiles if p.steps), None)
@@ -132,8 +131,10 @@ def export(path: str, output: Path, steps: str | None = None, hosts: str | None 
                 host.write(space, profile)
             next_pid, events = host.next_pid, events + host.events
     window_ms = max((end - start) / 1e9 for start, end in spans) if spans else 0.0
+    run = None if chosen_run is None else {"name": chosen_run.name, "folder": chosen_run.folder,
+                                           "other_runs": chosen_run.others}
     return TraceResult(str(output), output.stat().st_size, [xplane.host_name(f) for f in files], numbers, events,
-                       round(window_ms, 3))
+                       round(window_ms, 3), run=run)
 
 
 def run(path: str, output: Path, steps: str | None, hosts: str | None, force: bool, as_json: bool = False) -> None:
@@ -143,8 +144,6 @@ def run(path: str, output: Path, steps: str | None, hosts: str | None, force: bo
 
         print_json(done.to_dict())
         return
-    from tpuprof.units import fmt_bytes
+    from tpuprof.renderers.trace import print_summary
 
-    shown = f"{done.steps[0]}" if len(done.steps) == 1 else f"{done.steps[0]}-{done.steps[-1]}"
-    print(f"{done.output}: steps {shown} of {len(done.hosts)} host(s), {done.events:,} events over "
-          f"{done.window_ms:.1f} ms, {fmt_bytes(done.bytes)}. Open it in https://ui.perfetto.dev", file=sys.stdout)
+    print_summary(done)

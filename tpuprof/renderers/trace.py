@@ -211,3 +211,18 @@ def _flows(stats: dict) -> list[int]:
     if isinstance(stats.get("_c"), int):
         flows.append(flow_id(int(stats.get("_ct") or 0), stats["_c"]))
     return flows
+
+
+def print_summary(done) -> None:
+    """The text answer of `tpuprof trace` (done: a TraceResult): which run of a logdir it read, then what the
+    trace holds."""
+    import sys
+
+    from tpuprof.presentation.analyze import run_sentence
+    from tpuprof.units import fmt_bytes
+
+    if done.run:
+        print(run_sentence(done.run), file=sys.stdout)
+    shown = f"{done.steps[0]}" if len(done.steps) == 1 else f"{done.steps[0]}-{done.steps[-1]}"
+    print(f"{done.output}: steps {shown} of {len(done.hosts)} host(s), {done.events:,} events over "
+          f"{done.window_ms:.1f} ms, {fmt_bytes(done.bytes)}. Open it in https://ui.perfetto.dev", file=sys.stdout)
