@@ -24,7 +24,7 @@ step on average, which is what TPOT adds on top of the decode step. TTFT = the r
 
 from __future__ import annotations
 
-from tpuprof.analyses.serve_memory import mla_attention_parameters, moe_layers
+from tpuprof.analyses.serve_memory import mla_attention_parameters
 from tpuprof.models.serve import Band, ServeEstimate
 
 # (low, point, high) ends of the band: fractions of the published peak reached.
@@ -38,7 +38,7 @@ def active_parameters(config) -> int:
     expert) and the LM head."""
     d, h, kv, hd = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
     dense = 3 * d * config.intermediate_size
-    routed = moe_layers(config) if config.moe else 0
+    routed = config.moe_layer_count() if config.moe else 0
     moe = (d * config.num_experts + config.num_experts_per_tok * 3 * d * config.moe_intermediate_size
            + 3 * d * config.shared_expert_intermediate_size) if config.moe else 0
     mlp = routed * moe + (config.num_hidden_layers - routed) * dense

@@ -349,9 +349,9 @@ def expert_weights_bytes_per_device(config, tp: int, quantization: str) -> int:
     if not config.moe:
         return 0
     if quantization == "mxfp4":
-        return moe_layers(config) * mxfp4_expert_bytes(config) // tp
+        return config.moe_layer_count() * mxfp4_expert_bytes(config) // tp
     w = {"bf16": 2, "fp8": 1, "int8": 1}[quantization]
-    return moe_layers(config) * config.num_experts * 3 * config.hidden_size * config.moe_intermediate_size * w // tp
+    return config.moe_layer_count() * config.num_experts * 3 * config.hidden_size * config.moe_intermediate_size * w // tp
 
 
 def mxfp4_expert_bytes(config) -> int:
@@ -364,12 +364,6 @@ def mxfp4_expert_bytes(config) -> int:
     scales = (2 * f * d + d * f) // MXFP4_BLOCK
     biases = (2 * f + d) if config.expert_bias else 0
     return config.num_experts * (values // 2 + 4 * scales + 4 * biases)
-
-
-def moe_layers(config) -> int:
-    """Decoder layers with routed experts: all of an MoE's but the dense ones its config names (Llama 4 Maverick's
-    every other layer, interleave_moe_layer_step 2)."""
-    return sum(kind.endswith("+moe") for kind in config.layer_kinds())
 
 
 def mla_attention_parameters(config) -> tuple[int, int]:
@@ -427,7 +421,7 @@ def shape_weights_bytes_per_device(config, tp: int, quantization: str, expert_pa
         if config.shared_expert_intermediate_size:
             moe += 3 * d * config.shared_expert_intermediate_size * w // mlp_tp \
                 + (2 * d if config.shared_expert_gate else 0)  # Qwen-MoE's sigmoid gate, [d, 1] in bf16
-    routed = moe_layers(config)
+    routed = config.moe_layer_count()
     layers = (config.num_hidden_layers * (attention + 2 * d * 2) + routed * moe
               + (config.num_hidden_layers - routed) * dense)
     vocab = config.vocab_size * d * 2 * (1 if config.tie_word_embeddings else 2) // tp

@@ -190,8 +190,13 @@ class ModelConfig:
             return self.parameter_count()
         d, f = self.hidden_size, self.moe_intermediate_size
         per_expert = (3 if self.mlp_gated else 2) * d * f + ((2 * f if self.mlp_gated else f) + d if self.expert_bias else 0)
-        moe_layers = sum(kind.endswith("+moe") for kind in self.layer_kinds())
-        return self.parameter_count() - moe_layers * (self.num_experts - self.num_experts_per_tok) * per_expert
+        unused = (self.num_experts - self.num_experts_per_tok) * per_expert
+        return self.parameter_count() - self.moe_layer_count() * unused
+
+    def moe_layer_count(self) -> int:
+        """Decoder layers with routed experts: all of an MoE's but the dense ones its config names (DeepSeek's first
+        layers, Llama 4 Maverick's every other one)."""
+        return sum(kind.endswith("+moe") for kind in self.layer_kinds())
 
     def matmul_parameter_count(self) -> int:
         """Active parameters a token's matmuls use (MaxText's model FLOPs): not the embedding lookup, the learned
