@@ -861,3 +861,12 @@ def test_the_scoped_limit_is_named_and_its_fix_is_the_limit():
     text = " ".join(s["message"] for s in advice.suggest(report, analysis.estimate_batch(report)))
     assert "scoped limit" in text and "31.07M" in text and "vmem_limit_bytes" in text
     assert "xla_tpu_scoped_vmem_limit_kib" in text
+
+
+def test_remat_evidence_on_a_list_with_op_names_does_not_say_it_has_none():
+    """EasyLM #98 lists an allocation with its op name and no XLA remat label: the evidence said both that no op
+    name shows jax.checkpoint and that the log lists no allocation with an op name."""
+    report = report_of(FIXTURES / "easylm_98_llama7b_v4_cut_list.txt")
+    remat = next(s for s in advice.suggest(report, analysis.estimate_batch(report)) if s["kind"] == "remat")
+    assert "no op name or label shows jax.checkpoint" in remat["evidence"]
+    assert "lists no allocation with an op name" not in remat["evidence"]

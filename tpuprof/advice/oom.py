@@ -294,9 +294,9 @@ def _remat(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
     by_compiler = preconditions.compiler_rematerialised(a.xla_label for a in report.allocations)
     if any(a.op_name or a.xla_label for a in report.allocations):
         how += "; no op name or label shows jax.checkpoint (checkpoint, rematted_computation)"
-    if by_compiler:
-        how += (f"; labels like {by_compiler} are XLA's own rematerialisation pass, which recomputes single "
-                "instructions of any program over its memory limit: not the step keeping only each layer's input")
+        if by_compiler:
+            how += (f"; labels like {by_compiler} are XLA's own rematerialisation pass, which recomputes single "
+                    "instructions of any program over its memory limit: not the step keeping only each layer's input")
     else:  # nothing to check: the step may recompute already
         how += ("; the log lists no allocation with an op name or label, so whether the step rematerialises already "
                 "is not in it: check for jax.checkpoint / nn.remat (or your framework's) before adding it")
