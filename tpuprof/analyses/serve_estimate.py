@@ -69,7 +69,7 @@ def experts_touched(config, batch: int) -> float:
     return 1 - (1 - config.num_experts_per_tok / config.num_experts) ** batch
 
 
-def decode_step_s(config, target, tp: int, weights: int, kv_per_token: int, batch: int, context: float,
+def decode_step_s(config, target, tp: int, weights: int, kv_per_token: float, batch: int, context: float,
                   end: int, expert_bytes: int = 0) -> dict:
     """Seconds of one decode step on one device at band end END (0 low, 1 point, 2 high): hbm, compute, ici, total.
     EXPERT_BYTES: the routed experts' share of WEIGHTS (only the experts tokens are routed to are read)."""
@@ -103,7 +103,7 @@ def prefill_s(config, target, tp: int, weights: int, tokens: int, chunk: int, en
     return total
 
 
-def estimate(config, slice_, tp: int, replicas: int, weights: int, kv_per_token: int, concurrency: int,
+def estimate(config, slice_, tp: int, replicas: int, weights: int, kv_per_token: float, concurrency: int,
              input_len: int, output_len: int, chunk: int, price, expert_bytes: int = 0,
              weights_compiled: bool = True) -> ServeEstimate:
     context = input_len + output_len / 2  # a request's mean context over its decode steps
@@ -136,10 +136,9 @@ def estimate(config, slice_, tp: int, replicas: int, weights: int, kv_per_token:
              + ("from the compile" if weights_compiled else "from the shapes (not compiled)")))
 
 
-def concurrency_for(requested: int | None, max_num_seqs: int, kv_tokens: int, input_len: int, output_len: int) -> int:
+def concurrency_for(requested: int | None, max_num_seqs: int, held: int) -> int:
     """Requests decoded together: the requested number (default max_num_seqs), no more than max_num_seqs and than the
-    KV cache holds at input_len + output_len tokens each."""
+    KV cache holds at input_len + output_len tokens each (HELD, serve_memory.requests_held)."""
     wanted = requested or max_num_seqs
-    held = kv_tokens // (input_len + output_len) if input_len + output_len else wanted
     return max(min(wanted, max_num_seqs, held), 0)
 

@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 import math
 
-from tpuprof.models.serve import Capacity, EngineRules, KvLayout
+from tpuprof.models.serve import Capacity, EngineRules, KvLayout, KvWindow
 
 MiB = 1 << 20
 SMEM_BYTES = 1 * MiB  # per core on v4 and later (jax _src/pallas/mosaic/tpu_info.py)
@@ -164,7 +164,9 @@ def mla_latent_dim(config) -> int:
 
 
 def kv_layout(config, engine: str, tp: int, kv_cache_dtype: str, max_model_len: int,
-              block_size: int | None, max_num_seqs: int = 1) -> KvLayout:
+              block_size: int | None, max_num_seqs: int = 1, architecture: str | None = None) -> KvLayout:
+    """ARCHITECTURE: the config's architectures[0], which picks the engine's model code (and so whether it keeps
+    only the window of sliding-window layers); None: told by the config's model_type."""
     dtype = kv_dtype(kv_cache_dtype)
     if config.mla:
         return _mla_layout(config, engine, tp, dtype, block_size)
@@ -178,8 +180,12 @@ def kv_layout(config, engine: str, tp: int, kv_cache_dtype: str, max_model_len: 
     page, rule = page_size(max_model_len, block_size, engine, max_num_seqs)
     page_bytes = page * slots * hd * DTYPE_BYTES[dtype]
     layers = config.num_hidden_layers
+    window = kv_window(config, engine, architecture)
+    # With the window layers' pages bounded per request, a token adds a page's share of the layers that keep every
+    # token: vLLM's full-attention groups (padding layers included). SGLang-JAX sizes its cell over every layer.
+    kept = window.full_groups * window.group_size if window and window.kept and engine == "vllm" else layers
     return KvLayout(config.head_dim, hd, config.num_key_value_heads, per_device, replicated, packing, slots, dtype,
-                    DTYPE_BYTES[dtype], page, rule, page_bytes, layers, page_bytes * layers // page)
+                    DTYPE_BYTES[dtype], page, rule, page_bytes, layers, page_bytes * kept // page, window=window)
 
 
 def _mla_layout(config, engine: str, tp: int, dtype: str, block_size: int | None) -> KvLayout:
@@ -207,6 +213,150 @@ def _mla_layout(config, engine: str, tp: int, dtype: str, block_size: int | None
     return KvLayout(latent, latent, 1, 1, shards == 1 and tp > 1, packing, 1, dtype, width, page, rule, page_bytes,
                     layers, page_bytes * layers // page // shards, latent_dim=latent, page_shards=shards,
                     layout_rule=how)
+
+
+# --- layers attending within a window (sliding window, Llama 4's chunks) ------------------------------------------
+# tpu-inference b8692ff0, models/common/model_loader.py: an architecture in its JAX registry (_MODEL_REGISTRY) runs
+# its JAX model unless _VLLM_PREFERRED_ARCHITECTURES names it; any other falls back to vLLM's own model code.
+# runner/kv_cache_manager.py get_kv_cache_spec gives each layer of a JAX model a FullAttentionSpec ("TODO(kwang3939):
+# Re-enable sliding_window"), and each sliding layer of vLLM's model code a SlidingWindowSpec (unless the layers'
+# padded head sizes differ). KerasHub registers its KerasHubForCausalLM with that JAX registry (register_model).
+TPU_INFERENCE_JAX_ARCHITECTURES = frozenset({
+    "Llama4ForCausalLM", "DeepseekV3ForCausalLM", "LlamaForCausalLM", "Llama4ForConditionalGeneration",
+    "Qwen3ForCausalLM", "Qwen2_5_VLForConditionalGeneration", "Eagle3LlamaForCausalLM", "Qwen2ForCausalLM",
+    "Gemma4ForConditionalGeneration", "Gemma4ForCausalLM", "KerasHubForCausalLM"})
+TPU_INFERENCE_VLLM_PREFERRED = frozenset({"GptOssForCausalLM", "Qwen3MoeForCausalLM"})
+# Without architectures in the config: the model types whose architectures are in that JAX registry.
+TPU_INFERENCE_JAX_MODEL_TYPES = frozenset({"llama", "llama4", "llama4_text", "qwen2", "qwen3", "deepseek_v3"})
+HYBRID_SOURCE = ("vLLM v1 KV cache manager (vllm-project/vllm 001cabc1: v1/core/kv_cache_utils.py "
+                 "_get_kv_cache_groups_uniform_page_size, get_kv_cache_config_from_groups, get_num_blocks, "
+                 "get_max_concurrency_for_kv_cache_config; v1/kv_cache_interface.py SlidingWindowSpec, "
+                 "ChunkedLocalAttentionSpec max_memory_usage_bytes), tpu-inference b8692ff0 "
+                 "platforms/tpu_platform.py support_hybrid_kv_cache (True), runner/kv_cache_manager.py "
+                 "initialize_kv_cache (one array of num_blocks pages per group position, shared by the groups)")
+# SGLang-JAX cddbf6f1: models with a sliding window it implements (python/sgl_jax/srt/models: gemma2.py; no Gemma 3,
+# GPT-OSS or Llama 4 model), and its SWA pool's share of the full pool's tokens (server_args.py swa_full_tokens_ratio).
+SGLANG_JAX_WINDOW_MODEL_TYPES = frozenset({"gemma2"})
+SGLANG_JAX_SWA_FULL_TOKENS_RATIO = 0.8
+
+
+def window_layers(config) -> tuple[int, int, str]:
+    """(layers attending within a window, the window in tokens, "sliding" | "chunked") from the config's layer
+    kinds; (0, 0, "") when every layer attends to every token."""
+    kinds = [kind.split("+")[0] for kind in config.layer_kinds()]
+    chunked, sliding = kinds.count("chunked"), kinds.count("sliding")
+    if chunked and config.attention_chunk_size:
+        return chunked, config.attention_chunk_size, "chunked"
+    if sliding and config.sliding_window:
+        return sliding, config.sliding_window, "sliding"
+    return 0, 0, ""
+
+
+def vllm_runs_its_own_model(config, architecture: str | None) -> bool:
+    """Whether tpu-inference runs vLLM's model code (True: its attention layers carry their sliding windows into
+    SlidingWindowSpec) rather than its own JAX model (False: FullAttentionSpec for every layer)."""
+    if architecture:
+        return architecture in TPU_INFERENCE_VLLM_PREFERRED or architecture not in TPU_INFERENCE_JAX_ARCHITECTURES
+    return config.model_type not in TPU_INFERENCE_JAX_MODEL_TYPES
+
+
+def kv_window(config, engine: str, architecture: str | None = None) -> KvWindow | None:
+    """How ENGINE caches the model's sliding-window or chunked layers (None: it has none)."""
+    layers, window, kind = window_layers(config)
+    if not layers:
+        return None
+    full = config.num_hidden_layers - layers
+    what = f"{layers} {kind} layers ({'window' if kind == 'sliding' else 'chunks'} of {window} tokens)"
+    if engine == "vllm":
+        if not vllm_runs_its_own_model(config, architecture):
+            return KvWindow(layers, window, kind, False,
+                            f"{what} cached in full, as full attention: tpu-inference runs its JAX model of "
+                            f"{architecture or config.model_type}, whose every layer gets a FullAttentionSpec "
+                            "(tpu-inference b8692ff0 runner/kv_cache_manager.py get_kv_cache_spec; "
+                            "models/common/model_loader.py)")
+        # vLLM groups the layers by kind into KV cache groups of one size: the fewer kind's count, or the larger
+        # one's when it is under 1.5 times the fewer (the last group of a kind padded with empty layers).
+        counts = [n for n in (full, layers) if n]
+        group = min(counts) if max(counts) >= 1.5 * min(counts) else max(counts)
+        full_groups, window_groups = -(-full // group), -(-layers // group)
+        held = ("ceil((window - 1 + max_num_batched_tokens) / page) + 1" if kind == "sliding"
+                else "ceil((chunk + max_num_batched_tokens) / page)")
+        return KvWindow(layers, window, kind, True,
+                        f"{what} kept to their window: tpu-inference gives vLLM's {architecture or config.model_type} "
+                        f"layers {'SlidingWindowSpec' if kind == 'sliding' else 'ChunkedLocalAttentionSpec'}, and "
+                        f"vLLM's hybrid KV cache manager cuts the layers into {full_groups} full-attention and "
+                        f"{window_groups} {kind} group(s) of {group} layers sharing one pool of blocks (a block: one "
+                        f"page of each layer of a group); a request holds ceil(tokens / page) blocks of each "
+                        f"full-attention group and at most {held} of each {kind} group, the most vLLM reserves "
+                        "(synchronous scheduling; vLLM versions that reserve for an asynchronous step in flight count "
+                        f"max_num_batched_tokens twice): {HYBRID_SOURCE}",
+                        group_size=group, full_groups=full_groups, window_groups=window_groups)
+    if engine == "sglang-jax":
+        if kind == "sliding" and config.model_type in SGLANG_JAX_WINDOW_MODEL_TYPES:
+            return KvWindow(layers, window, kind, True,
+                            f"{what}: SGLang-JAX sizes its token capacity over every layer, then splits it into a "
+                            f"pool for the {full} full-attention layers and an SWA pool holding "
+                            f"{SGLANG_JAX_SWA_FULL_TOKENS_RATIO:g} as many tokens for the {kind} ones "
+                            "(--swa-full-tokens-ratio), whose tokens outside the window it frees: sglang-jax cddbf6f1 "
+                            "model_executor/model_runner.py set_num_token_hybrid, managers/schedule_batch.py "
+                            "maybe_evict_swa",
+                            swa_full_tokens_ratio=SGLANG_JAX_SWA_FULL_TOKENS_RATIO)
+        return KvWindow(layers, window, kind, False,
+                        f"{what} cached in full: SGLang-JAX's {config.model_type} model attends every layer to "
+                        "every token (sglang-jax cddbf6f1 python/sgl_jax/srt/models)")
+    return KvWindow(layers, window, kind, False,
+                    f"{what} cached in full: MaxText gives every layer the same per-slot cache of max_target_length "
+                    "tokens and applies the window as a mask (maxtext 01739beb inference/kvcache.py KVCache, "
+                    "layers/attentions.py init_kv_caches)")
+
+
+def window_blocks_per_request(kv: KvLayout, tokens: int, max_num_batched_tokens: int) -> int:
+    """vLLM's reservation for one request of TOKENS in each window group, in pages (SlidingWindowSpec /
+    ChunkedLocalAttentionSpec.max_memory_usage_bytes)."""
+    w = kv.window
+    if w.kind == "sliding":
+        return -(-min(w.window - 1 + max_num_batched_tokens, tokens) // kv.page_size) + 1
+    return -(-min(w.window + max_num_batched_tokens, tokens) // kv.page_size)
+
+
+def vllm_blocks_per_request(kv: KvLayout, tokens: int, max_num_batched_tokens: int) -> int:
+    """Blocks of vLLM's shared pool one request of TOKENS takes: every full-attention group's pages plus each window
+    group's reservation (get_max_concurrency_for_kv_cache_config)."""
+    w = kv.window
+    return (w.full_groups * -(-tokens // kv.page_size)
+            + w.window_groups * window_blocks_per_request(kv, tokens, max_num_batched_tokens))
+
+
+def sglang_swa_pools(kv: KvLayout, tokens: int) -> tuple[int, int]:
+    """(full pool, SWA pool) tokens SGLang-JAX makes of the TOKENS its cell size over every layer gives
+    (set_num_token_hybrid: full = tokens x layers / (ratio x swa layers + full layers), both page-aligned)."""
+    w, page = kv.window, kv.page_size
+    full_layers = kv.layers - w.layers
+    full = int(tokens * kv.layers / (w.swa_full_tokens_ratio * w.layers + full_layers))
+    full -= full % page
+    swa = int(full * w.swa_full_tokens_ratio)
+    return full, swa - swa % page
+
+
+def requests_held(kv: KvLayout, cap: Capacity, tokens: int, max_num_batched_tokens: int, engine: str) -> int:
+    """Requests of TOKENS each the KV cache holds at once, by the engine's rule."""
+    if tokens <= 0:
+        return 0
+    if kv.window and kv.window.kept and engine == "vllm":
+        return cap.pages // vllm_blocks_per_request(kv, tokens, max_num_batched_tokens)
+    if kv.window and kv.window.kept and engine == "sglang-jax":  # the SWA pool holds each request's window
+        return min(cap.tokens // tokens, cap.window_tokens // min(tokens, kv.window.window))
+    return cap.tokens // tokens
+
+
+def kv_read_bytes_per_token(kv: KvLayout, context: float) -> float:
+    """KV bytes per token of context one decode step reads for a request of CONTEXT tokens: every layer, or with the
+    window kept the full-attention layers over the context and the window layers over the window alone."""
+    if not (kv.window and kv.window.kept) or context <= 0:
+        return kv.kv_bytes_per_token_per_device
+    per_layer = kv.page_bytes_per_layer / kv.page_size
+    full = kv.layers - kv.window.layers
+    return per_layer * (full * context + kv.window.layers * min(context, kv.window.window)) / context
 
 
 def smem_page_table_bytes(max_num_seqs: int, max_model_len: int, page: int, padded: bool = False) -> int:
@@ -253,10 +403,18 @@ def smallest_page_for(max_num_seqs: int, max_model_len: int, padded: bool = Fals
 
 
 def capacity(kv: KvLayout, bytes_limit: int, utilization: float, weights: int, state: int, max_model_len: int,
-             concurrency: int, engine: str, position_limit: int = 0) -> Capacity:
+             concurrency: int, engine: str, position_limit: int = 0, max_num_batched_tokens: int = 0) -> Capacity:
     """The KV cache at UTILIZATION: the engine's budget, whole pages, tokens and concurrency; the longest request
-    the cache holds CONCURRENCY of (at most POSITION_LIMIT, the model's positions, when known)."""
+    the cache holds CONCURRENCY of (at most POSITION_LIMIT, the model's positions, when known). Window layers the
+    engine keeps to their window (vLLM's hybrid allocator, SGLang-JAX's SWA pool) follow its own rule, which for
+    vLLM reserves MAX_NUM_BATCHED_TOKENS past the window."""
     budget = int(bytes_limit * utilization) - weights - state
+    if kv.window and kv.window.kept and engine == "vllm":
+        return _vllm_hybrid_capacity(kv, bytes_limit, utilization, weights, state, budget, max_model_len,
+                                     concurrency, position_limit, max_num_batched_tokens)
+    if kv.window and kv.window.kept and engine == "sglang-jax":
+        return _sglang_swa_capacity(kv, bytes_limit, utilization, weights, state, budget, max_model_len, concurrency,
+                                    position_limit)
     if engine == "jetstream":  # contiguous: whole slots of max_model_len tokens
         per_slot = kv.kv_bytes_per_token_per_device * max_model_len
         slots = max(budget, 0) // per_slot if per_slot else 0
@@ -272,6 +430,58 @@ def capacity(kv: KvLayout, bytes_limit: int, utilization: float, weights: int, s
     longest = tokens // kv.page_shards // per_shard // kv.page_size * kv.page_size
     return Capacity(bytes_limit, utilization, weights, state, budget, pages, tokens, tokens / max_model_len,
                     min(longest, position_limit) if position_limit else longest)
+
+
+def _longest(fits, page: int, limit: int) -> int:
+    """The largest multiple of PAGE up to LIMIT for which FITS(length) holds (0: none); FITS is monotone."""
+    low, high = 0, max(limit // page, 0)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid * page):
+            low = mid
+        else:
+            high = mid - 1
+    return low * page
+
+
+def _vllm_hybrid_capacity(kv, bytes_limit, utilization, weights, state, budget, max_model_len, concurrency,
+                          position_limit, batched) -> Capacity:
+    """vLLM's hybrid allocator: num_blocks = budget // (group_size x page bytes of a layer), one pool shared by
+    every group; max concurrency = num_blocks / the blocks a request of max_model_len takes; the tokens vLLM logs
+    are that concurrency x max_model_len (its _report_kv_cache_config)."""
+    w = kv.window
+    pages = max(budget, 0) // (w.group_size * kv.page_bytes_per_layer) if kv.page_bytes_per_layer else 0
+    per_request = vllm_blocks_per_request(kv, max_model_len, batched)
+    concurrency_ = pages / per_request
+    wanted = max(concurrency, 1)
+    limit = position_limit or max(pages * kv.page_size, max_model_len)
+    longest = _longest(lambda n: wanted * vllm_blocks_per_request(kv, n, batched) <= pages, kv.page_size, limit)
+    how = (f"{pages:,} blocks of {w.group_size} layers' pages ({w.group_size} x "
+           f"{kv.page_bytes_per_layer:,} B) in the budget; a request of {max_model_len:,} tokens takes {per_request:,} "
+           f"of them ({w.full_groups} full-attention group(s) x {-(-max_model_len // kv.page_size):,} pages + "
+           f"{w.window_groups} {w.kind} group(s) x {window_blocks_per_request(kv, max_model_len, batched):,}, with "
+           f"max_num_batched_tokens {batched:,}); tokens = that concurrency x max_model_len, as vLLM logs them")
+    return Capacity(bytes_limit, utilization, weights, state, budget, pages, int(concurrency_ * max_model_len),
+                    concurrency_, longest, how=how)
+
+
+def _sglang_swa_capacity(kv, bytes_limit, utilization, weights, state, budget, max_model_len, concurrency,
+                         position_limit) -> Capacity:
+    """SGLang-JAX's SWA memory pool: the tokens of a cell over every layer, split into a full pool and an SWA pool
+    of swa_full_tokens_ratio as many; a request takes its tokens of the full pool and its window of the SWA pool."""
+    w = kv.window
+    total = (max(budget, 0) // kv.page_bytes if kv.page_bytes else 0) * kv.page_size
+    full, swa = sglang_swa_pools(kv, total)
+    concurrency_ = min(full / max_model_len, swa / min(max_model_len, w.window))
+    wanted = max(concurrency, 1)
+    limit = position_limit or max(full, max_model_len)
+    longest = _longest(lambda n: wanted * n <= full and wanted * min(n, w.window) <= swa, kv.page_size, limit)
+    how = (f"{total:,} tokens of every layer in the budget, split into {full:,} tokens for the "
+           f"{kv.layers - w.layers} full-attention layers and {swa:,} for the {w.layers} sliding ones; a request of "
+           f"{max_model_len:,} tokens takes {max_model_len:,} of the first and {min(max_model_len, w.window):,} of the "
+           "second")
+    return Capacity(bytes_limit, utilization, weights, state, budget, full // kv.page_size, full, concurrency_,
+                    longest, window_tokens=swa, how=how)
 
 
 def token_paddings(max_num_batched_tokens: int) -> tuple[int, ...]:

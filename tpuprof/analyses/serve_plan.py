@@ -66,7 +66,7 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
     batched = (options.max_num_batched_tokens
                or serve_memory.default_max_num_batched_tokens(slice_.generation, options.engine))
     kv = serve_memory.kv_layout(config, options.engine, tp, options.kv_cache_dtype, max_model_len, options.block_size,
-                               max_num_seqs)
+                               max_num_seqs, options.architecture)
     limit = slice_.target.compiler_hbm_bytes
     margin = int(limit * serve_programs.MARGIN_FRACTION)
     programs = None
@@ -86,18 +86,21 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
         min(safe, MAX_RECOMMENDED_UTILIZATION) if safe is not None else serve_memory.DEFAULT_UTILIZATION)
     wanted = options.concurrency or requests
     cap = serve_memory.capacity(kv, limit, utilization, weights, STATE_BYTES_PER_DEVICE, max_model_len, wanted,
-                                options.engine, config.max_position_embeddings)
+                                options.engine, config.max_position_embeddings, batched)
     problems = []
     if cap.kv_budget_bytes_per_device <= 0:
         problems.append(f"the weights ({_gib(weights)} per device) leave no KV cache within {_gib(limit)} x "
                         f"{utilization:.2f}: use more devices (a larger slice or --tensor-parallel-size)"
                         + (" or --quantization fp8." if options.quantization == "bf16" else
                            _fp4_experts(options, tp, weights, limit, utilization)))
-    elif cap.tokens // kv.page_shards < max_model_len:  # a request's pages lie on one device
-        longest = cap.tokens // kv.page_shards // kv.page_size * kv.page_size
+    elif (cap.max_concurrency < 1 if kv.window and kv.window.kept else
+          cap.tokens // kv.page_shards < max_model_len):  # a request's pages lie on one device
+        longest = serve_memory.capacity(kv, limit, utilization, weights, STATE_BYTES_PER_DEVICE, max_model_len, 1,
+                                        options.engine, 0, batched).largest_max_model_len \
+            if kv.window and kv.window.kept else cap.tokens // kv.page_shards // kv.page_size * kv.page_size
         # fp8 only where it shrinks the cache: with one KV head per device it fills 2 of 4 packed slots.
         fp8 = serve_memory.kv_layout(config, options.engine, tp, "fp8", max_model_len, options.block_size,
-                                     max_num_seqs)
+                                     max_num_seqs, options.architecture)
         smaller = fp8.kv_bytes_per_token_per_device < kv.kv_bytes_per_token_per_device
         held = f"{cap.tokens} tokens" if kv.page_shards == 1 else \
             f"{cap.tokens // kv.page_shards} tokens on each of the {kv.page_shards} devices a request's pages lie on"
@@ -120,13 +123,14 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
                         f"{record.kind} program does not compile: out of {record.failure_space or 'memory'} "
                         f"({record.failure[:160]}): use {record.fix}." + _kernel_note(record, options, table))
     fits = not problems
-    concurrency = serve_estimate.concurrency_for(options.concurrency, requests, cap.tokens, options.input_len,
-                                                 options.output_len)
+    held = serve_memory.requests_held(kv, cap, options.input_len + options.output_len, batched, options.engine)
+    concurrency = serve_estimate.concurrency_for(options.concurrency, requests, held)
     estimate = None
     if concurrency > 0 and cap.kv_budget_bytes_per_device > 0:
         from tpuprof import prices
 
-        estimate = serve_estimate.estimate(config, slice_, tp, replicas, weights, kv.kv_bytes_per_token_per_device,
+        read = serve_memory.kv_read_bytes_per_token(kv, options.input_len + options.output_len / 2)
+        estimate = serve_estimate.estimate(config, slice_, tp, replicas, weights, read,
                                            concurrency, options.input_len, options.output_len, batched,
                                            prices.price_for(slice_.generation, dict(options.prices)),
                                            serve_memory.expert_weights_bytes_per_device(config, tp,

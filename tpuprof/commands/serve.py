@@ -17,7 +17,7 @@ def options(model: str, tpu, **settings):
     from tpuprof.models.options import template
     from tpuprof.models.serve import OptionError, serve_options
     from tpuprof.sources.llm import load_config
-    from tpuprof.sources.llm_serve import checkpoint_quantization
+    from tpuprof.sources.llm_serve import checkpoint_architecture, checkpoint_quantization
 
     try:
         loaded = load_config(_built_in_for(model))
@@ -27,7 +27,8 @@ def options(model: str, tpu, **settings):
             raise OptionError("model", f"{{option}} {model}: tpuprof reads no model hub: give the model's config.json "
                                        f"({config_url}) or its folder.") from None
         raise OptionError("model", "{option}: " + template(str(error))) from None
-    return serve_options(loaded, tpu, checkpoint=checkpoint_quantization(loaded[1]), **settings)
+    return serve_options(loaded, tpu, checkpoint=checkpoint_quantization(loaded[1]),
+                         architecture=checkpoint_architecture(loaded[1]), **settings)
 
 
 def _built_in_for(model: str) -> str:

@@ -17,6 +17,9 @@ QUANTIZATIONS = ("bf16", "fp8", "int8")
 # other weights bf16), which no flag produces.
 CHECKPOINT_FORMATS = QUANTIZATIONS + ("mxfp4",)
 DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = 1024, 256
+# Families with sliding-window or chunked layers that SGLang-JAX has no model of (python/sgl_jax/srt/models @
+# cddbf6f1: Gemma 2 and Gemma 4 are there, these are not).
+SGLANG_JAX_WITHOUT_MODEL = {"gemma3": "Gemma 3", "llama4": "Llama 4", "gpt_oss": "GPT-OSS"}
 
 # The Python keyword of each option and the command-line flag that sets it: errors name the one the caller used.
 FLAGS = {
@@ -59,6 +62,7 @@ class ServeOptions:
     compile: bool = True  # False: weights from shapes, no programs (no JAX)
     quantized_checkpoint: bool = False  # the weights are stored in `quantization` already (no flag quantizes them)
     not_compiled: str | None = None  # why tpuprof does not compile this model's programs (None: compiled if asked)
+    architecture: str | None = None  # the config's architectures[0] (the engine picks its model code by it)
 
 
 def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm", max_model_len: int | None = None,
@@ -67,7 +71,7 @@ def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm"
                   kv_cache_dtype: str = "auto", quantization: str = "bf16",
                   gpu_memory_utilization: float | None = None, block_size: int | None = None,
                   input_len: int | None = None, output_len: int | None = None, concurrency: int | None = None, prices: Any = None,
-                  compile: bool = True, checkpoint: str | None = None) -> ServeOptions:
+                  compile: bool = True, checkpoint: str | None = None, architecture: str | None = None) -> ServeOptions:
     """The one validation of a serving question; raises OptionError naming the keyword at fault. MODEL: the
     model's (tpuprof.sources.llm.ModelConfig, source), read at the edge (tpuprof.commands.serve.options), with
     CHECKPOINT the format its config's quantization_config names (None: unquantized)."""
@@ -134,6 +138,12 @@ def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm"
                else "tpuprof has not read how MaxText stores MXFP4 experts")
         raise OptionError("engine", f"{{option}} {engine}: {config.name}'s experts are MXFP4 and {why}; use --engine "
                                     "vllm, whose storage of them tpuprof sizes.")
+    family = config.model_type.removesuffix("_text")
+    if engine == "sglang-jax" and family in SGLANG_JAX_WITHOUT_MODEL:
+        raise OptionError("engine", f"{{option}} sglang-jax: SGLang-JAX has no {SGLANG_JAX_WITHOUT_MODEL[family]} "
+                                    "model (python/sgl_jax/srt/models @ cddbf6f1), so how it would cache "
+                                    f"{config.name}'s sliding-window or chunked layers is not known; use --engine vllm "
+                                    "or jetstream.")
     if checkpoint is not None and quantization not in ("bf16", checkpoint):
         raise OptionError("quantization", f"{{option}} {quantization}: {config.name}'s checkpoint stores its weights "
                                           f"as {checkpoint} already (the quantization_config of its config).")
@@ -153,7 +163,7 @@ def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm"
                         tensor_parallel_size, bool(enable_expert_parallel), kv_cache_dtype, quantization,
                         None if gpu_memory_utilization is None else float(gpu_memory_utilization), block_size,
                         input_len, output_len, concurrency, overrides, bool(compile) and not_compiled is None,
-                        checkpoint is not None, not_compiled)
+                        checkpoint is not None, not_compiled, architecture)
 
 
 # --- results -----------------------------------------------------------------------------------------------
@@ -166,6 +176,25 @@ class EngineRules:
     version: str  # the release or commit the rules follow
     source: str  # where in the engine's code they are
     option_names: Mapping  # tpuprof field -> the engine's own flag (for the command line to paste)
+
+
+@dataclass(frozen=True)
+class KvWindow:
+    """The layers that attend within a window of tokens (sliding window, Llama 4's chunks) and how the engine caches
+    them."""
+
+    layers: int  # layers attending within the window
+    window: int  # tokens: the sliding window or the chunk
+    kind: str  # "sliding" | "chunked"
+    kept: bool  # the engine holds only the window's pages of these layers (False: every token, as full attention)
+    rule: str  # what the engine does with them, and where in its code
+    # vLLM's hybrid KV cache manager: the layers are cut into KV cache groups of group_size layers of one kind
+    # (padding the last group of a kind); a block is one page of every layer of a group, one block pool for all.
+    group_size: int = 0
+    full_groups: int = 0
+    window_groups: int = 0
+    # SGLang-JAX's SWA pool holds this fraction of the full pool's tokens (--swa-full-tokens-ratio).
+    swa_full_tokens_ratio: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -185,7 +214,10 @@ class KvLayout:
     page_size_rule: str  # how the page size was chosen
     page_bytes_per_layer: int  # one page of one layer on one device
     layers: int
-    kv_bytes_per_token_per_device: int  # all layers; with page_shards > 1 averaged over the devices holding pages
+    # What one more token of a request adds to one device's cache: every layer, or with window.kept the layers the
+    # engine keeps every token of (the window layers hold a bounded number per request); with page_shards > 1
+    # averaged over the devices holding pages.
+    kv_bytes_per_token_per_device: int
     # Multi-head latent attention (MLA): the latent dimensions stored per token and layer (kv_lora_rank and the RoPE
     # key, each padded to 128); 0 for K/V heads.
     latent_dim: int = 0
@@ -193,6 +225,7 @@ class KvLayout:
     # parallelism for MLA); 1: every device holds a part of every page.
     page_shards: int = 1
     layout_rule: str = ""  # how the engine lays out one token's cache, and where in its code
+    window: KvWindow | None = None  # sliding-window or chunked layers (None: every layer attends to every token)
 
     @property
     def page_bytes(self) -> int:
@@ -216,8 +249,10 @@ class Capacity:
     kv_budget_bytes_per_device: int  # limit x u - weights - state (negative: nothing left)
     pages: int
     tokens: int
-    max_concurrency: float  # full-length requests at once (tokens / max_model_len)
+    max_concurrency: float  # requests of max_model_len tokens at once
     largest_max_model_len: int  # for the requested concurrency (0: not even one page each)
+    window_tokens: int = 0  # SGLang-JAX's SWA pool for the sliding layers (0: no such pool)
+    how: str = ""  # how the pages, tokens and concurrency follow from the budget, by the engine's rule
 
 
 @dataclass(frozen=True)

@@ -63,17 +63,28 @@ class ServeProgram:
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def checkpoint_quantization(source: str) -> str | None:
-    """The format of the checkpoint's weights its config.json names (`quantization_config`, as vLLM and SGLang-JAX
-    read it): "fp8", "int8", another method's name ("mxfp4", "awq", "compressed-tensors 4-bit", ...), or None for
-    unquantized weights. SOURCE: what load_config returned ("built-in:NAME" or the config's path)."""
+def _config_data(source: str) -> dict:
+    """The config.json behind SOURCE ("built-in:NAME" or the config's path), which load_config read already."""
     from importlib import resources
 
     if source.startswith("built-in:"):
         text = (resources.files("tpuprof") / "llm_configs" / f"{source.removeprefix('built-in:')}.json").read_text()
     else:
         text = Path(source).read_text()
-    data = json.loads(text)  # load_config read it already
+    return json.loads(text)
+
+
+def checkpoint_architecture(source: str) -> str | None:
+    """The model class the config names (`architectures[0]`, what vLLM resolves the model by), or None."""
+    found = _config_data(source).get("architectures")
+    return str(found[0]) if isinstance(found, list) and found else None
+
+
+def checkpoint_quantization(source: str) -> str | None:
+    """The format of the checkpoint's weights its config.json names (`quantization_config`, as vLLM and SGLang-JAX
+    read it): "fp8", "int8", another method's name ("mxfp4", "awq", "compressed-tensors 4-bit", ...), or None for
+    unquantized weights. SOURCE: what load_config returned ("built-in:NAME" or the config's path)."""
+    data = _config_data(source)
     found = data.get("quantization_config") or (data.get("text_config") or {}).get("quantization_config")
     if not isinstance(found, dict):
         return None
