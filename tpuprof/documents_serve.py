@@ -38,6 +38,14 @@ def ranking(targets: list[dict]) -> dict:
             "speed": [t["slice"]["name"] for t in sorted(serving, key=lambda t: -t["estimate"]["output_tokens_per_s"])]}
 
 
+def _window(w, cap) -> dict | None:
+    if w is None:
+        return None
+    return {"layers": w.layers, "window": w.window, "kind": w.kind, "kept": w.kept, "rule": w.rule,
+            "group_size": w.group_size or None, "full_groups": w.full_groups if w.group_size else None,
+            "window_groups": w.window_groups if w.group_size else None, "swa_pool_tokens": cap.window_tokens or None}
+
+
 def target(t: ServeTarget) -> dict:
     kv, cap = t.kv, t.capacity
     programs = t.programs
@@ -62,12 +70,13 @@ def target(t: ServeTarget) -> dict:
                "compiled_page_bytes_per_layer": programs.kv_page_bytes_per_layer if programs else None,
                "latent_dim": kv.latent_dim or None, "page_shards": kv.page_shards,
                "bytes_per_token_on_its_device": kv.kv_bytes_per_token_on_its_device,
-               "layout_rule": kv.layout_rule or None},
+               "layout_rule": kv.layout_rule or None, "window": _window(kv.window, cap)},
         "kv_budget_bytes_per_device": cap.kv_budget_bytes_per_device,
         "kv_cache_pages": cap.pages,
         "kv_cache_tokens": cap.tokens,
         "max_concurrency": round(cap.max_concurrency, 2),
         "largest_max_model_len": cap.largest_max_model_len,
+        "kv_cache_how": cap.how or None,
         "fits": t.fits,
         "verdict": t.verdict,
         "problems": list(t.problems),

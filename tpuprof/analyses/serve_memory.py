@@ -338,12 +338,14 @@ def sglang_swa_pools(kv: KvLayout, tokens: int) -> tuple[int, int]:
     return full, swa - swa % page
 
 
-def requests_held(kv: KvLayout, cap: Capacity, tokens: int, max_num_batched_tokens: int, engine: str) -> int:
-    """Requests of TOKENS each the KV cache holds at once, by the engine's rule."""
+def requests_held(kv: KvLayout, cap: Capacity, tokens: int, engine: str) -> int:
+    """Requests of TOKENS each the KV cache holds at once while they decode, by the engine's rule: on vLLM's hybrid
+    allocator a decoding request keeps one token in flight, so a sliding layer holds at most ceil(window / page) + 1
+    pages of it (SlidingWindowManager frees the pages behind the window)."""
     if tokens <= 0:
         return 0
     if kv.window and kv.window.kept and engine == "vllm":
-        return cap.pages // vllm_blocks_per_request(kv, tokens, max_num_batched_tokens)
+        return cap.pages // vllm_blocks_per_request(kv, tokens, 1)
     if kv.window and kv.window.kept and engine == "sglang-jax":  # the SWA pool holds each request's window
         return min(cap.tokens // tokens, cap.window_tokens // min(tokens, kv.window.window))
     return cap.tokens // tokens

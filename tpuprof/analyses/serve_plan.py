@@ -123,7 +123,7 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
                         f"{record.kind} program does not compile: out of {record.failure_space or 'memory'} "
                         f"({record.failure[:160]}): use {record.fix}." + _kernel_note(record, options, table))
     fits = not problems
-    held = serve_memory.requests_held(kv, cap, options.input_len + options.output_len, batched, options.engine)
+    held = serve_memory.requests_held(kv, cap, options.input_len + options.output_len, options.engine)
     concurrency = serve_estimate.concurrency_for(options.concurrency, requests, held)
     estimate = None
     if concurrency > 0 and cap.kv_budget_bytes_per_device > 0:

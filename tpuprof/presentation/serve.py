@@ -58,6 +58,7 @@ def section(document: dict) -> Section:
 def _target(t: dict, positions: int | None) -> Section:
     """One slice's facts; POSITIONS: the model's max_position_embeddings, which caps the longest length."""
     kv = t["kv"]
+    window = kv.get("window")
     if kv.get("latent_dim"):
         spread = (f"{kv['bytes_per_token_on_its_device']:,} B on the device holding the token, "
                   f"{t['kv_bytes_per_token_per_device']:,} B averaged over the {kv['page_shards']} devices"
@@ -65,7 +66,9 @@ def _target(t: dict, positions: int | None) -> Section:
         per_token = Fact("KV per token", f"{spread} ({kv['dtype']}, page {kv['page_size']} tokens: "
                                          f"{kv['page_size_rule']}; {kv['layout_rule']})")
     else:
-        per_token = Fact("KV per token", f"{t['kv_bytes_per_token_per_device']:,} B per device "
+        kept = (f" in the {window['full_groups'] * window['group_size']} layers that keep every token"
+                if window and window["kept"] and window["group_size"] else "")
+        per_token = Fact("KV per token", f"{t['kv_bytes_per_token_per_device']:,} B per device{kept} "
                                          f"({kv['kv_heads_per_device']} KV head(s) per device"
                                          f"{', replicated' if kv['replicated'] else ''}, head_dim {kv['head_dim']} "
                                          f"stored as {kv['padded_head_dim']}, {kv['cache_slots']} {kv['dtype']} slots "
@@ -74,12 +77,14 @@ def _target(t: dict, positions: int | None) -> Section:
     blocks = [
         Fact("weights", f"{fmt_bytes(t['weights_bytes_per_device'])} per device ({t['weights_how']})"),
         per_token,
+        *([Fact(f"{window['kind']} layers", window["rule"])] if window else []),
         Fact("KV cache", f"at utilization {t['gpu_memory_utilization']:.2f} of "
                          f"{fmt_bytes(t['bytes_limit_per_device'])}: {t['kv_cache_pages']:,} pages, "
                          f"{t['kv_cache_tokens']:,} tokens, {t['max_concurrency']:.2f} requests of "
                          f"{t['max_model_len']} tokens; longest --max-model-len for the concurrency asked: "
                          f"{t['largest_max_model_len']:,}"
-                         + (" (the model's positions)" if t["largest_max_model_len"] == positions else "")),
+                         + (" (the model's positions)" if t["largest_max_model_len"] == positions else "")
+                         + (f" ({t['kv_cache_how']})" if t.get("kv_cache_how") else "")),
     ]
     programs = t["programs"]
     if programs:
