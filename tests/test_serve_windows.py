@@ -86,11 +86,11 @@ def test_vllm_tpu_keeps_the_sliding_layers_to_their_window_as_its_hybrid_allocat
     data = json.loads((CONFIGS / f"{name}.json").read_text())
     (target,) = tpuprof.serve(name, tpu, **SETTINGS).targets
     expected = vllm_expected(data, target, SETTINGS["max_num_batched_tokens"])
-    assert target.kv.window.kept and "SlidingWindowSpec" in target.kv.window.rule
-    assert target.capacity.pages == expected["blocks"]
     assert target.capacity.max_concurrency == pytest.approx(expected["concurrency"], rel=1e-12)
+    assert target.capacity.pages == expected["blocks"]
     assert target.capacity.tokens == expected["tokens"]
     assert target.kv.kv_bytes_per_token_per_device == expected["per_token"]
+    assert target.kv.window.kept and "SlidingWindowSpec" in target.kv.window.rule
     # Against every layer cached in full: the gain the window brings at 32k tokens.
     assert target.capacity.max_concurrency / expected["all_full_concurrency"] == pytest.approx(gain, abs=0.005)
     # The longest --max-model-len for the 64 requests asked holds 64 of them; one page more does not (or it is the
@@ -107,8 +107,13 @@ def test_a_decoding_request_holds_the_window_plus_one_page_of_each_sliding_layer
     (target,) = tpuprof.serve("gpt-oss-20b", "v6e-1", **SETTINGS).targets
     full, sliding, window = layer_kinds(data)
     assert (full, sliding, window) == (12, 12, 128)
-    held = serve_memory.requests_held(target.kv, target.capacity, 1280, "vllm")
-    assert held == target.capacity.pages // (cdiv(1280, 64) + cdiv(128, 64) + 1)
+    held = target.capacity.pages // (cdiv(1280, 64) + cdiv(128, 64) + 1)
+    # The estimate decodes that many when more are asked and --max-num-seqs allows them.
+    (asked,) = tpuprof.serve("gpt-oss-20b", "v6e-1", **dict(SETTINGS, max_num_seqs=2048, block_size=256,
+                                                            concurrency=100_000)).targets
+    page = asked.kv.page_size  # vLLM raises it for 2,048 requests' page table (get_min_page_size): 512
+    assert asked.estimate.concurrency == asked.capacity.pages // (cdiv(1280, page) + cdiv(128, page) + 1) > 0
+    assert serve_memory.requests_held(target.kv, target.capacity, 1280, "vllm") == held
 
 
 def test_gemma3_at_its_window_holds_fewer_requests_on_the_hybrid_allocator_than_in_full():
@@ -151,8 +156,9 @@ def test_sglang_jax_splits_gemma2s_tokens_into_a_full_and_a_sliding_pool():
     full -= full % page
     swa = int(full * 0.8)
     swa -= swa % page
-    assert (target.capacity.tokens, target.capacity.window_tokens) == (full, swa)
-    assert target.capacity.max_concurrency == pytest.approx(min(full / 8192, swa / window))
+    assert target.capacity.tokens == full and target.capacity.max_concurrency == pytest.approx(
+        min(full / 8192, swa / window))
+    assert target.capacity.window_tokens == swa
 
 
 def test_sglang_jax_has_no_gemma3_model_and_jetstream_caches_every_layer():
