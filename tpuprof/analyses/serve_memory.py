@@ -41,6 +41,9 @@ layers x bytes`, no page packing; budget `available - total x (1 - mem_fraction_
 and layer, pages padded to the dtype's packing, the cache replicated on every TP device (pages split by DP only).
 JetStream / MaxText (`kvcache.py` @ 01739beb): a contiguous cache per slot, `batch x max_target_length` tokens
 preallocated, heads over the tensor axis.
+Sliding-window and chunked layers (kv_window): vLLM TPU keeps them to their window through vLLM's hybrid KV cache
+manager where it runs vLLM's model code, and caches them in full where it runs its own JAX model; SGLang-JAX keeps
+Gemma 2's in an SWA pool; MaxText caches every layer in full (the sources are named at the rules below).
 """
 
 from __future__ import annotations
@@ -227,7 +230,8 @@ TPU_INFERENCE_JAX_ARCHITECTURES = frozenset({
     "Gemma4ForConditionalGeneration", "Gemma4ForCausalLM", "KerasHubForCausalLM"})
 TPU_INFERENCE_VLLM_PREFERRED = frozenset({"GptOssForCausalLM", "Qwen3MoeForCausalLM"})
 # Without architectures in the config: the model types whose architectures are in that JAX registry.
-TPU_INFERENCE_JAX_MODEL_TYPES = frozenset({"llama", "llama4", "llama4_text", "qwen2", "qwen3", "deepseek_v3"})
+TPU_INFERENCE_JAX_MODEL_TYPES = frozenset({"llama", "llama4", "llama4_text", "qwen2", "qwen3", "deepseek_v3", "gemma4",
+                                           "gemma4_text", "qwen2_5_vl"})
 HYBRID_SOURCE = ("vLLM v1 KV cache manager (vllm-project/vllm 001cabc1: v1/core/kv_cache_utils.py "
                  "_get_kv_cache_groups_uniform_page_size, get_kv_cache_config_from_groups, get_num_blocks, "
                  "get_max_concurrency_for_kv_cache_config; v1/kv_cache_interface.py SlidingWindowSpec, "
