@@ -363,12 +363,17 @@ def donation(argument_bytes: int, output_bytes: int, alias_bytes: int, job, peak
                  f"argument buffers {fmt_bytes(alias_bytes)}; {pairs}; {which}")
 
 
+def _compiled_total(stats: dict) -> int:
+    """What the whole compile needs: arguments + outputs - aliased + temporaries + code."""
+    return (int(stats.get("argument_size_in_bytes") or 0) + int(stats.get("output_size_in_bytes") or 0)
+            - int(stats.get("alias_size_in_bytes") or 0) + int(stats.get("temp_size_in_bytes") or 0)
+            + int(stats.get("generated_code_size_in_bytes") or 0))
+
+
 def add_compiled_total(module: ModuleMemory, stats: dict) -> None:
     """preflight's hook: the compile's own total (compiled.memory_analysis()) decides whether the step fits, and a
     step over HBM whose buffer assignment's peak is not is advised by that total's shortfall."""
-    needed = (int(stats.get("argument_size_in_bytes") or 0) + int(stats.get("output_size_in_bytes") or 0)
-              - int(stats.get("alias_size_in_bytes") or 0) + int(stats.get("temp_size_in_bytes") or 0)
-              + int(stats.get("generated_code_size_in_bytes") or 0))
+    needed = _compiled_total(stats)
     capacity = module.hbm_capacity_bytes
     if capacity and needed > capacity >= (module.peak_heap_bytes or 0):
         module.suggestions = suggest(module, compiled_bytes=needed)
@@ -383,12 +388,14 @@ def add_donation(module: ModuleMemory, stats: dict) -> None:
                     module.alias_pairs, "the compile's memory_analysis()", module.donation_candidates)
     # The compile's own aliasing replaces the buffer assignment's guess, also when it finds nothing to donate.
     module.suggestions = rank([*(s for s in module.suggestions if s.kind != "donation"), *([hint] if hint else [])],
-                              shortfall_bytes=_shortfall(module.suggestions))
+                              shortfall_bytes=_shortfall(module, _compiled_total(stats)))
 
 
-def _shortfall(suggestions: list[Suggestion]) -> int | None:
-    """The shortfall SUGGESTIONS were ranked by: the blocking batch suggestion's saving (_capacity), if any."""
-    return next((s.saving_bytes for s in suggestions if s.kind == "batch_size" and s.severity == "blocking"), None)
+def _shortfall(module: ModuleMemory, compiled_bytes: int = 0) -> int | None:
+    """How far MODULE is over its HBM: its peak or, when larger, what the whole compile needs."""
+    needed = max(module.peak_heap_bytes or 0, compiled_bytes)
+    capacity = module.hbm_capacity_bytes
+    return needed - capacity if capacity and needed > capacity else None
 
 
 def _donation(result: ModuleMemory, job) -> Suggestion | None:
@@ -425,39 +432,133 @@ def _bf16(result: ModuleMemory, job) -> Suggestion | None:
         code=calls.call("bf16", job.framework) or "")
 
 
+def input_batch(result: ModuleMemory) -> int | None:
+    """The per-chip batch as the program's inputs carry it: the leading size of entry parameters of rank 2 or more
+    (x, images, token ids) that is no other size of any parameter (a weight's hidden, vocabulary or head size), beside
+    a parameter of rank 2 or more that does not lead with it (a weight: a batch is what the weights are applied to).
+    Weights stacked for a scan lead with the layer count and are no input (a batch can equal the layer count: 2
+    sequences through 2 layers). Of several, the one leading the most temporaries live at the peak, then the most
+    input bytes. Helper modules have none: a key (u32[2]) or a seed has no rank 2, and a lone cast or copy of one
+    array has no weight beside it."""
+    parameters = [(b, _dims(b)) for b in result.buffers if b.allocation_type == "parameter" and b.shape]
+    parameters = [(b, dims) for b, dims in parameters if len(dims) >= 2]
+    features = {d for _, dims in parameters for d in dims[1:]}
+    layers = stacked_layers(result)
+    leading: dict[int, int] = {}
+    for buffer, dims in parameters:
+        if dims[0] > 1 and dims[0] not in features and not (len(dims) >= 3 and dims[0] in layers):
+            leading[dims[0]] = leading.get(dims[0], 0) + buffer.size_bytes
+    leading = {size: held for size, held in leading.items() if any(dims[0] != size for _, dims in parameters)}
+    if not leading:
+        return None
+    held = {size: sum(b.size_bytes for b in _batch_temporaries(result, size)) for size in leading}
+    return max(leading, key=lambda size: (held[size], leading[size]))
+
+
+def batch_inputs(result: ModuleMemory, batch: int) -> list[Buffer]:
+    """The entry parameters of rank 2 or more that lead with BATCH (input_batch's inputs)."""
+    return [b for b in result.buffers if b.allocation_type == "parameter" and b.shape
+            and len(_dims(b)) >= 2 and _dims(b)[0] == batch]
+
+
+def _batch_temporaries(result: ModuleMemory, batch: int) -> list[Buffer]:
+    """Temporaries live at the peak with BATCH among their sizes (past a scan's layer count)."""
+    layers = stacked_layers(result)
+    out = []
+    for buffer in result.buffers:
+        if buffer.allocation_type != "temp" or not buffer.live_at_peak or not buffer.shape:
+            continue
+        dims = _dims(buffer)
+        if len(dims) >= 3 and dims[0] in layers:
+            dims = dims[1:]
+        if batch in dims:
+            out.append(buffer)
+    return out
+
+
 def _capacity(result: ModuleMemory, framework: str | None, shortfall: int | None,
               compiled_bytes: int | None = None) -> list[Suggestion]:
     if not result.hbm_capacity_bytes or result.peak_heap_bytes is None:
         return []
     use = result.peak_heap_bytes / result.hbm_capacity_bytes
     if shortfall:
-        batch = batch_dimension(result)
-        temp = sum(b.size_bytes for b in result.buffers if b.live_at_peak and b.allocation_type == "temp")
-        if compiled_bytes and compiled_bytes > result.peak_heap_bytes:
-            message = (f"The compiled step needs {fmt_bytes(compiled_bytes)} (its buffer assignment, dumped before "
-                       f"code generation added temporaries and code, peaks at {fmt_bytes(result.peak_heap_bytes)}): "
-                       f"over the {fmt_bytes(result.hbm_capacity_bytes)} of HBM by {fmt_bytes(shortfall)}.")
-        else:
-            message = (f"The peak ({fmt_bytes(result.peak_heap_bytes)}) exceeds the "
-                       f"{fmt_bytes(result.hbm_capacity_bytes)} of HBM by {fmt_bytes(shortfall)}.")
-        extra = {}
-        if batch and temp > shortfall:
-            from tpuprof.analyses.oom import fitting_batch
-
-            fitting = fitting_batch(batch, 1 - shortfall / temp)
-            if fitting >= 1:
-                message += (f" Temporaries at the peak ({fmt_bytes(temp)}) scale with the per-chip batch of {batch}: "
-                            f"a batch of about {fitting} fits.")
-                extra = {"batch": fitting}
-        message += " `tpuprof preflight --max-batch` finds the largest batch that fits by compiling."
-        return [Suggestion(kind="batch_size", severity="blocking", saving_bytes=shortfall, confidence="estimated",
-                           message=message, code=calls.call("batch_size", framework) or "", extra=extra,
-                           evidence="temporaries live at the peak scale with the batch; arguments do not")]
-    if use < 0.5 and not result.estimated:
+        return [_smaller_batch(result, framework, shortfall, compiled_bytes)]
+    batch = input_batch(result)
+    if use < 0.5 and not result.estimated and batch:
+        inputs = batch_inputs(result, batch)
         return [Suggestion(kind="batch_size", severity="info", confidence="exact", message=(
             f"The peak uses {use:.0%} of HBM: there is room for a larger per-chip batch (better MXU utilisation); "
-            "`tpuprof preflight --max-batch` finds the largest that fits."))]
+            "`tpuprof preflight --max-batch` finds the largest that fits."),
+            evidence=f"per-chip batch {batch}: the leading size of "
+                     + ", ".join(f"{b.op_name or b.instruction} {b.shape.split('{')[0]}" for b in inputs[:3])
+                     + ", which no weight's size is")]
     return []
+
+
+def _smaller_batch(result: ModuleMemory, framework: str | None, shortfall: int,
+                   compiled_bytes: int | None) -> Suggestion:
+    """The batch fix of a program over HBM. A smaller batch frees at most what holds the batch at the peak: the
+    temporaries and inputs with the batch among their sizes (LOW), and no more than every temporary there plus those
+    inputs plus what code generation added (HIGH: arguments, outputs and code do not shrink with the batch). It is
+    'enough to fit' only when LOW, shrunk to a batch of 1, covers the shortfall."""
+    capacity = result.hbm_capacity_bytes or 0
+    if compiled_bytes and compiled_bytes > (result.peak_heap_bytes or 0):
+        message = (f"The compiled step needs {fmt_bytes(compiled_bytes)} (its buffer assignment, dumped before "
+                   f"code generation added temporaries and code, peaks at {fmt_bytes(result.peak_heap_bytes)}): "
+                   f"over the {fmt_bytes(capacity)} of HBM by {fmt_bytes(shortfall)}.")
+    else:
+        message = (f"The peak ({fmt_bytes(result.peak_heap_bytes)}) exceeds the "
+                   f"{fmt_bytes(capacity)} of HBM by {fmt_bytes(shortfall)}.")
+    search = " `tpuprof preflight --max-batch` finds the largest batch that fits by compiling."
+    code = calls.call("batch_size", framework) or ""
+    batch = input_batch(result) or batch_dimension(result)
+    temps = sum(b.size_bytes for b in result.buffers if b.live_at_peak and b.allocation_type == "temp")
+    added = max(0, (compiled_bytes or 0) - (result.peak_heap_bytes or 0))
+    if not batch:
+        bound = temps + added
+        if bound < shortfall:
+            return Suggestion(
+                kind="batch_size", confidence="estimated", code=code,
+                message=message + f" A smaller batch cannot make it fit on its own: it frees at most the "
+                f"{fmt_bytes(bound)} of temporaries at the peak; arguments and outputs do not shrink with it." + search,
+                evidence=f"temporaries live at the peak {fmt_bytes(temps)}"
+                         + (f", {fmt_bytes(added)} added by code generation" if added else "")
+                         + f", shortfall {fmt_bytes(shortfall)}; no input size reads as the batch")
+        return Suggestion(
+            kind="batch_size", confidence="estimated", code=code,
+            message=message + f" A smaller batch frees at most the {fmt_bytes(bound)} of temporaries at the peak; "
+            "no input size reads as the batch, so how many of them scale with it is not known." + search,
+            evidence=f"temporaries live at the peak {fmt_bytes(temps)}"
+                     + (f", {fmt_bytes(added)} added by code generation" if added else "")
+                     + "; no entry parameter of rank 2 or more leads with a size that is no weight's")
+    inputs = batch_inputs(result, batch)
+    held = _batch_temporaries(result, batch)
+    low = sum(b.size_bytes for b in held) + sum(b.size_bytes for b in inputs)
+    high = temps + added + sum(b.size_bytes for b in inputs)
+    # At a batch of 1 what scales keeps 1/batch of itself.
+    low_free, high_free = low - low // batch, high - high // batch
+    facts = (f"per-chip batch {batch} (leads {', '.join(b.op_name or b.instruction for b in inputs[:3]) or 'the temporaries'}); "
+             f"temporaries at the peak holding it {fmt_bytes(low - sum(b.size_bytes for b in inputs))} of "
+             f"{fmt_bytes(temps)}, inputs holding it {fmt_bytes(sum(b.size_bytes for b in inputs))}"
+             + (f", {fmt_bytes(added)} added by code generation" if added else "") + f"; shortfall {fmt_bytes(shortfall)}")
+    if batch > 1 and low_free >= shortfall:
+        from tpuprof.analyses.oom import fitting_batch
+
+        fitting = fitting_batch(batch, 1 - shortfall / low)
+        message += (f" The temporaries and inputs at the peak that hold the per-chip batch of {batch} "
+                    f"({fmt_bytes(low)}) scale with it: a batch of about {fitting} fits." + search)
+        return Suggestion(kind="batch_size", severity="blocking", saving_bytes=shortfall, confidence="estimated",
+                          message=message, code=code, extra={"batch": fitting},
+                          evidence=facts + "; arguments and outputs do not scale with the batch")
+    if high_free < shortfall:
+        message += (f" A smaller per-chip batch (now {batch}) cannot make it fit on its own: even a batch of 1 frees at "
+                    f"most {fmt_bytes(high_free)} (every temporary at the peak and the inputs that hold the batch); "
+                    "arguments and outputs do not shrink with it." + search)
+        return Suggestion(kind="batch_size", confidence="estimated", code=code, message=message, evidence=facts)
+    message += (f" A smaller per-chip batch (now {batch}) frees at most {fmt_bytes(high_free)}, at least "
+                f"{fmt_bytes(low_free)} (what shows the batch in its shape): enough to fit only if temporaries whose "
+                "shape does not show it (a flattened batch x sequence) scale with it too." + search)
+    return Suggestion(kind="batch_size", confidence="estimated", code=code, message=message, evidence=facts)
 
 
 # tpuprof's built-in LLM step (preflight --model): its code is tpuprof's, so a fix is one of the options that build
@@ -502,3 +603,4 @@ def measure_bf16(module: ModuleMemory, bf16_peak: int | None, batch: int) -> Non
     capacity = module.hbm_capacity_bytes
     peak = module.peak_heap_bytes
     module.suggestions = rank(kept, shortfall_bytes=peak - capacity if capacity and peak > capacity else None)
+

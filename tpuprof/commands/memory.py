@@ -60,10 +60,11 @@ def module_memories(path: Path, module: str | None = None, target: str | None = 
 def describe_and_advise(result: ModuleMemory, top: int) -> None:
     """Shapes and source lines are filled only for what is shown or advised on (large modules): the padding advice
     reads the padded buffers, and the rest of it reasons about what is live at the peak (attention scores, kept
-    activations) by shape. Then the advice."""
+    activations) by shape, and about the batch from the entry parameters (inputs lead with it). Then the advice."""
     analysis.describe(result, result.buffers[: max(top, 0) or len(result.buffers)])
     analysis.describe(result, [b for b in result.buffers if b.padding_bytes >= advice.MIN_PADDING_BYTES
-                               or b.live_at_peak and (b.padding_bytes or b.size_bytes >= advice.MiB)])
+                               or b.live_at_peak and (b.padding_bytes or b.size_bytes >= advice.MiB)
+                               or b.allocation_type == "parameter"])
     result.suggestions = advice.suggest(result)
 
 

@@ -1,0 +1,171 @@
+"""`tpuprof memory`'s advice checked against the program it is about: the batch fix of a program over HBM (what holds
+the batch at the peak bounds what a smaller batch frees), the module a multi-module dump leads with, "room for a
+larger per-chip batch" only where the program has a batch, and the bf16 evidence counting only 16-bit arrays the
+program chose. Inputs: the public Llama 3 8B and Qwen3 8B step texts (tests/real_data.py), the samples, and a user's
+JAX script compiled for a v5e chip (compile-only) with XLA's dump, as a TPU run of it dumps its modules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import real_data
+
+from tpuprof.sources import tpu_compile
+
+ROOT = Path(__file__).resolve().parent.parent
+DUMPS = ROOT / "sample_profiles" / "dumps"
+needs_libtpu = pytest.mark.skipif(not tpu_compile.jax_available(), reason="libtpu not installed")
+
+
+def _dims(shape: str) -> tuple[int, ...]:
+    match = re.match(r"\s*[a-z]\w*\[([\d,]*)\]", shape or "")
+    return tuple(int(d) for d in match.group(1).split(",") if d) if match else ()
+
+
+def _batch_fix(module):
+    (fix,) = [s for s in module.suggestions if s.kind == "batch_size"]
+    return fix
+
+
+# ------------------------------------------------------------------ 1. the batch fix of a program over HBM
+
+def test_a_smaller_batch_is_not_enough_to_fit_when_even_every_temporary_at_the_peak_is_less_than_the_shortfall(
+        tmp_path):
+    """The Llama 3 8B step (v6e-8, 4 sequences of 8,192 per chip) against a v5e chip: 10.20 GiB over, and the
+    temporaries at the peak are 11.89 GiB; at a batch of 1 a quarter of them stays, so a smaller batch frees at most
+    8.92 GiB. The fix said 'frees 10.20 GiB; enough to fit' (the shortfall, by construction)."""
+    from tpuprof.commands import memory
+
+    path = real_data.real_artefact(real_data.LLAMA3_8B_TRAIN_STEP_V6E_8_HLO, tmp_path)
+    (module,) = memory.module_memories(path, target="v5e", compile_=False)
+    shortfall = module.peak_heap_bytes - module.hbm_capacity_bytes
+    temps = sum(b.size_bytes for b in module.buffers if b.live_at_peak and b.allocation_type == "temp")
+    inputs = [b for b in module.buffers if b.allocation_type == "parameter" and _dims(b.shape)[:1] == (4,)]
+    assert [b.op_name for b in inputs] == ["input_ids", "labels"] or sorted(b.op_name for b in inputs) == [
+        "input_ids", "labels"]
+    at_most = (temps + sum(b.size_bytes for b in inputs)) * 3 // 4  # batch 4 -> 1
+    assert at_most < shortfall
+    fix = _batch_fix(module)
+    assert fix.severity != "blocking" and fix.saving_bytes is None and not fix.extra
+    assert "cannot make it fit on its own" in fix.message and "(now 4)" in fix.message
+    assert not any(s.severity == "blocking" for s in module.suggestions)
+
+
+def test_a_smaller_batch_is_enough_to_fit_when_what_holds_the_batch_covers_the_shortfall(tmp_path):
+    """The Qwen3 8B step (4 sequences of 8,192 per device) on v6e: its temporaries at the peak hold the batch after the
+    scan's 36 layers ([36, 4, 4096, 12288]), and three quarters of them cover the 26.48 GiB over."""
+    from tpuprof.commands import memory
+
+    path = real_data.real_artefact(real_data.QWEN3_8B_TRAIN_STEP_V6E_8_HLO, tmp_path)
+    (module,) = memory.module_memories(path, target="v6e", compile_=False)
+    shortfall = module.peak_heap_bytes - module.hbm_capacity_bytes
+    held = sum(b.size_bytes for b in module.buffers if b.live_at_peak and b.allocation_type == "temp"
+               and 4 in (_dims(b.shape)[1:] if _dims(b.shape)[:1] == (36,) else _dims(b.shape)))
+    assert held * 3 // 4 >= shortfall
+    fix = _batch_fix(module)
+    assert fix.severity == "blocking" and fix.saving_bytes == shortfall
+    assert "per-chip batch of 4" in fix.message and 1 <= fix.extra["batch"] < 4
+    assert "per-chip batch 4 (leads input_ids, labels)" in fix.evidence
+
+
+# ------------------------------------------------------------------ 2, 3. a user's script: its step and its helpers
+
+# A user's JAX script as a TPU run of it compiles it: a key, an f32 initialiser, a cast, and the train step on the
+# weights cast to bfloat16 (mixed precision). The initialiser's peak (f32 weights) is twice the step's.
+SCRIPT = """
+import jax, jax.numpy as jnp
+from jax.experimental import topologies
+
+device = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices[0]
+on_chip = jax.sharding.SingleDeviceSharding(device)
+BATCH, D, H, LAYERS = 16, 256, 1024, 2
+
+
+def spec(shape, dtype=jnp.float32):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=on_chip)
+
+
+def init(key):
+    keys = jax.random.split(key, 2 * LAYERS)
+    return [{"up": jax.random.normal(keys[2 * i], (D, H)), "down": jax.random.normal(keys[2 * i + 1], (H, D))}
+            for i in range(LAYERS)]
+
+
+def loss(params, x, y):
+    for p in params:
+        x = x + jnp.tanh(x @ p["up"]) @ p["down"]
+    return jnp.mean((x - y) ** 2)
+
+
+def train_step(params, x, y):
+    grads = jax.grad(loss)(params, x, y)
+    return jax.tree_util.tree_map(lambda p, g: p - 0.01 * g, params, grads)
+
+
+jax.jit(jax.random.PRNGKey).lower(jax.ShapeDtypeStruct((), jnp.int32, sharding=on_chip)).compile()
+shapes = jax.eval_shape(init, jax.ShapeDtypeStruct((2,), jnp.uint32))
+jax.jit(init).lower(spec((2,), jnp.uint32)).compile()
+bf16 = jax.tree_util.tree_map(lambda a: spec(a.shape, jnp.bfloat16), shapes)
+jax.jit(jax.lax.convert_element_type, static_argnums=1).lower(spec((D, H)), jnp.bfloat16).compile()
+jax.jit(train_step, donate_argnums=0).lower(bf16, spec((BATCH, D), jnp.bfloat16),
+                                            spec((BATCH, D), jnp.bfloat16)).compile()
+"""
+HELPERS = {"jit_init", "jit_convert_element_type", "jit_PRNGKey"}
+
+
+@pytest.fixture(scope="module")
+def script_dump(tmp_path_factory):
+    if not tpu_compile.jax_available():
+        pytest.skip("libtpu not installed")
+    folder = tmp_path_factory.mktemp("jax-tpu-dump") / "dump"
+    env = {**os.environ, "XLA_FLAGS": f"--xla_dump_to={folder} --xla_dump_hlo_as_proto",
+           # Compile-only touches no TPU: other processes may hold libtpu too (tpu_compile._quiet_libtpu).
+           "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_ACCELERATOR_TYPE": "v5litepod-4", "TPU_WORKER_HOSTNAMES": "localhost",
+           "TPU_SKIP_MDS_QUERY": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, timeout=600, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
+@pytest.fixture(scope="module")
+def script_modules(script_dump):
+    from tpuprof.commands import memory
+
+    return memory.module_memories(script_dump, target="v5e")
+
+
+@pytest.mark.compile
+def test_room_for_a_larger_batch_only_in_the_module_that_has_one(script_modules):
+    for module in script_modules:
+        kinds = [s.kind for s in module.suggestions]
+        if module.name in HELPERS:
+            assert "batch_size" not in kinds, module.name
+        else:
+            fix = _batch_fix(module)
+            assert "room for a larger per-chip batch" in fix.message
+            assert fix.evidence.startswith("per-chip batch 16: the leading size of x bf16[16,256], y bf16[16,256]")
+
+
+@pytest.mark.parametrize("sample", sorted(p.name for p in DUMPS.iterdir() if (p / "sample.json").exists()))
+def test_the_batch_the_room_line_rests_on_is_the_samples_own(sample):
+    """Every sample's batch (sample.json) is the one the 'room for a larger per-chip batch' evidence names: the
+    one-hot sample's 65,536 examples too, the transformer's 8 though its 8 heads lead its scores."""
+    from tpuprof.commands import memory
+
+    meta = json.loads((DUMPS / sample / "sample.json").read_text())
+    modules = memory.module_memories(DUMPS / sample, target=meta.get("target"), compile_=False)
+    for module in modules:
+        room = [s for s in module.suggestions if s.kind == "batch_size" and "room for a larger" in s.message]
+        if module.estimated:
+            assert not room  # an estimate says nothing exact about room
+            continue
+        assert room, (sample, [s.kind for s in module.suggestions])
+        assert room[0].evidence.startswith(f"per-chip batch {meta['batch_size']}: "), room[0].evidence
