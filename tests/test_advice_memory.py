@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import real_data
+from conftest import run_cli
 
 from tpuprof.sources import tpu_compile
 
@@ -140,6 +141,23 @@ def script_modules(script_dump):
     from tpuprof.commands import memory
 
     return memory.module_memories(script_dump, target="v5e")
+
+
+@pytest.mark.compile
+def test_a_dump_leads_with_its_training_step_not_the_larger_initialiser(script_dump, script_modules):
+    names = [m.name for m in script_modules]
+    assert sorted(names) == sorted(HELPERS | {"jit_train_step"})
+    peaks = {m.name: m.peak_heap_bytes for m in script_modules}
+    assert peaks["jit_init"] > peaks["jit_train_step"]  # by peak, the initialiser would come first
+    assert names[0] == "jit_train_step"
+    lead = script_modules[0].notes[0]
+    assert lead.startswith("4 modules in this dump; jit_train_step comes first: the training step")
+    assert "though jit_init's peak" in lead and "jit_PRNGKey" in lead
+    # The helpers follow by peak.
+    assert [peaks[n] for n in names[1:]] == sorted((peaks[n] for n in names[1:]), reverse=True)
+    result = run_cli("memory", str(script_dump), "--target", "v5e", "--top", "1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.index("jit_train_step (hlo_proto") < result.stdout.index("jit_init (hlo_proto")
 
 
 @pytest.mark.compile

@@ -604,3 +604,44 @@ def measure_bf16(module: ModuleMemory, bf16_peak: int | None, batch: int) -> Non
     peak = module.peak_heap_bytes
     module.suggestions = rank(kept, shortfall_bytes=peak - capacity if capacity and peak > capacity else None)
 
+
+def answer_first(modules: list[ModuleMemory]) -> list[ModuleMemory]:
+    """The modules of one dump in the order a reader wants them: first what does not fit its HBM, then the training
+    steps, then programs with a batch (input_batch), then the rest (key seeding, initialisers, casts: helpers a
+    script jits beside its step); largest peak first within each. The first says why it leads, in a note."""
+    if len(modules) < 2:
+        return modules
+
+    def job(module: ModuleMemory):
+        return frameworks.from_module(module.name, (b.op_name for b in module.buffers),
+                                      (b.source_line for b in module.buffers))
+
+    def why(module: ModuleMemory) -> tuple[int, str]:
+        capacity, peak = module.hbm_capacity_bytes, module.peak_heap_bytes or 0
+        if capacity and peak > capacity:
+            return 0, f"its peak ({fmt_bytes(peak)}) does not fit the {fmt_bytes(capacity)} of HBM"
+        found = job(module)
+        if found.training:
+            said = next((e for e in found.evidence if e.startswith("training: ")), "")
+            return 1, "the training step" + (f" ({said.removeprefix('training: ')} in its name or op names)"
+                                             if said else "")
+        batch = input_batch(module)
+        if batch:
+            return 2, f"a program with a per-chip batch ({batch}, the leading size of its inputs)"
+        return 3, ""
+
+    reasons = {id(m): why(m) for m in modules}
+    ordered = sorted(modules, key=lambda m: (reasons[id(m)][0], -(m.peak_heap_bytes or 0)))
+    lead = ordered[0]
+    rank, reason = reasons[id(lead)]
+    largest = max(modules, key=lambda m: m.peak_heap_bytes or 0)
+    others = [m for m in ordered[1:] if reasons[id(m)][0] == 3]
+    note = f"{len(modules)} modules in this dump; {lead.name} comes first"
+    note += f": {reason}" if reason else ": the largest peak"
+    if largest is not lead and (largest.peak_heap_bytes or 0) > (lead.peak_heap_bytes or 0):
+        note += f", though {largest.name}'s peak ({fmt_bytes(largest.peak_heap_bytes)}) is larger"
+    if others and rank < 3:
+        note += (f". Helpers without a training step or a batch come last: "
+                 + ", ".join(m.name for m in others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else ""))
+    lead.notes.insert(0, note + ".")
+    return ordered

@@ -54,7 +54,7 @@ def module_memories(path: Path, module: str | None = None, target: str | None = 
             result.target = result.target or generation.name
             result.hbm_capacity_bytes = targets.get(result.target).compiler_hbm_bytes
         describe_and_advise(result, top)
-    return results
+    return advice.answer_first(results)
 
 
 def describe_and_advise(result: ModuleMemory, top: int) -> None:

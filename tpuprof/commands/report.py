@@ -88,7 +88,8 @@ def _load_memory(path: Path, target: str | None, top: int) -> Input:
 
 
 def memory_input(path: str, results: list, meta: dict | None = None) -> Input:
-    """The memory document of RESULTS (ModuleMemory), largest peak first, with each module's curve over
+    """The memory document of RESULTS (ModuleMemory, in memory's order: the module the answer is about first), with
+    each module's curve over
     program order and each padded buffer's fix."""
     from tpuprof.advice.memory import batch_dimension, class_counts, padding_fix
     from tpuprof.analyses.memory import describe
@@ -96,7 +97,6 @@ def memory_input(path: str, results: list, meta: dict | None = None) -> Input:
 
     for module in results:
         describe(module, module.buffers)  # diff matches every buffer by its shape (done already with top=0)
-    results = sorted(results, key=lambda m: m.peak_heap_bytes or m.temp_bytes or 0, reverse=True)
     document = to_json(results, 0)  # every buffer: diff matches them, the page picks its top rows
     for module, entry in zip(results, document["modules"]):
         entry["timeline"] = _timeline(module)

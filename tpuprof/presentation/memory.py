@@ -34,18 +34,18 @@ def method_words(method: str | None, target: str | None, error_percent: float | 
 
 
 def section(document: dict, top: int = TOP, modules: int | None = None) -> Section:
-    """Every module (or the MODULES largest peaks), each with its TOP largest buffers and ops (0: all)."""
+    """Every module (or the first MODULES), each with its TOP largest buffers and ops (0: all), in the document's
+    order: the module the answer is about first (advice.memory.answer_first), then by peak."""
     found = document.get("modules") or []
     out = Section("tpuprof memory")
     if not found:
         out.blocks.append(Note("No module with HBM buffers found."))
         return out
-    ranked = sorted(found, key=lambda m: m.get("peak_heap_bytes") or 0, reverse=True) if modules else found
-    shown = ranked[:modules] if modules else ranked
+    shown = found[:modules] if modules else found
     out.sections += [module_section(m, top) for m in shown]
     if len(shown) < len(found):
-        out.blocks.append(Note(f"{len(found)} modules; the {len(shown)} with the largest peaks are shown "
-                               "(`--json` has every one)."))
+        out.blocks.append(Note(f"{len(found)} modules; the first {len(shown)} are shown, the one the answer is about "
+                               "first (`--json` has every one)."))
     return out
 
 

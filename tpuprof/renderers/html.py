@@ -23,7 +23,7 @@ CATEGORY_LABELS = {"compute": "compute", "input": "waiting for input", "host_tra
                    "other": "other"}
 CATEGORY_COLOURS = {"compute": "#2e7d32", "input": "#c62828", "host_transfer": "#1565c0", "collective": "#00838f",
                     "host_overhead": "#ef6c00", "compile": "#6a1b9a", "other": "#9e9e9e"}
-MAX_MODULES = 4  # per dump folder: the largest modules (a JAX dump holds dozens of tiny ones)
+MAX_MODULES = 4  # per dump folder: the first modules in memory's order (a JAX dump holds dozens of tiny ones)
 TREEMAP_OPS = 150  # ops in the padding treemap: beyond that the boxes are too small to read
 
 CSS = """
@@ -352,7 +352,8 @@ def _suggestions(page: _Page, inputs: list[Input]) -> None:
 def _memory(page: _Page, item: Input, top: int) -> None:
     modules = item.document["modules"]
     if len(modules) > MAX_MODULES:
-        page.add(f'<p class="note">{len(modules)} modules; the {MAX_MODULES} largest are shown.</p>')
+        page.add(f'<p class="note">{len(modules)} modules; the first {MAX_MODULES} are shown, the one the answer is '
+                 'about first.</p>')
     for m in modules[:MAX_MODULES]:
         _memory_module(page, m, top)
 
