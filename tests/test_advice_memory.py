@@ -122,8 +122,8 @@ jax.jit(train_step, donate_argnums=0).lower(bf16, spec((BATCH, D), jnp.bfloat16)
 HELPERS = {"jit_init", "jit_convert_element_type", "jit_PRNGKey"}
 
 
-@pytest.fixture(scope="module")
-def script_dump(tmp_path_factory):
+def _dump(script: str, tmp_path_factory) -> Path:
+    """SCRIPT run with XLA's dump flags: the folder of its modules, as a TPU run of it dumps them."""
     if not tpu_compile.jax_available():
         pytest.skip("libtpu not installed")
     folder = tmp_path_factory.mktemp("jax-tpu-dump") / "dump"
@@ -131,9 +131,14 @@ def script_dump(tmp_path_factory):
            # Compile-only touches no TPU: other processes may hold libtpu too (tpu_compile._quiet_libtpu).
            "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_ACCELERATOR_TYPE": "v5litepod-4", "TPU_WORKER_HOSTNAMES": "localhost",
            "TPU_SKIP_MDS_QUERY": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, timeout=600, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", script], env=env, timeout=600, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     return folder
+
+
+@pytest.fixture(scope="module")
+def script_dump(tmp_path_factory):
+    return _dump(SCRIPT, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +192,76 @@ def test_the_batch_the_room_line_rests_on_is_the_samples_own(sample):
             continue
         assert room, (sample, [s.kind for s in module.suggestions])
         assert room[0].evidence.startswith(f"per-chip batch {meta['batch_size']}: "), room[0].evidence
+
+
+# ------------------------------------------------------------------ 4. bf16: the program's 16-bit arrays, not the compiler's
+
+# A float32 MLP training step at batch 4,096: XLA:TPU keeps bfloat16 copies of some of its activations (the operands
+# of float32 matmuls, which the MXU takes in bfloat16 at default precision). The program chose no 16 bits.
+F32_STEP = """
+import jax, jax.numpy as jnp
+from jax.experimental import topologies
+
+device = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices[0]
+on_chip = jax.sharding.SingleDeviceSharding(device)
+BATCH, D, H, LAYERS = 4096, 512, 4096, 2
+
+
+def spec(shape):
+    return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=on_chip)
+
+
+def loss(params, x, y):
+    for p in params:
+        x = x + jnp.tanh(x @ p["up"]) @ p["down"]
+    return jnp.mean((x - y) ** 2)
+
+
+def train_step(params, x, y):
+    grads = jax.grad(loss)(params, x, y)
+    return jax.tree_util.tree_map(lambda p, g: p - 0.01 * g, params, grads)
+
+
+params = [{"up": spec((D, H)), "down": spec((H, D))} for _ in range(LAYERS)]
+jax.jit(train_step, donate_argnums=0).lower(params, spec((BATCH, D)), spec((BATCH, D))).compile()
+"""
+
+
+@pytest.fixture(scope="module")
+def f32_step(tmp_path_factory):
+    from tpuprof.commands import memory
+
+    (module,) = memory.module_memories(_dump(F32_STEP, tmp_path_factory), target="v5e")
+    return module
+
+
+@pytest.mark.compile
+def test_bf16_evidence_does_not_count_the_compilers_own_bf16_as_the_programs(f32_step):
+    sixteen = [b for b in f32_step.buffers if b.dtype == "bf16"]
+    assert sum(b.size_bytes for b in sixteen) >= 32 << 20  # the compiler's copies: at least one bf16[4096,4096]
+    assert not any(b.opcode == "parameter" or "convert_element_type" in b.op_name for b in sixteen)
+    (fix,) = [s for s in f32_step.suggestions if s.kind == "bf16"]
+    assert "16-bit arrays in the whole program" not in fix.evidence  # it said 36.00 MiB of them
+    assert "no 16-bit input, weight or cast in the program" in fix.evidence
+
+    from tpuprof.advice.memory import program_16bit
+
+    assert program_16bit(f32_step) == (False, sixteen)
+
+
+@pytest.mark.compile
+def test_a_bf16_program_is_one_by_its_own_weights_inputs_and_casts(script_modules):
+    from tpuprof.advice.memory import program_16bit
+    from tpuprof.commands import memory
+
+    (step,) = [m for m in script_modules if m.name == "jit_train_step"]  # bf16 weights and inputs
+    assert program_16bit(step)[0]
+    (transformer,) = memory.module_memories(DUMPS / "transformer_bf16_v6e")
+    chosen, sixteen = program_16bit(transformer)
+    assert chosen and sum(b.size_bytes for b in sixteen) > 0.9 * sum(b.size_bytes for b in transformer.buffers)
+    assert "bf16" not in [s.kind for s in transformer.suggestions]
+    for sample in ("conv18_f32_v5e", "onehot10_v5e"):  # float32 samples: no 16-bit array at all
+        (module,) = memory.module_memories(DUMPS / sample)
+        assert program_16bit(module) == (False, [])
+        (fix,) = [s for s in module.suggestions if s.kind == "bf16"]
+        assert "16-bit arrays in the whole program 0 B" in fix.evidence

@@ -407,28 +407,50 @@ def _donation(result: ModuleMemory, job) -> Suggestion | None:
                     result.donation_candidates)
 
 
+def program_16bit(result: ModuleMemory) -> tuple[bool, list[Buffer]]:
+    """Whether 16 bits are the program's choice, and its 16-bit buffers. The program chose them when an entry
+    parameter (weights, inputs) is 16-bit or a 16-bit array comes from a cast the program wrote (CAST_OP). Without
+    either, its 16-bit arrays are the compiler's own: XLA:TPU rounds a float32 matmul's operands to bfloat16 for the
+    MXU (default precision) and may keep them for the backward pass (a float32 MLP step at batch 4,096: 36 MiB of
+    bf16 `multiply_add_fusion` outputs of its float32 dot_general)."""
+    sixteen = [b for b in result.buffers if b.dtype in preconditions.SIXTEEN_BIT]
+    chosen = any(b.opcode == "parameter" or preconditions.CAST_OP.search(b.op_name or "") for b in sixteen)
+    return chosen, sixteen
+
+
 def _bf16(result: ModuleMemory, job) -> Suggestion | None:
     # Precision: f32 arrays at the peak could be halved with bfloat16.
-    """Precondition: float32 is the program's choice. A program with 16-bit arrays anywhere in it (weights,
-    activations, inputs: a quarter of its bytes or more) computes in 16 bits and keeps its f32 on purpose (loss cast,
+    """Precondition: float32 is the program's choice. A program with 16-bit arrays of its own (program_16bit: weights,
+    activations, inputs, a quarter of its bytes or more) computes in 16 bits and keeps its f32 on purpose (loss cast,
     softmax, optimizer state); an XLA:CPU/GPU module upcasts bf16 arithmetic to f32, so its f32 says nothing."""
+    chosen, sixteen = program_16bit(result)
     at_peak = [b for b in result.buffers if b.live_at_peak]
     peak_f32 = sum(b.size_bytes for b in at_peak if b.dtype == "f32" and b.allocation_type == "temp")
-    peak_16bit = sum(b.size_bytes for b in at_peak if b.dtype in preconditions.SIXTEEN_BIT)
-    all_16bit = sum(b.size_bytes for b in result.buffers if b.dtype in preconditions.SIXTEEN_BIT)
+    all_16bit = sum(b.size_bytes for b in sixteen)
+    peak_16bit = sum(b.size_bytes for b in sixteen if b.live_at_peak) if chosen else 0
     if not result.peak_heap_bytes or peak_16bit >= peak_f32 \
             or peak_f32 < max(MIN_PADDING_BYTES, 0.25 * result.peak_heap_bytes):
         return None
-    if preconditions.in_16_bits(all_16bit, sum(b.size_bytes for b in result.buffers)) or all_16bit >= peak_f32:
+    if chosen and (preconditions.in_16_bits(all_16bit, sum(b.size_bytes for b in result.buffers))
+                   or all_16bit >= peak_f32):
         return None
+    if chosen:
+        sixteen_words = f"16-bit arrays in the whole program {fmt_bytes(all_16bit)}"
+    elif sixteen:
+        largest = max(sixteen, key=lambda b: b.size_bytes)
+        sixteen_words = (f"no 16-bit input, weight or cast in the program; the {fmt_bytes(all_16bit)} of 16-bit "
+                         f"arrays are the compiler's own (e.g. {largest.instruction} {largest.shape.split('{')[0]}"
+                         + (f" of {largest.op_name.rsplit('/', 1)[-1]}" if largest.op_name else "")
+                         + ": a float32 matmul's operands rounded for the MXU)")
+    else:
+        sixteen_words = "16-bit arrays in the whole program 0 B"
     return Suggestion(
         kind="bf16", saving_bytes=peak_f32 // 2, saving_bytes_range=(peak_f32 // 4, peak_f32 // 2),
         confidence="estimated",
         message=f"{fmt_bytes(peak_f32)} of the peak is float32 temporaries (activations, gradients): computing in "
                 "bfloat16 roughly halves them.",
-        evidence=f"float32 temporaries live at the peak ({fmt_bytes(peak_f32)}), 16-bit arrays in the whole program "
-                 f"{fmt_bytes(all_16bit)}: float32 is the program's choice; some (softmax, loss, optimizer) stay "
-                 "float32, hence the range",
+        evidence=f"float32 temporaries live at the peak ({fmt_bytes(peak_f32)}), {sixteen_words}: float32 is the "
+                 "program's choice; some (softmax, loss, optimizer) stay float32, hence the range",
         code=calls.call("bf16", job.framework) or "")
 
 

@@ -45,6 +45,11 @@ SIXTEEN_BIT = ("bf16", "f16")
 SIXTEEN_BIT_SHARE = 0.25
 
 
+# A cast in the user's program, in each framework's op names: JAX's convert_element_type (jnp.astype, dtype=), TF/Keras
+# Cast (mixed precision), PyTorch's .to(dtype) (aten::_to_copy).
+CAST_OP = re.compile(r"convert_element_type|(?:^|/)Cast(?:_\d+)?(?:/|$)|_to_copy|aten__to\b|xla::cast", re.I)
+
+
 def in_16_bits(sixteen_bit_bytes: int, total_bytes: int) -> bool:
     """Whether a program computes in 16 bits: 16-bit arrays hold a quarter of the bytes looked at or more."""
     return bool(total_bytes) and sixteen_bit_bytes >= SIXTEEN_BIT_SHARE * total_bytes
