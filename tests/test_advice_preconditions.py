@@ -377,3 +377,15 @@ def test_a_compile_over_hbm_whose_buffer_assignment_is_not_gets_the_batch_fix(tm
     blocking = [s for s in memory.suggestions if s.kind == "batch_size" and s.severity == "blocking"]
     assert blocking and blocking[0].saving_bytes == needed - memory.hbm_capacity_bytes
     assert "The compiled step needs" in blocking[0].message and "before code generation" in blocking[0].message
+    # preflight compiles the batch the fix names (commands/preflight._target): its saving is then measured.
+    from tpuprof.advice.memory import batch_to_measure, measure_batch
+
+    smaller = batch_to_measure(memory)
+    assert smaller == blocking[0].extra["batch"] and 8 <= smaller < 64
+    at = tpu_compile.compile_jax(*narrow_mlp.factory(smaller), "v3")
+    fits = at.required_bytes <= memory.hbm_capacity_bytes
+    measure_batch(memory, 64, needed, smaller, at.required_bytes, fits)
+    (fix,) = [s for s in memory.suggestions if s.kind == "batch_size"]
+    assert fix.confidence == "measured" and fix.saving_bytes == needed - at.required_bytes
+    assert (fix.severity == "blocking") == fits and f"Compiled at batch {smaller}" in fix.message
+    assert fix.evidence.startswith(f"measured: compiled at batch 64 the step needs")

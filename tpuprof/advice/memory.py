@@ -607,6 +607,33 @@ def for_builtin_step(module: ModuleMemory, remat: str, dtype: str) -> None:
     module.suggestions = kept
 
 
+def batch_to_measure(module: ModuleMemory) -> int | None:
+    """The smaller batch the blocking batch fix names ('a batch of about N fits'), for preflight to compile."""
+    return next((s.extra.get("batch") for s in module.suggestions
+                 if s.kind == "batch_size" and s.severity == "blocking" and s.extra.get("batch")), None)
+
+
+def measure_batch(module: ModuleMemory, batch: int, needed: int | None, smaller: int, smaller_needed: int | None,
+                  smaller_fits: bool) -> None:
+    """preflight compiled the same step at the batch the fix names (SMALLER): the fix's saving is then the two
+    compiles' totals' difference, measured, and 'enough to fit' only when the compile at SMALLER fits."""
+    for item in module.suggestions:
+        if item.kind != "batch_size" or item.extra.get("batch") != smaller:
+            continue
+        if smaller_needed is None or needed is None:
+            item.severity, item.saving_bytes = "improve", None
+            item.message += f" Compiled at batch {smaller}, the step did not compile: the estimate is not borne out."
+            item.evidence += f"; measured: the compile at batch {smaller} failed"
+            continue
+        item.saving_bytes, item.saving_bytes_range, item.confidence = needed - smaller_needed, None, "measured"
+        item.severity = "blocking" if smaller_fits else "improve"
+        item.message += (f" Compiled at batch {smaller}, the step needs {fmt_bytes(smaller_needed)}: "
+                         + ("it fits." if smaller_fits else "it still does not fit; `--max-batch` finds one that does."))
+        item.evidence = (f"measured: compiled at batch {batch} the step needs {fmt_bytes(needed)}, at batch {smaller} "
+                         f"{fmt_bytes(smaller_needed)}; the estimate: " + item.evidence)
+    module.suggestions = rank(module.suggestions, shortfall_bytes=_shortfall(module, needed or 0))
+
+
 def measure_bf16(module: ModuleMemory, bf16_peak: int | None, batch: int) -> None:
     """preflight --bf16 compiled the same step in bfloat16 at the same batch: the bf16 suggestion's saving is then
     the two peaks' difference, measured, not the estimate; dropped when bfloat16 frees nothing."""

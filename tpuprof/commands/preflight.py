@@ -108,6 +108,13 @@ def _target(spec, chosen, batch, options, report_progress):
     from tpuprof.models.preflight import PreflightTarget
 
     main = _compile(spec, chosen, None, batch, options, lambda b: report_progress(chosen.name, b))
+    if main.memory is not None and main.batch_size and not options.max_batch:
+        from tpuprof.advice.memory import batch_to_measure, measure_batch
+
+        smaller = batch_to_measure(main.memory)
+        if smaller and smaller < main.batch_size:  # the batch fix's estimate, compiled: its saving is then measured
+            at = _compile(spec, chosen, None, smaller, options, lambda b: report_progress(chosen.name, b))
+            measure_batch(main.memory, main.batch_size, main.required_bytes, smaller, at.required_bytes, at.fits)
     bf16 = None
     if options.compare_bf16:
         bf16 = _compile(spec, chosen, "bfloat16", batch, options, lambda b: report_progress(f"{chosen.name} bf16", b))
