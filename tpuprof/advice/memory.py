@@ -559,10 +559,12 @@ def _smaller_batch(result: ModuleMemory, framework: str | None, shortfall: int,
     high = temps + added + sum(b.size_bytes for b in inputs)
     # At a batch of 1 what scales keeps 1/batch of itself.
     low_free, high_free = low - low // batch, high - high // batch
-    facts = (f"per-chip batch {batch} (leads {', '.join(b.op_name or b.instruction for b in inputs[:3]) or 'the temporaries'}); "
-             f"temporaries at the peak holding it {fmt_bytes(low - sum(b.size_bytes for b in inputs))} of "
-             f"{fmt_bytes(temps)}, inputs holding it {fmt_bytes(sum(b.size_bytes for b in inputs))}"
-             + (f", {fmt_bytes(added)} added by code generation" if added else "") + f"; shortfall {fmt_bytes(shortfall)}")
+    led = ", ".join(b.op_name or b.instruction for b in inputs[:3]) or "the temporaries"
+    input_bytes = sum(b.size_bytes for b in inputs)
+    facts = (f"per-chip batch {batch} (leads {led}); temporaries at the peak holding it "
+             f"{fmt_bytes(low - input_bytes)} of {fmt_bytes(temps)}, inputs holding it {fmt_bytes(input_bytes)}"
+             + (f", {fmt_bytes(added)} added by code generation" if added else "")
+             + f"; shortfall {fmt_bytes(shortfall)}")
     if batch > 1 and low_free >= shortfall:
         from tpuprof.analyses.oom import fitting_batch
 
@@ -573,8 +575,8 @@ def _smaller_batch(result: ModuleMemory, framework: str | None, shortfall: int,
                           message=message, code=code, extra={"batch": fitting},
                           evidence=facts + "; arguments and outputs do not scale with the batch")
     if high_free < shortfall:
-        message += (f" A smaller per-chip batch (now {batch}) cannot make it fit on its own: even a batch of 1 frees at "
-                    f"most {fmt_bytes(high_free)} (every temporary at the peak and the inputs that hold the batch); "
+        message += (f" A smaller per-chip batch (now {batch}) cannot make it fit on its own: even a batch of 1 frees "
+                    f"at most {fmt_bytes(high_free)} (every temporary at the peak and the inputs that hold the batch); "
                     "arguments and outputs do not shrink with it." + search)
         return Suggestion(kind="batch_size", confidence="estimated", code=code, message=message, evidence=facts)
     message += (f" A smaller per-chip batch (now {batch}) frees at most {fmt_bytes(high_free)}, at least "
@@ -628,7 +630,8 @@ def measure_batch(module: ModuleMemory, batch: int, needed: int | None, smaller:
         item.saving_bytes, item.saving_bytes_range, item.confidence = needed - smaller_needed, None, "measured"
         item.severity = "blocking" if smaller_fits else "improve"
         item.message += (f" Compiled at batch {smaller}, the step needs {fmt_bytes(smaller_needed)}: "
-                         + ("it fits." if smaller_fits else "it still does not fit; `--max-batch` finds one that does."))
+                         + ("it fits." if smaller_fits
+                            else "it still does not fit; `--max-batch` finds one that does."))
         item.evidence = (f"measured: compiled at batch {batch} the step needs {fmt_bytes(needed)}, at batch {smaller} "
                          f"{fmt_bytes(smaller_needed)}; the estimate: " + item.evidence)
     module.suggestions = rank(module.suggestions, shortfall_bytes=_shortfall(module, needed or 0))
