@@ -176,6 +176,18 @@ def test_room_for_a_larger_batch_only_in_the_module_that_has_one(script_modules)
             assert fix.evidence.startswith("per-chip batch 16: the leading size of x bf16[16,256], y bf16[16,256]")
 
 
+@pytest.mark.compile
+def test_a_dump_that_names_no_tpu_says_so_rather_than_leaving_its_advice_out(script_dump):
+    """XLA_FLAGS=--xla_dump_hlo_as_proto alone writes no *.target_arguments.txt: without --target there is no HBM to
+    judge by, so no fit verdict and no room line; a note says why and what to pass."""
+    from tpuprof.commands import memory
+
+    assert not list(script_dump.glob("*.target_arguments.txt"))
+    for module in memory.module_memories(script_dump):
+        assert module.hbm_capacity_bytes is None and "batch_size" not in [s.kind for s in module.suggestions]
+        assert any("give --target GEN for whether it fits" in note for note in module.notes), module.notes
+
+
 @pytest.mark.parametrize("sample", sorted(p.name for p in DUMPS.iterdir() if (p / "sample.json").exists()))
 def test_the_batch_the_room_line_rests_on_is_the_samples_own(sample):
     """Every sample's batch (sample.json) is the one the 'room for a larger per-chip batch' evidence names: the

@@ -53,6 +53,11 @@ def module_memories(path: Path, module: str | None = None, target: str | None = 
         if generation is not None:
             result.target = result.target or generation.name
             result.hbm_capacity_bytes = targets.get(result.target).compiler_hbm_bytes
+        elif result.target is None and result.peak_heap_bytes is not None:
+            # Without a generation there is no HBM to judge by: no fit verdict, no batch or capacity advice.
+            result.notes.append("The dump does not say which TPU it was compiled for (libtpu writes that in "
+                                "*.target_arguments.txt with --xla_dump_hlo_as_text): give --target GEN for whether "
+                                "it fits and the advice that rests on the HBM.")
         describe_and_advise(result, top)
     return advice.answer_first(results)
 
