@@ -165,6 +165,21 @@ def test_a_dump_leads_with_its_training_step_not_the_larger_initialiser(script_d
 
 
 @pytest.mark.compile
+def test_what_the_dump_left_out_is_said_on_the_module_shown_first(script_dump, tmp_path):
+    import shutil
+
+    from tpuprof.commands import memory
+
+    folder = tmp_path / "dump"
+    shutil.copytree(script_dump, folder)
+    (folder / "module_0099.jit_cut.cl_1.after_optimizations.hlo.pb").write_bytes(b"\x0a\xff\xff")  # cut short
+    modules = memory.module_memories(folder, target="v5e")
+    assert modules[0].name == "jit_train_step"
+    assert any(n.startswith("Left out (1 of 5 modules)") for n in modules[0].notes), modules[0].notes
+    assert not any(n.startswith("Left out") for m in modules[1:] for n in m.notes)
+
+
+@pytest.mark.compile
 def test_room_for_a_larger_batch_only_in_the_module_that_has_one(script_modules):
     for module in script_modules:
         kinds = [s.kind for s in module.suggestions]

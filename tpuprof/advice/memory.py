@@ -696,4 +696,8 @@ def answer_first(modules: list[ModuleMemory]) -> list[ModuleMemory]:
         note += (f". Helpers without a training step or a batch come last: "
                  + ", ".join(m.name for m in others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else ""))
     lead.notes.insert(0, note + ".")
+    for module in ordered[1:]:  # what the dump's reading left out is said once, on the first module shown
+        moved = [n for n in module.notes if n.startswith("Left out (")]
+        module.notes = [n for n in module.notes if n not in moved]
+        lead.notes += moved
     return ordered
