@@ -126,10 +126,11 @@ def test_offloaded_activations_are_the_hosts_memory_not_hbm(llm_cache, tmp_path)
     """--remat offload (each layer's input and q/k/v to host memory) compiled by libtpu: the host memory it
     reports is exactly those activations, bf16, for every layer of this device's sequences, and is checked
     against what a device may hold on the host; HBM's figures do not count it. Four layers: with two, XLA keeps a
-    second copy of the stack (1.5x)."""
+    second copy of the stack (1.5x). On v6e-4: the offloading step is tests/test_host_transfers.py's program, one
+    compile for both in the session's cache."""
     config = dict(TINY, num_hidden_layers=4)
     (tmp_path / "config.json").write_text(json.dumps(config))
-    args = ("--model", str(tmp_path / "config.json"), "--tpu", "v6e-16", "--seq", "256", "--batch-per-chip", "2")
+    args = ("--model", str(tmp_path / "config.json"), "--tpu", "v6e-4", "--seq", "256", "--batch-per-chip", "2")
     offload = preflight(llm_cache, *args, "--remat", "offload")["targets"][0]
     layers, batch, seq, hidden = 4, 2, 256, TINY["hidden_size"]
     head_dim = hidden // TINY["num_attention_heads"]
