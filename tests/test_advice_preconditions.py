@@ -1,7 +1,8 @@
 """Issue 30's wrong answers, each on the input that showed it: the user-made ones built here the way a user makes
 them (a JAX script's multi-module CPU dump, a step jitted with donate_argnums, a PyTorch/XLA run-time OOM), the public
 ones read as they are (tests/real_data.py). Compiles are few and small: the CPU dump's 8 tiny modules (then from the
-recompile cache), two compiles of a donating step, conv18 at batch 64, the tiny LLM step without remat.
+recompile cache), two compiles of a donating step, conv18 at batch 64, the tiny LLM step (test_llm_preflight.py's, from
+the session's cache).
 """
 
 from __future__ import annotations
@@ -311,16 +312,17 @@ def test_real_pytorch_xla_run_time_oom_is_no_saving():
 
 # ------------------------------------------------------------------ 6. tpuprof's own LLM step: its options only
 
-@pytest.mark.slow
 @pytest.mark.compile
 @needs_libtpu
-def test_builtin_model_is_advised_through_its_options(tmp_path):
+def test_builtin_model_is_advised_through_its_options(tmp_path, compile_cache):
+    # tests/test_llm_preflight.py's tiny Llama on v6e-16 with its options: in the suite, its compile from the session's
+    # cache (so not marked slow: it then takes about a second).
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"model_type": "llama", "vocab_size": 1024, "hidden_size": 256,
                                   "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
                                   "num_key_value_heads": 2}))
     result = run_cli("preflight", "--model", str(config), "--tpu", "v6e-16", "--seq", "256", "--batch-per-chip", "2",
-                     "--remat", "none", "--json", timeout=900, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+                     "--json", timeout=900, env={"XDG_CACHE_HOME": str(compile_cache)})
     assert result.returncode == 0, result.stderr
     suggestions = json.loads(result.stdout)["targets"][0]["memory"]["suggestions"]
     assert suggestions
