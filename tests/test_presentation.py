@@ -165,7 +165,7 @@ def test_oom_terminal_markdown_page_and_notebook_say_the_same_facts(tmp_path):
 
 
 # Serve's compiled Gemma 3 1B on v5e-1 (session fixture of test_serve.py: compiled once per run, on disk after).
-from test_serve import gemma3_1b_v5e, needs_libtpu  # noqa: E402,F401
+from test_serve import gemma3_1b_keras_config, gemma3_1b_v5e, needs_libtpu  # noqa: E402,F401
 
 
 @needs_libtpu
