@@ -61,13 +61,7 @@ def batch_dimension(result: ModuleMemory) -> int | None:
     weights: dict[int, int] = {}
     total = 0
     features = {d for buffer in result.buffers if buffer.shape for d in _dims(buffer)[1:]}
-    layers = stacked_layers(result)
-    for buffer in result.buffers:
-        if buffer.allocation_type != "temp" or not buffer.live_at_peak or not buffer.shape:
-            continue
-        dims = _dims(buffer)
-        if len(dims) >= 3 and dims[0] in layers:
-            dims = dims[1:]
+    for buffer, dims in _peak_temporaries(result):
         total += buffer.size_bytes
         if len(dims) >= 2 and dims[0] > 1 and dims[0] not in features:
             weights[dims[0]] = weights.get(dims[0], 0) + buffer.size_bytes
@@ -485,17 +479,18 @@ def batch_inputs(result: ModuleMemory, batch: int) -> list[Buffer]:
 
 def _batch_temporaries(result: ModuleMemory, batch: int) -> list[Buffer]:
     """Temporaries live at the peak with BATCH among their sizes (past a scan's layer count)."""
+    return [buffer for buffer, dims in _peak_temporaries(result) if batch in dims]
+
+
+def _peak_temporaries(result: ModuleMemory):
+    """(buffer, dims) of each temporary live at the peak, its dims read past a scan's leading layer count (a scan
+    over layers stacks its kept activations: [layers, batch, ...])."""
     layers = stacked_layers(result)
-    out = []
     for buffer in result.buffers:
         if buffer.allocation_type != "temp" or not buffer.live_at_peak or not buffer.shape:
             continue
         dims = _dims(buffer)
-        if len(dims) >= 3 and dims[0] in layers:
-            dims = dims[1:]
-        if batch in dims:
-            out.append(buffer)
-    return out
+        yield buffer, dims[1:] if len(dims) >= 3 and dims[0] in layers else dims
 
 
 def _capacity(result: ModuleMemory, framework: str | None, shortfall: int | None,
@@ -693,7 +688,7 @@ def answer_first(modules: list[ModuleMemory]) -> list[ModuleMemory]:
     if largest is not lead and (largest.peak_heap_bytes or 0) > (lead.peak_heap_bytes or 0):
         note += f", though {largest.name}'s peak ({fmt_bytes(largest.peak_heap_bytes)}) is larger"
     if others and rank < 3:
-        note += (f". Helpers without a training step or a batch come last: "
+        note += (". Helpers without a training step or a batch come last: "
                  + ", ".join(m.name for m in others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else ""))
     lead.notes.insert(0, note + ".")
     for module in ordered[1:]:  # what the dump's reading left out is said once, on the first module shown
