@@ -611,6 +611,30 @@ def test_the_fixes_a_problem_names_change_the_answer():
     assert "leave no KV cache" in fp8.problems[0] and "--quantization" not in fp8.problems[0]
 
 
+def test_the_fixes_for_weights_over_hbm_hold_the_model():
+    """Llama 3.1 70B (70.6B parameters, the model card) is 65.7 GiB in fp8: more than a v6e chip's 31.25 GiB, and a
+    quarter of it (16.4 GiB) more than a v5e chip's 15.75 GiB. On v6e-1 and v5e-4 the problem named --quantization
+    fp8 and --tensor-parallel-size, which the slice cannot raise; each change it names must, run again, serve."""
+    asked = dict(max_model_len=8192, compile=False)
+    for tpu in ("v6e-1", "v5e-4"):
+        (target,) = tpuprof.serve("llama3.1-70b", tpu, **asked).targets
+        assert "leave no KV cache" in target.problems[0]
+        assert "--quantization" not in target.problems[0] and "--tensor-parallel-size" not in target.problems[0]
+        assert target.problems[0].endswith("use a larger slice.")
+    (v6e4,) = tpuprof.serve("llama3.1-70b", "v6e-4", **asked).targets
+    assert "--quantization fp8" in v6e4.problems[0] and "--tensor-parallel-size" not in v6e4.problems[0]
+    assert tpuprof.serve("llama3.1-70b", "v6e-4", quantization="fp8", **asked).targets[0].fits
+    (tp2,) = tpuprof.serve("llama3.1-70b", "v6e-8", tensor_parallel_size=2, **asked).targets
+    # bf16 over 2 devices or fp8 over 2 (32.9 GiB) exceed 31.25 GiB; over 4 the bf16 weights (32.9 GiB) still do.
+    assert "--tensor-parallel-size 8" in tp2.problems[0] and "--quantization" not in tp2.problems[0]
+    assert tpuprof.serve("llama3.1-70b", "v6e-8", tensor_parallel_size=8, **asked).targets[0].fits
+    # Llama 3.1 8B in fp8 on v5e-1 at 131,072 tokens: fp8 KV halves 49,408 tokens' bytes, still short of one request.
+    (short,) = tpuprof.serve("llama3.1-8b", "v5e-1", quantization="fp8", compile=False).targets
+    assert "fewer than one request" in short.problems[0] and "--kv-cache-dtype fp8" not in short.problems[0]
+    assert not tpuprof.serve("llama3.1-8b", "v5e-1", quantization="fp8", kv_cache_dtype="fp8",
+                             compile=False).targets[0].fits
+
+
 def test_the_launch_command_loads_a_config_file_by_its_checkpoint_folder(tmp_path):
     """The engines load a checkpoint folder, reading its config.json: a config given as FOLDER/config.json launches
     FOLDER; one saved under another name launched `vllm serve qwen.json`, a model name vLLM cannot resolve."""

@@ -90,18 +90,19 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
     problems = []
     if cap.kv_budget_bytes_per_device <= 0:
         problems.append(f"the weights ({_gib(weights)} per device) leave no KV cache within {_gib(limit)} x "
-                        f"{utilization:.2f}: use more devices (a larger slice or --tensor-parallel-size)"
-                        + (" or --quantization fp8." if options.quantization == "bf16" else
-                           _fp4_experts(options, tp, weights, limit, utilization)))
+                        f"{utilization:.2f}: use " + _weights_fixes(options, slice_, tp, weights, limit, utilization,
+                                                                    max_model_len, max_num_seqs, batched))
     elif (cap.max_concurrency < 1 if kv.window and kv.window.kept else
           cap.tokens // kv.page_shards < max_model_len):  # a request's pages lie on one device
         longest = serve_memory.capacity(kv, limit, utilization, weights, STATE_BYTES_PER_DEVICE, max_model_len, 1,
                                         options.engine, 0, batched).largest_max_model_len \
             if kv.window and kv.window.kept else cap.tokens // kv.page_shards // kv.page_size * kv.page_size
         # fp8 only where it shrinks the cache: with one KV head per device it fills 2 of 4 packed slots.
+        # and only where the fp8 cache then holds the request: a smaller cache that still falls short is no fix.
         fp8 = serve_memory.kv_layout(config, options.engine, tp, "fp8", max_model_len, options.block_size,
                                      max_num_seqs, options.architecture)
-        smaller = fp8.kv_bytes_per_token_per_device < kv.kv_bytes_per_token_per_device
+        smaller = fp8.kv_bytes_per_token_per_device < kv.kv_bytes_per_token_per_device and _holds_one(
+            options, fp8, limit, utilization, weights, max_model_len, batched)
         held = f"{cap.tokens} tokens" if kv.page_shards == 1 else \
             f"{cap.tokens // kv.page_shards} tokens on each of the {kv.page_shards} devices a request's pages lie on"
         problems.append(f"the KV cache holds {held}, fewer than one request of --max-model-len "
@@ -213,6 +214,53 @@ def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_mo
                          f"per_device_batch_size={per_device}"]
                       + ([f"quantization={options.quantization}"] if options.quantization != "bf16" else [])
                       + (["quantize_kvcache=True", "kv_quant_dtype=fp8"] if options.kv_cache_dtype != "auto" else []))
+
+
+def _holds_one(options: ServeOptions, kv, limit: int, utilization: float, weights: int, max_model_len: int,
+               batched: int) -> bool:
+    """Whether a plan of this layout and these weights holds one request of MAX_MODEL_LEN (what the engine needs to
+    start), by the capacity rule the answer itself uses."""
+    cap = serve_memory.capacity(kv, limit, utilization, weights, STATE_BYTES_PER_DEVICE, max_model_len, 1,
+                                options.engine, 0, batched)
+    if cap.kv_budget_bytes_per_device <= 0:
+        return False
+    return cap.max_concurrency >= 1 if kv.window and kv.window.kept else \
+        cap.tokens // kv.page_shards >= max_model_len
+
+
+def _weights_fixes(options: ServeOptions, slice_, tp: int, weights: int, limit: int, utilization: float,
+                   max_model_len: int, max_num_seqs: int, batched: int) -> str:
+    """The end of the no-KV-cache problem: each change named only where serve's own arithmetic says the changed plan
+    holds a request of MAX_MODEL_LEN: the smallest larger TP within the slice, fp8 weights at this TP (bf16 weights
+    only), fp4 experts (an fp8 MoE checkpoint on vLLM TPU); a larger slice always. The other plans' weights are
+    the shapes' figure scaled as this plan's compiled one is to its shapes' (1 when not compiled)."""
+    config = options.model
+    shapes = serve_memory.shape_weights_bytes_per_device(config, tp, options.quantization,
+                                                         options.enable_expert_parallel, options.engine)
+    scale = weights / shapes if shapes else 1.0
+
+    def holds(tp_: int, quantization: str) -> tuple[bool, int]:
+        kv = serve_memory.kv_layout(config, options.engine, tp_, options.kv_cache_dtype, max_model_len,
+                                    options.block_size, max_num_seqs, options.architecture)
+        weights_ = int(scale * serve_memory.shape_weights_bytes_per_device(
+            config, tp_, quantization, options.enable_expert_parallel, options.engine))
+        return _holds_one(options, kv, limit, utilization, weights_, max_model_len, batched), weights_
+
+    fixes = []
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    for larger in range(tp + 1, slice_.devices + 1):
+        if slice_.devices % larger or heads % larger or (kv_heads % larger and larger % kv_heads):
+            continue
+        ok, weights_ = holds(larger, options.quantization)
+        if ok:
+            fixes.append(f"--tensor-parallel-size {larger} ({_gib(weights_)} of weights per device)")
+            break
+    if options.quantization == "bf16":
+        ok, weights_ = holds(tp, "fp8")
+        if ok:
+            fixes.append(f"--quantization fp8 ({_gib(weights_)} of weights per device)")
+    fixes.append("a larger slice")
+    return " or ".join(fixes) + _fp4_experts(options, tp, weights, limit, utilization)
 
 
 def _fp4_experts(options: ServeOptions, tp: int, weights: int, limit: int, utilization: float) -> str:
