@@ -405,6 +405,22 @@ def test_bad_input_is_one_sentence_and_exit_2(args, flag):
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 
+def test_a_config_of_no_decoder_llm_is_one_sentence_and_exit_2(tmp_path):
+    """bert-base-uncased's config.json (its Hugging Face model card: BertForMaskedLM, 12 layers of 12 heads, 512
+    positions) is an encoder, served (as an embedding model) with no KV cache: serve answered 2,505,664 KV tokens."""
+    bert = tmp_path / "bert-base-uncased" / "config.json"
+    bert.parent.mkdir()
+    bert.write_text(json.dumps({"architectures": ["BertForMaskedLM"], "model_type": "bert", "vocab_size": 30522,
+                                "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                                "intermediate_size": 3072, "max_position_embeddings": 512, "hidden_act": "gelu"}))
+    result = run_cli("serve", "--model", str(bert.parent), "--tpu", "v6e-8", "--no-compile", "--json")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert "BertForMaskedLM is not a causal language model" in result.stderr
+    assert json.loads(result.stdout)["error"]["message"] in result.stderr
+    with pytest.raises(tpuprof.UserError, match="model .*BertForMaskedLM is not a causal language model"):
+        tpuprof.serve(str(bert), "v6e-8", compile=False)
+
+
 @pytest.mark.slow
 @pytest.mark.compile
 @needs_libtpu

@@ -27,8 +27,27 @@ def options(model: str, tpu, **settings):
             raise OptionError("model", f"{{option}} {model}: tpuprof reads no model hub: give the model's config.json "
                                        f"({config_url}) or its folder.") from None
         raise OptionError("model", "{option}: " + template(str(error))) from None
+    why = _not_a_decoder(loaded[0], checkpoint_architecture(loaded[1]))
+    if why:
+        raise OptionError("model", f"{{option}} {model}: {why}; serve plans decoder-only LLMs, whose KV cache it "
+                                   "sizes.")
     return serve_options(loaded, tpu, checkpoint=checkpoint_quantization(loaded[1]),
                          architecture=checkpoint_architecture(loaded[1]), **settings)
+
+
+# Class name endings of the generative decoders the engines serve with a KV cache: Llama/Qwen/... ForCausalLM,
+# GPT-2's LMHeadModel, and the multimodal wrappers whose language model tpuprof reads (Gemma 3, Llama 4, Qwen2.5-VL).
+DECODER_ARCHITECTURE_ENDINGS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def _not_a_decoder(config, architecture: str | None) -> str | None:
+    """Why the config is not a decoder-only LLM (an encoder such as BertForMaskedLM), whose serving has no KV cache
+    of the kind tpuprof sizes; None for a decoder. (An encoder-decoder config such as T5's names no
+    num_attention_heads and is refused by the config reader.)"""
+    if architecture and not architecture.endswith(DECODER_ARCHITECTURE_ENDINGS):
+        return f"{architecture} is not a causal language model (its architecture is none of *ForCausalLM, " \
+               "*LMHeadModel, *ForConditionalGeneration)"
+    return None
 
 
 def _built_in_for(model: str) -> str:
