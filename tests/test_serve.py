@@ -405,6 +405,27 @@ def test_bad_input_is_one_sentence_and_exit_2(args, flag):
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 
+def test_a_base_model_id_is_its_instruct_models_built_in_config_launched_by_the_id_given():
+    """meta-llama/Llama-3.1-8B and -Instruct share their config.json but for eos_token_id (both model cards: 32
+    layers, 8 KV heads, 131,072 positions), as Llama 3.3 70B shares Llama 3.1 70B's: the base id was 'tpuprof reads
+    no model hub' (bench/serving_published.json's Llama-3.1-8B row skipped for it). The engine loads the checkpoint
+    named, so the launch command keeps the id as the hub spells it."""
+    asked = ("--tpu", "v6e-4", "--max-model-len", "4096", "--no-compile", "--json")
+    for given, built_in, launched in (("meta-llama/Llama-3.1-8B", "llama3.1-8b", "meta-llama/Llama-3.1-8B"),
+                                      ("meta-llama/llama-3.1-8b-instruct", "llama3.1-8b",
+                                       "meta-llama/Llama-3.1-8B-Instruct"),
+                                      ("meta-llama/Llama-3.3-70B-Instruct", "llama3.1-70b",
+                                       "meta-llama/Llama-3.3-70B-Instruct")):
+        result = run_cli("serve", "--model", given, *asked)
+        assert result.returncode == 0, result.stderr
+        document = json.loads(result.stdout)
+        assert document["model"]["name"] == built_in
+        assert shlex.split(document["targets"][0]["command"])[2] == launched
+    base = tpuprof.serve("meta-llama/Llama-3.1-8B", "v6e-4", max_model_len=4096, compile=False).to_dict()
+    instruct = tpuprof.serve("llama3.1-8b", "v6e-4", max_model_len=4096, compile=False).to_dict()
+    assert {**base["targets"][0], "command": ""} == {**instruct["targets"][0], "command": ""}
+
+
 def test_a_config_of_no_decoder_llm_is_one_sentence_and_exit_2(tmp_path):
     """bert-base-uncased's config.json (its Hugging Face model card: BertForMaskedLM, 12 layers of 12 heads, 512
     positions) is an encoder, served (as an embedding model) with no KV cache: serve answered 2,505,664 KV tokens."""

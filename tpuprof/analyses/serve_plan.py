@@ -151,13 +151,30 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
                      serve_memory.shape_weights_how(config, options.quantization, options.engine)))
 
 
-def checkpoint_name(model: str, source: str) -> str:
+# Hugging Face ids of checkpoints whose config.json has the shapes, positions and architecture of a built-in one
+# (a base model and its instruct tuning differ in their weights and eos_token_id only; Llama 3.3 70B is Llama 3.1
+# 70B's architecture; Meta-Llama-3.1-* are the hub's former names, which it redirects): taken as that built-in
+# config, and launched by the id given.
+SAME_CONFIG_IDS = {
+    "meta-llama/Llama-3.1-8B": "llama3.1-8b", "meta-llama/Meta-Llama-3.1-8B": "llama3.1-8b",
+    "meta-llama/Meta-Llama-3.1-8B-Instruct": "llama3.1-8b",
+    "meta-llama/Llama-3.1-70B": "llama3.1-70b", "meta-llama/Meta-Llama-3.1-70B": "llama3.1-70b",
+    "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama3.1-70b", "meta-llama/Llama-3.3-70B-Instruct": "llama3.1-70b",
+    "meta-llama/Llama-3.1-405B": "llama3.1-405b", "meta-llama/Meta-Llama-3.1-405B": "llama3.1-405b",
+    "meta-llama/Meta-Llama-3.1-405B-Instruct": "llama3.1-405b",
+    "meta-llama/Meta-Llama-3-8B": "llama3-8b", "meta-llama/Meta-Llama-3-70B": "llama3-70b",
+    "meta-llama/Llama-2-7b-hf": "llama2-7b", "meta-llama/Llama-2-13b-hf": "llama2-13b",
+    "meta-llama/Llama-2-70b-hf": "llama2-70b", "mistralai/Mistral-7B-v0.3": "mistral-7b",
+}
+
+
+def checkpoint_name(model: str, source: str, hub_id: str | None = None) -> str:
     """What the engines load the model by: its Hugging Face id, or the folder of the config.json given. The engines
     read a checkpoint folder's config.json, so a config saved under another name (qwen.json) or a built-in config
     with no public checkpoint (GPT-3) gets a placeholder the engine would refuse, never the file's name or the
     "built-in:NAME" source, which read as model names and are not."""
     if source.startswith("built-in:"):
-        return HF_IDS.get(model, f"<{model} weights>")
+        return hub_id or HF_IDS.get(model, f"<{model} weights>")
     path = Path(source)
     if path.name != "config.json":
         return f"<the checkpoint folder {path.name} describes>"
@@ -167,7 +184,7 @@ def checkpoint_name(model: str, source: str) -> str:
 def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_model_len: int, max_num_seqs: int,
                    utilization: float, kv) -> str:
     config = options.model
-    name = checkpoint_name(config.name, options.model_source)
+    name = checkpoint_name(config.name, options.model_source, options.hub_id)
     if options.engine == "vllm":
         parts = ["vllm", "serve", name, "--tensor-parallel-size", str(tp), "--max-model-len", str(max_model_len),
                  "--max-num-seqs", str(max_num_seqs), "--gpu-memory-utilization", f"{utilization:.2f}"]

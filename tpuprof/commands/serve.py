@@ -19,8 +19,9 @@ def options(model: str, tpu, **settings):
     from tpuprof.sources.llm import load_config
     from tpuprof.sources.llm_serve import checkpoint_architecture, checkpoint_quantization
 
+    built_in, hub_id = _built_in_for(model)
     try:
-        loaded = load_config(_built_in_for(model))
+        loaded = load_config(built_in)
     except UserError as error:
         if _looks_like_hub_id(model):  # what vLLM takes and `tpuprof oom` reads back from a log
             config_url = f"https://huggingface.co/{model}/blob/main/config.json"
@@ -32,7 +33,8 @@ def options(model: str, tpu, **settings):
         raise OptionError("model", f"{{option}} {model}: {why}; serve plans decoder-only LLMs, whose KV cache it "
                                    "sizes.")
     return serve_options(loaded, tpu, checkpoint=checkpoint_quantization(loaded[1]),
-                         architecture=checkpoint_architecture(loaded[1]), **settings)
+                         architecture=checkpoint_architecture(loaded[1]),
+                         hub_id=hub_id, **settings)
 
 
 # Class name endings of the generative decoders the engines serve with a KV cache: Llama/Qwen/... ForCausalLM,
@@ -50,15 +52,19 @@ def _not_a_decoder(config, architecture: str | None) -> str | None:
     return None
 
 
-def _built_in_for(model: str) -> str:
-    """The built-in config of a Hugging Face id the launch commands name (meta-llama/Llama-3.1-8B-Instruct ->
-    llama3.1-8b), unless a file or folder of that name exists; MODEL otherwise."""
+def _built_in_for(model: str) -> tuple[str, str | None]:
+    """(the built-in config, the Hugging Face id as the hub spells it) of an id the launch commands name
+    (meta-llama/Llama-3.1-8B-Instruct -> llama3.1-8b) or of one with the same config.json (meta-llama/Llama-3.1-8B),
+    unless a file or folder of that name exists; (MODEL, None) otherwise."""
     from pathlib import Path
 
-    from tpuprof.analyses.serve_plan import HF_IDS
+    from tpuprof.analyses.serve_plan import HF_IDS, SAME_CONFIG_IDS
 
-    names = {hub_id.lower(): name for name, hub_id in HF_IDS.items()}
-    return names.get(model.lower(), model) if not Path(model).expanduser().exists() else model
+    if Path(model).expanduser().exists():
+        return model, None
+    ids = {hub_id.lower(): (name, hub_id) for name, hub_id in HF_IDS.items()}
+    ids.update((hub_id.lower(), (name, hub_id)) for hub_id, name in SAME_CONFIG_IDS.items())
+    return ids.get(model.lower(), (model, None))
 
 
 def _looks_like_hub_id(model: str) -> bool:

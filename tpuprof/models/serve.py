@@ -63,6 +63,7 @@ class ServeOptions:
     quantized_checkpoint: bool = False  # the weights are stored in `quantization` already (no flag quantizes them)
     not_compiled: str | None = None  # why tpuprof does not compile this model's programs (None: compiled if asked)
     architecture: str | None = None  # the config's architectures[0] (the engine picks its model code by it)
+    hub_id: str | None = None  # the Hugging Face id the model was named by (the launch command loads it)
 
 
 def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm", max_model_len: int | None = None,
@@ -71,7 +72,8 @@ def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm"
                   kv_cache_dtype: str = "auto", quantization: str = "bf16",
                   gpu_memory_utilization: float | None = None, block_size: int | None = None,
                   input_len: int | None = None, output_len: int | None = None, concurrency: int | None = None, prices: Any = None,
-                  compile: bool = True, checkpoint: str | None = None, architecture: str | None = None) -> ServeOptions:
+                  compile: bool = True, checkpoint: str | None = None, architecture: str | None = None,
+                  hub_id: str | None = None) -> ServeOptions:
     """The one validation of a serving question; raises OptionError naming the keyword at fault. MODEL: the
     model's (tpuprof.sources.llm.ModelConfig, source), read at the edge (tpuprof.commands.serve.options), with
     CHECKPOINT the format its config's quantization_config names (None: unquantized)."""
@@ -163,7 +165,7 @@ def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm"
                         tensor_parallel_size, bool(enable_expert_parallel), kv_cache_dtype, quantization,
                         None if gpu_memory_utilization is None else float(gpu_memory_utilization), block_size,
                         input_len, output_len, concurrency, overrides, bool(compile) and not_compiled is None,
-                        checkpoint is not None, not_compiled, architecture)
+                        checkpoint is not None, not_compiled, architecture, hub_id)
 
 
 # --- results -----------------------------------------------------------------------------------------------
