@@ -426,6 +426,33 @@ def test_a_base_model_id_is_its_instruct_models_built_in_config_launched_by_the_
     assert {**base["targets"][0], "command": ""} == {**instruct["targets"][0], "command": ""}
 
 
+def test_the_concurrency_asked_is_spread_over_the_engine_replicas():
+    """--concurrency is the requests in flight on the slice. With --data-parallel-size 2 tpu-inference runs one
+    scheduler per rank, each with its own max_num_seqs ("Per-rank limits: max_seqs=...", core/sched/dp_scheduler.py
+    @ b8692ff0), and requests are spread over the ranks: 64 in flight are 32 per replica. serve gave each replica 64
+    (--max-num-seqs 64) and its throughput for 128 in flight: TP 4 x 2 at 14,071 tok/s, above TP 8's 11,059."""
+    asked = dict(max_model_len=4096, concurrency=64, compile=False)
+    (split,) = tpuprof.serve("llama3.1-8b", "v6e-8", tensor_parallel_size=4, **asked).targets
+    (one,) = tpuprof.serve("llama3.1-8b", "v6e-4", max_model_len=4096, concurrency=32, compile=False).targets
+    assert split.replicas == 2 and split.max_num_seqs == 32 and split.estimate.concurrency == 32
+    assert "--max-num-seqs 32" in split.command and "--data-parallel-size 2" in split.command
+    assert split.estimate.output_tokens_per_s == pytest.approx(2 * one.estimate.output_tokens_per_s)
+    assert split.estimate.tpot_ms.point == pytest.approx(one.estimate.tpot_ms.point)
+
+
+def test_sglang_jax_launches_every_device_of_the_host_with_the_replicas_as_dp_ranks():
+    """SGLang-JAX meshes all the devices JAX sees as [dp_size, tp_size / dp_size] (scheduler.py @ cddbf6f1), and
+    jax.experimental.mesh_utils.create_device_mesh refuses a mesh whose product is not the device count: Qwen2.5-7B
+    (28 heads: TP 4 on v6e-8, two replicas) was launched with --tp-size 4, which fails on the 8 devices. Its dp ranks
+    split --max-running-requests (per_dp_max_running_requests) and attend over tp_size / dp_size devices."""
+    (target,) = tpuprof.serve("qwen2.5-7b", "v6e-8", engine="sglang-jax", max_model_len=8192, compile=False).targets
+    assert target.tensor_parallel_size == 4 and target.replicas == 2
+    command = shlex.split(target.command)
+    flag = {name: command[i + 1] for i, name in enumerate(command) if name.startswith("--")}
+    assert flag["--tp-size"] == "8" and flag["--dp-size"] == "2"
+    assert int(flag["--max-running-requests"]) == 2 * target.max_num_seqs
+
+
 def test_a_config_of_no_decoder_llm_is_one_sentence_and_exit_2(tmp_path):
     """bert-base-uncased's config.json (its Hugging Face model card: BertForMaskedLM, 12 layers of 12 heads, 512
     positions) is an encoder, served (as an embedding model) with no KV cache: serve answered 2,505,664 KV tokens."""

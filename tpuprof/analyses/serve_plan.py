@@ -59,8 +59,12 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
     # The concurrency asked for is the number of requests to schedule together when --max-num-seqs is not given.
     # Where the engine splits the requests over its devices (vLLM TPU's attention data parallelism for MLA), each
     # device schedules --max-num-seqs of its own.
+    # The concurrency is the requests in flight on the slice (what a benchmark client's --max-concurrency caps):
+    # with several engine replicas (vLLM's --data-parallel-size) the server spreads them, each replica's scheduler
+    # holding its share under its own --max-num-seqs.
     shards = serve_memory.page_shards(config, options.engine, tp)
-    max_num_seqs = options.max_num_seqs or (-(-options.concurrency // shards) if options.concurrency else
+    per_engine = -(-options.concurrency // replicas) if options.concurrency else None
+    max_num_seqs = options.max_num_seqs or (-(-per_engine // shards) if per_engine else
                                             serve_memory.DEFAULT_MAX_NUM_SEQS)
     requests = max_num_seqs * shards  # the engine's, over its devices
     batched = (options.max_num_batched_tokens
@@ -84,7 +88,7 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
     safe = serve_memory.safe_utilization(limit, headroom) if largest else None
     utilization = options.gpu_memory_utilization or (
         min(safe, MAX_RECOMMENDED_UTILIZATION) if safe is not None else serve_memory.DEFAULT_UTILIZATION)
-    wanted = options.concurrency or requests
+    wanted = per_engine or requests
     cap = serve_memory.capacity(kv, limit, utilization, weights, STATE_BYTES_PER_DEVICE, max_model_len, wanted,
                                 options.engine, config.max_position_embeddings, batched)
     problems = []
@@ -125,7 +129,7 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
                         f"({record.failure[:160]}): use {record.fix}." + _kernel_note(record, options, table))
     fits = not problems
     held = serve_memory.requests_held(kv, cap, options.input_len + options.output_len, options.engine)
-    concurrency = serve_estimate.concurrency_for(options.concurrency, requests, held)
+    concurrency = serve_estimate.concurrency_for(per_engine, requests, held)
     estimate = None
     if concurrency > 0 and cap.kv_budget_bytes_per_device > 0:
         from tpuprof import prices
@@ -208,9 +212,16 @@ def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_mo
             parts += ["--enable-expert-parallel"]
         return shlex.join(parts)
     if options.engine == "sglang-jax":
-        parts = ["python", "-m", "sgl_jax.launch_server", "--model-path", name, "--tp-size", str(tp),
-                 "--context-length", str(max_model_len), "--max-running-requests", str(max_num_seqs),
-                 "--mem-fraction-static", f"{utilization:.2f}", "--page-size", str(kv.page_size)]
+        # SGLang-JAX meshes every device the host sees as [dp_size, tp_size / dp_size] (scheduler.py @ cddbf6f1):
+        # --tp-size is all of them, the replicas its dp ranks, each with its share of --max-running-requests and
+        # the dense weights over its tp_size / dp_size devices. A --tp-size short of the devices fails to start
+        # (JAX: the number of devices must equal the product of the mesh shape).
+        dp = replicas if replicas > 1 and slice_.num_slices == 1 else 1
+        parts = ["python", "-m", "sgl_jax.launch_server", "--model-path", name, "--tp-size", str(tp * dp)]
+        if dp > 1:
+            parts += ["--dp-size", str(dp)]
+        parts += ["--context-length", str(max_model_len), "--max-running-requests", str(max_num_seqs * dp),
+                  "--mem-fraction-static", f"{utilization:.2f}", "--page-size", str(kv.page_size)]
         if options.max_num_batched_tokens:
             parts += ["--chunked-prefill-size", str(options.max_num_batched_tokens)]
         if options.kv_cache_dtype != "auto":  # SGLang-JAX names the format
