@@ -715,6 +715,31 @@ def test_the_launch_command_loads_a_config_file_by_its_checkpoint_folder(tmp_pat
     assert renamed["command"].startswith("vllm serve '<the checkpoint folder qwen.json describes>' ")
 
 
+def test_jetstreams_launch_names_the_model_its_checkpoint_bf16_weights_and_the_hub_tokenizer():
+    """MaxText's base.yml (src/maxtext/configs/base.yml @ e591f30c) serves model_name "default", weights in float32
+    from no load_parameters_path, with a sentencepiece tokenizer: the command printed named none of them, so it
+    started another model (or failed on the hub id as a sentencepiece file), and its float32 weights are twice the
+    bf16 ones the figures count. tpu-recipes' JetStream Llama2-7B recipe (tpu-recipes 17637930^) sets model_name,
+    load_parameters_path of an unscanned checkpoint, scan_layers=false and weight_dtype=bfloat16. The module
+    MaxText.maxengine_server is gone since maxtext 868098b8; the server is maxtext.inference.maxengine."""
+    def words(model, **settings):
+        (target,) = tpuprof.serve(model, "v6e-8", engine="jetstream", max_model_len=4096, compile=False,
+                                  **settings).targets
+        command = shlex.split(target.command)
+        return command[:4], dict(part.split("=", 1) for part in command if "=" in part)
+
+    head, flags = words("llama4-scout", max_num_seqs=100)
+    assert head == ["python", "-m", "maxtext.inference.maxengine.maxengine_server", "src/maxtext/configs/base.yml"]
+    assert flags["model_name"] == "llama4-17b-16e"  # src/maxtext/configs/models/llama4-17b-16e.yml
+    assert flags["weight_dtype"] == "bfloat16" and flags["scan_layers"] == "false"
+    assert flags["tokenizer_type"] == "huggingface"
+    assert flags["tokenizer_path"] == "meta-llama/Llama-4-Scout-17B-16E-Instruct"
+    assert flags["load_parameters_path"].startswith("<")  # a placeholder: MaxText loads its own checkpoint format
+    assert float(flags["per_device_batch_size"]) * 8 == 100  # MaxText takes a fractional per-device batch
+    assert words("meta-llama/Llama-3.3-70B-Instruct")[1]["model_name"] == "llama3.3-70b"
+    assert words("qwen2.5-72b")[1]["model_name"].startswith("<")  # no MaxText model of it
+
+
 def test_jetstreams_launch_lays_out_the_replicas_the_figures_assume():
     """MaxText's fsdp axis (-1 in base.yml) takes the devices tensor parallelism leaves: TP 4 on v6e-8 launched as
     printed sharded the weights 8 ways with a batch of per_device_batch_size x 8, not the two replicas of 4 the

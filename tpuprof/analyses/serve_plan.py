@@ -32,6 +32,18 @@ HF_IDS = {
 }
 
 
+# MaxText's model_name of the built-in configs (src/maxtext/configs/models/*.yml @ maxtext e591f30c); the others
+# have none there.
+MAXTEXT_MODEL_NAMES = {name: name for name in (
+    "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-8b", "llama3.1-70b",
+    "llama3.1-405b", "mistral-7b", "mixtral-8x7b", "mixtral-8x22b", "qwen2.5-7b", "qwen3-8b", "qwen3-32b",
+    "qwen3-30b-a3b", "qwen3-235b-a22b", "gemma2-9b", "gemma2-27b", "gemma3-12b", "gemma3-27b", "gpt-oss-20b",
+    "gpt-oss-120b", "gpt3-175b")}
+MAXTEXT_MODEL_NAMES.update({"llama4-scout": "llama4-17b-16e", "llama4-maverick": "llama4-17b-128e",
+                            "deepseek-v3": "deepseek3-671b", "deepseek-v2-lite": "deepseek2-16b"})
+MAXTEXT_HUB_MODELS = {"meta-llama/Llama-3.3-70B-Instruct": "llama3.3-70b"}
+
+
 def tensor_parallel_size(options: ServeOptions, slice_) -> int:
     """The TP degree: the one given, else the most devices of the slice that the model's heads allow (vLLM needs TP
     to divide the attention heads, and the KV heads to divide TP or TP to divide them)."""
@@ -232,14 +244,22 @@ def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_mo
         return shlex.join(parts)
     # MaxText's batch is per_device_batch_size x every device, and its fsdp axis (-1 by default) takes the devices
     # the others leave: the replicas the figures assume are its data axis, with fsdp pinned to 1 (each replica holds
-    # the weights over its TP devices and its own max_num_seqs requests).
-    per_device = max(max_num_seqs // max(tp, 1), 1)
+    # the weights over its TP devices and its own max_num_seqs requests). base.yml serves model_name "default" in
+    # float32 weights from no checkpoint, with a sentencepiece tokenizer: the model, its converted (unscanned)
+    # checkpoint, bf16 weights and the Hugging Face tokenizer are named, as tpu-recipes' JetStream recipes do.
+    per_device = max_num_seqs / max(tp, 1)
     replicas_per_slice = max(replicas // max(slice_.num_slices, 1), 1)
-    return shlex.join(["python", "-m", "MaxText.maxengine_server", "MaxText/configs/base.yml",
-                       f"tokenizer_path={name}", f"ici_tensor_parallelism={tp}", "ici_fsdp_parallelism=1"]
+    maxtext = MAXTEXT_MODEL_NAMES.get(config.name) if options.model_source.startswith("built-in:") else None
+    if maxtext and options.hub_id in MAXTEXT_HUB_MODELS:
+        maxtext = MAXTEXT_HUB_MODELS[options.hub_id]
+    return shlex.join(["python", "-m", "maxtext.inference.maxengine.maxengine_server", "src/maxtext/configs/base.yml",
+                       f"model_name={maxtext or f'<the MaxText model of {config.name}>'}",
+                       f"load_parameters_path=<MaxText checkpoint of {config.name}, unscanned>", "scan_layers=false",
+                       "weight_dtype=bfloat16", "tokenizer_type=huggingface", f"tokenizer_path={name}",
+                       f"ici_tensor_parallelism={tp}", "ici_fsdp_parallelism=1"]
                       + ([f"ici_data_parallelism={replicas_per_slice}"] if replicas_per_slice > 1 else [])
                       + [f"max_target_length={max_model_len}", f"max_prefill_predict_length={options.input_len}",
-                         f"per_device_batch_size={per_device}"]
+                         f"per_device_batch_size={per_device:g}"]
                       + ([f"quantization={options.quantization}"] if options.quantization != "bf16" else [])
                       + (["quantize_kvcache=True", "kv_quant_dtype=fp8"] if options.kv_cache_dtype != "auto" else []))
 
