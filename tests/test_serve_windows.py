@@ -179,3 +179,16 @@ def test_the_document_states_the_window_rule_and_follows_its_schema():
     window = target["kv"]["window"]
     assert (window["layers"], window["window"], window["kept"], window["group_size"]) == (12, 128, True, 12)
     assert "hybrid KV cache manager" in window["rule"] and "blocks" in target["kv_cache_how"]
+
+
+def test_the_estimates_caveat_names_the_window_reading_only_where_it_is_not_modelled():
+    """Every estimate said "Not modelled: ... sliding-window attention": of Llama 3.1 8B, which has no window (its
+    config names no sliding_window), and of GPT-OSS, whose window layers the decode step reads over the 128-token
+    window alone (vLLM TPU keeps only the window). It is not modelled where the engine caches the window layers in
+    full (tpu-inference's JAX Llama 4): a kernel that skips the pages outside the chunk there."""
+    def caveat(model):
+        (target,) = tpuprof.serve(model, "v6e-8", max_model_len=16384, compile=False).to_dict()["targets"]
+        return target["estimate"]["caveats"][-1]
+
+    assert "window" not in caveat("llama3.1-8b") and "window" not in caveat("gpt-oss-20b")
+    assert "8192-token window (the engine caches them in full" in caveat("llama4-scout")

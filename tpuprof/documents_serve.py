@@ -85,7 +85,7 @@ def target(t: ServeTarget) -> dict:
         "headroom_bytes": t.headroom_bytes,
         "smem": {"page_table_bytes": t.smem_page_table_bytes, "limit_bytes": t.smem_limit_bytes},
         "programs": _programs(programs),
-        "estimate": _estimate(t.estimate),
+        "estimate": _estimate(t.estimate, t.kv),
         "command": t.command,
     }
 
@@ -130,14 +130,21 @@ def _band(band: Band, digits: int = 3) -> dict:
     return {"point": round(band.point, digits), "low": round(band.low, digits), "high": round(band.high, digits)}
 
 
-def _estimate(e: ServeEstimate | None) -> dict | None:
+def _estimate(e: ServeEstimate | None, kv) -> dict | None:
     if e is None:
         return None
+    window = kv.window
+    # How the window layers are read is modelled where the engine keeps only the window; where it caches them in
+    # full the decode step reads them over the whole context, as an engine whose kernel skips the pages outside the
+    # window would not.
+    windows = "" if not window or window.kept else (
+        f", a kernel skipping the pages outside the {window.kind} layers' {window.window}-token window (the engine "
+        "caches them in full; the step reads them over the whole context)")
     return {
         "caveats": ["Estimated: a roofline of the decode step and prefill chunks at stated efficiencies (docs/serve.md); "
                     "bench/bench_serve.py compares it with published TPU serving runs.",
                     "Not modelled: speculative decoding, prefix caching, queueing, sampling, host overhead between "
-                    "steps, sliding-window attention."],
+                    f"steps{windows}."],
         "concurrency": e.concurrency,
         "context_tokens": round(e.context_tokens, 1),
         "tpot_ms": round(e.tpot_ms.point, 3), "tpot_ms_low": round(e.tpot_ms.low, 3),
