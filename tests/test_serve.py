@@ -453,6 +453,16 @@ def test_sglang_jax_launches_every_device_of_the_host_with_the_replicas_as_dp_ra
     assert int(flag["--max-running-requests"]) == 2 * target.max_num_seqs
 
 
+def test_the_verdict_and_the_table_give_the_same_requests_held_rounded_down():
+    """Llama 3.1 8B on v6e-4: 819,456 KV tokens hold 819,456 / 131,072 = 6.25 requests of 131,072 tokens. The verdict
+    read 6.3 (more than the cache holds) and the table 6.2."""
+    result = run_cli("serve", "--model", "llama3.1-8b", "--tpu", "v6e-4", "--no-compile")
+    assert result.returncode == 0, result.stderr
+    assert "819,456 KV tokens per engine, 6.2 requests of 131072 tokens" in result.stdout
+    row = next(line.split() for line in result.stdout.splitlines() if line.startswith("v6e-4 "))
+    assert row[row.index("819,456") + 1] == "6.2"
+
+
 def test_a_config_of_no_decoder_llm_is_one_sentence_and_exit_2(tmp_path):
     """bert-base-uncased's config.json (its Hugging Face model card: BertForMaskedLM, 12 layers of 12 heads, 512
     positions) is an encoder, served (as an embedding model) with no KV cache: serve answered 2,505,664 KV tokens."""

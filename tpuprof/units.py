@@ -122,3 +122,10 @@ def unit_bytes(unit: str) -> int:
     if letter not in SIZE_UNITS:
         raise UserError(f"unknown size unit {quote(unit)}.")
     return 1024 ** SIZE_UNITS.index(letter)
+
+
+def tenths_down(value: float) -> str:
+    """VALUE to a tenth, rounded down (requests a KV cache holds: 6.25 is 6.2, never more than it holds)."""
+    import math
+
+    return f"{math.floor(round(value * 10, 6)) / 10:.1f}"

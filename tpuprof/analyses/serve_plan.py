@@ -153,7 +153,7 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
                                            serve_memory.expert_weights_bytes_per_device(config, tp,
                                                                                         options.quantization),
                                            weights_compiled=bool(programs and programs.weights_bytes_per_device))
-    verdict = (f"serves: {cap.tokens:,} KV tokens per engine, {cap.max_concurrency:.1f} requests of "
+    verdict = (f"serves: {cap.tokens:,} KV tokens per engine, {_requests(cap.max_concurrency)} requests of "
                f"{max_model_len} tokens at once" if fits else "does not serve as asked: " + problems[0])
     return ServeTarget(
         slice=slice_, engine=engine, tensor_parallel_size=tp, replicas=replicas, max_model_len=max_model_len,
@@ -327,6 +327,14 @@ def _fp4_experts(options: ServeOptions, tp: int, weights: int, limit: int, utili
             f"MOE_REQUANTIZE_BLOCK_SIZE={serve_memory.MXFP4_BLOCK} (fp4 with a float32 scale per "
             f"{serve_memory.MXFP4_BLOCK} values: {_gib(fp4)} of weights per device, {_gib(left)} left for the KV "
             "cache).")
+
+
+def _requests(concurrency: float) -> str:
+    """Whole requests of max_model_len held at once, to a tenth, rounded down as the table rounds the document's
+    figure (6.2525 read 6.3 in the verdict and 6.2 in the table)."""
+    from tpuprof.units import tenths_down
+
+    return tenths_down(round(concurrency, 2))
 
 
 def _gib(value: float) -> str:

@@ -5,7 +5,7 @@ and the ranking. The terminal, Markdown, the report page and the notebook all pr
 from __future__ import annotations
 
 from tpuprof.presentation.model import Caveats, Command, Fact, Note, Section, Table, Verdict, name, number, text
-from tpuprof.units import fmt_bytes, fmt_ms, fmt_parameters
+from tpuprof.units import fmt_bytes, fmt_ms, fmt_parameters, tenths_down
 
 
 def _usd(value) -> str:
@@ -33,7 +33,7 @@ def _row(t: dict) -> tuple[str, ...]:
     e = t["estimate"] or {}
     return (t["slice"]["name"], f"{t['tensor_parallel_size']}" + (f" x{t['replicas']}" if t["replicas"] > 1 else ""),
             "yes" if t["fits"] else "no", fmt_bytes(t["weights_bytes_per_device"]),
-            f"{t['kv_bytes_per_token_per_device']:,} B", f"{t['kv_cache_tokens']:,}", f"{t['max_concurrency']:.1f}",
+            f"{t['kv_bytes_per_token_per_device']:,} B", f"{t['kv_cache_tokens']:,}", tenths_down(t['max_concurrency']),
             _utilization(t), fmt_ms(e.get("tpot_ms")), fmt_ms(e.get("ttft_ms")),
             "n/a" if not e else f"{e['output_tokens_per_s']:,.0f}", _usd(e.get("cost_per_million_output_tokens")),
             "n/a" if not t["programs"] else f"{t['programs']['count']:,}")
@@ -114,3 +114,4 @@ def _target(t: dict, positions: int | None) -> Section:
     if e:
         blocks.append(Caveats(f"{name_} estimate", tuple(e.get("caveats") or ())))
     return Section(f"{name_} ({t['engine']['name']} rules of {t['engine']['version']})", blocks)
+
