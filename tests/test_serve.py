@@ -463,6 +463,22 @@ def test_the_verdict_and_the_table_give_the_same_requests_held_rounded_down():
     assert row[row.index("819,456") + 1] == "6.2"
 
 
+def test_qwen2_5_32b_is_built_in_with_its_published_config():
+    """Qwen2.5-32B-Instruct (tpu-recipes' inference/trillium/vLLM/Qwen2.5-32B recipe) was 'tpuprof reads no model
+    hub'. Its config.json as a vLLM issue on sliding windows quotes it: Qwen2ForCausalLM, hidden 5120, 64 layers, 40
+    heads, 8 KV heads, intermediate 27648, vocabulary 152064, 32768 positions, untied; 32,763,876,352 parameters, as
+    another project's logical count of these dimensions gives (the model card's 32.5B)."""
+    result = run_cli("serve", "--model", "Qwen/Qwen2.5-32B-Instruct", "--tpu", "v6e-4", "--max-model-len", "2048",
+                     "--no-compile", "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    model = document["model"]
+    assert (model["name"], model["parameters"], model["layers"], model["heads"], model["kv_heads"],
+            model["head_dim"], model["max_position_embeddings"]) == \
+        ("qwen2.5-32b", 32_763_876_352, 64, 40, 8, 128, 32768)
+    assert shlex.split(document["targets"][0]["command"])[2] == "Qwen/Qwen2.5-32B-Instruct"
+
+
 def test_a_config_of_no_decoder_llm_is_one_sentence_and_exit_2(tmp_path):
     """bert-base-uncased's config.json (its Hugging Face model card: BertForMaskedLM, 12 layers of 12 heads, 512
     positions) is an encoder, served (as an embedding model) with no KV cache: serve answered 2,505,664 KV tokens."""
