@@ -13,7 +13,7 @@ import pytest
 import tpuprof
 
 from conftest import SAMPLES, run_cli
-from tpuprof.units import fmt_ms
+from tpuprof.units import fmt_ms, tenths_down
 
 SERVE = ["serve", "--model", "llama3.1-70b", "--tpu", "v6e-8,v5p-16,v5e-8", "--max-model-len", "8192",
          "--concurrency", "64", "--no-compile"]
@@ -45,7 +45,7 @@ def test_report_draws_a_serve_section_from_a_saved_document(serve_json, tmp_path
     assert len(document["targets"]) == 3
     assert [t["fits"] for t in document["targets"]] == [True, True, False]  # v5e-8 is too small for 70B
     for t in document["targets"]:
-        figures = [t["slice"]["name"], t["verdict"], f"{t['kv_cache_tokens']:,}", f"{t['max_concurrency']:.1f}",
+        figures = [t["slice"]["name"], t["verdict"], f"{t['kv_cache_tokens']:,}", tenths_down(t["max_concurrency"]),
                    f"{t['kv_bytes_per_token_per_device']:,} B", f"{t['gpu_memory_utilization']:.2f}", t["command"]]
         e = t["estimate"]
         if t["fits"]:
