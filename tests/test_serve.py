@@ -479,6 +479,25 @@ def test_qwen2_5_32b_is_built_in_with_its_published_config():
     assert shlex.split(document["targets"][0]["command"])[2] == "Qwen/Qwen2.5-32B-Instruct"
 
 
+def test_weight_quantization_of_a_bf16_checkpoint_is_not_planned_where_vllm_tpu_would_not_apply_it():
+    """tpu-inference applies the qwix rules of --additional-config in _get_nnx_model alone, to its JAX models
+    (models/common/model_loader.py @ b8692ff0; get_vllm_model reads none), and on vLLM's model code its fp8 method
+    quantizes no bf16 experts (layers/vllm/quantization/fp8.py: "FP8OnelineMoEMethod is not supported").
+    Qwen3-30B-A3B and Qwen3-235B-A22B (Qwen3MoeForCausalLM, in _VLLM_PREFERRED_ARCHITECTURES) and Gemma 3 run
+    vLLM's model code: --quantization fp8 was planned with fp8 weights and launched with qwix rules the engine
+    ignores, holding 54.91 GiB of bf16 weights per device of Qwen3-235B-A22B on v6e-8 (31.25 GiB)."""
+    for model in ("qwen3-30b-a3b", "gemma3-27b"):
+        result = run_cli("serve", "--model", model, "--tpu", "v6e-4", "--quantization", "fp8", "--no-compile")
+        assert result.returncode == 2 and result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
+        assert "--quantization fp8: tpu-inference runs" in result.stderr and "vLLM's model code" in result.stderr
+    # Its JAX models take the rules: Llama, and SGLang-JAX's own quantization configs.
+    assert tpuprof.serve("llama3.1-8b", "v6e-4", quantization="fp8", compile=False).targets[0].fits
+    assert tpuprof.serve("qwen3-30b-a3b", "v6e-4", quantization="fp8", engine="sglang-jax", max_model_len=8192,
+                         compile=False).targets[0].fits
+    (big,) = tpuprof.serve("qwen3-235b-a22b", "v6e-8", max_model_len=4096, compile=False).targets
+    assert "--quantization" not in big.problems[0] and "a checkpoint stored in fp8" in big.problems[0]
+
+
 def test_a_config_of_no_decoder_llm_is_one_sentence_and_exit_2(tmp_path):
     """bert-base-uncased's config.json (its Hugging Face model card: BertForMaskedLM, 12 layers of 12 heads, 512
     positions) is an encoder, served (as an embedding model) with no KV cache: serve answered 2,505,664 KV tokens."""

@@ -61,7 +61,25 @@ def tensor_parallel_size(options: ServeOptions, slice_) -> int:
 
 
 def plan(options: ServeOptions, on_compile=None) -> ServeAnswer:
+    if not quantizable_as_loaded(options, options.quantization):
+        config = options.model
+        raise OptionError("quantization", f"{{option}} {options.quantization}: tpu-inference runs "
+                                          f"{options.architecture or config.model_type} with vLLM's model code, "
+                                          "where the qwix rules that quantize a bf16 checkpoint as it loads do not "
+                                          "apply (only its JAX models take them: models/common/model_loader.py "
+                                          "_get_nnx_model), so it would hold the bf16 weights: give the config.json "
+                                          f"of a checkpoint stored in {options.quantization} instead.")
     return ServeAnswer(options, [target(options, s, on_compile) for s in options.slices])
+
+
+def quantizable_as_loaded(options: ServeOptions, quantization: str) -> bool:
+    """Whether the engine can hold the bf16 checkpoint's weights in QUANTIZATION as it loads them. vLLM TPU applies
+    the qwix rules of --additional-config to its JAX models only (tpu-inference b8692ff0 models/common/model_loader.py:
+    qwix in _get_nnx_model, none in get_vllm_model); on vLLM's model code its fp8 method quantizes no bf16 experts
+    (layers/vllm/quantization/fp8.py: "FP8OnelineMoEMethod is not supported")."""
+    if quantization == "bf16" or options.quantized_checkpoint or options.engine != "vllm":
+        return True
+    return not serve_memory.vllm_runs_its_own_model(options.model, options.architecture)
 
 
 def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
@@ -306,8 +324,10 @@ def _weights_fixes(options: ServeOptions, slice_, tp: int, weights: int, limit: 
             break
     if options.quantization == "bf16":
         ok, weights_ = holds(tp, "fp8")
-        if ok:
+        if ok and quantizable_as_loaded(options, "fp8"):
             fixes.append(f"--quantization fp8 ({_gib(weights_)} of weights per device)")
+        elif ok:  # vLLM's model code loads an fp8 checkpoint as stored, and quantizes no bf16 one
+            fixes.append(f"the config.json of a checkpoint stored in fp8 ({_gib(weights_)} of weights per device)")
     fixes.append("a larger slice")
     return " or ".join(fixes) + _fp4_experts(options, tp, weights, limit, utilization)
 
