@@ -440,6 +440,17 @@ def test_the_concurrency_asked_is_spread_over_the_engine_replicas():
     assert split.estimate.tpot_ms.point == pytest.approx(one.estimate.tpot_ms.point)
 
 
+def test_the_text_says_whose_requests_the_speed_is_of_and_how_to_get_a_missing_cost():
+    """With two replicas the estimate is of each one's share (32 of the 64 in flight); the line read "at 32
+    requests". TPU7x has no public list price in tpuprof's table: the cost read "n/a per 1M output tokens
+    (estimated)", an estimate of nothing, with no word of --price."""
+    result = run_cli("serve", "--model", "llama3.1-8b", "--tpu", "tpu7x-8", "--tensor-parallel-size", "4",
+                     "--max-model-len", "4096", "--concurrency", "64", "--no-compile", env={"COLUMNS": "400"})
+    assert result.returncode == 0, result.stderr
+    assert "at 32 requests per engine (of 2):" in result.stdout
+    assert "no cost: tpuprof has no price for tpu7x (give --price tpu7x=USD per chip-hour)" in result.stdout
+
+
 def test_sglang_jax_launches_every_device_of_the_host_with_the_replicas_as_dp_ranks():
     """SGLang-JAX meshes all the devices JAX sees as [dp_size, tp_size / dp_size] (scheduler.py @ cddbf6f1), and
     jax.experimental.mesh_utils.create_device_mesh refuses a mesh whose product is not the device count: Qwen2.5-7B

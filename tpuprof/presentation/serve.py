@@ -12,6 +12,19 @@ def _usd(value) -> str:
     return "n/a" if value is None else f"${value:,.3f}"
 
 
+def _per_engine(t: dict) -> str:
+    """The estimate's requests are each replica's share of those in flight on the slice."""
+    return f" per engine (of {t['replicas']})" if t.get("replicas", 1) > 1 else ""
+
+
+def _cost(e: dict, t: dict) -> str:
+    cost = e["cost_per_million_output_tokens"]
+    if cost is not None:
+        return f"{_usd(cost)} per 1M output tokens (estimated)"
+    generation = str(t["slice"].get("topology", "")).split(":")[0] or "GEN"
+    return f"no cost: tpuprof has no price for {generation} (give --price {generation}=USD per chip-hour)"
+
+
 def _prefill(e: dict) -> str:
     band = e.get("prefill_ms")
     if not band:
@@ -101,11 +114,11 @@ def _target(t: dict, positions: int | None) -> Section:
     if e:
         step = e["decode_step_ms"]
         blocks.append(Fact("speed and cost",
-                           f"at {e['concurrency']} requests: decode step {fmt_ms(step['point'])} ({fmt_ms(step['low'])} to "
+                           f"at {e['concurrency']} requests{_per_engine(t)}: decode step {fmt_ms(step['point'])} ({fmt_ms(step['low'])} to "
                            f"{fmt_ms(step['high'])}, {e['bound']}-bound), TPOT {fmt_ms(e['tpot_ms'])} "
                            f"({fmt_ms(e['tpot_ms_low'])} to {fmt_ms(e['tpot_ms_high'])}), TTFT {fmt_ms(e['ttft_ms'])}{_prefill(e)}, "
                            f"{e['output_tokens_per_s']:,.0f} output tokens/s ({e['output_tokens_per_s_per_chip']:,.0f} "
-                           f"per chip), {_usd(e['cost_per_million_output_tokens'])} per 1M output tokens (estimated)"))
+                           f"per chip), {_cost(e, t)}"))
     blocks += [Note(p, "problem") for p in t["problems"][1:]]  # the first is the verdict's reason
     blocks.append(Command("launch", t["command"]))
     name_ = t["slice"]["name"]
