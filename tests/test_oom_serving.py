@@ -303,3 +303,23 @@ def test_serving_json_follows_the_schema_and_the_table_renders():
     assert table.returncode == 0, table.stderr
     assert "KV cache" in table.stdout and "tpuprof serve --model google/gemma-4-E2B-it" in table.stdout
     assert "batch estimate" not in table.stdout
+
+
+def test_the_quantization_advice_follows_the_code_tpu_inference_runs_the_model_with():
+    """qwix rules in --additional-config quantize a bf16 checkpoint only in tpu-inference's own JAX models
+    (models/common/model_loader.py), and its fp8 method on vLLM's model code quantizes no bf16 experts: Qwen3-MoE, which
+    tpu-inference runs with vLLM's code, is told to serve an fp8 checkpoint, not given rules the engine ignores."""
+    from dataclasses import replace
+
+    from tpuprof.advice.oom_serving import _quantize
+    from tpuprof.sources import serving_log
+
+    keras = serving_log.read((Path(__file__).parent / "fixtures" / "serving" /
+                              "keras_io_gemma3_1b_v5e1_tp1.txt").read_text())
+    assert keras.architecture == "KerasHubForCausalLM"  # a JAX model KerasHub registers with tpu-inference
+    jax_model = _quantize(keras, "over")
+    assert jax_model.code and "--additional-config" in jax_model.code and "(for the models" not in jax_model.message
+    moe = _quantize(replace(keras, architecture=None, model="Qwen/Qwen3-30B-A3B"), "over")
+    assert not moe.code and "checkpoint stored in fp8" in moe.message and "vLLM's model code" in moe.message
+    unknown = _quantize(replace(keras, architecture=None, model="someone/own-model"), "over")
+    assert unknown.code and "one it runs with vLLM's model code needs a checkpoint stored in fp8" in unknown.message

@@ -22,7 +22,8 @@ import shlex
 
 from tpuprof.analyses import oom_serving
 from tpuprof.analyses.oom import format_bytes as fmt
-from tpuprof.analyses.serve_memory import vllm_quantization
+from tpuprof.analyses.serve_memory import runs_vllm_model_code, vllm_quantization
+from tpuprof.analyses.serve_plan import hub_id_runs_vllm_model_code
 from tpuprof.models.oom import OomReport
 from tpuprof.models.suggestion import Suggestion, rank
 
@@ -322,12 +323,32 @@ def _more_devices(settings, why: str) -> Suggestion:
 
 
 def _quantize(settings, found: str) -> Suggestion:
+    vllm_code = _runs_vllm_model_code(settings)
+    if vllm_code:
+        # tpu-inference applies qwix rules to its JAX models only, and its fp8 method quantizes no bf16 experts.
+        return Suggestion(
+            kind="quantization", severity="improve", confidence="estimated",
+            message=(f"Weights in 8 bits halve bf16 weights: tpu-inference runs {settings.architecture or settings.model} "
+                     "with vLLM's model code, which quantizes no bf16 checkpoint as it loads (the qwix rules of "
+                     "--additional-config apply to its JAX models only), so serve a checkpoint stored in fp8; "
+                     f"{found}."))
+    which = ("" if vllm_code is False else
+             " (for the models tpu-inference runs as its own JAX models: one it runs with vLLM's model code needs a "
+             "checkpoint stored in fp8)")
     return Suggestion(
         kind="quantization", severity="improve", confidence="estimated",
         message=(f"Weights in 8 bits halve bf16 weights: an fp8 checkpoint, or a bf16 one quantized as it loads (qwix "
-                 f"rules in --additional-config: vLLM TPU takes --quantization only for a checkpoint already "
+                 f"rules in --additional-config{which}: vLLM TPU takes --quantization only for a checkpoint already "
                  f"quantized); {found}."),
         code=_vllm(settings, "--additional-config " + shlex.quote(vllm_quantization("fp8"))))
+
+
+def _runs_vllm_model_code(settings) -> bool | None:
+    """Whether tpu-inference runs the log's model with vLLM's model code (True) or its own JAX model (False), from the
+    architecture the log resolved or the built-in config of its hub id; None when the log says neither."""
+    if settings.architecture:
+        return runs_vllm_model_code(None, settings.architecture)
+    return hub_id_runs_vllm_model_code(settings.model or "")
 
 
 def _plan(report: OomReport, settings) -> Suggestion:

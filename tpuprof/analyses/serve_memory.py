@@ -256,7 +256,7 @@ def window_layers(config) -> tuple[int, int, str]:
     return 0, 0, ""
 
 
-def vllm_runs_its_own_model(config, architecture: str | None) -> bool:
+def runs_vllm_model_code(config, architecture: str | None) -> bool:
     """Whether tpu-inference runs vLLM's model code (True: its attention layers carry their sliding windows into
     SlidingWindowSpec) rather than its own JAX model (False: FullAttentionSpec for every layer)."""
     if architecture:
@@ -272,7 +272,7 @@ def kv_window(config, engine: str, architecture: str | None = None) -> KvWindow 
     full = config.num_hidden_layers - layers
     what = f"{layers} {kind} layers ({'window' if kind == 'sliding' else 'chunks'} of {window} tokens)"
     if engine == "vllm":
-        if not vllm_runs_its_own_model(config, architecture):
+        if not runs_vllm_model_code(config, architecture):
             return KvWindow(layers, window, kind, False,
                             f"{what} cached in full, as full attention: tpu-inference runs its JAX model of "
                             f"{architecture or config.model_type}, whose every layer gets a FullAttentionSpec "

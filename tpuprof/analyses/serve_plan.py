@@ -79,7 +79,7 @@ def quantizable_as_loaded(options: ServeOptions, quantization: str) -> bool:
     (layers/vllm/quantization/fp8.py: "FP8OnelineMoEMethod is not supported")."""
     if quantization == "bf16" or options.quantized_checkpoint or options.engine != "vllm":
         return True
-    return not serve_memory.vllm_runs_its_own_model(options.model, options.architecture)
+    return not serve_memory.runs_vllm_model_code(options.model, options.architecture)
 
 
 def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
@@ -373,3 +373,25 @@ def _kernel_note(record, options: ServeOptions, flat_table: int) -> str:
             f"{serve_memory.SMEM_ROW_ENTRIES} entries in SMEM; vLLM's tpu-inference kernel keeps the table flat, "
             f"{flat_table // 1024} KiB within the {serve_memory.smem_limit_bytes() // 1024} KiB its rule allows, so "
             "vLLM itself may start with these settings)")
+
+
+def built_in_for_hub_id(model: str) -> tuple[str, str] | None:
+    """(the built-in config, the Hugging Face id as the hub spells it) of an id the launch commands name
+    (meta-llama/Llama-3.1-8B-Instruct -> llama3.1-8b) or of one with the same config.json (meta-llama/Llama-3.1-8B);
+    None for any other name."""
+    ids = {hub_id.lower(): (name, hub_id) for name, hub_id in HF_IDS.items()}
+    ids.update((hub_id.lower(), (name, hub_id)) for hub_id, name in SAME_CONFIG_IDS.items())
+    return ids.get(model.lower())
+
+
+def hub_id_runs_vllm_model_code(model: str) -> bool | None:
+    """Whether tpu-inference runs the hub id's model with vLLM's model code (serve_memory.runs_vllm_model_code) by its
+    built-in config; None for an id of no built-in."""
+    from tpuprof.sources.llm import load_config
+    from tpuprof.sources.llm_serve import checkpoint_architecture
+
+    found = built_in_for_hub_id(model)
+    if found is None:
+        return None
+    config, source = load_config(found[0])
+    return serve_memory.runs_vllm_model_code(config, checkpoint_architecture(source))

@@ -53,18 +53,15 @@ def _not_a_decoder(config, architecture: str | None) -> str | None:
 
 
 def _built_in_for(model: str) -> tuple[str, str | None]:
-    """(the built-in config, the Hugging Face id as the hub spells it) of an id the launch commands name
-    (meta-llama/Llama-3.1-8B-Instruct -> llama3.1-8b) or of one with the same config.json (meta-llama/Llama-3.1-8B),
-    unless a file or folder of that name exists; (MODEL, None) otherwise."""
+    """(the built-in config, the hub id as the hub spells it) of a Hugging Face id serve knows the config of, unless a
+    file or folder of that name exists; (MODEL, None) otherwise."""
     from pathlib import Path
 
-    from tpuprof.analyses.serve_plan import HF_IDS, SAME_CONFIG_IDS
+    from tpuprof.analyses.serve_plan import built_in_for_hub_id
 
     if Path(model).expanduser().exists():
         return model, None
-    ids = {hub_id.lower(): (name, hub_id) for name, hub_id in HF_IDS.items()}
-    ids.update((hub_id.lower(), (name, hub_id)) for hub_id, name in SAME_CONFIG_IDS.items())
-    return ids.get(model.lower(), (model, None))
+    return built_in_for_hub_id(model) or (model, None)
 
 
 def _looks_like_hub_id(model: str) -> bool:

@@ -34,6 +34,7 @@ class ServingSettings:
     engine: str | None = None  # vllm
     engine_version: str | None = None  # "0.26.1rc1.dev125+ga7a204cc6", as the banner or the engine config prints it
     model: str | None = None
+    architecture: str | None = None  # the model class vLLM resolved ("Qwen3MoeForCausalLM"): which code runs it
     tpu: str | None = None  # Cloud TPU name: v5litepod-1, v6e-8, tpu7x-8
     devices: int | None = None  # devices the engine's mesh spans
     tensor_parallel_size: int | None = None
@@ -78,6 +79,7 @@ class ServingSettings:
 _NUMBER = r"(\d[\d,]*)"
 _ENGINE_CONFIG = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v([^)\s]+)\) with config: (.*)")
 _BANNER_VERSION = re.compile(r"\u2588\s+version (\d+\.\d+\.\d+\S*)")  # vLLM's start-up banner: "\u2588 version 0.26.0"
+_ARCHITECTURE = re.compile(r"Resolved architecture: (\w+)")
 _TPU_INFO = re.compile(r"TPU info:.*?tpu_type=([\w.-]+)(?:.*?num_chips=(\d+))?(?:.*?num_cores_per_chip=(\d+))?")
 _MEMORY = re.compile(r"Memory statistics \|(.*)")
 _GB_FIELD = re.compile(r"(total_hbm_\w+?)_gb=([\d.]+)GiB")
@@ -120,6 +122,8 @@ def read(text: str) -> ServingSettings:
         _non_default_args(match.group(1), found)
     for match in _TPU_INFO.finditer(text):
         found.tpu = match.group(1)
+    for match in _ARCHITECTURE.finditer(text):
+        found.architecture = match.group(1)
     for match in _MESH.finditer(text):
         axes = {name: int(size) for name, size in re.findall(r"'(\w+)':\s*(\d+)", match.group(1))}
         if axes:
