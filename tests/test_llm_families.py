@@ -84,6 +84,56 @@ def test_the_layer_plans_follow_the_modelling_code():
             v3.mtp_layers) == (1536, 512, 64, 2048, 1)
 
 
+# Gemma 3's config.json on the hub is multimodal, and its text_config is written as a diff against transformers'
+# Gemma3TextConfig defaults (to_diff_dict): fields equal to a default are left out, and transformers fills them in
+# when it loads the model. google/gemma-3-12b-it (https://huggingface.co/google/gemma-3-12b-it/blob/main/config.json)
+# names no vocab_size (262,208), head_dim (256) or query_pre_attn_scalar (256); gemma-3-4b-it not even its heads.
+GEMMA3_HUB = {
+    "12b": {"architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000,
+            "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02,
+            "mm_tokens_per_image": 256, "model_type": "gemma3",
+            "text_config": {"hidden_size": 3840, "intermediate_size": 15360, "model_type": "gemma3_text",
+                            "num_attention_heads": 16, "num_hidden_layers": 48, "num_key_value_heads": 8,
+                            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+            "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+            "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                              "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                              "patch_size": 14, "vision_use_head": False}},
+    "4b": {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "mm_tokens_per_image": 256,
+           "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                           "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                           "sliding_window": 1024}},
+}
+
+
+def test_gemma3_hub_configs_leave_out_what_transformers_defaults(tmp_path):
+    """The downloaded gemma-3-12b-it config.json builds the built-in gemma3-12b's program (one compile cache entry,
+    the same parameter count); gemma-3-4b-it's, which names neither heads nor head_dim, counts the Gemma 3 report's
+    non-embedding parameters (arXiv:2503.19786 Table 1: 4B 3,209M)."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GEMMA3_HUB["12b"]))
+    downloaded, builtin = llm.load_config(str(path))[0], llm.load_config("gemma3-12b")[0]
+    assert downloaded.parameter_count() == builtin.parameter_count() == 11_766_034_176
+    assert downloaded.digest() == builtin.digest()
+    four = llm.parse_config(GEMMA3_HUB["4b"], "gemma-3-4b-it", "config.json")
+    assert (four.num_attention_heads, four.num_key_value_heads, four.head_dim, four.vocab_size) == (8, 4, 256, 262_208)
+    assert round((four.parameter_count() - four.vocab_size * four.hidden_size) / 1e6) == 3_209
+    assert four.layer_kinds().count("full+dense") == 5 and four.sliding_window == 1024
+
+
+def test_a_config_of_a_family_tpuprof_does_not_build_is_refused():
+    """Qwen3-Next names every field a Qwen MoE does, but three of its four layers are linear attention (Gated
+    DeltaNet), which the step does not have: built as a Qwen MoE its figures would be another model's."""
+    qwen3_next = {"model_type": "qwen3_next", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5120,
+                  "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+                  "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+                  "shared_expert_intermediate_size": 512, "full_attention_interval": 4}
+    with pytest.raises(llm.UserError, match="model_type 'qwen3_next', not a family tpuprof builds"):
+        llm.parse_config(qwen3_next, "qwen3-next", "config.json")
+    with pytest.raises(llm.UserError, match="names no model_type"):
+        llm.parse_config({k: v for k, v in qwen3_next.items() if k != "model_type"}, "c", "config.json")
+
+
 # Small configs of each family (HF field names, as their config.json spells them).
 SMALL = {
     "deepseek": {"model_type": "deepseek_v3", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,

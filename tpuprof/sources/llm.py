@@ -245,13 +245,36 @@ def load_config(text: str) -> tuple[ModelConfig, str]:
     return parse_config(data, key, f"tpuprof built-in config {key}"), f"built-in:{key}"
 
 
+# The Hugging Face model types whose modelling code the step follows (docs/preflight-families.md). Another family's
+# config names the same fields, but its layers are not these: built as a Llama, its figures would be another model's.
+MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
+               "gemma3_text", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss", "gpt2", "gpt3",
+               "openai-gpt")
+# What transformers' config class gives a field the config.json leaves out. A multimodal config writes its
+# text_config as a diff against that class's defaults: google/gemma-3-12b-it's names no vocab_size, head_dim or
+# query_pre_attn_scalar, and transformers fills them in when it loads the model. Gemma3TextConfig.__init__
+# (huggingface/transformers src/transformers/models/gemma3/configuration_gemma3.py).
+CONFIG_DEFAULTS = {
+    "gemma3": {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+               "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+               "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6,
+               "tie_word_embeddings": True, "rope_theta": 1_000_000.0, "attention_bias": False,
+               "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6},
+}
+
+
 def parse_config(data: Any, name: str, where: str) -> ModelConfig:
     if not isinstance(data, dict):
         raise UserError(f"{where}: a Hugging Face config is a JSON object.")
     if isinstance(data.get("text_config"), dict):  # Gemma 3, Llama 4 and other multimodal configs: the language model
         data = {**data, **data["text_config"]}
-    model_type = str(data.get("model_type", ""))
+    model_type = str(data.get("model_type") or "")
+    if model_type not in MODEL_TYPES:
+        named = f"model_type {model_type!r}" if model_type else "no model_type"
+        raise UserError(f"{where} names {named}, not a family tpuprof builds ({', '.join(MODEL_TYPES)}): its layers "
+                        "would be built as another model's.")
     family = model_type.removesuffix("_text")
+    data = {**CONFIG_DEFAULTS.get(family, {}), **data}
 
     def number(key, *alternatives, default=None, kind=int):
         for k in (key, *alternatives):
