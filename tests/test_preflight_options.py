@@ -51,6 +51,8 @@ CASES = [
     ("global_batch", dict(global_batch=0, **LLM), ["--model", "llama3.1-8b", "--tpu", "v6e-16", "--global-batch", "0"]),
     ("seq", dict(seq=0, batch_per_chip=1, **LLM), ["--model", "llama3.1-8b", "--tpu", "v6e-16", "--seq", "0",
                                                    "--batch-per-chip", "1"]),
+    ("seq", dict(seq=1000, batch_per_chip=1, **LLM), ["--model", "llama3.1-8b", "--tpu", "v6e-16", "--seq", "1000",
+                                                      "--batch-per-chip", "1"]),  # not a multiple of 128
     ("remat", dict(remat="most", batch_per_chip=1, **LLM),
      ["--model", "llama3.1-8b", "--tpu", "v6e-16", "--remat", "most", "--batch-per-chip", "1"]),
     ("remat", dict(remat="all", batch_per_chip=1, **LLM),
@@ -103,11 +105,20 @@ def test_errors_found_with_the_model_or_the_slice_name_the_keyword_too(tmp_path,
     the slice) is checked after the options and named as they are: keyword for the API, flag for the CLI."""
     pytest.importorskip("jax")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    unsupported = tmp_path / "config.json"  # Qwen3-Next's linear-attention layers are not the step's
+    unsupported.write_text('{"model_type": "qwen3_next", "vocab_size": 151936, "hidden_size": 2048, '
+                           '"num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2}')
     for keywords, option, flag_says in (
             (dict(model="llama9-1b", tpu="v6e-16", batch_per_chip=1), "model", "--model: unknown model"),
             (dict(model="llama3.1-8b", tpu="v6e-16", mesh="fsdp=3", batch_per_chip=1), "mesh", "--mesh 'fsdp=3'"),
             (dict(model="llama3.1-8b", tpu="v6e-16", global_batch=24), "global_batch", "--global-batch 24"),
-            (dict(model="llama3.1-8b", tpu="tpu7x-8", batch_per_chip=1), "batch_per_chip", "--batch-per-chip 1")):
+            (dict(model="llama3.1-8b", tpu="tpu7x-8", batch_per_chip=1), "batch_per_chip", "--batch-per-chip 1"),
+            # Beyond the 131,072 positions of its config; on v5e-4, where the state alone does not fit (no compile).
+            (dict(model="llama3.1-8b", tpu="v5e-4", seq=262144, batch_per_chip=1), "seq", "--seq 262144 is beyond"),
+            # Qwen3-30B-A3B has 4 key/value heads: tensor=8 cannot split them.
+            (dict(model="qwen3-30b-a3b", tpu="v5e-8", mesh="fsdp=1,tensor=8", batch_per_chip=1), "mesh",
+             "--mesh tensor=8 must divide"),
+            (dict(model=str(unsupported), tpu="v5e-4", batch_per_chip=1), "model", "--model:")):
         with pytest.raises(tpuprof.UserError) as raised:
             tpuprof.preflight(**keywords)
         assert str(raised.value).startswith(f"{option}="), raised.value
@@ -116,6 +127,7 @@ def test_errors_found_with_the_model_or_the_slice_name_the_keyword_too(tmp_path,
                      for item in (FLAGS[name], str(value))]
         result = run_cli("preflight", *arguments)
         assert result.returncode == 2 and flag_says in result.stderr, result.stderr
+    assert "names model_type 'qwen3_next', not a family tpuprof builds" in result.stderr
 
 
 def test_tpu_is_parsed_once_into_slices():

@@ -184,6 +184,14 @@ def model_result(options, on_compile=None):
         raise PreflightOptionError("model", "{option}: " + template(str(error))) from None
     if options.moe != "capacity" and not config.moe:
         raise PreflightOptionError("moe", f"{{option}} {options.moe}: {config.name} has no mixture of experts.")
+    positions = config.learned_positions or config.max_position_embeddings
+    if positions and options.seq > positions:
+        table = "its learned position table" if config.learned_positions else "max_position_embeddings"
+        raise PreflightOptionError("seq", f"{{option}} {options.seq} is beyond the {positions:,} positions "
+                                          f"{config.name} was trained for ({table}): give a shorter {{option}}, or a "
+                                          "config.json whose max_position_embeddings allows it (context extension).")
+    for chosen in options.slices:  # a mesh the model cannot take is one sentence before any compile
+        model_mesh(config, chosen, options)
     report_progress = on_compile or (lambda label, batch_size: None)
     work = [(chosen, policy) for chosen in options.slices for policy in options.remat_policies]
     if options.ray:  # the tasks run elsewhere: no progress lines from there
@@ -255,16 +263,27 @@ def llm_spec(config, source, chosen, remat: str, options):
     compiles it (the bench's layouts build theirs here too)."""
     from tpuprof.sources import llm
 
-    sizes = mesh_sizes(options.mesh, chosen)
-    if options.moe == "dropless" and sizes["expert"] > 1:
-        from tpuprof.models.preflight import PreflightOptionError
-
-        raise PreflightOptionError("moe", "{option} dropless with an expert axis ({mesh} expert="
-                                          f"{sizes['expert']}) is not modelled: tpuprof's dropless MoE holds every "
-                                          "expert on each device, as MaxText's does without expert parallelism.")
+    sizes = model_mesh(config, chosen, options)
     step = llm.Step(config, source, options.seq, remat, options.dtype, sizes, options.weight_dtype,
                     options.mu_dtype, options.vocab_tiling, options.moe)
     return llm.Spec(step, chosen)
+
+
+def model_mesh(config, chosen, options) -> dict:
+    """--mesh over slice CHOSEN for the LLM CONFIG: its axes' sizes; an option error when the model cannot take it."""
+    from tpuprof.models.preflight import PreflightOptionError
+
+    sizes = mesh_sizes(options.mesh, chosen)
+    if options.moe == "dropless" and sizes["expert"] > 1:
+        raise PreflightOptionError("moe", "{option} dropless with an expert axis ({mesh} expert="
+                                          f"{sizes['expert']}) is not modelled: tpuprof's dropless MoE holds every "
+                                          "expert on each device, as MaxText's does without expert parallelism.")
+    tensor = sizes["tensor"]
+    if config.num_attention_heads % tensor or (not config.mla and config.num_key_value_heads % tensor):
+        raise PreflightOptionError("mesh", f"{{option}} tensor={tensor} must divide the attention heads "
+                                           f"({config.num_attention_heads}) and key/value heads "
+                                           f"({config.num_key_value_heads}) of {config.name}.")
+    return sizes
 
 
 def _model_target(config, source, chosen, remat, options, report_progress):

@@ -141,6 +141,8 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
             raise error("model", "{model_n} compiles a built-in LLM step: give it without {fn_or_model}, {batch}, "
                                  "{compare_bf16} or {tokens_per_example} (use {batch_per_chip} or {global_batch}, "
                                  "{seq}).")
+        if seq % 128:
+            raise error("seq", f"{{option}} must be a multiple of 128 (the attention kernel's tile), not {seq}.")
         if [batch_per_chip is not None, global_batch is not None, bool(max_batch)].count(True) != 1:
             raise error("batch_per_chip", "give one of {batch_per_chip_n}, {global_batch_n} or {max_batch}.")
         try:
