@@ -41,9 +41,13 @@ def test_model_flops_equal_maxtexts_logged_count(name, batch, seq, seconds, tflo
 
 
 def test_sliding_window_layers_count_their_window_as_maxtext_does():
-    """Gemma 3 12B, the tpu-recipes v6e-256 run (1 sequence of 32,768 per chip): its log line printed 7.318 s and
-    349.442 TFLOP/s/device, whose product is MaxText's count with the 40 sliding layers' attention over their
-    1,024-token window and the 8 global layers' over the sequence, both halved (causal):
+    """Gemma 3 12B at the tpu-recipes v6e-256 run's shape (1 sequence of 32,768 per chip, 40 sliding layers of a
+    1,024-token window, 8 global). MaxText counts a global layer's causal attention as 2 x B x S^2 x heads x
+    head_dim FLOPs forward and a sliding layer's as 4 x B x (S x W - W^2 / 2) x heads x head_dim, the pairs of its
+    causal band (maxtext_utils.calculate_mixed_attention_model_tflops_training_per_device since its commit 6288c2333
+    of 2026-04-07, "fix sliding window flops computations"), x 3 with the backward. The recipe's log line printed
+    7.318 s and 349.442 TFLOP/s/device with the MaxText before that fix, which halved a sliding layer's S x W pairs
+    as if they were a causal square's:
     https://github.com/AI-Hypercomputer/tpu-recipes/blob/6472c996cad7ef60454df09e97e9f032cecba065/training/trillium/Gemma3-12B-MaxText/v6e-256/README.md
     Counting every layer over the whole sequence gave 1.4 x that."""
     pytest.importorskip("libtpu")
@@ -52,5 +56,24 @@ def test_sliding_window_layers_count_their_window_as_maxtext_does():
     model = spec.model_info()
     assert model["layer_kinds"] == {"sliding+dense": 40, "full+dense": 8}
     assert model["attention_windows"] == {"sliding": 1024}
-    ours = preflight.model_flops_per_device(model, 32768, 1, devices_per_chip=1)
-    assert ours == pytest.approx(7.318 * 349.442e12, rel=1e-3)
+    s, w, width = 32768, 1024, 16 * 256
+    weights = 6 * model["active_parameters"] * s
+    maxtext = weights + 3 * (8 * 2 * s * s * width + 40 * 4 * (s * w - w * w / 2) * width)
+    assert preflight.model_flops_per_device(model, s, 1, devices_per_chip=1) == pytest.approx(maxtext, rel=1e-12)
+    before_the_fix = weights + 3 * (8 * 2 * s * s * width + 40 * 2 * s * w * width)
+    assert before_the_fix == pytest.approx(7.318 * 349.442e12, rel=1e-3)
+
+
+def test_chunked_layers_count_their_causal_chunks_as_maxtext_does():
+    """Llama 4 Scout at 10,240 tokens: 36 chunked layers (chunks of 8,192, then one of 2,048) and 12 global.
+    MaxText (calculate_llama4_attention_tflops): 4 x B x (chunks x C^2 + rest^2) x heads x head_dim per chunked layer,
+    4 x B x S^2 x heads x head_dim per global one, halved (causal), x 3 with the backward."""
+    pytest.importorskip("libtpu")
+    config, source = llm.load_config("llama4-scout")
+    spec = llm.Spec(llm.Step(config, source, 10240, mesh_sizes=llm.parse_mesh(None, 8)), "v6e-8")
+    model = spec.model_info()
+    assert model["layer_kinds"] == {"chunked+moe": 36, "full+moe": 12}
+    s, c, width = 10240, 8192, 40 * 128
+    attention = 3 * (36 * 4 * (c * c + (s - c) ** 2) + 12 * 4 * s * s) * width / 2
+    assert preflight.model_flops_per_device(model, s, 1, devices_per_chip=1) == pytest.approx(
+        6 * model["active_parameters"] * s + attention, rel=1e-12)

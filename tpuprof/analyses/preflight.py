@@ -634,6 +634,6 @@ def model_flops_per_device(model: dict | None, seq_len: int | None, batch_per_ch
     width = model.get("attention_width") or (model.get("heads") or 0) * (model.get("head_dim") or 0)
     # Sliding-window and chunked layers attend their window's (chunk's) keys, not the whole sequence.
     windows, kinds = model.get("attention_windows") or {}, model.get("layer_kinds") or {}
-    spans = ([windows.get(kind.split("+")[0], 0) for kind, count in kinds.items() for _ in range(count)]
-             if windows and kinds else None)
+    spans = ([(kind.split("+")[0], windows.get(kind.split("+")[0], 0)) for kind, count in kinds.items()
+              for _ in range(count)] if windows and kinds else None)
     return step_estimate.model_flops(active, tokens, model.get("layers") or 0, seq_len, width, spans=spans)
