@@ -273,12 +273,12 @@ def test_a_model_that_cannot_fit_says_why_without_compiling(tmp_path):
     assert "parameters and AdamW state alone need" in target["verdict"]
     assert "70.6B parameters x 12 bytes" in target["verdict"] and "more than the 15.75 GiB" in target["verdict"]
     # What would divide it, each with the same arithmetic: bf16 weights and moments halve it (still 6x too much);
-    # 70.6B x 12 bytes over 15.75 GiB needs 51 devices: the smallest power of two is 64. fsdp already spans the
-    # slice, so no "more fsdp".
+    # 70.6B x 12 bytes over 15.75 GiB needs 51 devices: the smallest v5e slice Cloud TPU offers with as many is
+    # v5litepod-64. fsdp already spans the slice, so no "more fsdp".
     verdict = target["verdict"]
     assert f"--weight-dtype bfloat16 (MaxText's weight_dtype): {fmt_bytes(target['state_bytes_per_chip'] // 2)}" \
         in verdict and "(still too much)" in verdict
-    at_64 = re.search(r"a slice of 64 v5e devices, fsdp over them: ([\d.]+) GiB per device", verdict)
+    at_64 = re.search(r"with v5litepod-64 \(64 devices\), fsdp over them: ([\d.]+) GiB per device", verdict)
     assert at_64 and float(at_64.group(1)) * 2**30 == pytest.approx(parameters * 12 / 64, rel=0.005)
     assert "more fsdp" not in verdict and "--mesh" not in verdict
 
@@ -292,7 +292,17 @@ def test_the_state_sentence_says_which_weights_the_expert_axis_divides(tmp_path)
     assert target["compiles"] == 0 and target["state_bytes_per_chip"] > target["model"]["parameters"] * 12 / 8
     assert "sharded 2 ways over fsdp x tensor, the experts' weights 8 ways with expert" in target["verdict"]
     # The larger slice keeps the expert axis, and says with which mesh.
-    assert "a slice of 128 v5e devices, fsdp over them (--mesh fsdp=32,expert=4)" in target["verdict"]
+    assert "v5litepod-128 (128 devices), fsdp over them (--mesh fsdp=32,expert=4)" in target["verdict"]
+
+
+def test_the_larger_slice_is_named_as_cloud_tpu_names_it(tmp_path):
+    """Llama 4 Scout on v5p-8 (4 chips): 107.8B x 12 bytes over v5p's 95.74 GiB needs 13 devices; a v5p name counts
+    TensorCores, two a chip (https://cloud.google.com/tpu/docs/v5p), so the 16-device slice is v5p-32, not v5p-16."""
+    document = preflight(tmp_path, "--model", "llama4-scout", "--tpu", "v5p-8", "--seq", "2048",
+                         "--batch-per-chip", "1")
+    verdict = document["targets"][0]["verdict"]
+    assert document["targets"][0]["compiles"] == 0
+    assert "with v5p-32 (16 devices), fsdp over them" in verdict, verdict
 
 
 def test_a_bf16_first_moment_is_in_the_state_and_its_words(tmp_path):

@@ -155,8 +155,8 @@ def estimate(chosen, compiled: Compiled, options, *, tokens: int | None, model=N
 def smaller_state(config, sizes: dict, state, chosen) -> tuple:
     """What divides the weights and AdamW state further, each with the state per device it gives (llm's
     sharding arithmetic, as the verdict's own figure; STATE: its TrainingState): the data axis folded into fsdp, bf16
-    weights and moments, and the smallest slice of the generation (a power of two of devices, up to 8,192) where
-    they fit."""
+    weights and moments, and the smallest slice Cloud TPU offers of the generation (named as Cloud TPU names it:
+    v5p-32 is 16 devices) where they fit."""
     from tpuprof.sources import llm
 
     capacity = chosen.target.compiler_hbm_bytes
@@ -169,16 +169,19 @@ def smaller_state(config, sizes: dict, state, chosen) -> tuple:
     if state.weights == "float32":
         found.append(("--weight-dtype bfloat16 (MaxText's weight_dtype)",
                       llm.state_bytes_per_device(config, sizes, replace(state, weights="bfloat16"))))
-    larger = 2 * math.prod(sizes.values())
-    while larger <= 8192:
-        wider = {**sizes, "fsdp": larger // (sizes["tensor"] * sizes["expert"]), "data": 1}
+    from tpuprof import slices
+
+    devices, split = math.prod(sizes.values()), sizes["tensor"] * sizes["expert"]
+    for offered in sorted((s for s in slices.table() if s.generation == chosen.generation), key=lambda s: s.devices):
+        if offered.devices <= devices or offered.devices % split:
+            continue
+        wider = {**sizes, "fsdp": offered.devices // split, "data": 1}
         per_device = llm.state_bytes_per_device(config, wider, state)
         if per_device <= capacity:
             kept = "".join(f",{axis}={wider[axis]}" for axis in ("tensor", "expert") if wider[axis] > 1)
-            found.append((f"a slice of {larger} {chosen.target.name} devices, fsdp over them"
+            found.append((f"{offered.name} ({offered.devices} devices), fsdp over them"
                           + (f" (--mesh fsdp={wider['fsdp']}{kept})" if kept else ""), per_device))
             break
-        larger *= 2
     return tuple(found)
 
 
