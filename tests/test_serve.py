@@ -511,7 +511,8 @@ def test_weight_quantization_of_a_bf16_checkpoint_is_not_planned_where_vllm_tpu_
 
 def test_a_config_of_no_decoder_llm_is_one_sentence_and_exit_2(tmp_path):
     """bert-base-uncased's config.json (its Hugging Face model card: BertForMaskedLM, 12 layers of 12 heads, 512
-    positions) is an encoder, served (as an embedding model) with no KV cache: serve answered 2,505,664 KV tokens."""
+    positions) is an encoder, served (as an embedding model) with no KV cache: serve answered 2,505,664 KV tokens. Its
+    model_type is no family tpuprof builds (a decoder's model_type with an encoder's architecture: the next test)."""
     bert = tmp_path / "bert-base-uncased" / "config.json"
     bert.parent.mkdir()
     bert.write_text(json.dumps({"architectures": ["BertForMaskedLM"], "model_type": "bert", "vocab_size": 30522,
@@ -519,10 +520,20 @@ def test_a_config_of_no_decoder_llm_is_one_sentence_and_exit_2(tmp_path):
                                 "intermediate_size": 3072, "max_position_embeddings": 512, "hidden_act": "gelu"}))
     result = run_cli("serve", "--model", str(bert.parent), "--tpu", "v6e-8", "--no-compile", "--json")
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
-    assert "BertForMaskedLM is not a causal language model" in result.stderr
+    assert "model_type 'bert', not a family tpuprof builds" in result.stderr
     assert json.loads(result.stdout)["error"]["message"] in result.stderr
-    with pytest.raises(tpuprof.UserError, match="model .*BertForMaskedLM is not a causal language model"):
+    with pytest.raises(tpuprof.UserError, match="model: .*'bert', not a family tpuprof builds"):
         tpuprof.serve(str(bert), "v6e-8", compile=False)
+
+
+def test_a_decoder_config_of_an_encoder_architecture_is_refused(tmp_path):
+    """A Llama-family config.json of a sequence classifier (LlamaForSequenceClassification: a score head, no
+    generation) passes the model_type check; vLLM serves it as a pooling model with no KV cache."""
+    data = json.loads(Path(tpuprof.__file__).parent.joinpath("llm_configs", "llama3.1-8b.json").read_text())
+    classifier = tmp_path / "config.json"
+    classifier.write_text(json.dumps({**data, "architectures": ["LlamaForSequenceClassification"]}))
+    with pytest.raises(tpuprof.UserError, match="LlamaForSequenceClassification is not a causal language model"):
+        tpuprof.serve(str(classifier), "v6e-8", compile=False)
 
 
 @pytest.mark.slow
