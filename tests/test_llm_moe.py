@@ -135,3 +135,52 @@ def test_a_dropless_step_runs_its_grouped_matmuls_over_every_routed_token_once(c
                if timed.op.flops_source == "cost_estimate" and timed.op.name.startswith(("gmm", "tgmm"))]
     one = 2 * rows * d * QWEN3_MOE["moe_intermediate_size"]
     assert sum(op.flops * op.count for op in kernels) == layers * 11 * one
+
+
+# A DeepSeek-shaped MoE layer (4 routed experts of width 128 over an embedding of 256, a shared expert) after one
+# dense layer.
+DEEPSEEK = {"model_type": "deepseek_v3", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,
+            "moe_intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+            "n_shared_experts": 1, "n_routed_experts": 4, "num_experts_per_tok": 2, "kv_lora_rank": 128,
+            "q_lora_rank": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+            "first_k_dense_replace": 1}
+
+
+def _shard_maps(jaxpr):
+    """Every shard_map equation of a jaxpr, however deep (scan, remat, custom_vjp, the transposed backward)."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "shard_map":
+            yield eqn
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    yield from _shard_maps(inner)
+
+
+def test_the_dropless_experts_weights_cross_into_the_shard_map_in_the_compute_dtype():
+    """MaxText casts the experts' weights to `dtype` (jnp.asarray(kernel, self.dtype) in generate_kernels) before
+    its sparse_matmul's shard_map, so each layer's fsdp gather of them moves bf16. Cast inside, the gather moved
+    the fp32 weights: DeepSeek-V3 (256 experts of 7,168 x 2,048) held f32[1,256,7168,2048] temporaries of 14 GiB
+    and its published v5p-512 recipe, which runs at batch 4 (yangwhale/tpu-recipes, 68.70 s), was laid out in 122.0
+    GiB of 95.7 (94.9 with the cast outside). Traced only (no compile): every array of the experts' shape entering
+    or leaving a shard_map of the step, forward or backward, is bf16, with fp32 weights."""
+    import jax
+    import jax.numpy as jnp
+
+    from tpuprof.sources import tpu_compile
+
+    if not tpu_compile.jax_available():
+        pytest.skip("libtpu is not installed")
+    config = llm.parse_config(DEEPSEEK, "small-deepseek", "test")
+    devices = tpu_compile.topology_devices("v5e-4")
+    step = llm.Step(config, "test", 256, "full", "bf16", llm.parse_mesh(None, len(devices)), moe="dropless")
+    assert step.weight_dtype == "float32"
+    fn, args = llm.build(step, devices, 1)
+    experts, d, width = DEEPSEEK["n_routed_experts"], DEEPSEEK["hidden_size"], DEEPSEEK["moe_intermediate_size"]
+    shapes = {(experts, d, width), (experts, width, d)}
+    crossing = [v.aval for eqn in _shard_maps(jax.make_jaxpr(fn)(*args).jaxpr) for v in (*eqn.invars, *eqn.outvars)
+                if tuple(getattr(v.aval, "shape", ())) in shapes]
+    # gate, up and down in the forward, and in the backward again with their three gradients coming out
+    assert len(crossing) >= 9, crossing
+    assert {a.dtype for a in crossing} == {jnp.dtype(jnp.bfloat16)}, crossing

@@ -1131,7 +1131,12 @@ def _dropless_moe(config: ModelConfig, mesh, batch_axes, interpret: bool = False
 
     def moe(y, w, matmul, glu, dense_mlp):
         compute = y.dtype
-        experts = {name: w[name] for name in specs if name in w}
+        # The experts' weights enter the shard_map in the compute dtype, as MaxText's generate_kernels casts them
+        # (jnp.asarray(kernel, dtype)) before its sparse_matmul's shard_map: the fsdp gather of each layer's
+        # experts, and their gradients' reduction, then move bf16 rather than the fp32 weights (half the bytes,
+        # and half the gathered temporaries: 7 GiB per DeepSeek-V3 expert weight, not 14).
+        experts = {name: w[name].astype(compute) if name.startswith("we_") else w[name]
+                   for name in specs if name in w}
 
         @jax.shard_map(mesh=mesh, in_specs=(tokens_spec, {name: specs[name] for name in experts}),
                        out_specs=tokens_spec, check_vma=False)
