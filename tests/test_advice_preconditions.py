@@ -390,4 +390,4 @@ def test_a_compile_over_hbm_whose_buffer_assignment_is_not_gets_the_batch_fix(tm
     (fix,) = [s for s in memory.suggestions if s.kind == "batch_size"]
     assert fix.confidence == "measured" and fix.saving_bytes == needed - at.required_bytes
     assert (fix.severity == "blocking") == fits and f"Compiled at batch {smaller}" in fix.message
-    assert fix.evidence.startswith(f"measured: compiled at batch 64 the step needs")
+    assert fix.evidence.startswith("measured: compiled at batch 64 the step needs")
