@@ -328,8 +328,8 @@ def _quantize(settings, found: str) -> Suggestion:
         # tpu-inference applies qwix rules to its JAX models only, and its fp8 method quantizes no bf16 experts.
         return Suggestion(
             kind="quantization", severity="improve", confidence="estimated",
-            message=(f"Weights in 8 bits halve bf16 weights: tpu-inference runs {settings.architecture or settings.model} "
-                     "with vLLM's model code, which quantizes no bf16 checkpoint as it loads (the qwix rules of "
+            message=("Weights in 8 bits halve bf16 weights: tpu-inference runs "
+                     f"{settings.architecture or settings.model} with vLLM's model code, which quantizes no bf16 checkpoint as it loads (the qwix rules of "
                      "--additional-config apply to its JAX models only), so serve a checkpoint stored in fp8; "
                      f"{found}."))
     which = ("" if vllm_code is False else

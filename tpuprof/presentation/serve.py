@@ -114,7 +114,8 @@ def _target(t: dict, positions: int | None) -> Section:
     if e:
         step = e["decode_step_ms"]
         blocks.append(Fact("speed and cost",
-                           f"at {e['concurrency']} requests{_per_engine(t)}: decode step {fmt_ms(step['point'])} ({fmt_ms(step['low'])} to "
+                           f"at {e['concurrency']} requests{_per_engine(t)}: "
+                           f"decode step {fmt_ms(step['point'])} ({fmt_ms(step['low'])} to "
                            f"{fmt_ms(step['high'])}, {e['bound']}-bound), TPOT {fmt_ms(e['tpot_ms'])} "
                            f"({fmt_ms(e['tpot_ms_low'])} to {fmt_ms(e['tpot_ms_high'])}), TTFT {fmt_ms(e['ttft_ms'])}{_prefill(e)}, "
                            f"{e['output_tokens_per_s']:,.0f} output tokens/s ({e['output_tokens_per_s_per_chip']:,.0f} "
