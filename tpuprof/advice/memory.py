@@ -647,9 +647,7 @@ def measure_bf16(module: ModuleMemory, bf16_peak: int | None, batch: int) -> Non
             item.evidence = (f"measured: compiled in bfloat16 at batch {batch}, the peak goes "
                              f"{fmt_bytes(module.peak_heap_bytes)} -> {fmt_bytes(bf16_peak)}")
         kept.append(item)
-    capacity = module.hbm_capacity_bytes
-    peak = module.peak_heap_bytes
-    module.suggestions = rank(kept, shortfall_bytes=peak - capacity if capacity and peak > capacity else None)
+    module.suggestions = rank(kept, shortfall_bytes=_shortfall(module))
 
 
 def answer_first(modules: list[ModuleMemory]) -> list[ModuleMemory]:
@@ -680,14 +678,14 @@ def answer_first(modules: list[ModuleMemory]) -> list[ModuleMemory]:
     reasons = {id(m): why(m) for m in modules}
     ordered = sorted(modules, key=lambda m: (reasons[id(m)][0], -(m.peak_heap_bytes or 0)))
     lead = ordered[0]
-    rank, reason = reasons[id(lead)]
+    group, reason = reasons[id(lead)]
     largest = max(modules, key=lambda m: m.peak_heap_bytes or 0)
     others = [m for m in ordered[1:] if reasons[id(m)][0] == 3]
     note = f"{len(modules)} modules in this dump; {lead.name} comes first"
     note += f": {reason}" if reason else ": the largest peak"
     if largest is not lead and (largest.peak_heap_bytes or 0) > (lead.peak_heap_bytes or 0):
         note += f", though {largest.name}'s peak ({fmt_bytes(largest.peak_heap_bytes)}) is larger"
-    if others and rank < 3:
+    if others and group < 3:
         note += (". Helpers without a training step or a batch come last: "
                  + ", ".join(m.name for m in others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else ""))
     lead.notes.insert(0, note + ".")

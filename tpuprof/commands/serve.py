@@ -28,12 +28,12 @@ def options(model: str, tpu, **settings):
             raise OptionError("model", f"{{option}} {model}: tpuprof reads no model hub: give the model's config.json "
                                        f"({config_url}) or its folder.") from None
         raise OptionError("model", "{option}: " + template(str(error))) from None
-    why = _not_a_decoder(loaded[0], checkpoint_architecture(loaded[1]))
+    architecture = checkpoint_architecture(loaded[1])
+    why = _not_a_decoder(architecture)
     if why:
         raise OptionError("model", f"{{option}} {model}: {why}; serve plans decoder-only LLMs, whose KV cache it "
                                    "sizes.")
-    return serve_options(loaded, tpu, checkpoint=checkpoint_quantization(loaded[1]),
-                         architecture=checkpoint_architecture(loaded[1]),
+    return serve_options(loaded, tpu, checkpoint=checkpoint_quantization(loaded[1]), architecture=architecture,
                          hub_id=hub_id, **settings)
 
 
@@ -42,7 +42,7 @@ def options(model: str, tpu, **settings):
 DECODER_ARCHITECTURE_ENDINGS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 
 
-def _not_a_decoder(config, architecture: str | None) -> str | None:
+def _not_a_decoder(architecture: str | None) -> str | None:
     """Why the config is not a decoder-only LLM (an encoder such as BertForMaskedLM), whose serving has no KV cache
     of the kind tpuprof sizes; None for a decoder. (An encoder-decoder config such as T5's names no
     num_attention_heads and is refused by the config reader.)"""
