@@ -291,3 +291,100 @@ def test_a_bf16_program_is_one_by_its_own_weights_inputs_and_casts(script_module
         assert program_16bit(module) == (False, [])
         (fix,) = [s for s in module.suggestions if s.kind == "bf16"]
         assert "16-bit arrays in the whole program 0 B" in fix.evidence
+
+
+# ------------------------------------------------------------------ 5. what the program reserves, and its batch
+
+# A decoder a user scans over its layers: token ids [4, 256] (4 sequences per chip), 4 attention heads (a weight's
+# size equal to the batch), and per-layer norm scales stacked to [6, 512] (rank 2, leading with the layer count).
+SCANNED = """
+import jax, jax.numpy as jnp
+from jax.experimental import topologies
+
+device = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices[0]
+on_chip = jax.sharding.SingleDeviceSharding(device)
+BATCH, SEQ, D, HEADS, LAYERS, VOCAB = 4, 256, 512, 4, 6, 1000
+
+
+def spec(shape, dtype=jnp.float32):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=on_chip)
+
+
+def layer(x, p):
+    h = x * p["norm"]
+    q = jnp.einsum("bsd,dhk->bshk", h, p["q"])
+    k = jnp.einsum("bsd,dhk->bshk", h, p["k"])
+    scores = jax.nn.softmax(jnp.einsum("bqhk,bshk->bhqs", q, k), axis=-1)
+    attended = jnp.einsum("bhqs,bshk->bqhk", scores, q)
+    return x + jnp.einsum("bshk,hkd->bsd", attended, p["o"]), None
+
+
+def loss(params, tokens, labels):
+    x = params["embed"][tokens]
+    x, _ = jax.lax.scan(layer, x, params["layers"])
+    logits = x @ params["embed"].T
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[..., None], axis=-1))
+
+
+def train_step(params, tokens, labels):
+    grads = jax.grad(loss)(params, tokens, labels)
+    return jax.tree_util.tree_map(lambda p, g: p - 0.01 * g, params, grads)
+
+
+params = {"embed": spec((VOCAB, D)),
+          "layers": {"norm": spec((LAYERS, D)), "q": spec((LAYERS, D, HEADS, D // HEADS)),
+                     "k": spec((LAYERS, D, HEADS, D // HEADS)), "o": spec((LAYERS, HEADS, D // HEADS, D))}}
+jax.jit(train_step, donate_argnums=0).lower(params, spec((BATCH, SEQ), jnp.int32),
+                                            spec((BATCH, SEQ), jnp.int32)).compile()
+"""
+
+
+@pytest.fixture(scope="module")
+def scanned_step(tmp_path_factory):
+    from tpuprof.commands import memory
+
+    folder = _dump(SCANNED, tmp_path_factory)
+    (module,) = memory.module_memories(folder, target="v5e")
+    return folder, module
+
+
+@pytest.mark.compile
+def test_the_batch_is_the_token_ids_leading_size_not_the_layer_count(scanned_step):
+    """The DeepSeek-V3 step (v5p-512, 6 sequences per chip) was advised for 'per-chip batch 58': its 58 MoE layers
+    lead rank-2 stacked scales, and 6 was also a weight's size, so the token ids were passed over. Integer inputs are
+    data, never weights: their leading size is the batch."""
+    from tpuprof.advice import memory as advice
+
+    _, module = scanned_step
+    stacked = [b for b in module.buffers if b.allocation_type == "parameter" and _dims(b.shape) == (6, 512)]
+    assert stacked and any(4 in _dims(b.shape)[1:] for b in module.buffers if b.allocation_type == "parameter")
+    assert advice.input_batch(module) == 4
+    assert sorted(b.dtype for b in advice.batch_inputs(module, 4)) == ["s32", "s32"]
+
+
+@pytest.mark.compile
+def test_the_fit_verdict_is_what_the_program_reserves_not_its_live_peak(scanned_step):
+    """The compiler packs a program's temporaries into one preallocated block that the runtime reserves whole (libtpu's
+    own OOM message counts 'HLO temp' with its fragmentation); the live peak XProf shows can be below it. The DeepSeek-V3
+    v5p-512 layout at 6 per chip peaks at 94.50 GiB of 95.74 (memory said 'fits') and its allocations need 102.67 GiB
+    (libtpu refused the step). required_bytes is preflight's count of the same allocations (tpu_compile.layout_figures:
+    arguments + outputs - aliased + temporaries), and a capacity between the two figures is 'does not fit'."""
+    from tpuprof import documents_memory
+    from tpuprof.advice import memory as advice
+    from tpuprof.presentation.memory import module_section
+    from tpuprof.presentation.model import Verdict
+
+    folder, module = scanned_step
+    (proto,) = folder.glob("*jit_train_step*.after_optimizations.hlo.pb")
+    figures = tpu_compile.layout_figures(proto)
+    layout = figures["argument_bytes"] + figures["output_bytes"] - figures["alias_bytes"] + figures["temp_bytes"]
+    assert module.allocated_bytes == layout
+    assert module.required_bytes == layout > module.peak_heap_bytes  # this program's block is larger than its peak
+    module.hbm_capacity_bytes = (module.peak_heap_bytes + layout) // 2
+    module.suggestions = advice.suggest(module)
+    document = documents_memory.document([module], top=5)["modules"][0]
+    (verdict,) = [b for b in module_section(document).blocks if isinstance(b, Verdict)]
+    assert verdict.fits is False and verdict.text.startswith("does not fit")
+    fix = _batch_fix(module)
+    assert fix.message.startswith("The program's HBM allocations need")
+    assert "of the temporaries' block not live at the peak" in fix.evidence

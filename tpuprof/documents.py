@@ -36,7 +36,8 @@ MODULE = {"name!": "str", "source": "?str", "source_kind": "?str", "target": "?s
           "method": "?str", "expected_error_percent": "?num", "peak_range_bytes": "?", "peak_range_bytes?": ["int"],
           "notes": ["str"], "caveats": ["str"],
           "peak_heap_bytes": "?int", "peak_unpadded_heap_bytes": "?int", "argument_bytes": "?int",
-          "output_bytes": "?int", "temp_bytes": "?int", "hbm_capacity_bytes": "?int", "padding_at_peak_bytes": "?int",
+          "output_bytes": "?int", "temp_bytes": "?int", "allocated_bytes": "?int", "required_bytes": "?int",
+          "hbm_capacity_bytes": "?int", "padding_at_peak_bytes": "?int",
           "other_memory_spaces": {"*": "int"}, "buffer_count": "?int", "buffers": [BUFFER], "ops_scope": "?str",
           "ops": [OP], "suggestions": [SUGGESTION], "timeline": "?", "timeline?": TIMELINE}
 MEMORY = {"modules!": [MODULE]}

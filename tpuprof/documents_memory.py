@@ -31,6 +31,8 @@ def _module_json(m: ModuleMemory, top: int) -> dict:
         "argument_bytes": m.argument_bytes,
         "output_bytes": m.output_bytes,
         "temp_bytes": m.temp_bytes,
+        "allocated_bytes": m.allocated_bytes,
+        "required_bytes": m.required_bytes,
         "hbm_capacity_bytes": m.hbm_capacity_bytes,
         "padding_at_peak_bytes": m.padding_at_peak_bytes,
         "other_memory_spaces": {str(k): v for k, v in sorted(m.other_memory_spaces.items())},

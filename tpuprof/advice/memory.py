@@ -161,7 +161,7 @@ def suggest(result: ModuleMemory, compiled_bytes: int | None = None) -> list[Sug
     job = frameworks.from_module(result.name, (b.op_name for b in result.buffers),
                                  (b.source_line for b in result.buffers))
     framework = job.framework
-    peak = max(result.peak_heap_bytes or 0, compiled_bytes or 0)
+    peak = max(result.required_bytes or 0, compiled_bytes or 0)
     capacity = result.hbm_capacity_bytes
     shortfall = peak - capacity if capacity and peak > capacity else None
     found: list[Suggestion] = []
@@ -369,7 +369,7 @@ def add_compiled_total(module: ModuleMemory, stats: dict) -> None:
     step over HBM whose buffer assignment's peak is not is advised by that total's shortfall."""
     needed = _compiled_total(stats)
     capacity = module.hbm_capacity_bytes
-    if capacity and needed > capacity >= (module.peak_heap_bytes or 0):
+    if capacity and needed > capacity >= (module.required_bytes or 0):
         module.suggestions = suggest(module, compiled_bytes=needed)
 
 
@@ -386,8 +386,9 @@ def add_donation(module: ModuleMemory, stats: dict) -> None:
 
 
 def _shortfall(module: ModuleMemory, compiled_bytes: int = 0) -> int | None:
-    """How far MODULE is over its HBM: its peak or, when larger, what the whole compile needs."""
-    needed = max(module.peak_heap_bytes or 0, compiled_bytes)
+    """How far MODULE is over its HBM: what it needs (required_bytes) or, when larger, what the whole compile
+    needs."""
+    needed = max(module.required_bytes or 0, compiled_bytes)
     capacity = module.hbm_capacity_bytes
     return needed - capacity if capacity and needed > capacity else None
 
@@ -448,12 +449,17 @@ def _bf16(result: ModuleMemory, job) -> Suggestion | None:
         code=calls.call("bf16", job.framework) or "")
 
 
+# Signed integer arrays of rank 2 or more among a program's inputs are token ids, labels, positions or segment ids:
+# data. (8- and 4-bit integers can be quantized weights; unsigned 32-bit ones are PRNG keys, u32[n, 2].)
+INDEX_DTYPES = frozenset({"s16", "s32", "s64"})
+
+
 def input_batch(result: ModuleMemory) -> int | None:
     """The per-chip batch as the program's inputs carry it: the leading size of entry parameters of rank 2 or more
     (x, images, token ids) that is no other size of any parameter (a weight's hidden, vocabulary or head size), beside
     a parameter of rank 2 or more that does not lead with it (a weight: a batch is what the weights are applied to).
     Weights stacked for a scan lead with the layer count and are no input (a batch can equal the layer count: 2
-    sequences through 2 layers). Of several, the one leading the most temporaries live at the peak, then the most
+    sequences through 2 layers, taken only when no other size is a candidate). Of several, the one leading the most temporaries live at the peak, then the most
     input bytes. Helper modules have none: a key (u32[2]) or a seed has no rank 2, and a lone cast or copy of one
     array has no weight beside it."""
     parameters = [(b, _dims(b)) for b in result.buffers if b.allocation_type == "parameter" and b.shape]
@@ -461,10 +467,20 @@ def input_batch(result: ModuleMemory) -> int | None:
     features = {d for _, dims in parameters for d in dims[1:]}
     layers = stacked_layers(result)
     leading: dict[int, int] = {}
+    ids: dict[int, int] = {}  # integer inputs (token ids, labels, positions) are data, never a weight
     for buffer, dims in parameters:
-        if dims[0] > 1 and dims[0] not in features and not (len(dims) >= 3 and dims[0] in layers):
+        if dims[0] > 1 and buffer.dtype in INDEX_DTYPES:
+            ids[dims[0]] = ids.get(dims[0], 0) + buffer.size_bytes
+        elif dims[0] > 1 and dims[0] not in features and not (len(dims) >= 3 and dims[0] in layers):
             leading[dims[0]] = leading.get(dims[0], 0) + buffer.size_bytes
+    # A batch is what weights are applied to: beside a parameter that does not lead with it.
+    ids = {size: held for size, held in ids.items() if any(dims[0] != size for _, dims in parameters)}
+    if ids:  # a weight's size can equal the batch (6 sequences beside a [58, 6, 24576] weight)
+        return max(ids, key=lambda size: (sum(b.size_bytes for b in _batch_temporaries(result, size)), ids[size]))
     leading = {size: held for size, held in leading.items() if any(dims[0] != size for _, dims in parameters)}
+    # A layer count leads stacked norm scales and biases of rank 2 too ([58, 7168]): the batch only when no other
+    # size is a candidate.
+    leading = {size: held for size, held in leading.items() if size not in layers} or leading
     if not leading:
         return None
     held = {size: sum(b.size_bytes for b in _batch_temporaries(result, size)) for size in leading}
@@ -495,16 +511,16 @@ def _peak_temporaries(result: ModuleMemory):
 
 def _capacity(result: ModuleMemory, framework: str | None, shortfall: int | None,
               compiled_bytes: int | None = None) -> list[Suggestion]:
-    if not result.hbm_capacity_bytes or result.peak_heap_bytes is None:
+    if not result.hbm_capacity_bytes or result.required_bytes is None:
         return []
-    use = result.peak_heap_bytes / result.hbm_capacity_bytes
+    use = result.required_bytes / result.hbm_capacity_bytes
     if shortfall:
         return [_smaller_batch(result, framework, shortfall, compiled_bytes)]
     batch = input_batch(result)
     if use < 0.5 and not result.estimated and batch:
         inputs = batch_inputs(result, batch)
         return [Suggestion(kind="batch_size", severity="info", confidence="exact", message=(
-            f"The peak uses {use:.0%} of HBM: there is room for a larger per-chip batch (better MXU utilisation); "
+            f"The program needs {use:.0%} of HBM: there is room for a larger per-chip batch (better MXU utilisation); "
             "`tpuprof preflight --max-batch` finds the largest that fits."),
             evidence=f"per-chip batch {batch}: the leading size of "
                      + ", ".join(f"{b.op_name or b.instruction} {b.shape.split('{')[0]}" for b in inputs[:3])
@@ -518,19 +534,27 @@ def _smaller_batch(result: ModuleMemory, framework: str | None, shortfall: int,
     temporaries and inputs with the batch among their sizes (LOW), and no more than every temporary there plus those
     inputs plus what code generation added (HIGH: arguments, outputs and code do not shrink with the batch). It is
     'enough to fit' only when LOW, shrunk to a batch of 1, covers the shortfall."""
-    capacity = result.hbm_capacity_bytes or 0
-    if compiled_bytes and compiled_bytes > (result.peak_heap_bytes or 0):
+    capacity, peak, required = result.hbm_capacity_bytes or 0, result.peak_heap_bytes or 0, result.required_bytes or 0
+    if compiled_bytes and compiled_bytes > required:
         message = (f"The compiled step needs {fmt_bytes(compiled_bytes)} (its buffer assignment, dumped before "
-                   f"code generation added temporaries and code, peaks at {fmt_bytes(result.peak_heap_bytes)}): "
+                   f"code generation added temporaries and code, peaks at {fmt_bytes(peak)}): "
                    f"over the {fmt_bytes(capacity)} of HBM by {fmt_bytes(shortfall)}.")
+        beyond = "added by code generation"
+    elif required > peak:
+        message = (f"The program's HBM allocations need {fmt_bytes(required)}: the compiler packed its temporaries "
+                   f"into one block {fmt_bytes(required - peak)} larger than what is live at its peak "
+                   f"({fmt_bytes(peak)}), and the block is reserved whole; over the {fmt_bytes(capacity)} of HBM by "
+                   f"{fmt_bytes(shortfall)}.")
+        beyond = "of the temporaries' block not live at the peak"
     else:
-        message = (f"The peak ({fmt_bytes(result.peak_heap_bytes)}) exceeds the "
+        message = (f"The peak ({fmt_bytes(peak)}) exceeds the "
                    f"{fmt_bytes(capacity)} of HBM by {fmt_bytes(shortfall)}.")
+        beyond = ""
     search = " `tpuprof preflight --max-batch` finds the largest batch that fits by compiling."
     code = calls.call("batch_size", framework) or ""
     batch = input_batch(result) or batch_dimension(result)
     temps = sum(b.size_bytes for b in result.buffers if b.live_at_peak and b.allocation_type == "temp")
-    added = max(0, (compiled_bytes or 0) - (result.peak_heap_bytes or 0))
+    added = max(0, max(compiled_bytes or 0, required) - peak)
     if not batch:
         bound = temps + added
         if bound < shortfall:
@@ -539,14 +563,14 @@ def _smaller_batch(result: ModuleMemory, framework: str | None, shortfall: int,
                 message=message + f" A smaller batch cannot make it fit on its own: it frees at most the "
                 f"{fmt_bytes(bound)} of temporaries at the peak; arguments and outputs do not shrink with it." + search,
                 evidence=f"temporaries live at the peak {fmt_bytes(temps)}"
-                         + (f", {fmt_bytes(added)} added by code generation" if added else "")
+                         + (f", {fmt_bytes(added)} {beyond}" if added else "")
                          + f", shortfall {fmt_bytes(shortfall)}; no input size reads as the batch")
         return Suggestion(
             kind="batch_size", confidence="estimated", code=code,
             message=message + f" A smaller batch frees at most the {fmt_bytes(bound)} of temporaries at the peak; "
             "no input size reads as the batch, so how many of them scale with it is not known." + search,
             evidence=f"temporaries live at the peak {fmt_bytes(temps)}"
-                     + (f", {fmt_bytes(added)} added by code generation" if added else "")
+                     + (f", {fmt_bytes(added)} {beyond}" if added else "")
                      + "; no entry parameter of rank 2 or more leads with a size that is no weight's")
     inputs = batch_inputs(result, batch)
     held = _batch_temporaries(result, batch)
@@ -558,7 +582,7 @@ def _smaller_batch(result: ModuleMemory, framework: str | None, shortfall: int,
     input_bytes = sum(b.size_bytes for b in inputs)
     facts = (f"per-chip batch {batch} (leads {led}); temporaries at the peak holding it "
              f"{fmt_bytes(low - input_bytes)} of {fmt_bytes(temps)}, inputs holding it {fmt_bytes(input_bytes)}"
-             + (f", {fmt_bytes(added)} added by code generation" if added else "")
+             + (f", {fmt_bytes(added)} {beyond}" if added else "")
              + f"; shortfall {fmt_bytes(shortfall)}")
     if batch > 1 and low_free >= shortfall:
         from tpuprof.analyses.oom import fitting_batch
@@ -662,9 +686,9 @@ def answer_first(modules: list[ModuleMemory]) -> list[ModuleMemory]:
                                       (b.source_line for b in module.buffers))
 
     def why(module: ModuleMemory) -> tuple[int, str]:
-        capacity, peak = module.hbm_capacity_bytes, module.peak_heap_bytes or 0
-        if capacity and peak > capacity:
-            return 0, f"its peak ({fmt_bytes(peak)}) does not fit the {fmt_bytes(capacity)} of HBM"
+        capacity, needed = module.hbm_capacity_bytes, module.required_bytes or 0
+        if capacity and needed > capacity:
+            return 0, f"it needs {fmt_bytes(needed)}, more than the {fmt_bytes(capacity)} of HBM"
         found = job(module)
         if found.training:
             said = next((e for e in found.evidence if e.startswith("training: ")), "")

@@ -83,8 +83,7 @@ def from_text(text: str, source: str, hlo_text_beside: str | None = None) -> Mod
         result.buffers.append(buffer)
     if not allocations:
         raise UserError(f"{source} holds no buffer allocations: not a buffer-assignment dump.")
-    if result.peak_heap_bytes is not None:
-        result.peak_unpadded_heap_bytes = None
+    result.allocated_bytes = result.peak_heap_bytes  # the text's peak is its allocations added up
     result.buffers.sort(key=lambda b: (-b.size_bytes, -b.padding_bytes, b.id))
     result.ops, result.ops_scope = aggregate_ops(result.buffers, has_peak=False)
     return result

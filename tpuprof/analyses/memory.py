@@ -228,11 +228,14 @@ def from_hlo_proto(proto, source: str, whole_module: bool = True) -> ModuleMemor
     # Allocations of indefinite lifetime count at every point of the program.
     indefinite_bytes = 0
     indefinite_buffers: list[int] = []
+    result.allocated_bytes = 0
     for allocation in allocations:
         space, size = allocation.color, allocation.size
         if space != HBM:
             result.other_memory_spaces[space] = result.other_memory_spaces.get(space, 0) + size
             continue
+        if allocation.kind != THREAD_LOCAL:
+            result.allocated_bytes += size
         if allocation.is_entry_computation_parameter:
             result.argument_bytes += size
         if allocation.maybe_live_out:

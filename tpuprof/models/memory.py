@@ -94,6 +94,10 @@ class ModuleMemory:
     # written over if the step donated them; None where the input does not give the entry's parameters and result.
     donation_candidates: list[str] | None = None
     temp_bytes: int = 0
+    # What the program's HBM allocations add up to (thread-local scratch aside), as the runtime reserves them: the
+    # arguments, the outputs not written into an argument, and the temporaries' one preallocated block, whose size
+    # is the compiler's packing of them and can exceed what is live at once. None where no allocation is known.
+    allocated_bytes: int | None = None
     hbm_capacity_bytes: int | None = None
     other_memory_spaces: dict[int, int] = field(default_factory=dict)  # memory space -> bytes
     # Heap over program order (padded, unpadded), indefinite allocations included, as XProf plots it.
@@ -103,6 +107,14 @@ class ModuleMemory:
     suggestions: list[Suggestion] = field(default_factory=list)
     # Where shapes and source lines come from when they are wanted (kept lazy for large modules).
     details_source: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def required_bytes(self) -> int | None:
+        """What running the program needs in HBM, the fit verdict's figure: its allocations, or the peak where that
+        is larger (an estimate has no allocations)."""
+        if self.peak_heap_bytes is None:
+            return self.allocated_bytes
+        return max(self.peak_heap_bytes, self.allocated_bytes or 0)
 
     @property
     def padding_at_peak_bytes(self) -> int:

@@ -58,15 +58,20 @@ def _capacity(m: dict) -> str:
     except Exception:  # a document read back may name a generation this tpuprof does not know
         device = None
     offered = f"the {fmt_bytes(capacity)} of HBM the compiler offers" + (f" {device} of {target}" if device else "")
-    return fits_share(m["peak_heap_bytes"], capacity, of=offered)
+    return fits_share(_required(m), capacity, of=offered)
+
+
+def _required(m: dict) -> int | None:
+    """The verdict's figure; a document from before required_bytes has its peak."""
+    return m.get("required_bytes", m.get("peak_heap_bytes"))
 
 
 def module_section(m: dict, top: int = TOP, title: str | None = None) -> Section:
-    peak, capacity = m.get("peak_heap_bytes"), m.get("hbm_capacity_bytes")
+    peak, capacity, required = m.get("peak_heap_bytes"), m.get("hbm_capacity_bytes"), _required(m)
     where = f" ({m['source_kind']}: {m.get('source')})" if m.get("source_kind") else ""
     out = Section(title or f"{m.get('name')}{where}")
-    if peak is not None and capacity:
-        out.blocks.append(Verdict(str(m.get("name")), peak <= capacity, _capacity(m)))
+    if required is not None and capacity:
+        out.blocks.append(Verdict(str(m.get("name")), required <= capacity, _capacity(m)))
     method = m.get("method") or ("unscheduled_bound" if m.get("estimated") else "buffer_assignment")
     out.blocks.append(Note(method_words(method, m.get("target"), m.get("expected_error_percent"),
                                         m.get("peak_range_bytes")), "warning" if m.get("estimated") else "note"))
@@ -83,6 +88,11 @@ def module_section(m: dict, top: int = TOP, title: str | None = None) -> Section
                                    "counts it: the temporaries unpadded, the arguments/outputs as allocated)"))
         if m.get("padding_at_peak_bytes") is not None:
             out.blocks.append(Fact("padding live at the peak", fmt_bytes(m["padding_at_peak_bytes"])))
+        if required is not None and required > peak:
+            out.blocks.append(Fact("HBM allocated", f"{fmt_bytes(required)}: the arguments, the outputs and the "
+                                   "temporaries' one block, which the compiler packed "
+                                   f"{fmt_bytes(required - peak)} larger than what is live at the peak and the "
+                                   "runtime reserves whole (the verdict's figure)"))
     # An estimate has no buffer assignment to share allocations between temporaries: its figure is their sizes added
     # up over the whole program, larger than what is live at once.
     temporaries = (" (every HBM temporary's size added up over the program: not all live at once; the peak is what "
