@@ -192,13 +192,26 @@ def test_room_for_a_larger_batch_only_in_the_module_that_has_one(script_modules)
 
 
 @pytest.mark.compile
-def test_a_dump_that_names_no_tpu_says_so_rather_than_leaving_its_advice_out(script_dump):
-    """XLA_FLAGS=--xla_dump_hlo_as_proto alone writes no *.target_arguments.txt: without --target there is no HBM to
-    judge by, so no fit verdict and no room line; a note says why and what to pass."""
-    from tpuprof.commands import memory
+def test_a_dump_of_protos_alone_names_its_tpu_and_one_without_target_arguments_says_so(script_dump, tmp_path):
+    """XLA_FLAGS=--xla_dump_hlo_as_proto alone writes *.target_arguments.pb, no .txt: it is read (the script compiled
+    for v5e:2x2, one host of 2x2 chips), so the dump gets its fit verdict and room line without --target. Without
+    either file there is no HBM to judge by: no fit verdict, no room line, and a note says why and what to pass."""
+    import shutil
 
-    assert not list(script_dump.glob("*.target_arguments.txt"))
-    for module in memory.module_memories(script_dump):
+    from tpuprof.commands import memory
+    from tpuprof.sources import hlo_dump
+
+    assert not list(script_dump.glob("*.target_arguments.txt")) and list(script_dump.glob("*.target_arguments.pb"))
+    (step,) = script_dump.glob("*jit_train_step*.after_optimizations.hlo.pb")
+    arguments = hlo_dump.read_target_arguments(step)
+    assert (arguments.generation, arguments.chips_per_host_bounds, arguments.host_bounds) == ("v5e", (2, 2, 1),
+                                                                                            (1, 1, 1))
+    modules = memory.module_memories(script_dump)
+    assert {m.target for m in modules} == {"v5e"} and all(m.hbm_capacity_bytes for m in modules)
+    assert "room for a larger per-chip batch" in _batch_fix(modules[0]).message
+    bare = tmp_path / "dump"
+    shutil.copytree(script_dump, bare, ignore=shutil.ignore_patterns("*.target_arguments.pb"))
+    for module in memory.module_memories(bare):
         assert module.hbm_capacity_bytes is None and "batch_size" not in [s.kind for s in module.suggestions]
         assert any("give --target GEN for whether it fits" in note for note in module.notes), module.notes
 

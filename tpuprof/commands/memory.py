@@ -47,16 +47,18 @@ def module_memories(path: Path, module: str | None = None, target: str | None = 
                                            f"recompiled for {generation.name} (--no-compile estimates instead).")
     else:
         results = analysis.dump_memory(path, module, generation.name if generation else None)
+    named = {result.target for result in results if result.target}
+    if generation is None and len(named) == 1:
+        # One TPU for the dump: libtpu writes no target arguments beside some modules (a second compile of jit_init).
+        generation = targets.get(named.pop())
     for result in results:
-        if generation is None and result.target:
-            generation = targets.get(result.target)
-        if generation is not None:
+        if result.target or generation is not None:
             result.target = result.target or generation.name
             result.hbm_capacity_bytes = targets.get(result.target).compiler_hbm_bytes
-        elif result.target is None and result.peak_heap_bytes is not None:
+        elif result.peak_heap_bytes is not None and result.peak_heap_bytes is not None:
             # Without a generation there is no HBM to judge by: no fit verdict, no batch or capacity advice.
             result.notes.append("The dump does not say which TPU it was compiled for (libtpu writes that in "
-                                "*.target_arguments.txt with --xla_dump_hlo_as_text): give --target GEN for whether "
+                                "*.target_arguments.txt or .pb beside each module): give --target GEN for whether "
                                 "it fits and the advice that rests on the HBM.")
         describe_and_advise(result, top)
     return advice.answer_first(results)

@@ -342,14 +342,63 @@ def _beside(module_file: Path, suffix: str) -> Path | None:
     return next(iter(sorted(module_file.parent.glob(key + "*" + suffix))), None)
 
 
-def read_target_arguments(module_file: Path) -> TargetArguments | None:
-    """The target arguments of the module in MODULE_FILE, or None when the dump holds none."""
-    found = _beside(module_file, ".target_arguments.txt")
-    if found is None:
+# libtpu's TpuTopologyArgs in a `*.target_arguments.pb` (what it writes with --xla_dump_hlo_as_proto alone), by
+# field number: read from its own dumps of one compile per generation, whose `.txt` twin names each field.
+_TOPOLOGY_ARGS = 6  # TargetArguments.tpu_topology_args
+_VERSION, _VARIANT, _CHIP_CONFIG, _CHIPS_PER_HOST, _HOSTS = 1, 2, 4, 5, 6
+_VERSIONS = {1: "TPU_VERSION_JELLYFISH", 2: "TPU_VERSION_DRAGONFISH", 3: "TPU_VERSION_PUFFERFISH",
+             4: "TPU_VERSION_VIPERFISH", 5: "TPU_VERSION_GHOSTLITE", 6: "TPU_VERSION_6acc60406"}
+
+
+def parse_target_arguments_proto(data: bytes) -> TargetArguments | None:
+    """The fields tpuprof reads, from the binary form; None when DATA is not a target-arguments message."""
+    topology = _fields(data).get(_TOPOLOGY_ARGS)
+    if not isinstance(topology, bytes):
         return None
+    fields = _fields(topology)
+    version, variant, chip_config = fields.get(_VERSION), fields.get(_VARIANT), fields.get(_CHIP_CONFIG)
+    variant_text = variant.decode(errors="replace") if isinstance(variant, bytes) else ""
+    return TargetArguments(
+        generation=targets.from_codename(_VERSIONS.get(version, ""), variant_text) if isinstance(version, int)
+        else None,
+        chip_config=chip_config.decode(errors="replace") if isinstance(chip_config, bytes) else None,
+        chips_per_host_bounds=_proto_bounds(fields.get(_CHIPS_PER_HOST)),
+        host_bounds=_proto_bounds(fields.get(_HOSTS)),
+        # Its wrap is empty in every dump seen (v4:4x4x4 to v6e:16x16, either form): which field is which axis
+        # is not known, so none is read.
+        wrap=(False, False, False),
+    )
+
+
+def _fields(data: bytes) -> dict[int, int | bytes]:
+    """A message's fields by number (the last of a repeated one), read without its schema."""
+    from google.protobuf import empty_pb2
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
+    message = empty_pb2.Empty()
+    message.ParseFromString(data)
+    return {field.field_number: field.data for field in UnknownFieldSet(message) if field.wire_type in (0, 2)}
+
+
+def _proto_bounds(data) -> tuple[int, int, int] | None:
+    if not isinstance(data, bytes):
+        return None
+    values = _fields(data)
+    return tuple(values.get(axis, 1) if isinstance(values.get(axis, 1), int) else 1 for axis in (1, 2, 3))
+
+
+def read_target_arguments(module_file: Path) -> TargetArguments | None:
+    """The target arguments of the module in MODULE_FILE (its `.txt`, else its `.pb`), or None when the dump holds
+    neither or they cannot be read."""
+    from google.protobuf.message import DecodeError
+
     try:
-        return parse_target_arguments(found.read_text(errors="replace"))
-    except OSError:
+        found = _beside(module_file, ".target_arguments.txt")
+        if found is not None:
+            return parse_target_arguments(found.read_text(errors="replace"))
+        found = _beside(module_file, ".target_arguments.pb")
+        return parse_target_arguments_proto(found.read_bytes()) if found is not None else None
+    except (OSError, DecodeError):
         return None
 
 
