@@ -3,6 +3,7 @@ completion, each run as a separate `tpuprof` process (exit code, both streams)."
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,19 +18,29 @@ from tpuprof import __version__, targets
 
 COMMANDS = ("memory", "oom", "analyze", "capture", "report", "diff", "preflight", "serve", "trace", "guide")
 
-# (arguments, exit code, what stderr must say): every usage error of issue #10 and a few more.
+# (arguments, what stderr must say): every usage error of issue #10 and a few more. A command, option or argument
+# that is unknown or missing gets click's usage line; a bad value gets one sentence naming the option.
 USAGE_ERRORS = [
     (["memroy", "x"], "No such command 'memroy'. Did you mean 'memory'?"),
     (["memory"], "Missing argument 'PATH'."),
     (["diff", "a"], "Missing argument 'B'."),
     (["preflight", "x.py:f"], "Missing option '--tpu'."),
+    (["serve", "--tpu", "v6e-8"], "Missing option '--model'."),
+    (["memory", "--frobnicate", "DIR"], "No such option: --frobnicate"),
+    (["report"], "Missing argument 'INPUT...'."),
+]
+BAD_VALUES = [
     (["memory", "--top", "abc", "DIR"], "Invalid value for '--top': 'abc' is not a valid int range."),
     (["memory", "--target", "v9", "DIR"], "Invalid value for '--tpu' / '--target': unknown TPU target 'v9'"),
     (["memory", "--csv", "steps", "DIR"], "Invalid value for '--csv': 'steps' is not one of 'buffers', 'ops'."),
     (["analyze", "--csv", "buffers", "DIR"], "'buffers' is not one of 'steps', 'ops', 'stages'."),
     (["preflight", "x.py:f", "--tpu", "v5e,v9"], "unknown TPU target 'v9'"),
-    (["memory", "--frobnicate", "DIR"], "No such option: --frobnicate"),
-    (["report"], "Missing argument 'INPUT...'."),
+    (["serve", "--model", "llama3.1-8b", "--tpu", "v9z-8"], "Invalid value for '--tpu': unknown TPU target 'v9z-8'"),
+    (["serve", "--model", "llama3.1-8b", "--tpu", "v6e-8", "--engine", "foo"],
+     "Invalid value for '--engine': 'foo' is not one of 'vllm', 'sglang-jax', 'jetstream'."),
+    (["serve", "--model", "llama3.1-8b", "--tpu", "v6e-8", "--concurrency", "abc"],
+     "Invalid value for '--concurrency': 'abc' is not a valid int"),
+    (["oom", "--tpu", "v9", "log.txt"], "unknown TPU target 'v9'"),
 ]
 
 
@@ -41,6 +52,23 @@ def test_usage_error_is_the_usage_line_and_one_sentence(args, message):
     assert "Traceback" not in result.stderr and result.stdout == ""
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines[0].startswith("Usage: tpuprof") and len(lines) <= 4, result.stderr
+
+
+@pytest.mark.parametrize("args,message", BAD_VALUES, ids=[" ".join(a) for a, _ in BAD_VALUES])
+def test_a_bad_value_is_one_sentence(args, message):
+    """The house rule for bad input, for every command alike: one sentence on stderr naming the option and the
+    value, exit 2; no usage line (the option is known, its value is what is wrong)."""
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("tpuprof: "), result.stderr
+    assert message in result.stderr and "Usage:" not in result.stderr and result.stdout == ""
+
+
+def test_with_json_a_bad_value_is_the_same_sentence_in_the_document():
+    result = run_cli("serve", "--model", "llama3.1-8b", "--tpu", "v9z-8", "--json")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    error = json.loads(result.stdout)["error"]
+    assert error["kind"] == "usage" and result.stderr == f"tpuprof: {error['message']}\n"
 
 
 @pytest.mark.subprocess
@@ -295,3 +323,12 @@ def test_a_reader_that_closes_the_pipe_is_success(args):
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=120) == 0, stderr
     assert stderr == ""
+
+
+def test_with_json_a_command_line_typer_reads_still_gives_the_input_error(tmp_path):
+    """`--` sends the command line to typer (the quick parse leaves it), where an error of the command itself must stay
+    the one sentence it is, not an internal error of the error handling."""
+    missing = tmp_path / "missing"
+    result = run_cli("memory", "--json", "--", str(missing))
+    assert result.returncode == 2, result.stderr
+    assert json.loads(result.stdout)["error"] == {"kind": "input", "message": f"{missing} does not exist."}

@@ -6,7 +6,8 @@ cli.py declares each command once, with `Option` and `Argument` taking typer's o
 here. A command line made only of a command name and that command's options and arguments, every value valid, is
 parsed from those records (`Commands.quick_parse`). Anything else (no command, --help, --version, completion, an
 unknown name, a missing or bad value, anything unusual) goes to the real typer app, built from the same records
-(`Commands.typer_app`), which prints click's usage errors, "Did you mean", help and completion as before. The quick
+(`Commands.typer_app`), which prints click's usage errors, "Did you mean", help and completion as before (a bad
+value: one sentence, `Commands.run`). The quick
 parse gives up rather than guess: a command line is never read differently by the two
 (tests/test_cli_quick.py compares them on the same command lines).
 """
@@ -175,28 +176,35 @@ class Commands:
         return register
 
     def run(self, args: list[str], usage_errors_raise: bool = False) -> None:
-        """Run the command line ARGS: quickly parsed when it is plain, else by typer in standalone mode (which
-        exits through SystemExit, with click's messages and codes for usage errors, help and completion).
-        USAGE_ERRORS_RAISE: a usage error is raised as UsageError (its message for the caller to use too), after
-        click has printed it as in standalone mode."""
+        """Run the command line ARGS: quickly parsed when it is plain, else by typer, whose usage errors, help and
+        completion exit through SystemExit with click's codes. A bad value of an option or argument is one sentence
+        (the value is what is wrong, and the sentence names the option: the usage line would add nothing); any
+        other usage error (an unknown command or option, a missing one) is click's usage line, its message and
+        "Did you mean". USAGE_ERRORS_RAISE: a usage error is raised as UsageError (its message for the caller to use
+        too) after it is printed."""
         parsed = self.quick_parse(args)
-        if parsed is None and not usage_errors_raise:
-            self.typer_app()(args=args, prog_name=self.name)
-        elif parsed is None:
-            from typer._click import exceptions  # typer's own click (vendored), whose exceptions it raises
-
-            try:
-                code = self.typer_app()(args=args, prog_name=self.name, standalone_mode=False)
-            except exceptions.ClickException as error:
-                error.show()
-                raise UsageError(error.format_message(), error.exit_code) from None
-            except exceptions.Abort:
-                raise SystemExit(130) from None
-            if isinstance(code, int) and code != 0:  # typer.Exit (help is 0) and Ctrl-C (130), as standalone
-                raise SystemExit(code)
-        else:
+        if parsed is not None:
             callback, values = parsed
             callback(**values)
+            return
+        from typer._click import exceptions  # typer's own click (vendored), whose exceptions it raises
+        from typer.exceptions import Abort
+
+        try:
+            code = self.typer_app()(args=args, prog_name=self.name, standalone_mode=False)
+        except exceptions.ClickException as error:
+            message = error.format_message()
+            if isinstance(error, exceptions.BadParameter) and not isinstance(error, exceptions.MissingParameter):
+                print(f"{self.name}: {message}", file=sys.stderr)
+            else:
+                error.show()
+            if usage_errors_raise:
+                raise UsageError(message, error.exit_code) from None
+            raise SystemExit(error.exit_code) from None
+        except Abort:
+            raise SystemExit(130) from None
+        if isinstance(code, int) and code != 0:  # typer.Exit (help is 0) and Ctrl-C (130), as standalone
+            raise SystemExit(code)
 
     def quick_parse(self, args: list[str]):
         """(callback, keyword arguments) of a plain command line, or None for typer to read it."""
