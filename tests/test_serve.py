@@ -440,6 +440,30 @@ def test_the_concurrency_asked_is_spread_over_the_engine_replicas():
     assert split.estimate.tpot_ms.point == pytest.approx(one.estimate.tpot_ms.point)
 
 
+def test_a_concurrency_above_what_the_kv_cache_holds_is_lowered_in_a_sentence_with_the_cache_figure():
+    """Llama 3.1 70B on v6e-8 at 8,192 tokens: 322,816 KV tokens hold 252 requests of 1,024 + 256 tokens. Asked for
+    256, the plan was for 252 and only "at 252 requests" in the speed line said so: the verdict read as if the 256
+    had been planned. The JSON carries what was asked, planned and held."""
+    args = ("serve", "--model", "llama3.1-70b", "--tpu", "v6e-8", "--max-model-len", "8192", "--no-compile")
+    result = run_cli(*args, "--concurrency", "256", env={"COLUMNS": "400"})
+    assert result.returncode == 0, result.stderr
+    verdict = result.stdout.splitlines()[1]
+    assert verdict.startswith("v6e-8: serves: 322,816 KV tokens per engine") and verdict.endswith(
+        "; --concurrency 256 is planned at 252 requests: the KV cache holds 252 requests of 1,280 tokens "
+        "(1,024 in + 256 out) at once"), verdict
+    (target,) = json.loads(run_cli(*args, "--concurrency", "256", "--json").stdout)["targets"]
+    assert target["concurrency"]["asked"] == 256 and target["concurrency"]["held"] == 322_816 // 1280 == 252
+    assert target["concurrency"]["planned"] == target["estimate"]["concurrency"] == 252
+    assert target["concurrency"]["note"] in target["verdict"]
+    # --max-num-seqs below the concurrency asked holds it back too, and says so; what the cache holds says nothing.
+    (capped,) = json.loads(run_cli(*args, "--concurrency", "256", "--max-num-seqs", "128", "--json").stdout)["targets"]
+    assert capped["concurrency"]["note"] == "--concurrency 256 is planned at 128 requests: --max-num-seqs 128 " \
+                                            "schedules no more"
+    (held,) = json.loads(run_cli(*args, "--concurrency", "64", "--json").stdout)["targets"]
+    assert held["concurrency"] == {"asked": 64, "planned": 64, "held": 252, "note": None}
+    assert held["verdict"].endswith("requests of 8192 tokens at once")
+
+
 def test_the_text_says_whose_requests_the_speed_is_of_and_how_to_get_a_missing_cost():
     """With two replicas the estimate is of each one's share (32 of the 64 in flight); the line read "at 32
     requests". TPU7x has no public list price in tpuprof's table: the cost read "n/a per 1M output tokens

@@ -129,7 +129,7 @@ SERVE = {
         "kv!": {"head_dim!": "int", "padded_head_dim!": "int", "kv_heads_per_device!": "int", "replicated!": "bool",
                 "cache_slots!": "int", "dtype!": "str", "page_size!": "int", "page_size_rule!": "str"},
         "kv_cache_pages!": "int", "kv_cache_tokens!": "int", "max_concurrency!": "num",
-        "largest_max_model_len!": "int", "kv_cache_how": "?str",
+        "largest_max_model_len!": "int", "kv_cache_how": "?str", "concurrency": {"note!": "?str"},
         "programs!": "?", "programs?": {"count!": "int", "count_rule!": "str", "compiled!": "int",
                                         "largest!": "?", "largest?": {"kind!": "str", "tokens!": "?int"},
                                         "largest_temp_bytes": "?int", "largest_code_bytes": "?int",

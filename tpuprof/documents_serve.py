@@ -77,6 +77,8 @@ def target(t: ServeTarget) -> dict:
         "max_concurrency": round(cap.max_concurrency, 2),
         "largest_max_model_len": cap.largest_max_model_len,
         "kv_cache_how": cap.how or None,
+        "concurrency": {"asked": t.concurrency_asked, "planned": t.concurrency_planned, "held": t.requests_held,
+                        "note": t.concurrency_note},
         "fits": t.fits,
         "verdict": t.verdict,
         "problems": list(t.problems),

@@ -172,14 +172,17 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
                                            serve_memory.expert_weights_bytes_per_device(config, tp,
                                                                                         options.quantization),
                                            weights_compiled=bool(programs and programs.weights_bytes_per_device))
+    lowered = _concurrency_note(options, replicas, per_engine, concurrency, requests, held)
     verdict = (f"serves: {cap.tokens:,} KV tokens per engine, {_requests(cap.max_concurrency)} requests of "
-               f"{max_model_len} tokens at once" if fits else "does not serve as asked: " + problems[0])
+               f"{max_model_len} tokens at once" + (f"; {lowered}" if lowered else "")
+               if fits else "does not serve as asked: " + problems[0])
     return ServeTarget(
         slice=slice_, engine=engine, tensor_parallel_size=tp, replicas=replicas, max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=batched, kv=kv, capacity=cap,
         utilization_given=options.gpu_memory_utilization is not None, safe_gpu_memory_utilization=safe,
         margin_bytes=margin, programs=programs, fits=fits, verdict=verdict, problems=tuple(problems),
-        estimate=estimate,
+        estimate=estimate, concurrency_asked=per_engine, concurrency_planned=concurrency, requests_held=held,
+        concurrency_note=lowered,
         command=launch_command(options, slice_, tp, replicas, max_model_len, max_num_seqs, utilization, kv),
         smem_page_table_bytes=table, smem_limit_bytes=serve_memory.smem_limit_bytes(), headroom_bytes=headroom,
         weights_how=(programs.weights_how if programs and programs.weights_bytes_per_device else
@@ -348,6 +351,24 @@ def _fp4_experts(options: ServeOptions, tp: int, weights: int, limit: int, utili
             f"MOE_REQUANTIZE_BLOCK_SIZE={serve_memory.MXFP4_BLOCK} (fp4 with a float32 scale per "
             f"{serve_memory.MXFP4_BLOCK} values: {_gib(fp4)} of weights per device, {_gib(left)} left for the KV "
             "cache).")
+
+
+def _concurrency_note(options: ServeOptions, replicas: int, asked: int | None, planned: int, requests: int,
+                      held: int) -> str | None:
+    """The sentence saying that the requests decoded together, the figure the speed and cost are for, are fewer than
+    --concurrency asked (per engine, ASKED), and what holds them back: the KV cache (HELD requests of input + output
+    tokens each) or the engine's --max-num-seqs (REQUESTS over its devices). None when the plan is at the asked."""
+    if not asked or planned >= asked:
+        return None
+    each = options.input_len + options.output_len
+    share = f" ({asked:,} per engine of {replicas})" if replicas > 1 else ""
+    if held < min(asked, requests):
+        why = (f"the KV cache holds {held:,} requests of {each:,} tokens ({options.input_len:,} in + "
+               f"{options.output_len:,} out) at once")
+    else:
+        why = f"--max-num-seqs {options.max_num_seqs} schedules no more"
+    return (f"--concurrency {options.concurrency:,}{share} is planned at {planned:,} requests"
+            f"{' per engine' if replicas > 1 else ''}: {why}")
 
 
 def _requests(concurrency: float) -> str:

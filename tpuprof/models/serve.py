@@ -360,6 +360,13 @@ class ServeTarget:
     verdict: str
     problems: tuple = ()  # sentences: what stops it, each with the setting that avoids it
     estimate: ServeEstimate | None = None
+    # Requests per engine: asked (--concurrency's share, None when not given), planned (decoded together: the speed
+    # and cost are for them), held (what the KV cache holds at input + output tokens each), and the sentence saying
+    # why planned is below asked (None when it is not).
+    concurrency_asked: int | None = None
+    concurrency_planned: int = 0
+    requests_held: int = 0
+    concurrency_note: str | None = None
     command: str = ""  # the engine's launch command, ready to paste
     smem_page_table_bytes: int = 0
     smem_limit_bytes: int = 0

@@ -120,6 +120,9 @@ def _target(t: dict, positions: int | None) -> Section:
                            f"({fmt_ms(e['tpot_ms_low'])} to {fmt_ms(e['tpot_ms_high'])}), TTFT {fmt_ms(e['ttft_ms'])}{_prefill(e)}, "
                            f"{e['output_tokens_per_s']:,.0f} output tokens/s ({e['output_tokens_per_s_per_chip']:,.0f} "
                            f"per chip), {_cost(e, t)}"))
+    lowered = (t.get("concurrency") or {}).get("note")
+    if lowered and not t["fits"]:  # a plan that serves says it in its verdict
+        blocks.append(Note(lowered + "."))
     blocks += [Note(p, "problem") for p in t["problems"][1:]]  # the first is the verdict's reason
     blocks.append(Command("launch", t["command"]))
     name_ = t["slice"]["name"]
