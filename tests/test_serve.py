@@ -844,3 +844,20 @@ def test_jetstreams_launch_lays_out_the_replicas_the_figures_assume():
     (whole,) = tpuprof.serve("llama3.1-8b", "v6e-8", engine="jetstream", max_model_len=4096,
                              compile=False).to_dict()["targets"]
     assert "ici_data_parallelism" not in whole["command"] and "ici_fsdp_parallelism=1" in whole["command"]
+
+
+def test_jetstreams_cache_rules_and_launch_line_cite_one_maxtext_snapshot():
+    """The cache rules cited maxtext 01739beb (2025-09, src/MaxText/inference/kvcache.py) and the launch line e591f30c
+    (2026-08, where the module is src/maxtext/...): two snapshots for one engine, the older under a path that no
+    longer exists. The cache shapes are the same at e591f30c (KVCache's prefill cache of max_prefill_length and AR
+    cache of max_target_length - max_prefill_length per slot; init_kv_caches the same for every layer), so every
+    JetStream fact names that one commit."""
+    (target,) = tpuprof.serve("gemma2-9b", "v6e-8", engine="jetstream", max_model_len=4096, compile=False).to_dict()[
+        "targets"]
+    commit = serve_memory.MAXTEXT_COMMIT
+    assert target["engine"]["version"] == f"AI-Hypercomputer/maxtext {commit}"
+    assert "src/maxtext/inference/kvcache.py" in target["engine"]["source"]
+    assert f"maxtext {commit} inference/kvcache.py" in target["kv"]["window"]["rule"]
+    docs = (ROOT / "docs" / "serve.md").read_text()
+    cited = set(re.findall(r"(?:maxtext|MaxText) ([0-9a-f]{8})\b", docs))
+    assert cited == {commit}, cited

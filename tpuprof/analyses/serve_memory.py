@@ -39,8 +39,9 @@ SGLang-JAX (`model_runner_kv_cache_mixin.py` @ cddbf6f1): per token `kv_heads_pe
 layers x bytes`, no page packing; budget `available - total x (1 - mem_fraction_static)`. MLA
 (`_compute_cell_size`, `mem_cache/memory_pool.MLATokenToKVPool`): `align128(kv_lora_rank) + align128(rope)` per token
 and layer, pages padded to the dtype's packing, the cache replicated on every TP device (pages split by DP only).
-JetStream / MaxText (`kvcache.py` @ 01739beb): a contiguous cache per slot, `batch x max_target_length` tokens
-preallocated, heads over the tensor axis.
+JetStream / MaxText (`src/maxtext/inference/kvcache.py` @ e591f30c, MAXTEXT_COMMIT: the snapshot the launch line is
+read from too): a contiguous cache per slot, `batch x max_target_length` tokens preallocated, heads over the tensor
+axis.
 Sliding-window and chunked layers (kv_window): vLLM TPU keeps them to their window through vLLM's hybrid KV cache
 manager where it runs vLLM's model code, and caches them in full where it runs its own JAX model; SGLang-JAX keeps
 Gemma 2's in an SWA pool; MaxText caches every layer in full (the sources are named at the rules below).
@@ -70,6 +71,10 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = {"v6e": 1024, "v5e": 512, "v5p": 256}
 GENERAL_MAX_NUM_BATCHED_TOKENS = 2048
 # SGLang-JAX's --chunked-prefill-size when not given (server_args.py @ cddbf6f1), on every generation.
 SGLANG_JAX_CHUNKED_PREFILL_SIZE = 4096
+# The MaxText snapshot every JetStream rule is read from: the cache (inference/kvcache.py, layers/attentions.py) and
+# the server, flags and model names of the launch line (serve_plan.launch_command). The cache shapes are the same as
+# at 01739beb (2025-09), which the rules were first read from.
+MAXTEXT_COMMIT = "e591f30c"
 MIN_TOKEN_BUCKET = 16  # tpu_inference envs.py MIN_TOKEN_BUCKET
 MIN_NUM_SEQS = 8  # tpu_runner.py MIN_NUM_SEQS
 
@@ -94,8 +99,8 @@ ENGINES = {
          "gpu_memory_utilization": "--mem-fraction-static", "kv_cache_dtype": "--kv-cache-dtype",
          "block_size": "--page-size", "quantization": "--quantization"}),
     "jetstream": EngineRules(
-        "jetstream", "AI-Hypercomputer/maxtext 01739beb",
-        "src/MaxText/inference/kvcache.py (contiguous prefill + AR cache per slot)",
+        "jetstream", f"AI-Hypercomputer/maxtext {MAXTEXT_COMMIT}",
+        "src/maxtext/inference/kvcache.py (contiguous prefill + AR cache per slot)",
         {"tensor_parallel_size": "ici_tensor_parallelism", "max_model_len": "max_target_length",
          "max_num_seqs": "per_device_batch_size", "quantization": "quantization",
          "kv_cache_dtype": "quantize_kvcache"}),
@@ -310,8 +315,8 @@ def kv_window(config, engine: str, architecture: str | None = None) -> KvWindow 
                         "every token (sglang-jax cddbf6f1 python/sgl_jax/srt/models)")
     return KvWindow(layers, window, kind, False,
                     f"{what} cached in full: MaxText gives every layer the same per-slot cache of max_target_length "
-                    "tokens and applies the window as a mask (maxtext 01739beb inference/kvcache.py KVCache, "
-                    "layers/attentions.py init_kv_caches)")
+                    f"tokens and applies the window as a mask (maxtext {MAXTEXT_COMMIT} inference/kvcache.py KVCache, "
+                    "layers/attentions.py init_kv_caches, layers/attention_op.py)")
 
 
 def window_blocks_per_request(kv: KvLayout, tokens: int, max_num_batched_tokens: int) -> int:

@@ -33,8 +33,8 @@ HF_IDS = {
 }
 
 
-# MaxText's model_name of the built-in configs (src/maxtext/configs/models/*.yml @ maxtext e591f30c); the others
-# have none there.
+# MaxText's model_name of the built-in configs (src/maxtext/configs/models/*.yml @ serve_memory.MAXTEXT_COMMIT); the
+# others have none there.
 MAXTEXT_MODEL_NAMES = {name: name for name in (
     "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-8b", "llama3.1-70b",
     "llama3.1-405b", "mistral-7b", "mixtral-8x7b", "mixtral-8x22b", "qwen2.5-7b", "qwen3-8b", "qwen3-32b",
