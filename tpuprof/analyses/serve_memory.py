@@ -237,10 +237,19 @@ TPU_INFERENCE_VLLM_PREFERRED = frozenset({"GptOssForCausalLM", "Qwen3MoeForCausa
 # Without architectures in the config: the model types whose architectures are in that JAX registry.
 TPU_INFERENCE_JAX_MODEL_TYPES = frozenset({"llama", "llama4", "llama4_text", "qwen2", "qwen3", "deepseek_v3", "gemma4",
                                            "gemma4_text", "qwen2_5_vl"})
+# vLLM counts the tokens a request may have scheduled and not yet processed, whose pages a sliding or chunked layer
+# cannot free yet, as max_in_flight_tokens = max_concurrent_batches x max_num_batched_tokens (vllm/config/vllm.py
+# @ 000fc94b; SlidingWindowSpec and ChunkedLocalAttentionSpec.max_admission_blocks_per_request size the pool and
+# admit requests by it; 001cabc1, before it, counted max_num_batched_tokens once). max_concurrent_batches is 2 under
+# async scheduling with one pipeline stage, 1 without. Async scheduling is vLLM's default, and the vLLM that
+# tpu-inference b8692ff0 is verified with (d626108b, verified_commit_hashes.csv) runs it on the single-host
+# executor tpu-inference uses (UniProcExecutor.supports_async_scheduling: tpu-inference issue 3456).
+VLLM_BATCHES_IN_FLIGHT = 2
 HYBRID_SOURCE = ("vLLM v1 KV cache manager (vllm-project/vllm 001cabc1: v1/core/kv_cache_utils.py "
                  "_get_kv_cache_groups_uniform_page_size, get_kv_cache_config_from_groups, get_num_blocks, "
                  "get_max_concurrency_for_kv_cache_config; v1/kv_cache_interface.py SlidingWindowSpec, "
-                 "ChunkedLocalAttentionSpec max_memory_usage_bytes), tpu-inference b8692ff0 "
+                 "ChunkedLocalAttentionSpec max_memory_usage_bytes; 000fc94b: config/vllm.py max_in_flight_tokens), "
+                 "tpu-inference b8692ff0 "
                  "platforms/tpu_platform.py support_hybrid_kv_cache (True), runner/kv_cache_manager.py "
                  "initialize_kv_cache (one array of num_blocks pages per group position, shared by the groups)")
 # SGLang-JAX cddbf6f1: models with a sliding window it implements (python/sgl_jax/srt/models: gemma2.py; no Gemma 3,
@@ -288,17 +297,18 @@ def kv_window(config, engine: str, architecture: str | None = None) -> KvWindow 
         counts = [n for n in (full, layers) if n]
         group = min(counts) if max(counts) >= 1.5 * min(counts) else max(counts)
         full_groups, window_groups = -(-full // group), -(-layers // group)
-        held = ("ceil((window - 1 + max_num_batched_tokens) / page) + 1" if kind == "sliding"
-                else "ceil((chunk + max_num_batched_tokens) / page)")
+        held = ("ceil((window - 1 + max_in_flight_tokens) / page) + 1" if kind == "sliding"
+                else "ceil((chunk + max_in_flight_tokens) / page)")
         return KvWindow(layers, window, kind, True,
                         f"{what} kept to their window: tpu-inference gives vLLM's {architecture or config.model_type} "
                         f"layers {'SlidingWindowSpec' if kind == 'sliding' else 'ChunkedLocalAttentionSpec'}, and "
                         f"vLLM's hybrid KV cache manager cuts the layers into {full_groups} full-attention and "
                         f"{window_groups} {kind} group(s) of {group} layers sharing one pool of blocks (a block: one "
                         f"page of each layer of a group); a request holds ceil(tokens / page) blocks of each "
-                        f"full-attention group and at most {held} of each {kind} group, the most vLLM reserves "
-                        "(synchronous scheduling; vLLM versions that reserve for an asynchronous step in flight count "
-                        f"max_num_batched_tokens twice): {HYBRID_SOURCE}",
+                        f"full-attention group and at most {held} of each {kind} group, the most vLLM reserves, "
+                        f"max_in_flight_tokens being {VLLM_BATCHES_IN_FLIGHT} x max_num_batched_tokens (vLLM's async "
+                        "scheduling, on by default, schedules a step while the one before runs): "
+                        f"{HYBRID_SOURCE}",
                         group_size=group, full_groups=full_groups, window_groups=window_groups)
     if engine == "sglang-jax":
         if kind == "sliding" and config.model_type in SGLANG_JAX_WINDOW_MODEL_TYPES:
@@ -319,21 +329,26 @@ def kv_window(config, engine: str, architecture: str | None = None) -> KvWindow 
                     "layers/attentions.py init_kv_caches, layers/attention_op.py)")
 
 
-def window_blocks_per_request(kv: KvLayout, tokens: int, max_num_batched_tokens: int) -> int:
-    """vLLM's reservation for one request of TOKENS in each window group, in pages (SlidingWindowSpec /
-    ChunkedLocalAttentionSpec.max_memory_usage_bytes)."""
+def window_blocks_per_request(kv: KvLayout, tokens: int, in_flight_tokens: int) -> int:
+    """vLLM's reservation for one request of TOKENS in each window group, in pages, with IN_FLIGHT_TOKENS scheduled
+    and not yet processed (SlidingWindowSpec / ChunkedLocalAttentionSpec.max_admission_blocks_per_request)."""
     w = kv.window
     if w.kind == "sliding":
-        return -(-min(w.window - 1 + max_num_batched_tokens, tokens) // kv.page_size) + 1
-    return -(-min(w.window + max_num_batched_tokens, tokens) // kv.page_size)
+        return -(-min(w.window - 1 + in_flight_tokens, tokens) // kv.page_size) + 1
+    return -(-min(w.window + in_flight_tokens, tokens) // kv.page_size)
 
 
-def vllm_blocks_per_request(kv: KvLayout, tokens: int, max_num_batched_tokens: int) -> int:
+def vllm_in_flight_tokens(max_num_batched_tokens: int) -> int:
+    """vLLM's max_in_flight_tokens: VLLM_BATCHES_IN_FLIGHT steps of max_num_batched_tokens."""
+    return VLLM_BATCHES_IN_FLIGHT * max_num_batched_tokens
+
+
+def vllm_blocks_per_request(kv: KvLayout, tokens: int, in_flight_tokens: int) -> int:
     """Blocks of vLLM's shared pool one request of TOKENS takes: every full-attention group's pages plus each window
     group's reservation (get_max_concurrency_for_kv_cache_config)."""
     w = kv.window
     return (w.full_groups * -(-tokens // kv.page_size)
-            + w.window_groups * window_blocks_per_request(kv, tokens, max_num_batched_tokens))
+            + w.window_groups * window_blocks_per_request(kv, tokens, in_flight_tokens))
 
 
 def sglang_swa_pools(kv: KvLayout, tokens: int) -> tuple[int, int]:
@@ -462,16 +477,18 @@ def _vllm_hybrid_capacity(kv, bytes_limit, utilization, weights, state, budget, 
     are that concurrency x max_model_len (its _report_kv_cache_config)."""
     w = kv.window
     pages = max(budget, 0) // (w.group_size * kv.page_bytes_per_layer) if kv.page_bytes_per_layer else 0
-    per_request = vllm_blocks_per_request(kv, max_model_len, batched)
+    in_flight = vllm_in_flight_tokens(batched)
+    per_request = vllm_blocks_per_request(kv, max_model_len, in_flight)
     concurrency_ = pages / per_request
     wanted = max(concurrency, 1)
     limit = position_limit or max(pages * kv.page_size, max_model_len)
-    longest = _longest(lambda n: wanted * vllm_blocks_per_request(kv, n, batched) <= pages, kv.page_size, limit)
+    longest = _longest(lambda n: wanted * vllm_blocks_per_request(kv, n, in_flight) <= pages, kv.page_size, limit)
     how = (f"{pages:,} blocks of {w.group_size} layers' pages ({w.group_size} x "
            f"{kv.page_bytes_per_layer:,} B) in the budget; a request of {max_model_len:,} tokens takes {per_request:,} "
            f"of them ({w.full_groups} full-attention group(s) x {-(-max_model_len // kv.page_size):,} pages + "
-           f"{w.window_groups} {w.kind} group(s) x {window_blocks_per_request(kv, max_model_len, batched):,}, with "
-           f"max_num_batched_tokens {batched:,}); tokens = that concurrency x max_model_len, as vLLM logs them")
+           f"{w.window_groups} {w.kind} group(s) x {window_blocks_per_request(kv, max_model_len, in_flight):,}, with "
+           f"{in_flight:,} tokens in flight: max_num_batched_tokens {batched:,} x {VLLM_BATCHES_IN_FLIGHT} steps under "
+           "async scheduling); tokens = that concurrency x max_model_len, as vLLM logs them")
     return Capacity(bytes_limit, utilization, weights, state, budget, pages, int(concurrency_ * max_model_len),
                     concurrency_, longest, how=how)
 
