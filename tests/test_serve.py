@@ -861,3 +861,17 @@ def test_jetstreams_cache_rules_and_launch_line_cite_one_maxtext_snapshot():
     docs = (ROOT / "docs" / "serve.md").read_text()
     cited = set(re.findall(r"(?:maxtext|MaxText) ([0-9a-f]{8})\b", docs))
     assert cited == {commit}, cited
+
+
+@pytest.mark.parametrize("tpu, sizes, topology", [("v6e", "v6e-1, v6e-4, v6e-8", "v6e:2x2"),
+                                                  ("tpu7x", "tpu7x-2, tpu7x-8, tpu7x-16", "tpu7x:2x2x1"),
+                                                  ("v6e-8,v5p", "v5p-8, v5p-16, v5p-32", "v5p:2x2x1")])
+def test_a_generation_alone_is_no_slice_to_plan(tpu, sizes, topology):
+    """`--tpu v6e` planned the generation's smallest topology, 4 chips at TP 4, under the name "v6e" with not a word
+    of the chips: a plan for a slice the user never named, launched with --tensor-parallel-size 4."""
+    result = run_cli("serve", "--model", "llama3.1-8b", "--tpu", tpu, "--no-compile")
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    generation = tpu.split(",")[-1]
+    assert result.stderr == f"tpuprof: --tpu {generation} names a TPU generation, not a slice: give the slice to " \
+                            f"plan, such as {sizes} (or a topology such as {topology}).\n"
+    assert run_cli("serve", "--model", "llama3.1-8b", "--tpu", topology, "--no-compile").returncode == 0

@@ -100,6 +100,13 @@ def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm"
                                                     f"above 0 and at most 1, not {gpu_memory_utilization!r}.")
     parsed = options.tpu_slices(tpu, OptionError, "{option} needs a slice such as v6e-8 (or several: v6e-8,v5p-8).")
     for chosen in parsed:
+        if not chosen.explicit:  # slices.parse takes a generation alone as its smallest topology: name the slice
+            from tpuprof.slices import NAMING
+
+            naming = NAMING[chosen.generation]
+            sizes = ", ".join(f"{naming.prefix}-{naming.count(c)}" for c in naming.chip_counts[:3])
+            raise OptionError("tpu", f"{{option}} {chosen.name} names a TPU generation, not a slice: give the slice "
+                                     f"to plan, such as {sizes} (or a topology such as {chosen.topology}).")
         if not chosen.target.pallas_kernels:  # every engine here runs the ragged paged attention kernel
             raise OptionError("tpu", f"{{option}} {chosen.name}: the engines' ragged paged attention kernel does not "
                                      f"compile for {chosen.generation} (Mosaic, the Pallas TPU compiler, refuses its "
