@@ -875,3 +875,18 @@ def test_a_generation_alone_is_no_slice_to_plan(tpu, sizes, topology):
     assert result.stderr == f"tpuprof: --tpu {generation} names a TPU generation, not a slice: give the slice to " \
                             f"plan, such as {sizes} (or a topology such as {topology}).\n"
     assert run_cli("serve", "--model", "llama3.1-8b", "--tpu", topology, "--no-compile").returncode == 0
+
+
+def test_vllm_tpus_default_batched_tokens_are_vllms_general_ones_on_every_generation():
+    """tpuprof took vLLM's TPU row (v6e 1024, v5e 512, v5p 256), which vLLM applies only where the platform names
+    its chip "V6E", "V5E" or "V5P"; tpu-inference names it "TPU V6E" (TpuPlatform.get_device_name @ b8692ff0), so
+    `vllm serve` takes the defaults of a device whose memory it cannot read: 2048 (8192 for the LLM class). The Keras
+    guide's log is the LLM class on v5e-1, not given the setting: 8192, where the V5E row says 1024. The default sets
+    the largest backbone compiled, the prefill chunk and the window reservation."""
+    text = (SERVING / "keras_io_gemma3_1b_v5e1_tp1.txt").read_text()
+    assert "'max_num_batched_tokens'" not in re.search(r"non-default args: (\{.*\})", text).group(1)
+    assert "Chunked prefill is enabled with max_num_batched_tokens=8192." in text
+    for tpu in ("v5e-8", "v6e-8", "v5p-8", "tpu7x-8"):
+        (target,) = tpuprof.serve("llama3.1-8b", tpu, max_model_len=8192, compile=False).targets
+        assert target.max_num_batched_tokens == 2048, tpu
+        assert "--max-num-batched-tokens" not in target.command  # vLLM's own default, as planned

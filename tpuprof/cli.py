@@ -312,7 +312,7 @@ def serve(
     engine: ServeEngine = Option(ServeEngine("vllm"), "--engine", help="The serving engine whose rules apply: vllm (tpu-inference), sglang-jax, jetstream (MaxText)."),
     max_model_len: Optional[int] = Option(None, "--max-model-len", help="Longest request in tokens (default: the model's max_position_embeddings)."),
     max_num_seqs: Optional[int] = Option(None, "--max-num-seqs", help="Requests the engine schedules at once (default: --concurrency, else 256)."),
-    max_num_batched_tokens: Optional[int] = Option(None, "--max-num-batched-tokens", help="Tokens per step (default: vLLM's for the chip: v6e 1024, v5e 512, v5p 256)."),
+    max_num_batched_tokens: Optional[int] = Option(None, "--max-num-batched-tokens", help="Tokens per step (default: the engine's: vLLM on TPU 2048, SGLang-JAX 4096)."),
     tensor_parallel_size: Optional[int] = Option(None, "--tensor-parallel-size", help="Devices one engine spans (default: every device of the slice the heads allow)."),
     enable_expert_parallel: bool = Option(False, "--enable-expert-parallel", help="Shard a mixture of experts by expert instead of by width."),
     kv_cache_dtype: KvCacheDtype = Option(KvCacheDtype("auto"), "--kv-cache-dtype", help="auto (bf16) or fp8 (fp8_e4m3, fp8_e5m2)."),

@@ -65,10 +65,14 @@ SMEM_ROW_ENTRIES = 128
 # (tests/fixtures/serving: "total_hbm_limit_cap_gb=14.49GiB" of 15.75 on v5e, 28.74 of 31.24 on v6e).
 DEFAULT_UTILIZATION = 0.92
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default for `vllm serve`
-# `vllm serve` on TPU (vllm/engine/arg_utils.py, default_max_num_batched_tokens_tpu, OPENAI_API_SERVER): per chip
-# generation; other generations take vLLM's general default.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = {"v6e": 1024, "v5e": 512, "v5p": 256}
-GENERAL_MAX_NUM_BATCHED_TOKENS = 2048
+# `vllm serve`'s max_num_batched_tokens on TPU, on every generation. vLLM's arg_utils has a TPU row (V6E 1024, V5E
+# 512, V5P 256 for the API server) that it takes only where current_platform.get_device_name() is "V6E", "V5E" or
+# "V5P", and tpu-inference's TpuPlatform.get_device_name (b8692ff0) returns "TPU V6E" (its own fp8_dtype compares
+# with "tpu v6e"): no TPU matches, and the defaults are those of a device whose memory vLLM cannot read
+# (TpuPlatform.get_device_total_memory raises NotImplementedError): 2048 for the API server, 8192 for the LLM class,
+# max_num_seqs 256. The Keras guide's log shows it: the LLM class on v5e-1, vLLM 0.26.0, "max_num_batched_tokens=8192"
+# where the V5E row gives 1024 (tests/fixtures/serving/keras_io_gemma3_1b_v5e1_tp1.txt).
+VLLM_MAX_NUM_BATCHED_TOKENS = 2048
 # SGLang-JAX's --chunked-prefill-size when not given (server_args.py @ cddbf6f1), on every generation.
 SGLANG_JAX_CHUNKED_PREFILL_SIZE = 4096
 # The MaxText snapshot every JetStream rule is read from: the cache (inference/kvcache.py, layers/attentions.py) and
@@ -561,10 +565,11 @@ def vllm_quantization(quantization: str) -> str:
     return json.dumps({"quantization": {"qwix": {"rules": [{"module_path": ".*", "weight_qtype": qtype}]}}})
 
 
-def default_max_num_batched_tokens(generation: str, engine: str = "vllm") -> int:
+def default_max_num_batched_tokens(engine: str = "vllm") -> int:
+    """Tokens per step when --max-num-batched-tokens is not given: SGLang-JAX's chunked prefill, else vLLM TPU's."""
     if engine == "sglang-jax":
         return SGLANG_JAX_CHUNKED_PREFILL_SIZE
-    return DEFAULT_MAX_NUM_BATCHED_TOKENS.get(generation, GENERAL_MAX_NUM_BATCHED_TOKENS)
+    return VLLM_MAX_NUM_BATCHED_TOKENS
 
 
 def headroom_bytes(largest_temp: int, all_code: int, margin: int) -> int:

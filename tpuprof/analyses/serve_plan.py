@@ -99,7 +99,7 @@ def target(options: ServeOptions, slice_, on_compile=None) -> ServeTarget:
                                             serve_memory.DEFAULT_MAX_NUM_SEQS)
     requests = max_num_seqs * shards  # the engine's, over its devices
     batched = (options.max_num_batched_tokens
-               or serve_memory.default_max_num_batched_tokens(slice_.generation, options.engine))
+               or serve_memory.default_max_num_batched_tokens(options.engine))
     kv = serve_memory.kv_layout(config, options.engine, tp, options.kv_cache_dtype, max_model_len, options.block_size,
                                max_num_seqs, options.architecture)
     limit = slice_.target.compiler_hbm_bytes
