@@ -97,6 +97,7 @@ def test_vllm_tpu_keeps_the_sliding_layers_to_their_window_as_its_hybrid_allocat
     assert target.capacity.tokens == expected["tokens"]
     assert target.kv.kv_bytes_per_token_per_device == expected["per_token"]
     assert target.kv.window.kept and "SlidingWindowSpec" in target.kv.window.rule
+    assert target.command.endswith(" --async-scheduling")  # the setting the reservation rests on
     # Against every layer cached in full: the gain the window brings at 32k tokens.
     assert target.capacity.max_concurrency / expected["all_full_concurrency"] == pytest.approx(gain, abs=0.005)
     # The longest --max-model-len for the 64 requests asked holds 64 of them; one page more does not (or it is the
@@ -142,7 +143,7 @@ def test_llama4_runs_as_tpu_inferences_jax_model_which_caches_its_chunked_layers
     (target,) = tpuprof.serve("llama4-scout", "v6e-8", **SETTINGS).targets
     window, kv = target.kv.window, target.kv
     assert (window.layers, window.window, window.kind, window.kept) == (36, 8192, "chunked", False)
-    assert "FullAttentionSpec" in window.rule
+    assert "FullAttentionSpec" in window.rule and "--async-scheduling" not in target.command
     assert kv.kv_bytes_per_token_per_device == 48 * kv.page_bytes_per_layer // kv.page_size
     pages = target.capacity.kv_budget_bytes_per_device // (48 * kv.page_bytes_per_layer)
     assert target.capacity.tokens == pages * kv.page_size

@@ -247,7 +247,9 @@ TPU_INFERENCE_JAX_MODEL_TYPES = frozenset({"llama", "llama4", "llama4_text", "qw
 # admit requests by it; 001cabc1, before it, counted max_num_batched_tokens once). max_concurrent_batches is 2 under
 # async scheduling with one pipeline stage, 1 without. Async scheduling is vLLM's default, and the vLLM that
 # tpu-inference b8692ff0 is verified with (d626108b, verified_commit_hashes.csv) runs it on the single-host
-# executor tpu-inference uses (UniProcExecutor.supports_async_scheduling: tpu-inference issue 3456).
+# executor tpu-inference uses (UniProcExecutor.supports_async_scheduling: tpu-inference issue 3456); tpu-recipes'
+# vLLM recipes (Ironwood GPT-OSS, Qwen3-32B; Trillium Llama 3.x) and tpu-inference's benchmark cases pass
+# --async-scheduling, as serve's launch command does where the figures rest on it (a window kept).
 VLLM_BATCHES_IN_FLIGHT = 2
 HYBRID_SOURCE = ("vLLM v1 KV cache manager (vllm-project/vllm 001cabc1: v1/core/kv_cache_utils.py "
                  "_get_kv_cache_groups_uniform_page_size, get_kv_cache_config_from_groups, get_num_blocks, "

@@ -244,6 +244,8 @@ def launch_command(options: ServeOptions, slice_, tp: int, replicas: int, max_mo
             parts += ["--additional-config", json.dumps(extra)]
         if options.enable_expert_parallel:
             parts += ["--enable-expert-parallel"]
+        if kv.window and kv.window.kept:  # the window's reservation counts the step async scheduling keeps in flight
+            parts += ["--async-scheduling"]
         return shlex.join(parts)
     if options.engine == "sglang-jax":
         # SGLang-JAX meshes every device the host sees as [dp_size, tp_size / dp_size] (scheduler.py @ cddbf6f1):
