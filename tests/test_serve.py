@@ -459,6 +459,10 @@ def test_a_concurrency_above_what_the_kv_cache_holds_is_lowered_in_a_sentence_wi
     (capped,) = json.loads(run_cli(*args, "--concurrency", "256", "--max-num-seqs", "128", "--json").stdout)["targets"]
     assert capped["concurrency"]["note"] == "--concurrency 256 is planned at 128 requests: --max-num-seqs 128 " \
                                             "schedules no more"
+    (mla,) = tpuprof.serve("deepseek-v2-lite", "v6e-4", max_model_len=4096, concurrency=100, max_num_seqs=16,
+                           compile=False).to_dict()["targets"]  # attention data parallelism: 16 on each device
+    assert mla["concurrency"]["note"] == "--concurrency 100 is planned at 64 requests: --max-num-seqs 16 on each " \
+                                         "of its 4 devices schedules no more"
     (held,) = json.loads(run_cli(*args, "--concurrency", "64", "--json").stdout)["targets"]
     assert held["concurrency"] == {"asked": 64, "planned": 64, "held": 252, "note": None}
     assert held["verdict"].endswith("requests of 8192 tokens at once")

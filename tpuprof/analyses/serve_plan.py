@@ -368,7 +368,9 @@ def _concurrency_note(options: ServeOptions, replicas: int, asked: int | None, p
         why = (f"the KV cache holds {held:,} requests of {each:,} tokens ({options.input_len:,} in + "
                f"{options.output_len:,} out) at once")
     else:
-        why = f"--max-num-seqs {options.max_num_seqs} schedules no more"
+        shards = requests // (options.max_num_seqs or requests)  # vLLM TPU's MLA: each device schedules its own
+        why = f"--max-num-seqs {options.max_num_seqs}{f' on each of its {shards} devices' if shards > 1 else ''} " \
+              "schedules no more"
     return (f"--concurrency {options.concurrency:,}{share} is planned at {planned:,} requests"
             f"{' per engine' if replicas > 1 else ''}: {why}")
 
