@@ -187,3 +187,27 @@ def test_an_exact_dump_against_its_own_estimated_text_says_the_methods_differ():
         assert "B's figures are an estimate" in " ".join(shown.split()) and "not the program's" in shown, shown
     same = run_cli("diff", DUMPS / "diff_b64", DUMPS / "diff_b128")
     assert same.returncode == 0 and "figures are an estimate" not in same.stdout
+
+
+def test_steps_of_different_batch_counts_compare_per_batch():
+    """tf_tiny_spe1 -> tf_tiny_spe64 is one Keras job at steps_per_execution 1 and 64: a step call of B runs 64
+    batches. Its step time is +4,720% while each batch got faster: the diff compares per batch as each capture's
+    own analysis divides it, says why, and --fail-if can hold the per-batch figure."""
+    spe1, spe64 = CAPTURES / "tf_tiny_spe1", CAPTURES / "tf_tiny_spe64"
+    analyses = [json.loads(run_cli("analyze", c, "--json").stdout)["steps"] for c in (spe1, spe64)]
+    assert [s["batches_per_step"] for s in analyses] == [1, 64]
+    document = json.loads(run_cli("diff", spe1, spe64, "--json").stdout)
+    group = document["groups"][0]
+    assert group["batches_per_step"] == {"a": 1, "b": 64}
+    for name in ("mean_ms", "median_ms"):
+        row = metric(document, f"{name}_per_batch")
+        assert (row["a"], row["b"]) == tuple(pytest.approx(s[name] / s["batches_per_step"], abs=1e-3)
+                                             for s in analyses)
+    assert metric(document, "mean_ms")["change"] > 0 > metric(document, "mean_ms_per_batch")["change"]
+    assert any("count different work" in c for c in group["caveats"])
+    text = run_cli("diff", spe1, spe64, env={"COLUMNS": "120"}).stdout
+    assert "A step runs 1 batch in A and 64 in B" in " ".join(text.split())
+    assert run_cli("diff", spe1, spe64, "--fail-if", "mean_ms_per_batch>+0").returncode == 0
+    assert run_cli("diff", spe64, spe1, "--fail-if", "mean_ms_per_batch>+0").returncode == 1
+    same = json.loads(run_cli("diff", CAPTURES / "jax_compute", CAPTURES / "jax_slow_loader", "--json").stdout)
+    assert not any(m["name"].endswith("_per_batch") for m in same["groups"][0]["metrics"])  # one batch a step each

@@ -124,6 +124,9 @@ def _group(g: dict, kind: str, top: int) -> Section:
     if measured:
         out.blocks.append(Note(f"Steps measured: {measured.get('a')} in A, {measured.get('b')} in B (that depends on "
                                "how long each capture ran: not compared)."))
+    batches = g.get("batches_per_step")
+    if isinstance(batches, dict) and batches.get("a") != batches.get("b"):
+        out.blocks.append(Note(_different_steps(batches), "warning"))
     methods = g.get("methods")
     if isinstance(methods, dict) and methods.get("a") != methods.get("b") and methods.get("a") and methods.get("b"):
         estimated = [side.upper() for side in ("a", "b") if methods[side] not in PER_DEVICE_COMPILER_METHODS]
@@ -144,6 +147,13 @@ def _group(g: dict, kind: str, top: int) -> Section:
     out.blocks += _buffers(g.get("buffers") or {})
     out.blocks.append(Caveats("", tuple(g.get("caveats") or ())))
     return out
+
+
+def _different_steps(batches: dict) -> str:
+    a, b = batches.get("a"), batches.get("b")
+    return (f"A step runs {a} batch{'' if a == 1 else 'es'} in A and {b} in B (the input iterator's calls per step "
+            "call, in each capture): step times and the per-step figures (ms per step, the ops) count "
+            "different work; compare median_ms_per_batch and mean_ms_per_batch.")
 
 
 def _ops(ops: list[dict], top: int) -> list:
