@@ -156,8 +156,8 @@ def diff_group(group: dict) -> list[str]:
                    f"{per_example.get('batch_b')}); the largest batch assumes it stays linear.")
     batches = group.get("batches_per_step")
     if isinstance(batches, dict) and batches.get("a") != batches.get("b"):
-        out.append(f"A step runs {batches.get('a')} batch(es) in A and {batches.get('b')} in B: step times and per-step "
-                   "figures count different work; the *_per_batch metrics compare alike.")
+        out.append(f"A step runs {batches.get('a')} batch(es) in A and {batches.get('b')} in B: step times and "
+                   "per-step figures count different work; the *_per_batch metrics compare alike.")
     steps = group.get("steps_measured")
     if isinstance(steps, dict):
         few = [f"{side.upper()} {_count(n, 'step')}" for side, n in steps.items()
