@@ -88,3 +88,21 @@ def bottleneck(all_stages: list[Stage]) -> Stage | None:
     """The stage that spends the most time itself (waiting stages such as Prefetch excluded)."""
     candidates = [s for s in merged(all_stages) if s.kind not in WAITING_KINDS and s.self_ps > 0]
     return candidates[0] if candidates else None
+
+
+def producer_pace(all_stages: list[Stage]) -> tuple[Stage, float] | None:
+    """The stage the outermost `prefetch` fills its buffer from, and the time it took per batch delivered, in ms
+    (its time over the capture / the Root's calls, one per batch). A prefetch's thread gets one element at a time:
+    the steps cannot take batches faster than that pace unless the pipeline gets faster. None without a prefetch
+    (the pipeline then runs on the training thread, where its time is input wait already)."""
+    stages = merged(all_stages)
+    batches = sum(s.count for s in stages if s.kind == "Root")
+    prefetches = [s for s in stages if s.kind in ("Prefetch", "PrefetchDataset")]
+    if not batches or not prefetches:
+        return None
+    outer = min(prefetches, key=lambda s: s.name.count("::"))
+    depth = outer.name.count("::") + 1
+    children = [s for s in stages if s.name.startswith(outer.name + "::") and s.name.count("::") == depth]
+    if len(children) != 1 or not children[0].total_ps:
+        return None
+    return children[0], children[0].total_ps / 1e9 / batches
