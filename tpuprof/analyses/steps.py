@@ -131,17 +131,13 @@ class HostView:
                 # work, and its first and last event bound the thread's time. Read it again, whole.
                 line = read_line(stream_line, stats_for=markers)
             self.lines.append(line)
-        wait, comp, work = [], [], []
-        compiles: dict[int, list[int]] = {}
+        wait, comp, work, comp_ids = [], [], [], []
         for line in self.lines:
             idx = line.select(get_next)
             wait.append((line.start[idx], line.end[idx]))
             idx = line.select(compile_ids)
             comp.append((line.start[idx], line.end[idx]))
-            for key, duration in zip(line.mid[idx].tolist(), (line.end[idx] - line.start[idx]).tolist()):
-                entry = compiles.setdefault(key, [0, 0])
-                entry[0] += 1
-                entry[1] += duration
+            comp_ids.append(line.mid[idx])
             if EXEC_LINE.match(line.name):
                 idx = line.select(tf_ops | xla_ops if top_ops.XLA_CPU_LINE.match(line.name) else tf_ops)
                 work.append((line.start[idx], line.end[idx]))
@@ -151,6 +147,18 @@ class HostView:
         self.input_visible = any(len(line.select(visible)) for line in self.lines)
         self.input_wait = _spans(wait)
         self.compile = _spans(comp)
+        # One compilation shows on several threads at once (jax's backend_compile_and_load on the caller, XLA's
+        # PjRtCpuClient::Compile and codegen on its pools): count the outermost event only, so that the events
+        # named add up to time spent, not to the same time twice.
+        compiles: dict[int, list[int]] = {}
+        if comp:
+            starts, ends = np.concatenate([c[0] for c in comp]), np.concatenate([c[1] for c in comp])
+            keys = np.concatenate(comp_ids)
+            outer = top_level(starts, ends)
+            for key, duration in zip(keys[outer].tolist(), (ends[outer] - starts[outer]).tolist()):
+                entry = compiles.setdefault(key, [0, 0])
+                entry[0] += 1
+                entry[1] += duration
         self.compile_events = sorted(((plane.event_metadata[k].name, c, d) for k, (c, d) in compiles.items()),
                                      key=lambda item: item[2], reverse=True)[:3]
         self.work = _spans(work)
