@@ -598,6 +598,32 @@ def test_fresh_capture_of_a_compute_bound_jax_job_without_step_annotations(profi
     assert not {s["kind"] for s in report.suggestions} & {"input_pipeline", "steps_per_execution"}
 
 
+@pytest.mark.parametrize("name", ["jax_compute", "jax_slow_loader"])
+def test_a_jax_loop_without_step_annotations_reads_as_with_them(reports, tmp_path, name):
+    """A committed JAX capture with its `train` step annotations taken out, as many loops run: the steps are then
+    the jitted step's calls, which return before the device is done, and the thread blocks in block_until_ready
+    (PjRt traces `CommonPjRtBuffer::Await` as the wait starts and once it returns). That wait read as the
+    loader's: jax_compute's free loader waited 0.17 ms a step for input against 0.05 with the annotations (a live
+    capture on a loaded machine: 9.8%, 'moderately input-bound', with the input-pipeline advice). A loader that
+    sleeps 20 ms stays input."""
+    from tpuprof.protos import xplane_pb2
+
+    annotated = reports(name)
+    space = xplane_pb2().XSpace()
+    space.ParseFromString(next(capture(name).rglob("*.xplane.pb")).read_bytes())
+    plane = next(p for p in space.planes if p.name == "/host:CPU")
+    markers = {k for k, m in plane.event_metadata.items() if m.name == "train"}
+    for line in plane.lines:
+        kept = [e for e in line.events if e.metadata_id not in markers]
+        del line.events[:]
+        line.events.extend(kept)
+    stripped = command.profile_summary(str(write_run(tmp_path, {"host": space})))
+    assert "jitted function" in stripped.hosts[0].step_source and stripped.verdict == annotated.verdict
+    for category in ("input", "host_overhead"):
+        assert stripped.breakdown_ms_per_step[category] == pytest.approx(
+            annotated.breakdown_ms_per_step[category], abs=0.03), (category, stripped.breakdown_ms_per_step)
+
+
 def test_one_bad_host_file_among_several_is_named(tmp_path, capsys):
     """Hosts are read in worker processes: the error still reaches the user as one sentence."""
     source = next(capture("jax_compute").rglob("*.xplane.pb")).read_bytes()

@@ -20,7 +20,8 @@ unless it is the only one. Within a host step, with this priority:
                   gap until the next call: what running several steps per call amortises.
 When the capture does not show the input pipeline (a JAX process records jaxlib's events, never the
 Python data loader), untraced time on the training thread before a step starts dispatching is the
-loader's: input. Traced dispatch, launch and return stay host overhead.
+loader's: input. Traced dispatch, launch and return stay host overhead, and so does the untraced time between
+two of JAX's waits for the device (`block_until_ready`) with nothing else on the thread: the host was blocked.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ PYTHON_TRACER = "$"  # the prefix of the Python tracer's events (a Python functi
 # user's loader, while they run.
 JAX_PYTHON_WAITS = re.compile(r"^\$(\S+ (block_until_ready|try_to_block|device_get|device_put)"
                               r"|profiler\.py:\d+ (start_trace|stop_trace|trace))$")
+
+
+# JAX waiting for a result (`block_until_ready`, `device_get`): PjRt traces `CommonPjRtBuffer::Await` as the wait
+# starts and again once the result is there; the blocking between is untraced.
+DEVICE_WAIT = re.compile(r"PjRt\w*Buffer::Await$")
 
 
 def _stat_names(plane) -> dict[int, str]:
@@ -295,7 +301,7 @@ def host_steps(view: HostView, profile: HostProfile) -> None:
             launch_start = np.where(first < len(traced.starts), np.maximum(start, first_start), core_start)
         launch = Spans(np.minimum(launch_start, core_start), core_start)
         layers = [("compile", view.compile), ("input", view.input_wait), ("compute", core | view.work),
-                  ("host_overhead", traced | launch | Spans(core_end, end))]
+                  ("host_overhead", traced | launch | Spans(core_end, end) | _blocked(view, line))]
         parts = split_layers(a, b, layers, rest="input")
     numbers = view.step_numbers(line, idx)
     batches = view.batches_per_step(start, end)
@@ -304,6 +310,25 @@ def host_steps(view: HostView, profile: HostProfile) -> None:
         # The last step's period ends with its marker: the gap before the next step is not in the capture, so
         # it would be measured shorter than the others. Leave it out.
         profile.steps = profile.steps[:-1]
+
+
+def _blocked(view: HostView, line: Line) -> Spans:
+    """The training thread blocked on the device: from one JAX wait event to the next when nothing else ran on the
+    thread between them. Without step annotations a step ends with its dispatch, and that wait (the device
+    finishing, then the thread waking up) read as untraced loader time: a compute-bound job with a free loader
+    read 9.8% waiting for input, 'moderately input-bound'."""
+    waits = line.select(_ids(view.names, lambda n: bool(DEVICE_WAIT.search(n))))
+    if len(waits) < 2:
+        return Spans.empty()
+    wait = Spans(line.start[waits], line.end[waits])
+    markers = set().union(*view._marker_ids().values())
+    others = np.ones(len(line.mid), bool)
+    others[waits] = False
+    if markers:
+        others &= ~np.isin(line.mid, list(markers))
+    gap_starts, gap_ends = wait.ends[:-1], wait.starts[1:]
+    quiet = Spans(line.start[others], line.end[others]).measure(gap_starts, gap_ends) == 0
+    return Spans(gap_starts[quiet], wait.ends[1:][quiet])
 
 
 def _framework(plane) -> str:
