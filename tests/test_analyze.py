@@ -292,6 +292,19 @@ def test_two_hosts_one_with_a_slower_loader_is_the_straggler(reports):
     assert any(s["kind"] == "straggler" and straggler in s["message"] for s in report.suggestions)
 
 
+def test_a_straggler_nothing_waits_for_is_not_said_to_hold_steps_up(reports):
+    """The two "hosts" are two jobs traced in one call: no collective, no step number in common, 70 and 41 steps
+    in the same window. The advice said every synchronous step waits for the slow one; the capture shows none
+    did, and the suggestion says what it shows."""
+    report = reports("jax_two_hosts_straggler")
+    rows = {r.host: r for r in report.pod.hosts}
+    assert report.pod.matched_steps == 0 and not any(r.collective_ms for r in rows.values())
+    assert len({r.steps for r in rows.values()}) == 2  # not in lockstep
+    advice = next(s for s in report.suggestions if s["kind"] == "straggler")
+    assert "every synchronous step waits" not in advice["message"] and "none waited for it" in advice["message"]
+    assert all(f"{host} {row.steps} steps" in advice["evidence"] for host, row in rows.items())
+
+
 def test_json_contract_from_the_cli(capsys):
     cli.main(["analyze", str(capture("tf_slow_map")), "--json", "--top", "5"])
     document = json.loads(capsys.readouterr().out)

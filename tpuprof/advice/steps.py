@@ -232,6 +232,20 @@ def _stragglers(report: ProfileSummary) -> list[Suggestion]:
                     f"the last host to reach the collective in {row.last_steps} of {pod.matched_steps} matched steps, "
                     f"holding the pod up {per_step:.2f} ms per step ({row.delay_ms:.2f} ms in all); its median step "
                     f"{row.median_ms:.2f} ms against {middle:.2f} ms across hosts (the hosts' median)."), per_step))
+    elif report.stragglers and pod is not None and not any(r.collective_ms for r in pod.hosts):
+        # No step number in common and no collective on any host: nothing in the capture waits for the slow host
+        # (jax_two_hosts_straggler: two jobs, 70 and 41 steps in one window). Its own steps are slower; a pod in
+        # lockstep would wait for it, this capture does not show one.
+        found = [Suggestion(
+            kind="straggler",
+            message=(f"Host {host}'s steps are slower than the others'. In this capture the hosts ran no collective "
+                     "and no step number in common, so none waited for it; if they train one model in lockstep, "
+                     "every step would wait for it: check its input pipeline, CPU load and data locality."),
+            evidence=(f"median step {value:.2f} ms against {middle:.2f} ms across hosts; "
+                      + ", ".join(f"{r.host} {r.steps} steps" for r in pod.hosts)
+                      + " in the same capture, 0 ms in collectives on every host."),
+            saving_ms_per_step=value - middle, saving_ms_range=(0.0, value - middle))
+            for host, value, middle in report.stragglers]
     else:
         found = [_straggler(host, f"median step {value:.2f} ms against {middle:.2f} ms across hosts.", value - middle)
                  for host, value, middle in report.stragglers]
