@@ -211,3 +211,21 @@ def test_steps_of_different_batch_counts_compare_per_batch():
     assert run_cli("diff", spe64, spe1, "--fail-if", "mean_ms_per_batch>+0").returncode == 1
     same = json.loads(run_cli("diff", CAPTURES / "jax_compute", CAPTURES / "jax_slow_loader", "--json").stdout)
     assert not any(m["name"].endswith("_per_batch") for m in same["groups"][0]["metrics"])  # one batch a step each
+
+
+def test_steps_of_different_programs_say_so(tmp_path):
+    """The public v6e captures: a Pallas matmul on 1 chip against a host-offload `jit_f` on 4. The diff read
+    +294,722% step time with no word that the steps are different programs; it names each side's steps (without
+    the programs' fingerprints, which change with every recompile of one function)."""
+    from helpers.real_data import TPU_HOST_OFFLOAD_V6E_4, TPU_PALLAS_MATMUL_V6E_1, real_artefact
+
+    pallas = real_artefact(TPU_PALLAS_MATMUL_V6E_1, tmp_path / "pallas")
+    offload = real_artefact(TPU_HOST_OFFLOAD_V6E_4, tmp_path / "offload")
+    document = json.loads(run_cli("diff", pallas, offload, "--json").stdout)
+    assert document["groups"][0]["step_sources"] == {
+        "a": ["executions of program `jit_matmul_optimized` of 1 TPU chip(s)"],
+        "b": ["executions of program `jit_f` of 4 TPU chip(s)"]}
+    text = " ".join(run_cli("diff", pallas, offload, env={"COLUMNS": "120"}).stdout.split())
+    assert "A's steps are executions of program `jit_matmul_optimized` of 1 TPU chip(s), B's are" in text
+    alike = run_cli("diff", CAPTURES / "jax_compute", CAPTURES / "jax_slow_loader").stdout
+    assert "A's steps are" not in alike  # one job's loop, `train` markers in both

@@ -93,6 +93,17 @@ def _batches_per_step(document: dict) -> int:
     return value if isinstance(value, (int, float)) and value >= 1 else 1
 
 
+# A program's fingerprint (`jit_f(12190760917235803885)`) changes with every recompile of the same function.
+_FINGERPRINT = re.compile(r"\(\d{6,}\)")
+
+
+def _step_sources(document: dict) -> list[str]:
+    """What each host's steps are (`executions of program `jit_f` of 4 TPU chip(s)`, `step markers `train``), once
+    each, without program fingerprints: two captures whose steps are different programs compare different work."""
+    found = [_FINGERPRINT.sub("", h.get("step_source") or "") for h in document.get("hosts", [])]
+    return [s for s in dict.fromkeys(found) if s]
+
+
 def _per_batch(a: dict, b: dict) -> list[Metric]:
     """Step time per batch, when a step of A or B runs several batches: one step of 64 batches against one of 1
     compares different work (spe1 -> spe64 read +4,720% step time where each batch got 25% faster)."""
@@ -293,6 +304,7 @@ def compare(kind: str, a_doc: dict, b_doc: dict, top: int = 10, batches: tuple[i
         if kind == "steps":
             metrics[3:3] = _per_batch(a_raw, b_raw)  # beside the step times they divide
             group["batches_per_step"] = {"a": _batches_per_step(a_raw), "b": _batches_per_step(b_raw)}
+            group["step_sources"] = {"a": _step_sources(a_raw), "b": _step_sources(b_raw)}
             group["verdict"] = {"a": a_raw.get("verdict"), "b": b_raw.get("verdict")}
             # Context, not a metric: how many steps each capture measured depends on how long it ran.
             group["steps_measured"] = {"a": (a_raw.get("steps") or {}).get("count"),

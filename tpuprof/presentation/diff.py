@@ -124,6 +124,11 @@ def _group(g: dict, kind: str, top: int) -> Section:
     if measured:
         out.blocks.append(Note(f"Steps measured: {measured.get('a')} in A, {measured.get('b')} in B (that depends on "
                                "how long each capture ran: not compared)."))
+    sources = g.get("step_sources")
+    if isinstance(sources, dict) and sources.get("a") and sources.get("b") and sources["a"] != sources["b"]:
+        out.blocks.append(Note(f"A's steps are {'; '.join(sources['a'])}, B's are {'; '.join(sources['b'])}: "
+                               "steps of different programs, chips or markers, so the step figures may not compare "
+                               "alike.", "warning"))
     batches = g.get("batches_per_step")
     if isinstance(batches, dict) and batches.get("a") != batches.get("b"):
         out.blocks.append(Note(_different_steps(batches), "warning"))
