@@ -315,6 +315,11 @@ def _suggestions(page: _Page, inputs: list[Input]) -> None:
         for s in listed:
             category = STEP_SAVINGS.get(s.get("kind"))
             saving = (d.get("breakdown_ms_per_step") or {}).get(category) if category else s.get("saving_ms_per_step")
+            own = s.get("saving_ms_range") or [None, s.get("saving_ms_per_step")]
+            if isinstance(own[-1], (int, float)) and isinstance(saving, (int, float)) and own[-1] < 0.99 * saving:
+                # The fix wins less than its category's time: steps per call leave overhead / N of the overhead,
+                # and no batch comes faster than the input pipeline (tf_tiny_spe1: 0.51 ms of its 0.88).
+                saving = own[-1]
             steps.append((number, s, saving if isinstance(saving, (int, float)) else None))
     steps.sort(key=lambda entry: -(entry[2] or 0))  # the time a fix can win, largest first
     fits = {n: f for n, _, _, f in suggestion_groups(inputs)}
