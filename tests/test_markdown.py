@@ -3,10 +3,12 @@ its tables (what GitHub renders in a PR comment or a job summary)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from markdown_it import MarkdownIt
 
-from conftest import run_cli
+from conftest import SAMPLES, run_cli
 from helpers.sample_documents import commands, document
 from tpuprof.renderers import markdown
 from tpuprof.presentation.diff import fmt_change, fmt_value
@@ -148,3 +150,16 @@ def test_a_document_missing_its_optional_parts_still_renders(command):
     """A document read back may lack lists and figures (older tpuprof, another tool): the heading, no error."""
     text = markdown.render({"schema": f"tpuprof.{command}/1"})
     assert text.startswith(f"## tpuprof {command}")
+
+
+def test_a_step_fix_in_markdown_states_its_fact_and_an_upper_bound():
+    """tf_slow_map (a real capture): the input-pipeline fix can win at most the step's input time (its range starts
+    at 0). Markdown read 'saves ≈150.64 ms/step' with no evidence; it says 'up to' and gives the fact the fix rests
+    on, as the terminal and the page do."""
+    document = json.loads(run_cli("analyze", SAMPLES / "captures" / "tf_slow_map", "--json").stdout)
+    advice = document["suggestions"][0]
+    assert advice["kind"] == "input_pipeline" and advice["saving_ms_range"][0] == 0
+    text = run_cli("analyze", SAMPLES / "captures" / "tf_slow_map", "--format", "markdown").stdout
+    fix = text[text.index("**Fixes**"):]
+    assert f"saves up to {advice['saving_ms_per_step']:g} ms/step" in fix and "saves ≈" not in fix
+    assert f"evidence: {advice['evidence']}" in fix

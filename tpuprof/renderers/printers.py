@@ -92,7 +92,7 @@ def more(shown: int, total: int | None, what: str) -> list[str]:
 
 
 def fixes(suggestions: list, limit: int = MAX_FIXES) -> list[str]:
-    """Numbered fixes: title, saving, message, then the code to write."""
+    """Numbered fixes: title, saving, message, the code to write, then the fact the fix rests on."""
     from tpuprof.models.suggestion import KIND_TITLES
 
     if not suggestions:
@@ -105,12 +105,17 @@ def fixes(suggestions: list, limit: int = MAX_FIXES) -> list[str]:
         if item.get("saving_bytes"):
             saving = f" (frees ≈{fmt_bytes(item['saving_bytes'])}, {item.get('confidence') or 'estimated'})"
         elif item.get("saving_ms_per_step"):
-            saving = f" (saves ≈{item['saving_ms_per_step']:g} ms/step, {item.get('confidence') or 'estimated'})"
+            # A step fix removes at most the time it addresses (its range starts at 0): an upper bound, not a saving.
+            figure = f"{item['saving_ms_per_step']:g} ms/step"
+            bound = (item.get("saving_ms_range") or [None])[0] == 0
+            saving = f" ({'saves up to ' if bound else 'saves ≈'}{figure}, {item.get('confidence') or 'estimated'})"
         out.append(f"{number}. **{cell(title)}**{saving}: {cell(item.get('message'))}")
         if item.get("code"):
             out.append(f"   {code(item['code'])}")
         if item.get("source_line"):
             out.append(f"   at {code(item['source_line'])}")
+        if item.get("evidence"):
+            out.append(f"   evidence: {cell(item['evidence'])}")
     out.append("")
     return out + more(limit, len(suggestions), "fixes")
 
