@@ -219,9 +219,37 @@ def _straggler(host: str, evidence: str, saving: float) -> Suggestion:
                       evidence=evidence, saving_ms_per_step=saving, saving_ms_range=(0.0, saving))
 
 
+def _not_waiting(report: ProfileSummary) -> str | None:
+    """What in the capture shows that no host waits for another, or None. Hosts in lockstep run the same steps in
+    one capture window; TPU chips that wait for each other do it in collectives, which their planes show."""
+    pod = report.pod
+    if pod is None:
+        return None
+    rows = [r for r in pod.hosts if r.steps]
+    counts = [r.steps for r in rows]
+    if not pod.matched_steps and counts and max(counts) > 1.1 * min(counts) + 1:
+        # jax_two_hosts_straggler: two jobs traced in one call, 70 and 41 steps.
+        return ("the hosts ran no step number in common and " + ", ".join(f"{r.host} {r.steps} steps" for r in rows)
+                + " in the same capture: they do not run in lockstep")
+    if report.hosts and all(h.platform == "tpu" for h in report.hosts) and not any(r.collective_ms for r in rows):
+        # Two unrelated TPU captures given together: their steps matched by number, and the pod's delays assumed.
+        return "no chip of any host ran a collective (0 ms per step on every host): no step waits for another host"
+    return None
+
+
 def _stragglers(report: ProfileSummary) -> list[Suggestion]:
     pod = report.pod
-    if pod is not None and pod.matched_steps:
+    unwaited = _not_waiting(report)
+    if unwaited and report.stragglers:
+        # Nothing in the capture waits for the slow host: its steps are slower, no time of the pod's is lost to it.
+        found = [Suggestion(
+            kind="straggler",
+            message=(f"Host {host}'s steps are slower than the others', but in this capture none waited for it; if "
+                     "these hosts train one model in lockstep, every step would wait for it: check its input "
+                     "pipeline, CPU load and data locality."),
+            evidence=f"median step {value:.2f} ms against {middle:.2f} ms across hosts; {unwaited}.")
+            for host, value, middle in report.stragglers]
+    elif pod is not None and pod.matched_steps:
         # The hosts' steps are matched: name the hosts the collective waited for, by how long.
         found = []
         middle = median(r.median_ms for r in pod.hosts if r.steps)
@@ -232,20 +260,6 @@ def _stragglers(report: ProfileSummary) -> list[Suggestion]:
                     f"the last host to reach the collective in {row.last_steps} of {pod.matched_steps} matched steps, "
                     f"holding the pod up {per_step:.2f} ms per step ({row.delay_ms:.2f} ms in all); its median step "
                     f"{row.median_ms:.2f} ms against {middle:.2f} ms across hosts (the hosts' median)."), per_step))
-    elif report.stragglers and pod is not None and not any(r.collective_ms for r in pod.hosts):
-        # No step number in common and no collective on any host: nothing in the capture waits for the slow host
-        # (jax_two_hosts_straggler: two jobs, 70 and 41 steps in one window). Its own steps are slower; a pod in
-        # lockstep would wait for it, this capture does not show one.
-        found = [Suggestion(
-            kind="straggler",
-            message=(f"Host {host}'s steps are slower than the others'. In this capture the hosts ran no collective "
-                     "and no step number in common, so none waited for it; if they train one model in lockstep, "
-                     "every step would wait for it: check its input pipeline, CPU load and data locality."),
-            evidence=(f"median step {value:.2f} ms against {middle:.2f} ms across hosts; "
-                      + ", ".join(f"{r.host} {r.steps} steps" for r in pod.hosts)
-                      + " in the same capture, 0 ms in collectives on every host."),
-            saving_ms_per_step=value - middle, saving_ms_range=(0.0, value - middle))
-            for host, value, middle in report.stragglers]
     else:
         found = [_straggler(host, f"median step {value:.2f} ms against {middle:.2f} ms across hosts.", value - middle)
                  for host, value, middle in report.stragglers]
