@@ -429,9 +429,11 @@ def test_two_unrelated_tpu_captures_given_together_hold_no_pod_up(offload, palla
     """The Pallas matmul (1 chip) and the host-offload job (4 chips), passed together as a new user may: their
     steps matched by number, the clocks were aligned on them and the offload host was said to hold 'the pod' up
     783.80 ms per step at a collective that no chip ran. Nothing waited: the straggler advice says so, with no
-    saving."""
+    saving, and a warning says the steps are different programs."""
     report = command.profile_summary([str(pallas[0]), str(offload[0])], top=0)
     assert report.pod.matched_steps and not any(r.collective_ms for r in report.pod.hosts)
     advice = next(s for s in report.suggestions if s["kind"] == "straggler")
     assert "none waited for it" in advice["message"] and "holding the pod up" not in advice["evidence"]
     assert "no chip of any host ran a collective" in advice["evidence"] and "saving_ms_per_step" not in advice
+    assert any("runs of different programs (`jit_matmul_optimized` on host0; `jit_f` on" in w for w in report.warnings)
+    assert not any("different programs" in w for w in offload[1].warnings + pallas[1].warnings)

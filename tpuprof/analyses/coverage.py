@@ -4,6 +4,7 @@ capture would hold enough steps."""
 from __future__ import annotations
 
 import math
+import re
 
 from tpuprof.analyses.summary import ProfileSummary
 
@@ -28,3 +29,22 @@ def few_steps_warning(report: ProfileSummary) -> str | None:
     return (f"Only {fewest} step{'s' if fewest != 1 else ''} measured{where}: the shares and the verdict rest on "
             f"too few steps to trust. At {report.mean_ms:.1f} ms per step, a {seconds} s capture would hold "
             f"{WANTED_STEPS} (`tpuprof capture --duration {seconds}s`).")
+
+
+# A program's fingerprint (`jit_f(12190760917235803885)`) changes with every compile of one function.
+_FINGERPRINT = re.compile(r"\(\d{6,}\)")
+
+
+def mixed_programs_warning(report: ProfileSummary) -> str | None:
+    """One sentence when the hosts' steps are runs of different programs: files of different jobs given together
+    make no pod, and their steps average into figures of neither."""
+    programs = {}
+    for host in report.hosts:
+        match = re.search(r"executions of program `([^`]+)`", host.step_source or "")
+        if host.steps and match:
+            programs.setdefault(_FINGERPRINT.sub("", match.group(1)), []).append(host.host)
+    if len(programs) < 2:
+        return None
+    named = "; ".join(f"`{program}` on {', '.join(hosts)}" for program, hosts in programs.items())
+    return (f"The hosts' steps are runs of different programs ({named}): captures of different jobs make no pod, "
+            "and the step figures average them; analyze each on its own.")

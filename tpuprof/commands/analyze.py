@@ -52,7 +52,7 @@ def profile_summary(path, top: int = 10, workers: int | None = None, ray: str | 
     report = summarize(profiles, top=top)
     report.suggestions = [s.to_dict() for s in advice.suggest(report)]
     report.run = run
-    report.warnings = [w for w in (coverage.few_steps_warning(report),) if w]
+    report.warnings = [w for w in (coverage.mixed_programs_warning(report), coverage.few_steps_warning(report)) if w]
     return report
 
 
