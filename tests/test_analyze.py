@@ -212,6 +212,15 @@ def test_jax_recompiling_every_step_is_compile_bound_where_xprof_sees_no_compile
     assert compiles >= report.step_count >= 1
 
 
+@pytest.mark.parametrize("name", ["tf_slow_map", "tf_tiny_spe64"])
+def test_a_pipeline_that_prefetches_is_not_told_to(reports, xprof, name):
+    """Both jobs' pipelines end with `prefetch` (XProf's stage table holds `Iterator::Root::Prefetch`); the input
+    advice told them to 'end the pipeline with prefetch(tf.data.AUTOTUNE)'."""
+    assert "Iterator::Root::Prefetch" in xprof(name)["stages"]
+    advice = next(s for s in reports(name).suggestions if s["kind"] == "input_pipeline")
+    assert "prefetch(" not in advice["message"], advice["message"]
+
+
 def test_compile_evidence_names_each_compilation_once(reports):
     """One compilation shows on several threads at once: jax's `backend_compile_and_load` on the Python thread,
     XLA's `PjRtCpuClient::Compile` on its compiler pool inside it. The evidence named both (3,541 ms and 3,342 ms:
