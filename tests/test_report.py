@@ -189,7 +189,9 @@ def test_ranked_suggestions_and_oom_sections(every_sample_report):
     assert len(savings) >= 3 and savings == sorted(savings, reverse=True)
     assert "mixed_bfloat16" in section  # a suggestion names the exact setting
     steps = page[page.index("Step time: what to change"):page.index('id="input-1"')]
-    wins = [float(x) for x in re.findall(r"up to ([\d.]+) ms per step", steps)]
+    # Ranked per batch: a step of several batches (its badge says how many) counts per batch.
+    wins = [float(per_batch or per_step) for per_step, per_batch in
+            re.findall(r"up to ([\d.]+) ms per step(?: \(([\d.]+) ms per batch)?", steps)]
     assert wins and wins == sorted(wins, reverse=True)
     assert "tf.data.AUTOTUNE" in steps  # the slow-map job is told which tf.data setting to change
     for text in OOM_TEXTS:  # libtpu's own RESOURCE_EXHAUSTED texts
@@ -545,3 +547,19 @@ def test_a_step_fix_is_badged_with_what_it_can_win_not_its_whole_category(tmp_pa
     assert run_cli("report", capture, "-o", out).returncode == 0
     badges = re.findall(r"up to ([\d.]+) ms per step", out.read_text())
     assert badges == [f"{advice['saving_ms_range'][1]:.2f}"]
+
+
+def test_step_fixes_of_inputs_with_different_batches_per_step_rank_per_batch(tmp_path):
+    """tf_tiny_spe1 and tf_tiny_spe64 (one Keras job at 1 and 64 batches a step call) on one page: spe64's
+    input-pipeline fix, up to 25.04 ms of a 64-batch step (0.39 ms a batch), came before spe1's steps per call,
+    up to 0.51 ms of a one-batch step. Per batch, the order is the other way, and the badge says so."""
+    spe1, spe64 = SAMPLES / "captures" / "tf_tiny_spe1", SAMPLES / "captures" / "tf_tiny_spe64"
+    out = tmp_path / "page.html"
+    assert run_cli("report", spe1, spe64, "-o", out).returncode == 0
+    page = out.read_text()
+    steps = page[page.index("Step time: what to change"):page.index('id="input-1"')]
+    ranked = re.findall(r'up to ([\d.]+) ms per step(?: \(([\d.]+) ms per batch, (\d+) batches a step\))?'
+                        r'</span> <a href="#input-(\d)"', steps)
+    assert [row[3] for row in ranked] == ["1", "2"], ranked
+    per_step, per_batch, batches, _ = ranked[1]
+    assert batches == "64" and float(per_batch) == pytest.approx(float(per_step) / 64, abs=0.006)

@@ -233,6 +233,12 @@ STEP_SAVINGS = {"input_pipeline": "input", "steps_per_execution": "host_overhead
                 "host_transfer": "host_transfer", "collective": "collective"}
 
 
+def _batches_per_step(document: dict) -> int:
+    """Batches one step of a profile runs (Keras steps_per_execution), 1 when it does not say."""
+    value = (document.get("steps") or {}).get("batches_per_step")
+    return int(value) if isinstance(value, (int, float)) and value >= 1 else 1
+
+
 def _number(value) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -321,7 +327,10 @@ def _suggestions(page: _Page, inputs: list[Input]) -> None:
                 # and no batch comes faster than the input pipeline (tf_tiny_spe1: 0.51 ms of its 0.88).
                 saving = own[-1]
             steps.append((number, s, saving if isinstance(saving, (int, float)) else None))
-    steps.sort(key=lambda entry: -(entry[2] or 0))  # the time a fix can win, largest first
+    batches = {n: _batches_per_step(inputs[n - 1].document) for n, _, _ in steps}
+    # The time a fix can win, largest first, per batch: a step of 64 batches (Keras steps_per_execution) is not
+    # 64 times the work of another input's step of one.
+    steps.sort(key=lambda entry: -(entry[2] or 0) / batches[entry[0]])
     fits = {n: f for n, _, _, f in suggestion_groups(inputs)}
     for found, heading, unit in (
             ([(n, s, s.get("saving_bytes")) for n, s in memory],
@@ -337,7 +346,9 @@ def _suggestions(page: _Page, inputs: list[Input]) -> None:
                 if s.get("confidence"):
                     badge += f' <span class="meta">({esc(s["confidence"])})</span>'
             elif saving and unit == "ms":
-                badge = f' <span class="saving">up to {fmt_fixed(saving, 2)} ms per step</span>'
+                per_batch = (f" ({fmt_fixed(saving / batches[number], 2)} ms per batch, {batches[number]} batches a "
+                             "step)") if batches[number] > 1 else ""
+                badge = f' <span class="saving">up to {fmt_fixed(saving, 2)} ms per step{per_batch}</span>'
             blocked = unit == "bytes" and (fits.get(number) or 0) > 0
             status = f' <span class="oom">{fits_word(False)}</span>' if blocked else ""
             title = KIND_TITLES.get(s.get("kind", ""), s.get("kind", ""))
