@@ -139,10 +139,10 @@ _WITH_ARTICLE = {"fp32": "an fp32", "bf16": "a bf16"}
 
 
 def state_too_large(state_bytes_per_device: int, parameters: int, state: TrainingState, mesh: dict, unsharded,
-                    generation, alternatives: tuple = ()) -> str:
+                    generation, alternatives: tuple = (), compiled: dict | None = None) -> str:
     """The verdict when the weights and AdamW state alone exceed a device's HBM: no batch fits, nothing compiled.
     ALTERNATIVES: (what to change, the state per device it gives), from the same arithmetic, smallest change
-    first."""
+    first; COMPILED: change -> what the compile of the step so changed says (the change's own words)."""
     shards = mesh["fsdp"] * mesh["tensor"]
     sharding = "" if unsharded else (f", sharded {shards} ways over fsdp x tensor"
                                      + (f", the experts' weights {shards * mesh['expert']} ways with expert"
@@ -158,7 +158,7 @@ def state_too_large(state_bytes_per_device: int, parameters: int, state: Trainin
     if unsharded:
         return f"{verdict}; {unsharded_words(unsharded, mesh)}."
     changes = [f"{change}: {fmt_bytes(state)} per device{'' if state <= capacity else ' (still too much)'}"
-               for change, state in alternatives]
+               + (f" ({compiled[change]})" if change in (compiled or {}) else "") for change, state in alternatives]
     if not changes:
         return f"{verdict}; use a larger slice."
     return (f"{verdict}. The state per device with {'; with '.join(changes)}"

@@ -553,9 +553,9 @@ HOST_ADVICE = "offload fewer activations to host memory"
 
 
 def too_large(parameters: int | None, chosen: Measurement, capacity: int, step: int = STEP,
-              host_capacity: int | None = None, host_advice: str = HOST_ADVICE) -> str:
+              host_capacity: int | None = None, host_advice: str = HOST_ADVICE, what: str = "parameters") -> str:
     """The verdict when not even the smallest batch fits: the host's memory when that is what it exceeds (HBM
-    advice would not help), else HBM's."""
+    advice would not help), else HBM's. WHAT: what PARAMETERS counts (an LLM step's: the weights and AdamW state)."""
     from tpuprof.units import fmt_bytes
 
     text = f"does not fit even at batch {step}"
@@ -567,7 +567,7 @@ def too_large(parameters: int | None, chosen: Measurement, capacity: int, step: 
         used = _refused_figures(chosen.oom_message)
         return f"{text} in host memory: the compiler ran out of it{used}; {host_advice}."
     if parameters:
-        text += f": parameters alone are {fmt_bytes(parameters)}"
+        text += f": {what} alone are {fmt_bytes(parameters)}"
         if parameters > capacity:
             text += f", more than the {fmt_bytes(capacity)} of HBM"
     if chosen.required_bytes is not None:

@@ -63,7 +63,10 @@ def compile_step(spec, slice_, dtype: str | None, batch: int | None, max_batch: 
         oom = oom_at_batch(chosen.oom_message, batch, compiler.capacity, parameters)
     if none_fits:
         verdict = preflight.too_large(parameters, chosen, compiler.capacity, step, host_capacity,
-                                      getattr(spec, "host_advice", preflight.HOST_ADVICE))
+                                      getattr(spec, "host_advice", preflight.HOST_ADVICE),
+                                      # an LLM step's figure is its state per device (preflight.parameter_bytes)
+                                      "the weights and AdamW state" if hasattr(spec, "state_bytes_per_device")
+                                      else "parameters")
     return Compiled(batch, chosen.fits, chosen.required_bytes, compiler.compiles,
                     tuple(CurvePoint(p.batch_size, p.required_bytes, p.fits, p.host_bytes) for p in points),
                     preflight.fit_curve(points), figures, host, memory, dump_dir, search, parameters, oom, verdict,
@@ -152,11 +155,14 @@ def estimate(chosen, compiled: Compiled, options, *, tokens: int | None, model=N
                           model_flops_per_device=flops, gradient_source="; ".join(p for p in sources if p))
 
 
+MU_BF16 = "--mu-dtype bfloat16 (MaxText's mu_dtype)"
+
+
 def smaller_state(config, sizes: dict, state, chosen) -> tuple:
     """What divides the weights and AdamW state further, each with the state per device it gives (llm's
-    sharding arithmetic, as the verdict's own figure; STATE: its TrainingState): the data axis folded into fsdp, bf16
-    weights and moments, and the smallest slice Cloud TPU offers of the generation (named as Cloud TPU names it:
-    v5p-32 is 16 devices) where they fit."""
+    sharding arithmetic, as the verdict's own figure; STATE: its TrainingState): the data axis folded into fsdp, a
+    bf16 first moment (MU_BF16), bf16 weights and moments, and the smallest slice Cloud TPU offers of the generation
+    (named as Cloud TPU names it: v5p-32 is 16 devices) where they fit."""
     from tpuprof.sources import llm
 
     capacity = chosen.target.compiler_hbm_bytes
@@ -166,6 +172,8 @@ def smaller_state(config, sizes: dict, state, chosen) -> tuple:
         found.append((f"--mesh fsdp={folded['fsdp']}" + "".join(f",{axis}={folded[axis]}" for axis in
                                                                ("tensor", "expert") if folded[axis] > 1),
                       llm.state_bytes_per_device(config, folded, state)))
+    if state.first_moment == "float32":
+        found.append((MU_BF16, llm.state_bytes_per_device(config, sizes, replace(state, mu="bfloat16"))))
     if state.weights == "float32":
         found.append(("--weight-dtype bfloat16 (MaxText's weight_dtype)",
                       llm.state_bytes_per_device(config, sizes, replace(state, weights="bfloat16"))))

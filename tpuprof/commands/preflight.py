@@ -202,7 +202,7 @@ def model_result(options, on_compile=None):
     checked = []
     for index, chosen in enumerate(options.slices):
         rows = answers[index * len(options.remat_policies):(index + 1) * len(options.remat_policies)]
-        best = preflight_step.best(rows)
+        best = _measure_mu_dtype(config, source, preflight_step.best(rows), options, report_progress)
         checked.append(replace(best, remat_table=tuple(rows)) if len(rows) > 1 else best)
     return PreflightResult(f"--model {config.name}", checked, options.top)
 
@@ -252,7 +252,7 @@ def _portable(target):
     """A target as a Ray task sends it back: its memory breakdowns without the module they read lazily."""
     from tpuprof.analyses.memory import self_contained
 
-    for compiled in (target.compiled, target.bf16, *(row.compiled for row in target.remat_table or ())):
+    for compiled in (target.compiled, target.bf16, target.mu_bf16, *(row.compiled for row in target.remat_table or ())):
         if compiled is not None and compiled.memory is not None:
             self_contained(compiled.memory)
     return target
@@ -286,6 +286,99 @@ def model_mesh(config, chosen, options) -> dict:
     return sizes
 
 
+def _state_verdict(config, spec, chosen, unsharded, measured: dict | None = None) -> str:
+    """Why no batch fits when the weights and AdamW state alone exceed HBM, with what would divide them (MEASURED:
+    change -> what the compile of the step so changed says)."""
+    from tpuprof.analyses import preflight_step
+    from tpuprof.documents_preflight import state_too_large
+
+    alternatives = preflight_step.smaller_state(config, spec.step.mesh_sizes, spec.step.state, chosen)
+    return state_too_large(spec.state_bytes_per_device, config.parameter_count(), spec.step.state,
+                           spec.step.mesh_sizes, unsharded, chosen.target, alternatives, measured)
+
+
+def _measure_mu_dtype(config, source, target, options, report_progress):
+    """A step that does not fit HBM with an fp32 first moment, compiled again at its batch with a bf16 one (MaxText's
+    mu_dtype, the TPU7x recipes' setting): the fix --mu-dtype bfloat16 with what the compile says it frees and
+    whether the step then fits; the state arithmetic alone cannot say the second. One compile, for the answer
+    reported (a remat sweep's best row)."""
+    from dataclasses import replace
+
+    from tpuprof.advice import llm_step
+
+    compiled = target.compiled
+    if compiled.fits or target.model is None:
+        return target
+    spec = llm_spec(config, source, target.slice, target.model["remat"], options)
+    if spec.step.state.first_moment != "float32":
+        return target
+    remat, capacity = target.model["remat"], target.slice.target.compiler_hbm_bytes
+    changed_spec, changed_options = _mu_bf16_spec(config, source, target.slice, remat, options)
+    state_saved = spec.state_bytes_per_device - changed_spec.state_bytes_per_device
+    if spec.state_bytes_per_device > capacity:  # the state alone cannot fit, and nothing was compiled
+        if changed_spec.state_bytes_per_device > capacity:
+            return target  # nor with a bf16 first moment: the verdict's arithmetic says so
+        # It would with one: whether the step then fits is the compiler's to say.
+        batch = compiled.batch_size or changed_spec.batch_step
+        changed = _compile(changed_spec, target.slice, None, batch, changed_options,
+                           _progress(target.slice, config, remat, report_progress), layout_only=not options.full)
+        from tpuprof.analyses import preflight_step
+
+        words = {preflight_step.MU_BF16: _compiled_words(changed, batch, capacity)}
+        verdict = _state_verdict(config, spec, target.slice, target.unsharded, words)
+        return replace(target, compiled=replace(compiled, verdict=verdict), mu_bf16=changed)
+    if compiled.memory is None or compiled.batch_size is None:
+        return target  # the compiler refused the step: no layout to weigh the state against
+    if compiled.required_bytes is None or compiled.required_bytes - capacity > state_saved:
+        # What it frees of the state cannot cover the shortfall (activations): not worth a compile to say so. (The
+        # compiles measured free less than the state's 2 bytes a parameter: the 975M-parameter step of the tests
+        # 1.61 GiB of 1.82.)
+        return target
+    changed = _compile(changed_spec, target.slice, None, compiled.batch_size, changed_options,
+                       _progress(target.slice, config, remat, report_progress), layout_only=not options.full)
+    fits = _runs(changed)
+    fix = llm_step.mu_dtype(compiled.batch_size, compiled.required_bytes, compiled.stage == "buffer_assignment",
+                            changed.required_bytes, changed.stage == "buffer_assignment", fits,
+                            capacity, state_saved)
+    llm_step.add(compiled.memory, fix, compiled.required_bytes)
+    if compiled.verdict and fits:  # none fits (--max-batch): the verdict names the change that makes one fit
+        from tpuprof.units import fmt_bytes
+
+        compiled = replace(compiled, verdict=f"{compiled.verdict} With {llm_step.MU_CODE} (a bf16 first moment) it "
+                                             f"fits: compiled so at batch {compiled.batch_size}, the step needs "
+                                             f"{fmt_bytes(changed.required_bytes)}.")
+    return replace(target, compiled=compiled, mu_bf16=changed)
+
+
+def _mu_bf16_spec(config, source, chosen, remat: str, options):
+    """The LLM step of OPTIONS with AdamW's first moment in bf16, and the options it is compiled with (one batch)."""
+    from dataclasses import replace
+
+    changed_options = replace(options, mu_dtype="bfloat16", max_batch=False)
+    return llm_spec(config, source, chosen, remat, changed_options), changed_options
+
+
+def _progress(chosen, config, remat: str, report_progress):
+    label = f"{chosen.name} {config.name} remat={remat} --mu-dtype bfloat16"
+    return lambda batch: report_progress(label, batch)
+
+
+def _runs(compiled) -> bool:
+    """Whether a compile fits HBM and, where the step offloads, the host's memory."""
+    return compiled.fits and (compiled.host is None or compiled.host.fits is not False)
+
+
+def _compiled_words(compiled, batch: int, capacity: int) -> str:
+    """What one compile of a changed step says, for the verdict's list of changes."""
+    from tpuprof.units import fmt_bytes
+
+    if compiled.required_bytes is None:
+        return f"compiled so at batch {batch} per device, the compiler refused the step: it does not fit"
+    bound = "at least " if compiled.stage == "buffer_assignment" else ""
+    return (f"compiled so at batch {batch} per device, the step needs {bound}{fmt_bytes(compiled.required_bytes)} of "
+            f"{fmt_bytes(capacity)}: {'it fits' if _runs(compiled) else 'it does not fit'}")
+
+
 def _model_target(config, source, chosen, remat, options, report_progress):
     from tpuprof.analyses import preflight, preflight_step
     from tpuprof.models.preflight import Compiled, FastAnswer, PreflightTarget
@@ -303,11 +396,7 @@ def _model_target(config, source, chosen, remat, options, report_progress):
                       unsharded=whole.to_json(per_chip) if whole is not None else None, searched=max_batch)
     cache = str(preflight.cache_root())
     if spec.state_bytes_per_device > target.compiler_hbm_bytes:  # no batch can fit: say why without compiling
-        from tpuprof.documents_preflight import state_too_large
-
-        alternatives = preflight_step.smaller_state(config, sizes, spec.step.state, chosen)
-        verdict = state_too_large(spec.state_bytes_per_device, config.parameter_count(), spec.step.state, sizes,
-                                  llm_fields["unsharded"], target, alternatives)
+        verdict = _state_verdict(config, spec, chosen, llm_fields["unsharded"])
         compiled = Compiled(batch, False, None, 0, parameter_bytes=spec.state_bytes_per_device, verdict=verdict)
         return PreflightTarget(chosen, compiled, cache, **llm_fields,
                                **preflight_step.slice_batches(chosen, batch, whole_slice=True))

@@ -328,6 +328,9 @@ class PreflightTarget:
     remat_table: tuple = ()  # --remat all: the answer under each policy (PreflightTarget), this one among them
     fast: FastAnswer | None = None
     batch_from: str | None = None  # a function's example arguments: which dimension was taken as the batch
+    # --model, a step that does not fit: compiled again at its batch with AdamW's first moment in bf16 (the fix
+    # --mu-dtype bfloat16, measured)
+    mu_bf16: Compiled | None = None
 
     @property
     def generation(self):
@@ -340,4 +343,4 @@ class PreflightTarget:
 
     @property
     def compiles(self) -> int:
-        return self.compiled.compiles + (self.bf16.compiles if self.bf16 else 0)
+        return sum(c.compiles for c in (self.compiled, self.bf16, self.mu_bf16) if c is not None)
