@@ -281,6 +281,9 @@ def test_a_model_that_cannot_fit_says_why_without_compiling(tmp_path):
     at_64 = re.search(r"with v5litepod-64 \(64 devices\), fsdp over them: ([\d.]+) GiB per device", verdict)
     assert at_64 and float(at_64.group(1)) * 2**30 == pytest.approx(parameters * 12 / 64, rel=0.005)
     assert "more fsdp" not in verdict and "--mesh" not in verdict
+    # A bf16 first moment (MaxText's mu_dtype) is 10 bytes a parameter: still too much, so nothing is compiled.
+    assert f"--mu-dtype bfloat16 (MaxText's mu_dtype): {fmt_bytes(target['state_bytes_per_chip'] * 10 // 12)} per " \
+        "device (still too much)" in verdict
 
 
 def test_the_state_sentence_says_which_weights_the_expert_axis_divides(tmp_path):
@@ -318,6 +321,42 @@ def test_a_bf16_first_moment_is_in_the_state_and_its_words(tmp_path):
             "moment") in target["verdict"]
     assert f"--weight-dtype bfloat16 (MaxText's weight_dtype): {fmt_bytes(target['state_bytes_per_chip'] * 6 // 10)}" \
         in target["verdict"]
+
+
+@pytest.mark.slow
+def test_a_bf16_first_moment_is_offered_where_its_compile_fits(llm_cache, tmp_path):
+    """1,650 of the tiny layers (975M parameters) at one 256-token sequence on v5litepod-1: the fp32 weights and
+    AdamW state (10.9 GiB) fit the 15.75 GiB, the step does not (its layout alone, 16.5 GiB). With AdamW's first
+    moment in bf16 (--mu-dtype bfloat16, the TPU7x recipes' setting) it does: preflight compiles that step at the same
+    batch and offers the change with what the two compiles measure. Two compiles: the layout that stops early and
+    the changed step to the end; the run with --mu-dtype bfloat16 finds the second in the cache."""
+    (tmp_path / "config.json").write_text(json.dumps(dict(TINY, num_hidden_layers=1650)))
+    args = ("--model", str(tmp_path / "config.json"), "--tpu", "v5litepod-1", "--seq", "256", "--batch-per-chip", "1")
+    target = preflight(llm_cache, *args)["targets"][0]
+    assert target["fits"] is False and target["state_bytes_per_chip"] < target["hbm_capacity_bytes"]
+    changed = preflight(llm_cache, *args, "--mu-dtype", "bfloat16")["targets"][0]
+    assert changed["fits"] is True and changed["compiles"] == 0  # the fix's compile, from the cache
+    fixes = target["memory"]["suggestions"]
+    fix = fixes[0]
+    assert fix["code"] == "--mu-dtype bfloat16" and fix["severity"] == "blocking" and fix["confidence"] == "measured"
+    assert fix["saving_bytes"] == target["required_bytes"] - changed["required_bytes"]
+    assert f"the step needs {fmt_bytes(changed['required_bytes'])} of the 15.75 GiB of HBM: it fits." in fix["message"]
+    assert f"{fmt_bytes(target['required_bytes'])} (its layout, a lower bound) with an fp32 first moment" \
+        in fix["evidence"]
+    # Computed, the state shrinks by 2 bytes a parameter; the compile frees less (its temporaries grow).
+    state_saved = target["state_bytes_per_chip"] - changed["state_bytes_per_chip"]
+    assert state_saved == pytest.approx(target["model"]["parameters"] * 2, rel=0.001)
+    assert fmt_bytes(state_saved) in fix["evidence"] and fix["saving_bytes"] != state_saved
+    # At one sequence per device no smaller batch exists: the memory advice read the stacked per-layer norm scales
+    # ([1650, 256]) as a batch of 1,650 and offered "a batch of about 1,584".
+    assert not [f for f in fixes if f["kind"] == "batch_size"], fixes
+    # --max-batch: none fits, and the verdict says which change makes one fit (both compiles from the cache).
+    searched = preflight(llm_cache, *args[:-2], "--max-batch")["targets"][0]
+    assert searched["max_batch_size"] is None and searched["compiles"] == 0
+    assert searched["verdict"] == (
+        f"does not fit even at batch 1: the weights and AdamW state alone are {fmt_bytes(target['argument_bytes'])} "
+        f"(the step needs {fmt_bytes(target['required_bytes'])} of 15.75 GiB). With --mu-dtype bfloat16 (a bf16 first "
+        f"moment) it fits: compiled so at batch 1, the step needs {fmt_bytes(changed['required_bytes'])}.")
 
 
 def test_parameters_a_mesh_axis_cannot_divide_are_said_with_the_mesh_that_does(tmp_path):
