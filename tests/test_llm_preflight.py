@@ -221,6 +221,24 @@ def test_splash_tiles_follow_the_generation(llm_cache, tmp_path):
     assert llm.compiler_options("v6e")["xla_tpu_scoped_vmem_limit_kib"] == 98304
 
 
+def test_the_mfu_says_whose_flops_over_which_peak(tiny):
+    """MFU: MaxText's model FLOPs for the family (the matmul parameters, the tokens per device, attention), a step
+    on one device, over one v6e device's peak bf16 FLOP/s (918 TFLOP/s a chip, one device a chip)."""
+    from tpuprof.analyses.preflight import model_flops_per_device
+
+    target = tiny["v6e-16"]
+    model, estimate = target["model"], target["estimate"]
+    flops = model_flops_per_device(model, 256, 2)  # 2 sequences of 256 tokens per chip, one device a chip
+    source = estimate["mfu_source"]
+    assert source.startswith("model FLOPs (MaxText's calculate_tflops_training_per_device for llama: 6 x "
+                             f"{model['active_parameters']:,} matmul parameters"), source
+    assert "x 512 tokens per device + causal attention, 12 x tokens x 256 keys x 256 (heads x head_dim) / 2 in each " \
+           "of 2 layers" in source
+    assert f"{flops / 1e12:,.4g} TFLOP a step on one device" in source
+    assert source.endswith("918 TFLOP/s bf16 a device (v6e's 918 a chip, tpuprof.targets))")
+    assert estimate["mfu_percent"] == pytest.approx(100 * flops / (estimate["step_ms"] / 1e3 * 918e12), abs=0.051)
+
+
 def test_the_tables_name_each_slice(tiny_document, llm_cache, tmp_path):
     """The same run as tables (the compiles are cached): every per-target line names the slice, not only the
     generation, and no figure reads in exponent notation."""
@@ -232,6 +250,7 @@ def test_the_tables_name_each_slice(tiny_document, llm_cache, tmp_path):
     for name in ("v6e-16", "v6e-64", "2xv6e-16"):
         assert f"{name} at batch 2: where the memory goes" in result.stdout
         assert f"{name} slowest ops:" in result.stdout
+        assert re.search(rf"{name} MFU \d+%: model FLOPs \(MaxText's", result.stdout)  # the row's basis
     assert not re.search(r"(?<![\w.])\d+(\.\d+)?e[+-]\d\d", result.stdout)  # 1.14e+03, not v6e-16
 
 

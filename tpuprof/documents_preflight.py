@@ -211,10 +211,7 @@ def estimate(answer: TargetEstimate) -> dict:
         "tokens_per_s_per_chip": stated_rate(tokens_per_s),
         "flop_utilization_percent": round(100 * estimate_.flop_utilization, 1),
         "mfu_percent": round(mfu, 1) if mfu is not None else None,
-        "mfu_source": ("model FLOPs (6 x active parameters x tokens + causal attention, as MaxText counts them) / "
-                       "(step x peak bf16 FLOP/s)" if model_flops_per_device else
-                       "the compiled program's FLOPs / (step x peak bf16 FLOP/s): hardware FLOP utilisation, "
-                       "no model FLOPs known"),
+        "mfu_source": _mfu_source(answer, flops_for_mfu),
         "compute_bound_percent": round(100 * estimate_.compute_s / total, 1) if total else None,
         "memory_bound_percent": round(100 * estimate_.memory_s / total, 1) if total else None,
         "flops_per_step": int(estimate_.flops),
@@ -251,6 +248,19 @@ def estimate(answer: TargetEstimate) -> dict:
         if tokens_per_s:
             out["cost_per_million_tokens"] = _significant(price.usd_per_chip_hour / 3600 / tokens_per_s * 1e6)
     return out
+
+
+def _mfu_source(answer: TargetEstimate, flops: float) -> str:
+    """How the MFU was obtained: whose FLOPs, how many a step on one device, over which peak."""
+    estimate_ = answer.step
+    chip = targets.get(estimate_.target)
+    share = answer.devices_per_chip
+    peak = (f"{estimate_.peaks.bf16_flops / 1e12:g} TFLOP/s bf16 a device ({chip.name}'s {chip.peak_bf16_tflops:g} a "
+            f"chip{f' / {share} devices' if share > 1 else ''}, tpuprof.targets)")
+    basis = answer.model_flops_basis or "MaxText's count"
+    counted = (f"model FLOPs ({basis})" if answer.model_flops_per_device else
+               "the compiled program's FLOPs (hardware FLOP utilisation: no model FLOPs known)")
+    return f"{counted}: {flops / 1e12:,.4g} TFLOP a step on one device / (the step's point estimate x {peak})"
 
 
 def not_modelled(estimate_: StepEstimate) -> list[str]:

@@ -618,6 +618,28 @@ def replica_gradient_bytes(parameters: int | None, state_bytes: int | None) -> t
                                 "optimizer state: an upper bound on the gradients)")
 
 
+def model_flops_basis(model: dict | None, seq_len: int | None, batch_per_chip: int | None,
+                      devices_per_chip: int = 1) -> str:
+    """What model_flops_per_device counts for MODEL, in words and figures ("" where it counts nothing)."""
+    model = model or {}
+    active = model.get("active_parameters") or model.get("parameters")
+    if not (active and seq_len and batch_per_chip):
+        return ""
+    tokens = batch_per_chip / (devices_per_chip or 1) * seq_len
+    width = model.get("attention_width") or (model.get("heads") or 0) * (model.get("head_dim") or 0)
+    windows, counts = model.get("attention_windows") or {}, {}
+    for kind, count in (model.get("layer_kinds") or {}).items():
+        counts[kind.split("+")[0]] = counts.get(kind.split("+")[0], 0) + count
+    windowed = "".join(f"; {counts[kind]} of them {kind} over {span:,} keys" for kind, span in windows.items()
+                       if counts.get(kind))
+    attention = (f" + causal attention, 12 x tokens x {seq_len:,} keys x {width:,} (heads x head_dim) / 2 in each "
+                 f"of {model.get('layers') or 0:,} layers{windowed}" if width
+                 else " (attention's own matmuls left out: no head size known)")
+    return (f"MaxText's calculate_tflops_training_per_device for {model.get('family') or 'this model'}: 6 x "
+            f"{active:,} matmul parameters (those a token uses: no embedding lookup, norms or biases) x "
+            f"{tokens:,g} tokens per device{attention}")
+
+
 def model_flops_per_device(model: dict | None, seq_len: int | None, batch_per_chip: int | None,
                            devices_per_chip: int = 1) -> float | None:
     """MaxText's model FLOPs per device for an LLM of known size (MODEL: tpuprof.sources.llm.Spec.model_info());

@@ -149,10 +149,12 @@ def estimate(chosen, compiled: Compiled, options, *, tokens: int | None, model=N
     if timed.point_s <= 0:
         return None
     flops = preflight.model_flops_per_device(model, seq_len, batch_per_chip, chosen.target.devices_per_chip)
+    basis = preflight.model_flops_basis(model, seq_len, batch_per_chip, chosen.target.devices_per_chip) if flops else ""
     sources = (replica_source, gradient_source if chosen.num_slices > 1 else "")
     return TargetEstimate(timed, compiled.batch_size, seq_len or tokens,
                           prices.price_for(chosen.generation, options.prices), top=min(options.top, 5),
-                          model_flops_per_device=flops, gradient_source="; ".join(p for p in sources if p))
+                          model_flops_per_device=flops, model_flops_basis=basis,
+                          gradient_source="; ".join(p for p in sources if p))
 
 
 MU_BF16 = "--mu-dtype bfloat16 (MaxText's mu_dtype)"

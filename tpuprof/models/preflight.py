@@ -287,6 +287,7 @@ class TargetEstimate:
     price: Any = None  # tpuprof.prices.Price per chip-hour; None: no price known
     top: int = 5  # ops and collectives listed
     model_flops_per_device: float | None = None  # an LLM's MaxText FLOPs (the MFU's); None: the program's own
+    model_flops_basis: str = ""  # what those FLOPs count, in words and figures (analyses.preflight.model_flops_basis)
     gradient_source: str = ""  # how the gradient bytes of the timed all-reduces were found ("": none timed)
 
     @property

@@ -362,6 +362,8 @@ def _estimate_details(e: dict, label: str) -> list:
                     for op in (e.get("top_ops") or [])[:3])
     if ops:
         out.append(Fact(f"{label} slowest ops", ops))
+    if e.get("mfu_percent") is not None and e.get("mfu_source"):
+        out.append(Fact(f"{label} MFU {e['mfu_percent']:.0f}%", e["mfu_source"]))
     estimated = {k["name"] for k in e.get("kernels_estimated") or []}
     unestimated = [k for k in e.get("kernels_without_estimate") or [] if k not in estimated]
     if unestimated:
