@@ -317,6 +317,14 @@ def test_the_state_sentence_says_which_weights_the_expert_axis_divides(tmp_path)
     assert "v5litepod-128 (128 devices), fsdp over them (--mesh fsdp=32,expert=4)" in target["verdict"]
 
 
+def test_on_one_device_the_state_is_said_to_be_whole(tmp_path):
+    """Llama 3.1 8B on v5litepod-1: nothing divides the state ("sharded 1 ways" read as a division), and no compile."""
+    verdict = preflight(tmp_path, "--model", "llama3.1-8b", "--tpu", "v5litepod-1", "--seq", "2048",
+                        "--batch-per-chip", "1")["targets"][0]["verdict"]
+    assert "fp32 weights and two fp32 moments, whole on each device (fsdp x tensor: 1))" in verdict, verdict
+    assert "1 ways" not in verdict
+
+
 def test_the_larger_slice_is_named_as_cloud_tpu_names_it(tmp_path):
     """Llama 4 Scout on v5p-8 (4 chips): 107.8B x 12 bytes over v5p's 95.74 GiB needs 13 devices; a v5p name counts
     TensorCores, two a chip (https://cloud.google.com/tpu/docs/v5p), so the 16-device slice is v5p-32, not v5p-16."""

@@ -144,7 +144,8 @@ def state_too_large(state_bytes_per_device: int, parameters: int, state: Trainin
     ALTERNATIVES: (what to change, the state per device it gives), from the same arithmetic, smallest change
     first; COMPILED: change -> what the compile of the step so changed says (the change's own words)."""
     shards = mesh["fsdp"] * mesh["tensor"]
-    sharding = "" if unsharded else (f", sharded {shards} ways over fsdp x tensor"
+    divided = f"sharded {shards} ways over fsdp x tensor" if shards > 1 else "whole on each device (fsdp x tensor: 1)"
+    sharding = "" if unsharded else (f", {divided}"
                                      + (f", the experts' weights {shards * mesh['expert']} ways with expert"
                                         if mesh["expert"] > 1 else ""))
     weights, mu = _WEIGHT_WORDS[state.weights], _WEIGHT_WORDS[state.first_moment]
