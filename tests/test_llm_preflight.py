@@ -368,8 +368,8 @@ def test_a_bf16_first_moment_is_offered_where_its_compile_fits(llm_cache, tmp_pa
     assert fix["code"] == "--mu-dtype bfloat16" and fix["severity"] == "blocking" and fix["confidence"] == "measured"
     assert fix["saving_bytes"] == target["required_bytes"] - changed["required_bytes"]
     assert f"the step needs {fmt_bytes(changed['required_bytes'])} of the 15.75 GiB of HBM: it fits." in fix["message"]
-    assert f"{fmt_bytes(target['required_bytes'])} (its layout, a lower bound) with an fp32 first moment" \
-        in fix["evidence"]
+    assert f"{fmt_bytes(target['required_bytes'])} (its layout, a lower bound) as it is, " \
+        f"{fmt_bytes(changed['required_bytes'])} with --mu-dtype bfloat16" in fix["evidence"]
     # Computed, the state shrinks by 2 bytes a parameter; the compile frees less (its temporaries grow).
     state_saved = target["state_bytes_per_chip"] - changed["state_bytes_per_chip"]
     assert state_saved == pytest.approx(target["model"]["parameters"] * 2, rel=0.001)
@@ -382,8 +382,7 @@ def test_a_bf16_first_moment_is_offered_where_its_compile_fits(llm_cache, tmp_pa
     assert searched["max_batch_size"] is None and searched["compiles"] == 0
     assert searched["verdict"] == (
         f"does not fit even at batch 1: the weights and AdamW state alone are {fmt_bytes(target['argument_bytes'])} "
-        f"(the step needs {fmt_bytes(target['required_bytes'])} of 15.75 GiB). With --mu-dtype bfloat16 (a bf16 first "
-        f"moment) it fits: compiled so at batch 1, the step needs {fmt_bytes(changed['required_bytes'])}.")
+        f"(the step needs {fmt_bytes(target['required_bytes'])} of 15.75 GiB). With --mu-dtype bfloat16 it fits: compiled so at batch 1, the step needs {fmt_bytes(changed['required_bytes'])}.")
 
 
 def test_parameters_a_mesh_axis_cannot_divide_are_said_with_the_mesh_that_does(tmp_path):

@@ -158,6 +158,7 @@ def estimate(chosen, compiled: Compiled, options, *, tokens: int | None, model=N
 
 
 MU_BF16 = "--mu-dtype bfloat16 (MaxText's mu_dtype)"
+WEIGHTS_BF16 = "--weight-dtype bfloat16 (MaxText's weight_dtype)"
 
 
 def smaller_state(config, sizes: dict, state, chosen) -> tuple:
@@ -177,7 +178,7 @@ def smaller_state(config, sizes: dict, state, chosen) -> tuple:
     if state.first_moment == "float32":
         found.append((MU_BF16, llm.state_bytes_per_device(config, sizes, replace(state, mu="bfloat16"))))
     if state.weights == "float32":
-        found.append(("--weight-dtype bfloat16 (MaxText's weight_dtype)",
+        found.append((WEIGHTS_BF16,
                       llm.state_bytes_per_device(config, sizes, replace(state, weights="bfloat16"))))
     from tpuprof import slices
 

@@ -202,7 +202,7 @@ def model_result(options, on_compile=None):
     checked = []
     for index, chosen in enumerate(options.slices):
         rows = answers[index * len(options.remat_policies):(index + 1) * len(options.remat_policies)]
-        best = _measure_mu_dtype(config, source, preflight_step.best(rows), options, report_progress)
+        best = _measure_state_change(config, source, preflight_step.best(rows), options, report_progress)
         checked.append(replace(best, remat_table=tuple(rows)) if len(rows) > 1 else best)
     return PreflightResult(f"--model {config.name}", checked, options.top)
 
@@ -252,7 +252,8 @@ def _portable(target):
     """A target as a Ray task sends it back: its memory breakdowns without the module they read lazily."""
     from tpuprof.analyses.memory import self_contained
 
-    for compiled in (target.compiled, target.bf16, target.mu_bf16, *(row.compiled for row in target.remat_table or ())):
+    for compiled in (target.compiled, target.bf16, target.state_change,
+                     *(row.compiled for row in target.remat_table or ())):
         if compiled is not None and compiled.memory is not None:
             self_contained(compiled.memory)
     return target
@@ -309,11 +310,13 @@ def _state_verdict(config, spec, chosen, unsharded, measured: dict | None = None
                            spec.step.mesh_sizes, unsharded, chosen.target, alternatives, measured)
 
 
-def _measure_mu_dtype(config, source, target, options, report_progress):
-    """A step that does not fit HBM with an fp32 first moment, compiled again at its batch with a bf16 one (MaxText's
-    mu_dtype, the TPU7x recipes' setting): the fix --mu-dtype bfloat16 with what the compile says it frees and
-    whether the step then fits; the state arithmetic alone cannot say the second. One compile, for the answer
-    reported (a remat sweep's best row)."""
+def _measure_state_change(config, source, target, options, report_progress):
+    """A step that does not fit HBM, compiled again at its batch with the smallest change of its training state that
+    can make it fit: AdamW's first moment in bf16 (MaxText's mu_dtype, the TPU7x recipes' setting), else the weights
+    and both moments (weight_dtype). Where the state fits, the change is the first whose state arithmetic covers the
+    compiled shortfall, and becomes a fix with what the two compiles measure; where the state alone cannot fit, the
+    first whose state does, and the verdict says what its compile needs. The arithmetic alone cannot say whether the
+    step then fits. One compile, for the answer reported (a remat sweep's best row)."""
     from dataclasses import replace
 
     from tpuprof.advice import llm_step
@@ -321,58 +324,45 @@ def _measure_mu_dtype(config, source, target, options, report_progress):
     compiled = target.compiled
     if compiled.fits or target.model is None:
         return target
-    spec = llm_spec(config, source, target.slice, target.model["remat"], options)
-    if spec.step.state.first_moment != "float32":
-        return target
     remat, capacity = target.model["remat"], target.slice.target.compiler_hbm_bytes
-    changed_spec, changed_options = _mu_bf16_spec(config, source, target.slice, remat, options)
-    state_saved = spec.state_bytes_per_device - changed_spec.state_bytes_per_device
-    if spec.state_bytes_per_device > capacity:  # the state alone cannot fit, and nothing was compiled
-        if changed_spec.state_bytes_per_device > capacity:
-            return target  # nor with a bf16 first moment: the verdict's arithmetic says so
-        # It would with one: whether the step then fits is the compiler's to say.
-        batch = compiled.batch_size or changed_spec.batch_step
-        changed = _compile(changed_spec, target.slice, None, batch, changed_options,
-                           _progress(target.slice, config, remat, report_progress), layout_only=not options.full)
-        from tpuprof.analyses import preflight_step
-
-        words = {preflight_step.MU_BF16: _compiled_words(changed, batch, capacity)}
-        verdict = _state_verdict(config, spec, target.slice, target.unsharded, words)
-        return replace(target, compiled=replace(compiled, verdict=verdict), mu_bf16=changed)
-    if compiled.memory is None or compiled.batch_size is None:
+    spec = llm_spec(config, source, target.slice, remat, options)
+    state = spec.step.state
+    changes = [change for change, applies in ((llm_step.MU_BF16, state.first_moment == "float32"),
+                                               (llm_step.WEIGHTS_BF16, state.weights == "float32")) if applies]
+    whole_state = spec.state_bytes_per_device > capacity  # the state alone cannot fit: nothing was compiled
+    if whole_state and target.unsharded:
+        return target  # the verdict's answer is the mesh that divides the state
+    if not whole_state and (compiled.memory is None or compiled.batch_size is None or compiled.required_bytes is None):
         return target  # the compiler refused the step: no layout to weigh the state against
-    if compiled.required_bytes is None or compiled.required_bytes - capacity > state_saved:
-        # What it frees of the state cannot cover the shortfall (activations): not worth a compile to say so. (The
-        # compiles measured free less than the state's 2 bytes a parameter: the 975M-parameter step of the tests
-        # 1.61 GiB of 1.82.)
+    for change in changes:
+        changed_options = replace(options, max_batch=False, **{change.option: "bfloat16"})
+        changed_spec = llm_spec(config, source, target.slice, remat, changed_options)
+        state_saved = spec.state_bytes_per_device - changed_spec.state_bytes_per_device
+        # The compiles measured free less than the state arithmetic (the 975M-parameter step of the tests: 1.61 GiB
+        # of the first moment's 1.82): a change whose arithmetic cannot cover the shortfall is not compiled.
+        if (changed_spec.state_bytes_per_device <= capacity if whole_state
+                else compiled.required_bytes - capacity <= state_saved):
+            break
+    else:
         return target
-    changed = _compile(changed_spec, target.slice, None, compiled.batch_size, changed_options,
-                       _progress(target.slice, config, remat, report_progress), layout_only=not options.full)
+    batch = compiled.batch_size or changed_spec.batch_step
+    label = f"{target.slice.name} {config.name} remat={remat} {change.code}"
+    changed = _compile(changed_spec, target.slice, None, batch, changed_options,
+                       lambda b: report_progress(label, b), layout_only=not options.full)
+    if whole_state:
+        verdict = _state_verdict(config, spec, target.slice, target.unsharded,
+                                 {change.label: _compiled_words(changed, batch, capacity)})
+        return replace(target, compiled=replace(compiled, verdict=verdict), state_change=changed)
     fits = _runs(changed)
-    fix = llm_step.mu_dtype(compiled.batch_size, compiled.required_bytes, compiled.stage == "buffer_assignment",
-                            changed.required_bytes, changed.stage == "buffer_assignment", fits,
-                            capacity, state_saved)
+    fix = llm_step.measured(change, batch, compiled.required_bytes, compiled.stage == "buffer_assignment",
+                            changed.required_bytes, changed.stage == "buffer_assignment", fits, capacity, state_saved)
     llm_step.add(compiled.memory, fix, compiled.required_bytes)
     if compiled.verdict and fits:  # none fits (--max-batch): the verdict names the change that makes one fit
         from tpuprof.units import fmt_bytes
 
-        compiled = replace(compiled, verdict=f"{compiled.verdict} With {llm_step.MU_CODE} (a bf16 first moment) it "
-                                             f"fits: compiled so at batch {compiled.batch_size}, the step needs "
-                                             f"{fmt_bytes(changed.required_bytes)}.")
-    return replace(target, compiled=compiled, mu_bf16=changed)
-
-
-def _mu_bf16_spec(config, source, chosen, remat: str, options):
-    """The LLM step of OPTIONS with AdamW's first moment in bf16, and the options it is compiled with (one batch)."""
-    from dataclasses import replace
-
-    changed_options = replace(options, mu_dtype="bfloat16", max_batch=False)
-    return llm_spec(config, source, chosen, remat, changed_options), changed_options
-
-
-def _progress(chosen, config, remat: str, report_progress):
-    label = f"{chosen.name} {config.name} remat={remat} --mu-dtype bfloat16"
-    return lambda batch: report_progress(label, batch)
+        compiled = replace(compiled, verdict=f"{compiled.verdict} With {change.code} it fits: compiled so at batch "
+                                             f"{batch}, the step needs {fmt_bytes(changed.required_bytes)}.")
+    return replace(target, compiled=compiled, state_change=changed)
 
 
 def _runs(compiled) -> bool:

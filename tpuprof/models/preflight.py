@@ -329,9 +329,9 @@ class PreflightTarget:
     remat_table: tuple = ()  # --remat all: the answer under each policy (PreflightTarget), this one among them
     fast: FastAnswer | None = None
     batch_from: str | None = None  # a function's example arguments: which dimension was taken as the batch
-    # --model, a step that does not fit: compiled again at its batch with AdamW's first moment in bf16 (the fix
-    # --mu-dtype bfloat16, measured)
-    mu_bf16: Compiled | None = None
+    # --model, a step that does not fit: compiled again at its batch with a smaller training state (--mu-dtype or
+    # --weight-dtype bfloat16: the fix, measured)
+    state_change: Compiled | None = None
 
     @property
     def generation(self):
@@ -344,4 +344,4 @@ class PreflightTarget:
 
     @property
     def compiles(self) -> int:
-        return sum(c.compiles for c in (self.compiled, self.bf16, self.mu_bf16) if c is not None)
+        return sum(c.compiles for c in (self.compiled, self.bf16, self.state_change) if c is not None)
