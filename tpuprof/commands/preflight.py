@@ -332,6 +332,8 @@ def _measure_state_change(config, source, target, options, report_progress):
     whole_state = spec.state_bytes_per_device > capacity  # the state alone cannot fit: nothing was compiled
     if whole_state and target.unsharded:
         return target  # the verdict's answer is the mesh that divides the state
+    if whole_state and "full" in options.remat_policies:
+        remat = "full"  # a sweep none of whose policies was compiled: the one that keeps least
     if not whole_state and (compiled.memory is None or compiled.batch_size is None or compiled.required_bytes is None):
         return target  # the compiler refused the step: no layout to weigh the state against
     for change in changes:
@@ -351,7 +353,7 @@ def _measure_state_change(config, source, target, options, report_progress):
                        lambda b: report_progress(label, b), layout_only=not options.full)
     if whole_state:
         verdict = _state_verdict(config, spec, target.slice, target.unsharded,
-                                 {change.label: _compiled_words(changed, batch, capacity)})
+                                 {change.label: _compiled_words(changed, batch, capacity, remat)})
         return replace(target, compiled=replace(compiled, verdict=verdict), state_change=changed)
     fits = _runs(changed)
     fix = llm_step.measured(change, batch, compiled.required_bytes, compiled.stage == "buffer_assignment",
@@ -370,15 +372,16 @@ def _runs(compiled) -> bool:
     return compiled.fits and (compiled.host is None or compiled.host.fits is not False)
 
 
-def _compiled_words(compiled, batch: int, capacity: int) -> str:
+def _compiled_words(compiled, batch: int, capacity: int, remat: str) -> str:
     """What one compile of a changed step says, for the verdict's list of changes."""
     from tpuprof.units import fmt_bytes
 
+    so = f"compiled so with remat {remat} at batch {batch} per device"
     if compiled.required_bytes is None:
-        return f"compiled so at batch {batch} per device, the compiler refused the step: it does not fit"
+        return f"{so}, the compiler refused the step: it does not fit"
     bound = "at least " if compiled.stage == "buffer_assignment" else ""
-    return (f"compiled so at batch {batch} per device, the step needs {bound}{fmt_bytes(compiled.required_bytes)} of "
-            f"{fmt_bytes(capacity)}: {'it fits' if _runs(compiled) else 'it does not fit'}")
+    return (f"{so}, the step needs {bound}{fmt_bytes(compiled.required_bytes)} of {fmt_bytes(capacity)}: "
+            f"{'it fits' if _runs(compiled) else 'it does not fit'}")
 
 
 def _model_target(config, source, chosen, remat, options, report_progress):
