@@ -45,8 +45,9 @@ class _Step:  # the StepEstimate fields TargetEstimate reads
     target: str = "v6e"
 
 
-def _answer(step_s: float | None, fits: bool = True, host_fits: bool | None = None, batch: int = 4) -> PreflightTarget:
-    compiled = Compiled(batch, fits, 1 << 30, 1,
+def _answer(step_s: float | None, fits: bool = True, host_fits: bool | None = None, batch: int = 4,
+            required: int | None = 1 << 30) -> PreflightTarget:
+    compiled = Compiled(batch, fits, required, 1,
                         host=HostMemory(1 << 20, 1 << 30, host_fits) if host_fits is not None else None)
     estimate = TargetEstimate(_Step(step_s), batch, tokens_per_example=1000) if step_s else None
     return PreflightTarget(slices.parse("v6e-8"), compiled, "cache", batch_per_chip=batch, estimate=estimate)
@@ -66,3 +67,7 @@ def test_the_best_policy_is_the_fastest_that_fits_and_the_first_of_equal_stated_
     assert second.estimate.tokens_per_s > first.estimate.tokens_per_s
     assert stated_rate(first.estimate.tokens_per_s) == stated_rate(second.estimate.tokens_per_s)
     assert preflight_step.best([first, second]) is first
+    # None fits: the policy that comes closest (--remat all used to report its first, none, which keeps the most).
+    none, full, refused = (_answer(None, fits=False, required=50 << 30), _answer(None, fits=False, required=20 << 30),
+                           _answer(None, fits=False, required=None))
+    assert preflight_step.best([refused, none, full]) is full

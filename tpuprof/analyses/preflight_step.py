@@ -207,5 +207,10 @@ def throughput(target: PreflightTarget) -> float:
 
 
 def best(answers: list) -> PreflightTarget:
-    """The answer (one per remat policy) with the highest throughput; the first of equals."""
-    return max(answers, key=throughput)
+    """The answer (one per remat policy) with the highest throughput; the first of equals. Where none runs, the one
+    that comes closest (the least HBM required): the policy a smaller training state is measured with."""
+    found = max(answers, key=throughput)
+    if throughput(found) > 0:
+        return found
+    return min(answers, key=lambda a: a.compiled.required_bytes if a.compiled.required_bytes is not None
+               else math.inf)
