@@ -302,3 +302,21 @@ def test_each_splash_kernel_is_costed_by_the_blocks_its_mask_keeps(tmp_path):
                for k in kernels), [k["blocks"] for k in kernels]
     assert {(k["kernel"], k["blocks_run"]) for k in kernels} == {
         (kind, fraction) for kind in ("splash fwd", "splash dq", "splash dkv") for fraction in (7 / 16, 10 / 16)}
+
+
+def test_gpt_oss_model_flops_count_the_k_experts_matmuls_and_no_bias():
+    """MaxText's calculate_ffn_mamtul_tflops_per_device counts the k routed experts' matmuls and no bias; GPT-OSS's
+    expert biases ([layers, experts, width], rank 3) were counted as matmul parameters (829,440 more on gpt-oss-20b,
+    1,244,160 on 120b). The count here is every matmul weight of the layout, the experts' scaled by k of E."""
+    import math
+
+    for name in ("gpt-oss-20b", "gpt-oss-120b"):
+        config, _ = llm.load_config(name)
+        layout = llm._parameter_layout(config, dict.fromkeys(llm.MESH_AXES, 1))
+        share = config.num_experts_per_tok / config.num_experts
+        matmuls = 0.0
+        for key, (shape, _) in layout.items():
+            leaf = key.rsplit(".", 1)[-1]
+            if key == "lm_head" or (len(shape) >= 3 and not leaf.startswith("be_")):
+                matmuls += math.prod(shape) * (share if leaf.startswith("we_") else 1)
+        assert config.matmul_parameter_count() == round(matmuls), name

@@ -205,7 +205,12 @@ class ModelConfig:
         top = ("embed", "positions", "lm_head")
         vectors = sum(math.prod(shape) for name, (shape, _) in _parameter_layout(self, dict.fromkeys(MESH_AXES, 1)).items()
                       if name not in top and len(shape) <= 2)  # norms, biases, sinks: [d] or [layers, d]
-        return self.active_parameter_count() - lookup - self.learned_positions * self.hidden_size - vectors
+        # GPT-OSS's expert biases ([layers, experts, width]: rank 3) are added, not multiplied: MaxText's
+        # calculate_ffn_mamtul_tflops_per_device counts the k experts' matmuls alone.
+        f = self.moe_intermediate_size
+        per_expert = (2 * f if self.mlp_gated else f) + self.hidden_size
+        biases = self.moe_layer_count() * self.num_experts_per_tok * per_expert if self.moe and self.expert_bias else 0
+        return self.active_parameter_count() - lookup - self.learned_positions * self.hidden_size - vectors - biases
 
     def digest(self) -> str:
         # The shapes' fields only: the name and the positions trained for change no program.
