@@ -10,7 +10,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-from conftest import DUMPS, SAMPLES, run_cli
+from conftest import DUMPS, ROOT, SAMPLES, run_cli
 from helpers.sample_documents import commands, document as sample_document
 
 from tpuprof import schemas
@@ -132,3 +132,121 @@ def test_documents_report_and_diff_cannot_read_are_one_sentence(saved, tmp_path,
     result = run_cli("diff", str(path), str(saved["diff_b64"]))
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith(f"tpuprof: {path}: ") and result.stderr.strip().endswith(message)
+
+
+# ------------------------------------------------------------------------------- the schemas are the readers' contract
+
+GOLDEN = ROOT / "tests" / "golden"
+READ = {"memory": "memory", "analyze": "steps", "oom": "oom", "preflight": "preflight"}  # command -> input kind
+# What fastjsonschema (draft 7) and JSON Schema 2020-12 both mean the same by: the schemas the readers check
+# against may use no other keyword, or the check and the published contract would part.
+SHARED_KEYWORDS = {"$schema", "$id", "$ref", "title", "description", "type", "properties", "required", "items",
+                   "additionalProperties", "anyOf", "oneOf", "allOf", "not", "enum", "const", "minimum", "maximum",
+                   "exclusiveMinimum", "exclusiveMaximum", "minItems", "maxItems", "minLength", "maxLength",
+                   "pattern", "minProperties", "maxProperties"}
+
+
+def _keywords(schema, found: set) -> set:
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            found.add(key)
+            if key == "items":
+                assert isinstance(value, dict), "items as a list means another thing in 2020-12 than in draft 7"
+            if key in ("properties", "$defs"):
+                for sub in value.values():
+                    _keywords(sub, found)
+            elif key not in ("enum", "const", "required", "description", "title"):
+                _keywords(value, found)
+    elif isinstance(schema, list):
+        for item in schema:
+            _keywords(item, found)
+    return found
+
+
+def test_the_schemas_report_and_diff_read_use_only_keywords_both_drafts_share():
+    for command in ("memory", "analyze", "oom", "preflight", "serve"):
+        assert _keywords(schemas.schema(command), set()) <= SHARED_KEYWORDS, command
+
+
+def test_the_readers_check_agrees_with_jsonschema_on_damaged_documents():
+    """Every golden document, damaged 150 times each (the fuzzer's JSON mutations, seeded): the readers' check
+    (tpuprof.documents, fastjsonschema) refuses exactly those jsonschema finds an error in, against the same schema."""
+    import random
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "fuzz"))
+    from mutators import _paths, mutate_json
+
+    from tpuprof import documents
+    from tpuprof.errors import UserError
+
+    refused = passed = 0
+    for command, kind in READ.items():
+        reader_schema = documents._inline(schemas.schema(command))
+        reference = Draft202012Validator(reader_schema)
+        for path in sorted((GOLDEN / command).glob("*.json")):
+            original = path.read_text()
+            rng = random.Random(path.name)
+            for _ in range(150):
+                document = json.loads(original)
+                for _ in range(rng.randint(1, 2)):
+                    document = mutate_json(rng, document, _paths(document))
+                if isinstance(document, dict):
+                    document = {**document, "schema": schemas.name(command)}
+                errors = list(reference.iter_errors(document))
+                try:
+                    documents.check(document, kind, str(path))
+                except UserError as error:
+                    assert errors, f"{path.name}: the reader refused what jsonschema passes: {error}"
+                    assert str(error).count(".") >= 2 and f"{kind}" in str(error)
+                    refused += 1
+                else:
+                    assert not errors, f"{path.name}: jsonschema finds {errors[0].message[:200]} the reader passed"
+                    passed += 1
+    assert refused > 300 and passed > 300, (refused, passed)  # both verdicts were put to the test
+
+
+@pytest.mark.parametrize("command, edit, said", [
+    # Beyond int64, named (the fields the readers take as sizes have the schema's int64 maximum).
+    ("memory", lambda d: d["modules"][0].update(peak_heap_bytes=2**63),
+     "memory.modules[0].peak_heap_bytes should be a non-negative integer up to 9223372036854775807"),
+    # Preflight's memory module is memory.schema.json's: a figure added there is checked here too.
+    ("preflight", lambda d: d["targets"][0]["memory"].update(allocated_bytes=-1),
+     "preflight.targets[0].memory.allocated_bytes should be a non-negative integer, not the number -1"),
+    ("oom", lambda d: d.update(dump={"module": "m", "argument_bytes": 1, "temp_bytes": 1, "output_bytes": 1,
+                                     "buffers": [{"instruction": "x", "shape": "f32[2]", "size_bytes": True,
+                                                  "unpadded_bytes": 8}]}),
+     "oom.dump.buffers[0].size_bytes should be a non-negative integer, not a boolean"),
+    ("analyze", lambda d: d.update(stragglers=[{"host": "h", "hosts_median_ms": 1.0}]),
+     "steps.stragglers[0].median_ms is missing"),
+])
+def test_a_document_that_breaks_its_schema_is_one_sentence_naming_the_field(tmp_path, command, edit, said):
+    path = sorted((GOLDEN / command).glob("*.json"))[0]
+    document = json.loads(path.read_text())
+    edit(document)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(document))
+    done = run_cli("report", str(bad), "-o", str(tmp_path / "page.html"))
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"tpuprof: {bad} is not a usable tpuprof "), done.stderr
+    assert said in lines[0]
+
+
+def test_what_the_schema_allows_the_readers_read(saved, tmp_path):
+    """Fields no schema names, a value a newer tpuprof may add to an enum, and a whole number written 3.0 (an
+    integer to JSON Schema) all load: the page is drawn and diff compares."""
+    document = json.loads(saved["diff_b64"].read_text())
+    module = document["modules"][0]
+    document["written_by"] = {"tool": "a newer tpuprof", "fields": [1, 2]}
+    module["a_new_figure_bytes"] = 5
+    module["method"] = "a_method_this_tpuprof_does_not_know"
+    module["buffers"][0]["size_bytes"] = float(module["buffers"][0]["size_bytes"])
+    path = tmp_path / "newer.json"
+    path.write_text(json.dumps(document))
+    assert json.loads(path.read_text())["modules"][0]["buffers"][0]["size_bytes"] == module["buffers"][0]["size_bytes"]
+    assert ".0," in path.read_text()
+    page = cli_json(["report", str(path), "-o", str(tmp_path / "page.html")])
+    assert page["inputs"] == [{"path": str(path), "kind": "memory"}]
+    compared = cli_json(["diff", str(path), str(saved["diff_b64"])])
+    assert compared["kind"] == "memory" and compared["a"]["from_json"] is True
