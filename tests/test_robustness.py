@@ -61,6 +61,9 @@ CASES = [
     ("logical_buffer_id_repeated.hlo.pb", "memory", 0, ""),
     # A buffer's shape index reaching a tuple element by a negative number (subshape).
     ("subshape_negative_index.hlo.pb", "memory", 0, ""),
+    # A category's share of the step past a float (1e999 reads as inf): the schema's int64 maximum holds for the
+    # named categories as for any other key (the page rounded it: decimal.InvalidOperation).
+    ("json_breakdown_percent_1e999.json", "report", 2, "steps.breakdown_percent.input should be a non-negative number"),
     # A suggestion's framework given as a list: the reader checks every field the page reads.
     ("json_suggestion_framework_list.json", "report", 2, "framework should be a string"),
     # A layer index of 4,401 digits in an op name (int() refuses it): not a layer index.
