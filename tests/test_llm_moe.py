@@ -121,7 +121,7 @@ def test_a_dropless_step_runs_its_grouped_matmuls_over_every_routed_token_once(c
     monkeypatch.setenv("XDG_CACHE_HOME", str(compile_cache))
     path = tmp_path / "config.json"
     path.write_text(json.dumps(QWEN3_MOE))
-    seq, layers, d = 512, QWEN3_MOE["num_hidden_layers"], QWEN3_MOE["hidden_size"]
+    seq, layers, d = 128, QWEN3_MOE["num_hidden_layers"], QWEN3_MOE["hidden_size"]
     dropless = tpuprof.preflight(model=str(path), tpu="v5e:2x2", seq=seq, batch_per_chip=1, mesh="fsdp=4",
                                  remat="custom:decoder_layer_input=offload,mlpwo=offload", moe="dropless")
     document = dropless.to_dict()["targets"][0]
