@@ -176,6 +176,19 @@ def test_tiny_keras_model_64_steps_per_call_gets_no_steps_per_execution(reports,
     assert report.top_ops[0].name == "sequential_1/dense_1/Relu"
 
 
+def test_input_advice_on_three_steps_is_not_blocking_and_says_so(reports):
+    """tf_tiny_spe64 holds 3 measured steps, and the output said both "Only 3 steps measured: ... too few steps to
+    trust" and a blocking input suggestion. Each of the 3 steps waits for input about half its time (53-57%), so the
+    advice stays, at 'improve', with the step count its share rests on; jax_slow_loader's 38 steps keep it blocking."""
+    report = reports("tf_tiny_spe64")
+    assert len(report.hosts[0].steps) == 3 and any("too few steps to trust" in w for w in report.warnings)
+    assert all(s.input_ps > 0.5 * s.duration_ps for s in report.hosts[0].steps)
+    advice = next(s for s in report.suggestions if s["kind"] == "input_pipeline")
+    assert advice["severity"] == "improve" and "Measured over 3 steps only (fewer than 5)" in advice["evidence"]
+    many = next(s for s in reports("jax_slow_loader").suggestions if s["kind"] == "input_pipeline")
+    assert many["severity"] == "blocking" and "Measured over" not in many["evidence"]
+
+
 def test_jax_slow_python_loader_is_input_bound(reports, xprof):
     report = reports("jax_slow_loader")
     assert report.step_count >= 10

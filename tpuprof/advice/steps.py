@@ -29,6 +29,39 @@ MIN_F32_MATMUL_SHARE = 0.5
 MIN_MATMUL_PERCENT = 10.0
 
 
+# Below this many measured steps on a host, a share of step time is one or two samples (coverage.MIN_STEPS): advice
+# resting on it is not blocking, and says how many steps it rests on.
+MIN_STEPS = 5
+# Steps the program marked as its own (a step annotation, Keras' step function, the device `Steps` line) are
+# iterations of a loop; steps found as repeated runs of one program or jitted function may be any repeated call (the
+# Pallas matmul benchmark runs one matmul 3 times: no loop over batches to move onto the device).
+MARKED_STEPS = ("step markers", "TF step function", "the device `Steps` line")
+
+
+def _fewest_steps(report: ProfileSummary) -> int:
+    return min((len(h.steps) for h in report.hosts if h.steps), default=0)
+
+
+def _severity(report: ProfileSummary, share: float) -> str:
+    """Blocking from 20% of step time, when the share is measured over MIN_STEPS steps or more."""
+    return "blocking" if share >= 20 and _fewest_steps(report) >= MIN_STEPS else "improve"
+
+
+def _few_steps(report: ProfileSummary) -> str:
+    """The evidence's caveat when the shares rest on fewer than MIN_STEPS steps ("" otherwise)."""
+    fewest = _fewest_steps(report)
+    if fewest >= MIN_STEPS:
+        return ""
+    return (f" Measured over {fewest} step{'s' if fewest != 1 else ''} only (fewer than {MIN_STEPS}): a longer "
+            "capture confirms it.")
+
+
+def _loop_steps(report: ProfileSummary) -> bool:
+    """Whether every host's steps are marked by the program as its steps, not inferred from repeated runs."""
+    hosts = [h for h in report.hosts if h.steps]
+    return bool(hosts) and all(h.step_source.startswith(MARKED_STEPS) for h in hosts)
+
+
 def _framework(report: ProfileSummary) -> str:
     """jax, tf, or "" when the hosts' events do not say (then advice names both)."""
     found = {h.framework for h in report.hosts if h.steps}
@@ -89,8 +122,8 @@ def _input(report: ProfileSummary) -> Suggestion | None:
     else:
         message = ("The step waits for input: parallelise the pipeline (`num_parallel_calls=tf.data.AUTOTUNE`), "
                    "`cache()` and `prefetch(tf.data.AUTOTUNE)`.")
-    return Suggestion(kind="input_pipeline", message=message, evidence="; ".join(evidence) + ".",
-                      severity="blocking" if share >= 20 else "improve", saving_ms_per_step=per_step,
+    return Suggestion(kind="input_pipeline", message=message, evidence="; ".join(evidence) + "." + _few_steps(report),
+                      severity=_severity(report, share), saving_ms_per_step=per_step,
                       saving_ms_range=(0.0, per_step), framework=_framework(report) or None)
 
 
@@ -105,7 +138,9 @@ def steps_per_execution_for(overhead_ms: float, compute_ms_per_batch: float, cur
 
 def _host_overhead(report: ProfileSummary) -> Suggestion | None:
     share = report.breakdown_percent.get("host_overhead", 0.0)
-    if share < MIN_OVERHEAD_PERCENT:
+    if share < MIN_OVERHEAD_PERCENT or not _loop_steps(report) or _fewest_steps(report) < MIN_STEPS:
+        # Steps per call amortise a loop's per-call overhead: the capture must show a loop (steps the program
+        # marks) and the overhead in enough of its steps to be the loop's, not a benchmark's few repeated calls.
         return None
     k = max(1, int(report.batches_per_step))
     per_step = report.breakdown_ms_per_step
@@ -156,7 +191,7 @@ def _host_overhead(report: ProfileSummary) -> Suggestion | None:
                    f"and pays the per-call host overhead once; {effect}.{larger}")
     saving = (now_per_batch - then_per_batch) * k
     return Suggestion(kind="steps_per_execution", message=message, evidence=evidence, saving_ms_per_step=saving,
-                      saving_ms_range=(0.0, saving), severity="blocking" if share >= 20 else "improve",
+                      saving_ms_range=(0.0, saving), severity=_severity(report, share),
                       code=f"model.compile(..., steps_per_execution={n})" if framework == "tf" else "",
                       framework=framework or None, extra={"steps_per_execution": n})
 
@@ -205,7 +240,8 @@ def _compile(report: ProfileSummary) -> Suggestion | None:
                                "True)` names what changed."),
                       evidence=f"{share:.1f}% of step time in tracing/compilation over {report.step_count} steps"
                                + (f": {named}." if named else "."),
-                      severity="blocking" if share >= COMPILE_BOUND else "improve",
+                      severity="blocking" if share >= COMPILE_BOUND and _fewest_steps(report) >= MIN_STEPS
+                      else "improve",
                       saving_ms_per_step=per_step, saving_ms_range=(0.0, per_step))
 
 
@@ -308,8 +344,8 @@ def _host_transfer(report: ProfileSummary) -> Suggestion | None:
     if rates:
         fastest = max(r.bytes_per_s for r in rates)
         evidence += f"; waited-for copies run at {min(r.bytes_per_s for r in rates) / 1e9:.1f}-{fastest / 1e9:.1f} GB/s"
-    return Suggestion(kind="host_transfer", message=message, evidence=evidence + ".",
-                      severity="blocking" if share >= 20 else "improve", saving_ms_per_step=per_step,
+    return Suggestion(kind="host_transfer", message=message, evidence=evidence + "." + _few_steps(report),
+                      severity=_severity(report, share), saving_ms_per_step=per_step,
                       saving_ms_range=(0.0, per_step), framework=framework or None,
                       code="jax.device_put(x, jax.sharding.NamedSharding(mesh, spec, memory_kind='device'))",
                       extra={"host_transfer_bytes_per_step": int(incoming + outgoing)})
@@ -330,8 +366,8 @@ def _collective(report: ProfileSummary) -> Suggestion | None:
                  "sharded along the batch), reduce in bf16, and avoid collectives over the data-centre network "
                  "(DCN) inside the step."),
         evidence=f"{share:.1f}% of step time ({per_step:.2f} ms per step) waiting in collectives"
-                 + (f": {named}." if named else "."),
-        severity="blocking" if share >= 20 else "improve", saving_ms_per_step=per_step,
+                 + (f": {named}." if named else ".") + _few_steps(report),
+        severity=_severity(report, share), saving_ms_per_step=per_step,
         saving_ms_range=(0.0, per_step))
 
 
