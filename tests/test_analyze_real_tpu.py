@@ -446,9 +446,29 @@ def test_two_unrelated_tpu_captures_given_together_hold_no_pod_up(offload, palla
     783.80 ms per step at a collective that no chip ran. Nothing waited: the straggler advice says so, with no
     saving, and a warning says the steps are different programs."""
     report = command.profile_summary([str(pallas[0]), str(offload[0])], top=0)
-    assert report.pod.matched_steps and not any(r.collective_ms for r in report.pod.hosts)
+    assert not any(r.collective_ms for r in report.pod.hosts)
     advice = next(s for s in report.suggestions if s["kind"] == "straggler")
     assert "none waited for it" in advice["message"] and "holding the pod up" not in advice["evidence"]
     assert "no chip of any host ran a collective" in advice["evidence"] and "saving_ms_per_step" not in advice
     assert any("runs of different programs (`jit_matmul_optimized` on host0; `jit_f` on" in w for w in report.warnings)
     assert not any("different programs" in w for w in offload[1].warnings + pallas[1].warnings)
+
+
+def test_two_unrelated_tpu_captures_get_no_clock_offset_or_delay(offload, pallas):
+    """The same two captures: the pod table printed a clock offset of -19,810.916 ms (the two jobs' unrelated clocks,
+    from 'matching' step 0 and 1 of different programs) and "Holds up the pod: tpu_inference_2 1567.60 ms over 2
+    steps", at a collective no chip ran. Not one job: the table says why, and gives neither figure."""
+    paths = [str(pallas[0]), str(offload[0])]
+    report = command.profile_summary(paths, top=0)
+    pod = report.pod
+    assert "runs of different programs" in pod.not_one_job and "no chip of any host ran a collective" in pod.not_one_job
+    assert not pod.matched_steps and not pod.stragglers
+    assert all(r.clock_offset_ms is None and r.delay_ms == 0 for r in pod.hosts)
+    document = json.loads(run_cli("analyze", *paths, "--json").stdout)
+    assert document["pod"]["not_one_job"] == pod.not_one_job and document["pod"]["stragglers"] == []
+    for format_ in ("terminal", "markdown"):
+        text = run_cli("analyze", *paths, *(["--format", format_] if format_ != "terminal" else [])).stdout
+        assert "not one job: the hosts' steps are runs of different programs" in " ".join(text.split())
+        assert "Holds up the pod" not in text and "clock offset ms" not in text and "-19810" not in text
+    # Each capture alone, and one job's hosts, are unchanged: the offload job's 4 chips on one host make no pod.
+    assert offload[1].pod is None and pallas[1].pod is None

@@ -176,6 +176,7 @@ def pod_json(pod) -> dict | None:
         "hosts": [_pod_host(r) for r in pod.hosts],
         "reference_host": pod.reference,
         "alignment": pod.alignment,
+        "not_one_job": pod.not_one_job,
         "matched_steps": pod.matched_steps,
         "residual_ms": None if pod.residual_ms is None else round(pod.residual_ms, 6),
         "stragglers": [_pod_host(r) for r in pod.stragglers],

@@ -4,8 +4,8 @@ capture would hold enough steps."""
 from __future__ import annotations
 
 import math
-import re
 
+from tpuprof.analyses import pod
 from tpuprof.analyses.summary import ProfileSummary
 
 MIN_STEPS = 5  # below this, one slow or fast step moves every share by 20 % or more
@@ -31,18 +31,10 @@ def few_steps_warning(report: ProfileSummary) -> str | None:
             f"{WANTED_STEPS} (`tpuprof capture --duration {seconds}s`).")
 
 
-# A program's fingerprint (`jit_f(12190760917235803885)`) changes with every compile of one function.
-_FINGERPRINT = re.compile(r"\(\d{6,}\)")
-
-
 def mixed_programs_warning(report: ProfileSummary) -> str | None:
     """One sentence when the hosts' steps are runs of different programs: files of different jobs given together
     make no pod, and their steps average into figures of neither."""
-    programs = {}
-    for host in report.hosts:
-        match = re.search(r"executions of program `([^`]+)`", host.step_source or "")
-        if host.steps and match:
-            programs.setdefault(_FINGERPRINT.sub("", match.group(1)), []).append(host.host)
+    programs = pod.programs(report.hosts)
     if len(programs) < 2:
         return None
     named = "; ".join(f"`{program}` on {', '.join(hosts)}" for program, hosts in programs.items())

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,6 +54,8 @@ class Pod:
     stragglers: list[PodHost] = field(default_factory=list)  # ranked by delay_ms, largest first
     compact: dict[str, list[PodHost]] | None = None  # 64+ hosts: slowest, median, fastest, outliers
     alignment: str = "matching step starts (same step number), median difference"
+    # Why the hosts are not one job (then no clock is aligned and no host holds the others up), or None.
+    not_one_job: str | None = None
 
     def host(self, name: str) -> PodHost:
         return next(h for h in self.hosts if h.host == name)
@@ -127,11 +130,48 @@ def _compact(rows: list[PodHost]) -> dict[str, list[PodHost]]:
             "outliers": sorted(outliers, key=lambda r: -abs(r.median_ms - middle))}
 
 
+# A program's fingerprint (`jit_f(12190760917235803885)`) changes with every compile of one function.
+_FINGERPRINT = re.compile(r"\(\d{6,}\)")
+
+
+def programs(profiles: list[HostProfile]) -> dict[str, list[str]]:
+    """The programs whose runs are the hosts' steps (TPU steps found as a program's executions): name -> hosts."""
+    found: dict[str, list[str]] = {}
+    for profile in profiles:
+        match = re.search(r"executions of program `([^`]+)`", profile.step_source or "")
+        if profile.steps and match:
+            found.setdefault(_FINGERPRINT.sub("", match.group(1)), []).append(profile.host)
+    return found
+
+
+def not_one_job(profiles: list[HostProfile]) -> str | None:
+    """What in the capture shows that the hosts are not one synchronous job, or None.
+
+    The clock offsets and delays rest on the hosts starting each step together because a collective makes them;
+    hosts that run different programs, or TPU hosts none of whose chips ran a collective, wait for no one: their
+    step starts agree by chance, and the step numbers matched are unrelated steps."""
+    reasons = []
+    stepped = [p for p in profiles if p.steps]
+    ran = programs(stepped)
+    if len(ran) > 1:
+        reasons.append("the hosts' steps are runs of different programs ("
+                       + "; ".join(f"`{name}` on {', '.join(hosts)}" for name, hosts in ran.items()) + ")")
+    if stepped and all(p.platform == "tpu" for p in profiles) and not any(p.total("collective") for p in stepped):
+        reasons.append("no chip of any host ran a collective (0 ms per step on every host): no step waits for "
+                       "another host")
+    return "; ".join(reasons) or None
+
+
 def build(profiles: list[HostProfile]) -> Pod | None:
     """The pod view of several hosts (None for one host, or when no host has steps)."""
     if len(profiles) < 2 or not any(p.steps for p in profiles):
         return None
     rows = {p.host: _row(p) for p in profiles}
+    unrelated = not_one_job(profiles)
+    if unrelated:
+        ordered = [rows[p.host] for p in profiles]
+        return Pod(hosts=ordered, reference="", matched_steps=0, residual_ms=None, alignment="none: not one job",
+                   not_one_job=unrelated, compact=_compact(ordered) if len(ordered) >= COMPACT_HOSTS else None)
     reference, numbers = _align(rows, profiles)
     _delays(rows, profiles, numbers)
     ordered = [rows[p.host] for p in profiles]

@@ -221,16 +221,22 @@ def _pod(pod: dict | None) -> list:
     shown = [(f"{kind.rstrip('s')}: ", r) for kind in ("slowest", "median", "fastest", "outliers")
              for r in compact[kind]] if compact is not None else [("", r) for r in pod["hosts"]]
     lost = any(r.get("steps_without_device") for _, r in shown)
+    # Hosts that are not one job wait for no one: a clock offset from their step starts and a delay at a collective
+    # none of them ran would be figures of nothing.
+    unrelated = pod.get("not_one_job")
     rows = tuple((label + r["host"], str(r["steps"]), _num(r["median_ms"], 2), _num(r.get("input_ms"), 2),
-                  _num(r.get("host_overhead_ms"), 2), _num(r.get("collective_ms"), 2),
-                  "" if r.get("clock_offset_ms") is None else f"{r['clock_offset_ms']:+.3f}", _num(r["delay_ms"], 2))
+                  _num(r.get("host_overhead_ms"), 2), _num(r.get("collective_ms"), 2))
+                 + (() if unrelated else ("" if r.get("clock_offset_ms") is None else f"{r['clock_offset_ms']:+.3f}",
+                                          _num(r["delay_ms"], 2)))
                  + ((str(r.get("steps_without_device") or ""),) if lost else ()) for label, r in shown)
     columns = (name("host"), number("steps", drop=3), number("median step ms"), number("input ms", drop=2),
-               number("host overhead ms", drop=2), number("collective ms", drop=2),
-               number("clock offset ms", drop=1), number("delay ms")) \
+               number("host overhead ms", drop=2), number("collective ms", drop=2)) \
+        + (() if unrelated else (number("clock offset ms", drop=1), number("delay ms"))) \
         + ((number("steps with no device data", drop=1),) if lost else ())
     matched = pod.get("matched_steps")
-    if matched:
+    if unrelated:
+        how = f"not one job: {unrelated}; so no clock offsets and no delays"
+    elif matched:
         residual = "" if pod.get("residual_ms") is None else f", residual up to {pod['residual_ms']:.3f} ms"
         how = (f"clocks against {pod.get('reference_host')}, from matching step starts{residual}; delay: how much it "
                f"held up the collective, summed over {matched} matched steps")
