@@ -256,6 +256,37 @@ def test_compile_evidence_names_each_compilation_once(reports):
     assert sum(int(ms) for _, ms in named) <= compiling_ms + 1, (named, compiling_ms)
 
 
+def test_compile_advice_counts_the_compilations_of_the_steps_it_names_in_jaxs_terms(reports):
+    """jax_recompile: the evidence said "over 9 steps: `backend_compile_and_load` x76", a count over the whole capture
+    (compilations before the first measured step and after the last); the advice told this JAX job about tf.data's
+    `drop_remainder=True`. The count is of the outermost compile events that start in the measured steps (marker 0 to
+    the last marker), read here from the capture's own events; the wording is JAX's only."""
+    from tpuprof.analyses.timeline import top_level
+    from tpuprof.protos import xplane_pb2
+
+    report = reports("jax_recompile")
+    space = xplane_pb2().XSpace()
+    space.ParseFromString(next(capture("jax_recompile").rglob("*.xplane.pb")).read_bytes())
+    plane = next(p for p in space.planes if p.name == "/host:CPU")
+    names = {k: m.name for k, m in plane.event_metadata.items()}
+    events = [(names[e.metadata_id], line.timestamp_ns * 1000 + e.offset_ps, e.duration_ps)
+              for line in plane.lines for e in line.events]
+    markers = sorted(start for name, start, _ in events if name == "train")
+    compiles = sorted((start, start + duration) for name, start, duration in events
+                      if re.search(r"(?i)compile|lower_sharding", name) and not name.startswith("XlaCompile"))
+    outer = top_level(np.array([a for a, _ in compiles]), np.array([b for _, b in compiles]))
+    starts = np.array([a for a, _ in compiles])[outer]
+    everywhere = [n for (n, start, _) in events if n == "backend_compile_and_load"]
+    inside = sum(1 for name, start, _ in events if name == "backend_compile_and_load"
+                 and markers[0] <= start < markers[-1] and start in set(starts.tolist()))
+    assert inside == 63 and len(everywhere) == 76  # the capture compiles outside the measured steps too
+    advice = next(s for s in report.suggestions if s["kind"] == "compile")
+    assert f"over {report.step_count} steps; compile events in those steps: `backend_compile_and_load` x{inside} (" \
+        in advice["evidence"]
+    assert advice["framework"] == "jax" and "jax_explain_cache_misses" in advice["message"]
+    assert "drop_remainder" not in advice["message"] and "tf." not in advice["message"]
+
+
 def test_host_ops_per_step_hold_only_the_measured_steps(reports):
     """jax_recompile: 10 `train` markers, 9 measured steps (the last one's end is not captured), and parts of steps
     on either side: every kernel ran 11 times in the capture. An op's time per step is its time inside the measured

@@ -232,17 +232,31 @@ def _compile(report: ProfileSummary) -> Suggestion | None:
             entry[1] += spent
     biggest = sorted(events.items(), key=lambda item: item[1][1], reverse=True)[:2]
     named = ", ".join(f"`{name}` x{count} ({spent / 1e9:.0f} ms)" for name, (count, spent) in biggest)
+    # The events are counted in the measured steps when every host measured its steps on its own clock; TPU steps
+    # are the chips', on another clock: their hosts' events are the whole capture's, and the evidence says so.
+    in_steps = all(h.compile_events_in_steps for h in report.hosts if h.steps)
+    where = "in those steps" if in_steps else "in the whole capture"
     per_step = report.breakdown_ms_per_step.get("compile", 0.0)
+    framework = _framework(report)
+    jax_way = ("keep array shapes and dtypes and the jitted function's static arguments the same from step to step "
+               "(pad batches to fixed shapes or a few bucket sizes; pass changing Python values as arrays, not "
+               "`static_argnums`); `jax.config.update(\"jax_explain_cache_misses\", True)` names what changed")
+    tf_way = ("keep the step function's input shapes and Python arguments the same from step to step (`batch(..., "
+              "drop_remainder=True)` so the last batch has the others' shape, pad to fixed shapes or a few bucket "
+              "sizes, pass changing values as tensors, not Python numbers)")
+    if framework == "jax":
+        how = jax_way
+    elif framework == "tf":
+        how = tf_way
+    else:
+        how = f"in JAX, {jax_way}; in TensorFlow, {tf_way}"
     return Suggestion(kind="compile",
-                      message=("Steps keep compiling: keep shapes and Python arguments the same from step to step "
-                               "(pad batches to fixed shapes or a few bucket sizes, `drop_remainder=True`, mark "
-                               "config arguments static); JAX's `jax.config.update(\"jax_explain_cache_misses\", "
-                               "True)` names what changed."),
+                      message=f"Steps keep compiling: {how}.",
                       evidence=f"{share:.1f}% of step time in tracing/compilation over {report.step_count} steps"
-                               + (f": {named}." if named else "."),
+                               + (f"; compile events {where}: {named}." if named else ".") + _few_steps(report),
                       severity="blocking" if share >= COMPILE_BOUND and _fewest_steps(report) >= MIN_STEPS
                       else "improve",
-                      saving_ms_per_step=per_step, saving_ms_range=(0.0, per_step))
+                      saving_ms_per_step=per_step, saving_ms_range=(0.0, per_step), framework=framework or None)
 
 
 # A host that holds the pod up by less than this share of the median step per step is not worth a suggestion.

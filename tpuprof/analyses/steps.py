@@ -156,18 +156,28 @@ class HostView:
         # One compilation shows on several threads at once (jax's backend_compile_and_load on the caller, XLA's
         # PjRtCpuClient::Compile and codegen on its pools): count the outermost event only, so that the events
         # named add up to time spent, not to the same time twice.
-        compiles: dict[int, list[int]] = {}
+        self._compiles = (np.zeros(0, np.int64),) * 3
         if comp:
             starts, ends = np.concatenate([c[0] for c in comp]), np.concatenate([c[1] for c in comp])
             keys = np.concatenate(comp_ids)
             outer = top_level(starts, ends)
-            for key, duration in zip(keys[outer].tolist(), (ends[outer] - starts[outer]).tolist()):
-                entry = compiles.setdefault(key, [0, 0])
-                entry[0] += 1
-                entry[1] += duration
-        self.compile_events = sorted(((plane.event_metadata[k].name, c, d) for k, (c, d) in compiles.items()),
-                                     key=lambda item: item[2], reverse=True)[:3]
+            self._compiles = (keys[outer], starts[outer], ends[outer])
         self.work = _spans(work)
+
+    def compile_events(self, window: tuple[int, int] | None = None) -> list[tuple[str, int, int]]:
+        """The 3 compile events that took longest in all, (name, count, ps), each compilation counted once; with a
+        WINDOW (host clock, ps) only those that start in it."""
+        keys, starts, ends = self._compiles
+        if window is not None:
+            inside = (starts >= window[0]) & (starts < window[1])
+            keys, starts, ends = keys[inside], starts[inside], ends[inside]
+        compiles: dict[int, list[int]] = {}
+        for key, duration in zip(keys.tolist(), (ends - starts).tolist()):
+            entry = compiles.setdefault(key, [0, 0])
+            entry[0] += 1
+            entry[1] += duration
+        return sorted(((self.plane.event_metadata[k].name, c, d) for k, (c, d) in compiles.items()),
+                      key=lambda item: item[2], reverse=True)[:3]
 
     def markers(self):
         """(line, event indices, description) of the best step markers, or None (computed once)."""
@@ -373,7 +383,6 @@ def host_profile(space, host: str, path: str = "") -> HostProfile:
     if view is not None:
         profile.input_visible = view.input_visible
         profile.framework = _framework(view.plane)
-        profile.compile_events = view.compile_events
 
     if view is not None and gpu_planes:
         # GPU kernels and copies run on the device planes' stream lines: they are the step's compute.
@@ -400,6 +409,9 @@ def host_profile(space, host: str, path: str = "") -> HostProfile:
     profile.host_ops_in_steps = bool(host_measured)
     window = (profile.steps[0].start_ps, profile.steps[-1].start_ps + profile.steps[-1].duration_ps) \
         if host_measured else None  # on the host's clock only when the host measured the steps
+    if view is not None:
+        profile.compile_events = view.compile_events(window)
+        profile.compile_events_in_steps = window is not None
     profile.ops = (found.ops if found is not None else []) + \
         (top_ops.host_ops(view.plane, view.lines, window) if view else [])
     if found is not None:

@@ -133,6 +133,7 @@ class HostProfile:
     untraced_input: bool = False  # idle host time between steps is counted as input (see analyses.steps)
     framework: str = ""  # jax | tf | "" (unknown), from the host's events
     compile_events: list[tuple[str, int, int]] = field(default_factory=list)  # (name, count, ps), largest first
+    compile_events_in_steps: bool = False  # compile_events counts those in the measured steps, not the capture's
     devices: list[Device] = field(default_factory=list)  # TPU chips, each with its own aligned steps
     chip_steps: int = 0  # steps measured on every chip, summed over chips (divides device op times per step)
     host_ops_in_steps: bool = False  # its host ops hold their time inside the steps (steps measured on the host)
