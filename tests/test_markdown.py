@@ -163,3 +163,28 @@ def test_a_step_fix_in_markdown_states_its_fact_and_an_upper_bound():
     fix = text[text.index("**Fixes**"):]
     assert f"saves up to {advice['saving_ms_per_step']:g} ms/step" in fix and "saves ≈" not in fix
     assert f"evidence: {advice['evidence']}" in fix
+
+
+def test_a_memory_fix_that_frees_a_range_says_the_range_in_every_printer(tmp_path):
+    """conv18_f32_v5e: moving its 96 MiB of float32 temporaries to bfloat16 frees a quarter to a half of them (the
+    document's saving_bytes_range, 24-48 MiB). Markdown read 'frees ≈48.00 MiB' (the top of the range as the
+    estimate), the terminal 'frees ≈48.00 MiB (24.00 MiB-48.00 MiB)', the page 'saves ~48.00 MiB', the notebook
+    'saves 48.00 MiB': one wording now, the range, in all four."""
+    import tpuprof
+    from tpuprof.renderers import notebook
+
+    dump = SAMPLES / "dumps" / "conv18_f32_v5e"
+    document = json.loads(run_cli("memory", dump, "--no-compile", "--json").stdout)
+    (advice,) = [s for m in document["modules"] for s in m["suggestions"] if s["kind"] == "bf16"]
+    low, high = advice["saving_bytes_range"]
+    assert low < high == advice["saving_bytes"]
+    words = f"frees {fmt_bytes(low)} to {fmt_bytes(high)}, {advice['confidence']}"
+    markdown_text = run_cli("memory", dump, "--no-compile", "--format", "markdown").stdout
+    terminal_text = " ".join(run_cli("memory", dump, "--no-compile").stdout.split())
+    saved = tmp_path / "conv18.json"
+    saved.write_text(json.dumps(document))
+    page = tmp_path / "page.html"
+    assert run_cli("report", saved, "-o", page).returncode == 0
+    cell = notebook.render(tpuprof.memory(str(dump), compile=False))
+    for text in (markdown_text, terminal_text, page.read_text(), cell):
+        assert words in text and f"≈{fmt_bytes(high)}" not in text and f"~{fmt_bytes(high)}" not in text

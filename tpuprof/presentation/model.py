@@ -33,6 +33,32 @@ def fits_word(fits: bool | None) -> str:
     return UNKNOWN if fits is None else FIT if fits else NO_FIT
 
 
+def _field(item, key: str):
+    return item.get(key) if isinstance(item, dict) else getattr(item, key, None)
+
+
+def freed_words(item) -> str | None:
+    """The one wording of the memory a fix frees, for every printer: "frees 32.00 MiB to 64.00 MiB, estimated" when
+    the saving is a range (bf16's: a quarter to a half of the float32 at the peak), "frees ≈64.00 MiB, estimated"
+    for a point estimate, "frees 64.00 MiB, measured" for a compiled or exact figure; "; enough to fit" when the fix
+    alone makes the program fit. ITEM: a suggestion's dict or a Suggestion. None when it frees no bytes."""
+    from tpuprof.units import fmt_bytes
+
+    saving = _field(item, "saving_bytes")
+    if not isinstance(saving, (int, float)) or isinstance(saving, bool) or saving <= 0:
+        return None
+    confidence = _field(item, "confidence") or "estimated"
+    span = _field(item, "saving_bytes_range")
+    if isinstance(span, (list, tuple)) and len(span) == 2 and span[0] != span[1]:
+        words = f"frees {fmt_bytes(span[0])} to {fmt_bytes(span[1])}"
+    else:
+        words = f"frees {'≈' if confidence == 'estimated' else ''}{fmt_bytes(saving)}"
+    words += f", {confidence}"
+    if _field(item, "severity") == "blocking":
+        words += "; enough to fit"
+    return words
+
+
 def fits_share(used: int | None, capacity: int | None, of: str = "HBM") -> str | None:
     """"fits: 82.3% of HBM" / "does not fit: 112.0% of HBM"; None when either figure is missing."""
     if used is None or not capacity:

@@ -14,6 +14,7 @@ from itertools import count
 
 from tpuprof.units import fmt_bytes, fmt_fixed
 from tpuprof.presentation import fits_share, fits_word
+from tpuprof.presentation.model import freed_words
 from tpuprof.renderers.printers import esc, prose
 from tpuprof.sources.inputs import KIND_LABELS, MEMORY, OOM, PREFLIGHT, SERVE, STEPS, Input
 
@@ -341,10 +342,8 @@ def _suggestions(page: _Page, inputs: list[Input]) -> None:
         page.add(f"<h2>{heading}</h2><ol class=\"suggestions\">")
         for number, s, saving in found:
             badge = ""
-            if saving and unit == "bytes" and isinstance(saving, (int, float)):
-                badge = f' <span class="saving">saves ~{esc(fmt_bytes(saving))}</span>'
-                if s.get("confidence"):
-                    badge += f' <span class="meta">({esc(s["confidence"])})</span>'
+            if unit == "bytes" and freed_words(s):
+                badge = f' <span class="saving">{esc(freed_words(s))}</span>'
             elif saving and unit == "ms":
                 per_batch = (f" ({fmt_fixed(saving / batches[number], 2)} ms per batch, {batches[number]} batches a "
                              "step)") if batches[number] > 1 else ""

@@ -8,8 +8,8 @@ import html as _html
 import re
 from typing import Any, Callable
 
-from tpuprof.presentation.model import Caveats, Command, Fact, Fixes, Note, Plot, Section, Table, Verdict
-from tpuprof.units import fmt_bytes
+from tpuprof.presentation.model import (Caveats, Command, Fact, Fixes, Note, Plot, Section, Table, Verdict,
+                                        freed_words)
 
 
 def esc(value) -> str:
@@ -102,8 +102,8 @@ def fixes(suggestions: list, limit: int = MAX_FIXES) -> list[str]:
         kind = item.get("kind") or ""
         title = KIND_TITLES.get(kind, kind.replace("_", " ").capitalize())
         saving = ""
-        if item.get("saving_bytes"):
-            saving = f" (frees ≈{fmt_bytes(item['saving_bytes'])}, {item.get('confidence') or 'estimated'})"
+        if freed_words(item):
+            saving = f" ({freed_words(item)})"
         elif item.get("saving_ms_per_step"):
             # A step fix removes at most the time it addresses (its range starts at 0): an upper bound, not a saving.
             figure = f"{item['saving_ms_per_step']:g} ms/step"

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape as e
 from rich.text import Text
 
-from tpuprof.units import fmt_bytes as fmt
+from tpuprof.presentation.model import freed_words
 
 
 # A figure and its unit stay on one line.
@@ -42,17 +42,8 @@ def render_suggestions(console: Console, suggestions: list, framework: str | Non
     for i, item in enumerate(suggestions, 1):
         kind = value(item, "kind") or ""
         title = KIND_TITLES.get(kind, kind.replace("_", " ").capitalize())
-        saving = value(item, "saving_bytes")
-        low_high = value(item, "saving_bytes_range")
-        badge = ""
-        if saving:
-            badge = f"frees ≈{fmt(saving)}"
-            if low_high and (low_high[0] != saving or low_high[1] != saving):
-                badge += f" ({fmt(low_high[0])}-{fmt(low_high[1])})"
-            badge += f", {value(item, 'confidence') or 'estimated'}"
-            if value(item, "severity") == "blocking":
-                badge += "; enough to fit"
-            badge = f" ({badge})"
+        freed = freed_words(item)
+        badge = f" ({freed})" if freed else ""
         say(f"{i}. {title}{badge}: {value(item, 'message') or ''}", bold=len(f"{i}. {title}"))
         code = value(item, "code")
         if code:
