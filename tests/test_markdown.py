@@ -163,6 +163,12 @@ def test_a_step_fix_in_markdown_states_its_fact_and_an_upper_bound():
     fix = text[text.index("**Fixes**"):]
     assert f"saves up to {advice['saving_ms_per_step']:g} ms/step" in fix and "saves ≈" not in fix
     assert f"evidence: {advice['evidence']}" in fix
+    # The notebook cell said 'saves 150.6 ms per step': the same upper bound, in the same words.
+    import tpuprof
+    from tpuprof.renderers import notebook
+
+    cell = notebook.render(tpuprof.analyze(str(SAMPLES / "captures" / "tf_slow_map")))
+    assert f"saves up to {advice['saving_ms_per_step']:g} ms/step, estimated" in cell
 
 
 def test_a_memory_fix_that_frees_a_range_says_the_range_in_every_printer(tmp_path):

@@ -59,6 +59,17 @@ def freed_words(item) -> str | None:
     return words
 
 
+def saved_time_words(item) -> str | None:
+    """The one wording of the step time a fix wins: "saves up to 25.04 ms/step, estimated" when its range starts at 0
+    (a fix removes at most the time it addresses: an upper bound), "saves ≈X ms/step" otherwise. None without one."""
+    saving = _field(item, "saving_ms_per_step")
+    if not isinstance(saving, (int, float)) or isinstance(saving, bool) or saving <= 0:
+        return None
+    span = _field(item, "saving_ms_range")
+    bound = isinstance(span, (list, tuple)) and len(span) == 2 and span[0] == 0
+    return f"{'saves up to ' if bound else 'saves ≈'}{saving:g} ms/step, {_field(item, 'confidence') or 'estimated'}"
+
+
 def fits_share(used: int | None, capacity: int | None, of: str = "HBM") -> str | None:
     """"fits: 82.3% of HBM" / "does not fit: 112.0% of HBM"; None when either figure is missing."""
     if used is None or not capacity:

@@ -5,7 +5,7 @@ makes the full page with charts.
 
 from __future__ import annotations
 
-from tpuprof.presentation.model import freed_words
+from tpuprof.presentation.model import freed_words, saved_time_words
 from tpuprof.renderers.printers import esc, prose
 from tpuprof.units import fmt_bytes
 
@@ -44,8 +44,8 @@ def _suggestions(suggestions: list) -> str:
         return ""
     items = []
     for s in suggestions:
-        saving = (f" ({freed_words(s)})" if freed_words(s) else
-                  f" (saves {s.saving_ms_per_step:.1f} ms per step)" if s.saving_ms_per_step else "")
+        words = freed_words(s) or saved_time_words(s)
+        saving = f" ({words})" if words else ""
         items.append(f"<li><b>{esc(s.kind)}</b>: {prose(s.message)}{esc(saving)}</li>")
     return "<p><b>What to change</b></p><ol>" + "".join(items) + "</ol>"
 

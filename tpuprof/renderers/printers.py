@@ -9,7 +9,7 @@ import re
 from typing import Any, Callable
 
 from tpuprof.presentation.model import (Caveats, Command, Fact, Fixes, Note, Plot, Section, Table, Verdict,
-                                        freed_words)
+                                        freed_words, saved_time_words)
 
 
 def esc(value) -> str:
@@ -102,13 +102,9 @@ def fixes(suggestions: list, limit: int = MAX_FIXES) -> list[str]:
         kind = item.get("kind") or ""
         title = KIND_TITLES.get(kind, kind.replace("_", " ").capitalize())
         saving = ""
-        if freed_words(item):
-            saving = f" ({freed_words(item)})"
-        elif item.get("saving_ms_per_step"):
-            # A step fix removes at most the time it addresses (its range starts at 0): an upper bound, not a saving.
-            figure = f"{item['saving_ms_per_step']:g} ms/step"
-            bound = (item.get("saving_ms_range") or [None])[0] == 0
-            saving = f" ({'saves up to ' if bound else 'saves ≈'}{figure}, {item.get('confidence') or 'estimated'})"
+        words = freed_words(item) or saved_time_words(item)
+        if words:
+            saving = f" ({words})"
         out.append(f"{number}. **{cell(title)}**{saving}: {cell(item.get('message'))}")
         if item.get("code"):
             out.append(f"   {code(item['code'])}")
