@@ -548,6 +548,52 @@ def test_the_layer_inputs_remat_keeps_are_divided_over_the_tensor_axis(llm_cache
     assert not any(b["shape"].startswith(whole) for b in target["memory"]["buffers"])
 
 
+def test_a_step_that_does_not_fit_has_no_step_time_mfu_or_cost(llm_cache, tmp_path):
+    """A step that does not fit cannot run: it has no step time, throughput, MFU or cost (MaxText stops at the out of
+    memory error). Llama 3.1 8B on v5litepod-8 at one 8k sequence per chip (a layout of 19.75 GiB for 15.75 GiB)
+    was given a 3.66 s step, 58.5% MFU and $0.15 per 1M tokens. The small GPT-3 step of the test above, whose layout
+    cannot fit: no estimate in the JSON, the table or Markdown; a document of an earlier tpuprof that holds one for
+    such a step is read back without it."""
+    from tpuprof.presentation.preflight import ESTIMATE_TITLE, section
+    from tpuprof.presentation.model import Fact, Table
+    from tpuprof.renderers.printers import markdown
+
+    config = {"model_type": "gpt2", "vocab_size": 512, "n_embd": 256, "n_layer": 6, "n_head": 2, "n_positions": 256}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    document = preflight(llm_cache, "--model", str(tmp_path / "config.json"), "--tpu", "v5e-4", "--mesh",
+                         "fsdp=2,tensor=2", "--seq", "128", "--batch-per-chip", "16384")
+    target = document["targets"][0]
+    assert target["fits"] is False and target["dump_dir"]  # the compile's dump is there to time
+    assert "estimate" not in target
+
+    def shown(document_):
+        page = section(document_)
+        text = "\n".join(markdown(page))
+        tables = [b for b in page.blocks if isinstance(b, Table) and b.title == ESTIMATE_TITLE]
+        facts = [b for b in page.blocks if isinstance(b, Fact) and "MFU" in b.label]
+        return text, tables, facts
+
+    text, tables, facts = shown(document)
+    assert not tables and not facts and "MFU" not in text and "step time" not in text
+    # An earlier tpuprof's document, with an estimate for this step, beside a slice that fits.
+    fitting = {**target, "fits": True, "verdict": None, "slice": {**target["slice"], "name": "v5e-8"}}
+    earlier = {"targets": [{**target, "estimate": _AN_ESTIMATE}, {**fitting, "estimate": _AN_ESTIMATE}]}
+    text, tables, facts = shown(earlier)
+    (table,) = tables
+    step = next(row for row in table.rows if row[0] == "step time (band)")
+    assert step[1] == "none: it does not fit" and step[2] != step[1]
+    mfu = next(row for row in table.rows if row[0] == "MFU")
+    assert mfu[1] == "-" and mfu[2] == "58%"
+    assert [f.label for f in facts] == ["v5e-8 MFU 58%"]
+
+
+# What an earlier tpuprof wrote for Llama 3.1 8B on v5litepod-8 at one 8k sequence per chip, which does not fit.
+_AN_ESTIMATE = {"step_ms": 3660.0298, "step_ms_low": 3000.0, "step_ms_high": 4000.0, "examples_per_s": 0.27,
+                "tokens_per_s": 2238, "tokens_per_s_per_chip": 2238, "mfu_percent": 58.5,
+                "mfu_source": "model FLOPs (MaxText's count)", "cost_per_million_tokens": 0.1489,
+                "price_per_chip_hour": 1.2, "price_verified": True}
+
+
 @pytest.mark.subprocess
 @pytest.mark.compile
 def test_a_terminal_sees_the_layout_before_the_code_is_generated(tmp_path):

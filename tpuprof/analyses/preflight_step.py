@@ -121,12 +121,14 @@ def llm_batch_per_device(chosen, batch_per_chip: int | None, global_batch: int |
 def estimate(chosen, compiled: Compiled, options, *, tokens: int | None, model=None, seq_len: int | None = None,
              batch_per_chip: int | None = None, whole_job: bool = False, spec=None) -> TargetEstimate | None:
     """Step time, throughput and cost from the reported compile's dump (None without a dump, or for a step timed at
-    0). WHOLE_JOB: the batch names every device of the slice, so a one-device compile is a data-parallel replica of
-    the job, and its gradient all-reduce over the slice is timed. OPTIONS: PreflightOptions (prices, top)."""
+    0). None too for a step that does not fit HBM or the host's memory: it cannot run, so it has no step time, MFU
+    or cost (a job stops at its out-of-memory error). WHOLE_JOB: the batch names every device of the slice, so a
+    one-device compile is a data-parallel replica of the job, and its gradient all-reduce over the slice is timed.
+    OPTIONS: PreflightOptions (prices, top)."""
     from tpuprof import prices
     from tpuprof.analyses import step_estimate
 
-    if not compiled.dump_dir or compiled.required_bytes is None:
+    if not compiled.runs or not compiled.dump_dir or compiled.required_bytes is None:
         return None
     try:
         cost = step_estimate.load(compiled.dump_dir)
@@ -199,8 +201,7 @@ def smaller_state(config, sizes: dict, state, chosen) -> tuple:
 def throughput(target: PreflightTarget) -> float:
     """Tokens per second per chip at the reported batch, as the document states it (0 when it does not fit; the
     batch per chip, scaled far below any throughput, without an estimate)."""
-    host = target.compiled.host
-    if not target.fits or (host is not None and host.fits is False):  # HBM, or the host's memory, exceeded
+    if not target.compiled.runs:  # HBM, or the host's memory, exceeded
         return 0.0
     tokens = target.estimate.tokens_per_s if target.estimate is not None else None
     return float(stated_rate(tokens) or 0) or float(target.batch_per_chip or 0) * 1e-9

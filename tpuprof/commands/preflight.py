@@ -370,7 +370,7 @@ def _measure_state_change(config, source, target, options, report_progress):
         verdict = _state_verdict(config, spec, target.slice, target.unsharded,
                                  {change.label: _compiled_words(changed, batch, capacity, remat)})
         return replace(target, compiled=replace(compiled, verdict=verdict), state_change=changed)
-    fits = _runs(changed)
+    fits = changed.runs
     fix = llm_step.measured(change, batch, compiled.required_bytes, compiled.stage == "buffer_assignment",
                             changed.required_bytes, changed.stage == "buffer_assignment", fits, capacity, state_saved)
     llm_step.add(compiled.memory, fix, compiled.required_bytes)
@@ -382,11 +382,6 @@ def _measure_state_change(config, source, target, options, report_progress):
     return replace(target, compiled=compiled, state_change=changed)
 
 
-def _runs(compiled) -> bool:
-    """Whether a compile fits HBM and, where the step offloads, the host's memory."""
-    return compiled.fits and (compiled.host is None or compiled.host.fits is not False)
-
-
 def _compiled_words(compiled, batch: int, capacity: int, remat: str) -> str:
     """What one compile of a changed step says, for the verdict's list of changes."""
     from tpuprof.units import fmt_bytes
@@ -396,7 +391,7 @@ def _compiled_words(compiled, batch: int, capacity: int, remat: str) -> str:
         return f"{so}, the compiler refused the step: it does not fit"
     bound = "at least " if compiled.stage == "buffer_assignment" else ""
     return (f"{so}, the step needs {bound}{fmt_bytes(compiled.required_bytes)} of {fmt_bytes(capacity)}: "
-            f"{'it fits' if _runs(compiled) else 'it does not fit'}")
+            f"{'it fits' if compiled.runs else 'it does not fit'}")
 
 
 def _model_target(config, source, chosen, remat, options, report_progress):

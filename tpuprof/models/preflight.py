@@ -259,6 +259,11 @@ class Compiled:
     verdict: str | None = None  # why no batch fits
     stage: str = "code"  # "buffer_assignment": the reported compile stopped before code generation (FastAnswer)
 
+    @property
+    def runs(self) -> bool:
+        """Whether the step can run: it fits HBM and, where it offloads, the host's memory."""
+        return bool(self.fits) and (self.host is None or self.host.fits is not False)
+
 
 @dataclass(frozen=True)
 class FastAnswer:
@@ -318,7 +323,7 @@ class PreflightTarget:
     batch_per_chip: int | None = None
     global_batch: int | None = None  # the whole job's (every device of every slice); None for a bare generation
     searched: bool = False  # the largest batch was asked (--max-batch)
-    estimate: TargetEstimate | None = None  # None without a dump to time (or a step timed at 0)
+    estimate: TargetEstimate | None = None  # None for a step that cannot run, without a dump to time, or timed at 0
     # An LLM's train step (--model):
     model: Mapping | None = None  # tpuprof.sources.llm.Spec.model_info()
     mesh: Mapping | None = None  # axis -> size over the slice

@@ -15,11 +15,12 @@ TOP = 8  # rows of each compile's memory tables
 ESTIMATE_TITLE = "Step estimate per chip (estimated from the compiled program)"
 MEMORY_TITLE = "where the memory goes"  # each compile's memory section ends its title so (the page replaces them)
 MISSING = "-"  # a figure a slice lacks; a row no slice has is left out
+NOT_RUN = "none: it does not fit"  # the step time of a slice whose step cannot run
 
 
 def section(document: dict, top: int = TOP, spec: str | None = None) -> Section:
     """SPEC: the step or model as the user named it (the command line knows it; the document does not)."""
-    targets = [t for t in document.get("targets") or [] if isinstance(t, dict)]
+    targets = [_runnable(t) for t in document.get("targets") or [] if isinstance(t, dict)]
     out = Section("tpuprof preflight" + (f" {spec}" if spec else ""))
     if not targets:
         out.blocks.append(Note("No target in this document."))
@@ -44,6 +45,14 @@ def section(document: dict, top: int = TOP, spec: str | None = None) -> Section:
                              sections=[_memory_section(t, top)])
                      for t in targets if isinstance(t.get("memory"), dict)]
     return out
+
+
+def _runnable(t: dict) -> dict:
+    """The slice's entry without a step estimate where the step does not fit: a program that cannot run has no step
+    time, throughput, MFU or cost (this tpuprof writes none; a document of an earlier version may hold one)."""
+    if t.get("estimate") is None or _fits(t) is not False:
+        return t
+    return {key: value for key, value in t.items() if key != "estimate"}
 
 
 def _memory_section(t: dict, top: int) -> Section:
@@ -202,7 +211,7 @@ def _estimate_rows() -> list:
     return [
         ("step time (band)", lambda t: fmt_ms(t["estimate"]["step_ms"], t["estimate"]["step_ms_low"],
                                               t["estimate"]["step_ms_high"])
-         if (t.get("estimate") or {}).get("step_ms") is not None else MISSING),
+         if (t.get("estimate") or {}).get("step_ms") is not None else NOT_RUN if _fits(t) is False else MISSING),
         ("  collectives (exposed)", lambda t: f"{fmt_ms(t['estimate']['collective_ms'])} "
          f"({fmt_ms(t['estimate']['exposed_collective_ms'])})"
          if (t.get("estimate") or {}).get("collective_ms") else MISSING),
