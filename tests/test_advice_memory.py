@@ -20,6 +20,7 @@ import real_data
 from conftest import run_cli
 
 from tpuprof.sources import tpu_compile
+from tpuprof.units import fmt_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 DUMPS = ROOT / "sample_profiles" / "dumps"
@@ -351,6 +352,27 @@ params = {"embed": spec((VOCAB, D)),
                      "k": spec((LAYERS, D, HEADS, D // HEADS)), "o": spec((LAYERS, HEADS, D // HEADS, D))}}
 jax.jit(train_step, donate_argnums=0).lower(params, spec((BATCH, SEQ), jnp.int32),
                                             spec((BATCH, SEQ), jnp.int32)).compile()
+
+
+# A narrower step with an MLP in each layer (three per-layer weight shapes: stacked weights as tpuprof knows them), at
+# 6 sequences, as many as its layers: a module of its own.
+def with_mlp(x, p):
+    return x + jax.nn.relu((x @ p["mix"]) @ p["up"]) @ p["down"] * p["norm"], None
+
+
+def at_layer_count(params, tokens, labels):
+    def loss_(params):
+        x, _ = jax.lax.scan(with_mlp, params["embed"][tokens], params["layers"])
+        logits = x @ params["embed"].T
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[..., None], axis=-1))
+
+    return jax.tree_util.tree_map(lambda p, g: p - 0.01 * g, params, jax.grad(loss_)(params))
+
+
+narrow = {"embed": spec((256, 128)), "layers": {"norm": spec((LAYERS, 128)), "up": spec((LAYERS, 128, 256)),
+                                                "down": spec((LAYERS, 256, 128)), "mix": spec((LAYERS, 128, 128))}}
+jax.jit(at_layer_count, donate_argnums=0).lower(narrow, spec((LAYERS, 64), jnp.int32),
+                                                spec((LAYERS, 64), jnp.int32)).compile()
 """
 
 
@@ -359,8 +381,8 @@ def scanned_step(tmp_path_factory):
     from tpuprof.commands import memory
 
     folder = _dump(SCANNED, tmp_path_factory)
-    (module,) = memory.module_memories(folder, target="v5e")
-    return folder, module
+    modules = {m.name.split(".")[0]: m for m in memory.module_memories(folder, target="v5e")}
+    return folder, modules["jit_train_step"], modules["jit_at_layer_count"]
 
 
 @pytest.mark.compile
@@ -370,11 +392,34 @@ def test_the_batch_is_the_token_ids_leading_size_not_the_layer_count(scanned_ste
     data, never weights: their leading size is the batch."""
     from tpuprof.advice import memory as advice
 
-    _, module = scanned_step
+    _, module, _ = scanned_step
     stacked = [b for b in module.buffers if b.allocation_type == "parameter" and _dims(b.shape) == (6, 512)]
     assert stacked and any(4 in _dims(b.shape)[1:] for b in module.buffers if b.allocation_type == "parameter")
     assert advice.input_batch(module) == 4
     assert sorted(b.dtype for b in advice.batch_inputs(module, 4)) == ["s32", "s32"]
+
+
+@pytest.mark.compile
+def test_the_inputs_holding_a_batch_equal_to_the_layer_count_are_the_token_ids_not_the_stacked_weights(
+        scanned_step):
+    """A scanned step at as many sequences as it has layers (6): its stacked weights ([6, ...]: the weights of the
+    Llama 3.1 8B step at 32 sequences per chip, 19.5 GiB with its moments) lead with the batch too. They were
+    counted among the inputs a smaller batch shrinks, and the batch fix's saving with them; the inputs holding the
+    batch are data: the token ids and labels."""
+    from tpuprof.advice import memory as advice
+
+    _, _, module = scanned_step
+    assert advice.input_batch(module) == 6 and 6 in advice.stacked_layers(module)
+    assert [b for b in module.buffers if b.allocation_type == "parameter" and _dims(b.shape)[:1] == (6,)
+            and b.dtype != "s32"]  # the stacked weights lead with the batch
+    inputs = advice.batch_inputs(module, 6)
+    assert sorted((b.dtype, _dims(b.shape)) for b in inputs) == [("s32", (6, 64)), ("s32", (6, 64))]
+    # Over HBM, the batch fix counts the token ids as the inputs that hold the batch, not the weights.
+    module.hbm_capacity_bytes = module.required_bytes - 1024
+    module.suggestions = advice.suggest(module)
+    fix = _batch_fix(module)
+    held = sum(b.size_bytes for b in inputs)  # two s32[6,64], padded to 8 x 128 tiles
+    assert held == 2 * 8 * 128 * 4 and f"inputs holding it {fmt_bytes(held)}," in fix.evidence, fix.evidence
 
 
 @pytest.mark.compile
@@ -389,7 +434,7 @@ def test_the_fit_verdict_is_what_the_program_reserves_not_its_live_peak(scanned_
     from tpuprof.presentation.memory import module_section
     from tpuprof.presentation.model import Verdict
 
-    folder, module = scanned_step
+    folder, module, _ = scanned_step
     (proto,) = folder.glob("*jit_train_step*.after_optimizations.hlo.pb")
     figures = tpu_compile.layout_figures(proto)
     layout = figures["argument_bytes"] + figures["output_bytes"] - figures["alias_bytes"] + figures["temp_bytes"]

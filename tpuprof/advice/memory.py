@@ -488,9 +488,13 @@ def input_batch(result: ModuleMemory) -> int | None:
 
 
 def batch_inputs(result: ModuleMemory, batch: int) -> list[Buffer]:
-    """The entry parameters of rank 2 or more that lead with BATCH (input_batch's inputs)."""
+    """The entry parameters of rank 2 or more that lead with BATCH and are data (input_batch's inputs): integer ids,
+    or arrays that do not lead with a scan's layer count. A batch equal to the layer count leads the stacked weights
+    too ([layers, ...]: a step's weights and moments, GiB that no smaller batch frees); a float input of that size is
+    not told from them and is left out."""
+    layers = stacked_layers(result)
     return [b for b in result.buffers if b.allocation_type == "parameter" and b.shape
-            and len(_dims(b)) >= 2 and _dims(b)[0] == batch]
+            and len(_dims(b)) >= 2 and _dims(b)[0] == batch and (b.dtype in INDEX_DTYPES or batch not in layers)]
 
 
 def _batch_temporaries(result: ModuleMemory, batch: int) -> list[Buffer]:
