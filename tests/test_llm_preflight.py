@@ -575,6 +575,12 @@ def test_a_step_that_does_not_fit_has_no_step_time_mfu_or_cost(llm_cache, tmp_pa
 
     text, tables, facts = shown(document)
     assert not tables and not facts and "MFU" not in text and "step time" not in text
+    # No change of its state makes room for the activations of 16,384 sequences per device, nor does a larger slice:
+    # the fixes say so (they were silent), with the arithmetic.
+    (larger,) = [f for f in target["memory"]["suggestions"] if f["kind"] == "sharding"]
+    assert larger["message"].startswith("No larger v5e slice makes room for this step at batch 16384 per device by "
+                                        "the state arithmetic: even on the largest, v5litepod-256 (256 devices)")
+    assert "(its memory layout: a lower bound)" in larger["evidence"] and larger["severity"] == "info"
     # An earlier tpuprof's document, with an estimate for this step, beside a slice that fits.
     fitting = {**target, "fits": True, "verdict": None, "slice": {**target["slice"], "name": "v5e-8"}}
     earlier = {"targets": [{**target, "estimate": _AN_ESTIMATE}, {**fitting, "estimate": _AN_ESTIMATE}]}
@@ -585,6 +591,37 @@ def test_a_step_that_does_not_fit_has_no_step_time_mfu_or_cost(llm_cache, tmp_pa
     mfu = next(row for row in table.rows if row[0] == "MFU")
     assert mfu[1] == "-" and mfu[2] == "58%"
     assert [f.label for f in facts] == ["v5e-8 MFU 58%"]
+
+
+def test_a_step_no_state_change_makes_fit_is_given_the_smallest_larger_slice_that_does():
+    """A step whose weights and AdamW state fit, and whose shortfall no change of that state covers, had no fix at all.
+    Its fix is the smallest larger slice of the generation whose devices divide the state enough, by the state
+    arithmetic. The figures of a compile: 4,250 of the tiny layers (2.51B parameters) in bf16 weights and moments at
+    one 256-token sequence on v5litepod-1 laid out in 20.25 GiB, 14.02 GiB of it the state, for 15.75 GiB. v5e has no
+    2-chip slice: on v5litepod-4 the state is 3.51 GiB a chip and the step 9.75 GiB (compiled so, it fits in 5.74 GiB:
+    the arithmetic keeps the gradients and temporaries whole, an upper bound of the rest)."""
+    from tpuprof import slices
+    from tpuprof.advice import llm_step
+    from tpuprof.analyses import preflight_step
+    from tpuprof.models.preflight import TrainingState
+
+    config = llm.parse_config(dict(TINY, num_hidden_layers=4250), "deep", "deep")
+    state, chosen, needed = TrainingState("bfloat16"), slices.parse("v5litepod-1"), 21748511744
+    sizes = {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1}
+    here = llm.state_bytes_per_device(config, sizes, state)
+    assert here == config.parameter_count() * 6 < chosen.target.compiler_hbm_bytes < needed
+    found, largest = preflight_step.larger_slices(config, sizes, state, chosen, needed)
+    assert found[0].name == "v5litepod-4" and found[1] == llm.state_bytes_per_device(config, {**sizes, "fsdp": 4},
+                                                                                       state)
+    assert largest[0].name == "v5litepod-256"
+    fix = llm_step.larger_slice(chosen, 1, needed, True, here, found, largest, chosen.target.compiler_hbm_bytes)
+    assert fix.code == "--tpu v5litepod-4" and fix.severity == "blocking" and fix.confidence == "estimated"
+    assert fix.saving_bytes == here - found[1]
+    assert (f"so the step at batch 1 per device needs {fmt_bytes(here - found[1])} less: "
+            f"{fmt_bytes(needed - here + found[1])} of the 15.75 GiB of HBM by the state arithmetic") in fix.message
+    # Twice the need: not even the largest slice makes room, and the fix says so.
+    found, largest = preflight_step.larger_slices(config, sizes, state, chosen, 2 * needed)
+    assert found is None and largest[0].name == "v5litepod-256"
 
 
 # What an earlier tpuprof wrote for Llama 3.1 8B on v5litepod-8 at one 8k sequence per chip, which does not fit.

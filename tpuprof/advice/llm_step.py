@@ -71,3 +71,37 @@ def add(module: ModuleMemory, fix: Suggestion, needed: int | None) -> None:
     over = max(module.peak_heap_bytes or 0, needed or 0)
     shortfall = over - capacity if capacity and over > capacity else None
     module.suggestions = rank([*module.suggestions, fix], shortfall_bytes=shortfall)
+
+
+def larger_slice(chosen, batch: int, needed: int, needed_is_bound: bool, state_here: int, found, largest,
+                 capacity: int) -> Suggestion:
+    """The fix of a step that no change of its training state makes fit: a larger slice of the same generation, by
+    the state arithmetic (analyses.preflight_step.larger_slices: FOUND and LARGEST, each (Slice, state bytes per
+    device) or None), not compiled; or that none is large enough. NEEDED: the step's required bytes per device on
+    CHOSEN (NEEDED_IS_BOUND: its layout's, a lower bound), STATE_HERE of them its weights and AdamW state."""
+    layout = " (its memory layout: a lower bound)" if needed_is_bound else ""
+    rest = needed - state_here
+    evidence = (f"the state arithmetic, not compiled: on {chosen.name} at batch {batch} per device the step needs "
+                f"{fmt_bytes(needed)}{layout}, {fmt_bytes(state_here)} of it the weights and AdamW state; more devices "
+                f"divide the state, and the arithmetic keeps the rest ({fmt_bytes(rest)}: activations, which follow "
+                "the batch per device, gradients and temporaries) as it is")
+    generation = chosen.target.name
+    if found is None:
+        where = (f"even on the largest, {largest[0].name} ({largest[0].devices} devices), the state is "
+                 f"{fmt_bytes(largest[1])} per device, and with the rest of the step {fmt_bytes(rest + largest[1])}"
+                 if largest else f"{chosen.name} is the largest")
+        return Suggestion(kind="sharding", severity="info", confidence="estimated",
+                          message=f"No larger {generation} slice makes room for this step at batch {batch} per device "
+                                  f"by the state arithmetic: {where}, more than the {fmt_bytes(capacity)} of HBM.",
+                          evidence=evidence)
+    offered, state = found
+    saved = state_here - state
+    return Suggestion(kind="sharding", severity="blocking", confidence="estimated", saving_bytes=saved,
+                      code=f"--tpu {offered.name}",
+                      message=f"Use a larger slice: on {offered.name} ({offered.devices} devices), fsdp over them, the "
+                              f"weights and AdamW state are {fmt_bytes(state)} per device instead of "
+                              f"{fmt_bytes(state_here)}, so the step at batch {batch} per device needs {fmt_bytes(saved)} "
+                              f"less: {fmt_bytes(needed - saved)} of the {fmt_bytes(capacity)} of HBM by the state "
+                              f"arithmetic, the smallest {generation} slice that makes room (not compiled: "
+                              f"`tpuprof preflight --tpu {offered.name}` checks it).",
+                      evidence=evidence)

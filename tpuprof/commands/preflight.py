@@ -361,7 +361,7 @@ def _measure_state_change(config, source, target, options, report_progress):
                 else compiled.required_bytes - capacity <= state_saved):
             break
     else:
-        return target
+        return target if whole_state else _larger_slice(config, spec, target)
     batch = compiled.batch_size or changed_spec.batch_step
     label = f"{target.slice.name} {config.name} remat={remat} {change.code}"
     changed = _compile(changed_spec, target.slice, None, batch, changed_options,
@@ -380,6 +380,27 @@ def _measure_state_change(config, source, target, options, report_progress):
         compiled = replace(compiled, verdict=f"{compiled.verdict} With {change.code} it fits: compiled so at batch "
                                              f"{batch}, the step needs {fmt_bytes(changed.required_bytes)}.")
     return replace(target, compiled=compiled, state_change=changed)
+
+
+def _larger_slice(config, spec, target):
+    """A step whose state fits but that no change of its state makes fit: the smallest larger slice of the generation
+    where it does by the state arithmetic, or that none does, among its fixes (and in the verdict when no batch
+    fits)."""
+    from dataclasses import replace
+
+    from tpuprof.advice import llm_step
+    from tpuprof.analyses import preflight_step
+
+    compiled, chosen = target.compiled, target.slice
+    found, largest = preflight_step.larger_slices(config, spec.step.mesh_sizes, spec.step.state, chosen,
+                                                  compiled.required_bytes)
+    fix = llm_step.larger_slice(chosen, compiled.batch_size, compiled.required_bytes,
+                                compiled.stage == "buffer_assignment", spec.state_bytes_per_device, found, largest,
+                                chosen.target.compiler_hbm_bytes)
+    llm_step.add(compiled.memory, fix, compiled.required_bytes)
+    if compiled.verdict:  # none fits (--max-batch): the verdict names the slice too
+        compiled = replace(compiled, verdict=f"{compiled.verdict} {fix.message}")
+    return replace(target, compiled=compiled)
 
 
 def _compiled_words(compiled, batch: int, capacity: int, remat: str) -> str:
