@@ -379,13 +379,14 @@ def _measure_state_change(config, source, target, options, report_progress):
 
         compiled = replace(compiled, verdict=f"{compiled.verdict} With {change.code} it fits: compiled so at batch "
                                              f"{batch}, the step needs {fmt_bytes(changed.required_bytes)}.")
-    return replace(target, compiled=compiled, state_change=changed)
+    target = replace(target, compiled=compiled, state_change=changed)
+    return target if fits else _larger_slice(config, spec, target)  # the change, compiled, is not enough
 
 
 def _larger_slice(config, spec, target):
-    """A step whose state fits but that no change of its state makes fit: the smallest larger slice of the generation
-    where it does by the state arithmetic, or that none does, among its fixes (and in the verdict when no batch
-    fits)."""
+    """A step whose state fits but that no change of its state makes fit (by its arithmetic, or compiled): the
+    smallest larger slice of the generation where it does by the state arithmetic, or that none does, among its fixes
+    (and in the verdict when no batch fits)."""
     from dataclasses import replace
 
     from tpuprof.advice import llm_step
