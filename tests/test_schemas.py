@@ -8,27 +8,12 @@ import json
 
 import pytest
 from jsonschema import Draft202012Validator
-from referencing import Registry, Resource
 
 from conftest import DUMPS, ROOT, SAMPLES, run_cli
 from helpers.sample_documents import commands, document as sample_document
+from helpers.schema_check import validate
 
 from tpuprof import schemas
-
-REGISTRY = Registry().with_resources(
-    (file, Resource.from_contents(schema)) for file, schema in schemas.all_schemas().items())
-
-
-def validate(document: dict) -> str:
-    """The command the document's schema names, once the document has passed that command's JSON Schema."""
-    named = schemas.parse(document.get("schema"))
-    assert named is not None, f"no tpuprof schema name in {list(document)[:5]}"
-    command, version = named
-    assert version == schemas.VERSIONS[command]
-    validator = Draft202012Validator(schemas.schema(command), registry=REGISTRY)
-    errors = sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path))
-    assert not errors, "\n".join(f"{'/'.join(map(str, e.absolute_path))}: {e.message[:300]}" for e in errors[:10])
-    return command
 
 
 def cli_json(args, exit_code: int = 0, env: dict | None = None) -> dict:

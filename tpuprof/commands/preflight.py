@@ -291,22 +291,20 @@ def _drop_misread_batch(memory, batch: int | None) -> None:
     """The memory advice reads the batch from the shapes of the program's inputs; tpuprof's step knows its own. A
     batch fix about another size is dropped (a scan's per-layer norm scales, [layers, hidden], lead with the layer
     count: at one sequence per device that was read as the batch, and "a batch of about 1,584 fits" offered for a
-    step compiled at 1), and so is one at a batch of 1, which has no smaller batch. A batch equal to the layer count
-    cannot be told from the stacked weights: they were counted among the inputs that scale with it (Llama 3.1 8B at
-    32 sequences per chip: 19.5 GiB of weights and moments, "a batch of about 3 fits"); the fix then names no
-    batch, and --max-batch finds one by compiling."""
-    from tpuprof.advice.memory import input_batch, stacked_layers
+    step compiled at 1), and so is one at a batch of 1, which has no smaller batch. (A batch equal to the layer count
+    is read from the token ids, and the stacked weights are not among the inputs that scale with it:
+    advice.memory.batch_inputs.)"""
+    from tpuprof.advice.memory import input_batch
     from tpuprof.models.suggestion import Suggestion
 
     if not any(s.kind == "batch_size" for s in memory.suggestions):
         return
-    read, layers = input_batch(memory), stacked_layers(memory)
-    if batch and batch > 1 and read == batch and batch not in layers:
+    read = input_batch(memory)
+    if batch and batch > 1 and read == batch:
         return
     kept = [s for s in memory.suggestions if s.kind != "batch_size"]
     if batch and batch > 1:
-        why = (f"its stacked weights lead with the layer count, {batch} too, so the inputs that hold the batch cannot "
-               "be told from them" if batch in layers else f"its inputs' shapes read as a batch of {read}")
+        why = f"its inputs' shapes read as a batch of {read}"
         kept.append(Suggestion(kind="batch_size", confidence="estimated", code="--max-batch",
                                message=f"Fewer sequences per device than {batch} hold fewer activations: --max-batch "
                                        "finds the largest batch that fits by compiling.",
