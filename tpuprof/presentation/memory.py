@@ -88,7 +88,7 @@ def module_section(m: dict, top: int = TOP, title: str | None = None) -> Section
                                    "counts it: the temporaries unpadded, the arguments/outputs as allocated)"))
         if m.get("padding_at_peak_bytes") is not None:
             out.blocks.append(Fact("padding live at the peak", fmt_bytes(m["padding_at_peak_bytes"])))
-        if required is not None and required > peak:
+        if required is not None and required - peak >= 0.01 * peak:  # under 1% it changes no answer: not shown
             out.blocks.append(Fact("HBM allocated", f"{fmt_bytes(required)}: the arguments, the outputs and the "
                                    "temporaries' one block, which the compiler packed "
                                    f"{fmt_bytes(required - peak)} larger than what is live at the peak and the "
