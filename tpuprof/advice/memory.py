@@ -614,10 +614,11 @@ BUILTIN_LEVERS = ("--remat, --dtype, --weight-dtype, --mu-dtype, --mesh, --vocab
                   "and the batch (--batch-per-chip / --global-batch)")
 
 
-def for_builtin_step(module: ModuleMemory, remat: str, dtype: str) -> None:
+def for_builtin_step(module: ModuleMemory, remat: str, dtype: str, batch: int | None) -> None:
     """Precondition of framework code: the user wrote the program. For tpuprof's own step the suggestions become its
     options: remat only when the step runs without it (--remat none), bf16 never (its matmuls already take bf16 or
-    fp8; the weights and optimizer state are --weight-dtype's), the batch and the capacity as they are."""
+    fp8; the weights and optimizer state are --weight-dtype's), the batch and the capacity as they are, but for a
+    batch fix the step's own BATCH contradicts (_drop_misread_batch)."""
     kept = []
     for item in module.suggestions:
         if item.kind == "remat" and remat == "none":
@@ -630,6 +631,29 @@ def for_builtin_step(module: ModuleMemory, remat: str, dtype: str) -> None:
             f"tpuprof's built-in step (remat={remat}, dtype={dtype}): the levers are {BUILTIN_LEVERS}"
         kept.append(item)
     module.suggestions = kept
+    _drop_misread_batch(module, batch)
+
+
+def _drop_misread_batch(memory: ModuleMemory, batch: int | None) -> None:
+    """The memory advice reads the batch from the shapes of the program's inputs; tpuprof's step knows its own. A
+    batch fix about another size is dropped (a scan's per-layer norm scales, [layers, hidden], lead with the layer
+    count: at one sequence per device that was read as the batch, and "a batch of about 1,584 fits" offered for a
+    step compiled at 1), and so is one at a batch of 1, which has no smaller batch. (A batch equal to the layer count
+    is read from the token ids, and the stacked weights are not among the inputs that scale with it:
+    batch_inputs.)"""
+    if not any(s.kind == "batch_size" for s in memory.suggestions):
+        return
+    read = input_batch(memory)
+    if batch and batch > 1 and read == batch:
+        return
+    kept = [s for s in memory.suggestions if s.kind != "batch_size"]
+    if batch and batch > 1:
+        why = f"its inputs' shapes read as a batch of {read}"
+        kept.append(Suggestion(kind="batch_size", confidence="estimated", code="--max-batch",
+                               message=f"Fewer sequences per device than {batch} hold fewer activations: --max-batch "
+                                       "finds the largest batch that fits by compiling.",
+                               evidence=f"the step compiled at {batch} sequences per device; {why}"))
+    memory.suggestions = kept
 
 
 def batch_to_measure(module: ModuleMemory) -> int | None:

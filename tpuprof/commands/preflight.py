@@ -287,31 +287,6 @@ def model_mesh(config, chosen, options) -> dict:
     return sizes
 
 
-def _drop_misread_batch(memory, batch: int | None) -> None:
-    """The memory advice reads the batch from the shapes of the program's inputs; tpuprof's step knows its own. A
-    batch fix about another size is dropped (a scan's per-layer norm scales, [layers, hidden], lead with the layer
-    count: at one sequence per device that was read as the batch, and "a batch of about 1,584 fits" offered for a
-    step compiled at 1), and so is one at a batch of 1, which has no smaller batch. (A batch equal to the layer count
-    is read from the token ids, and the stacked weights are not among the inputs that scale with it:
-    advice.memory.batch_inputs.)"""
-    from tpuprof.advice.memory import input_batch
-    from tpuprof.models.suggestion import Suggestion
-
-    if not any(s.kind == "batch_size" for s in memory.suggestions):
-        return
-    read = input_batch(memory)
-    if batch and batch > 1 and read == batch:
-        return
-    kept = [s for s in memory.suggestions if s.kind != "batch_size"]
-    if batch and batch > 1:
-        why = f"its inputs' shapes read as a batch of {read}"
-        kept.append(Suggestion(kind="batch_size", confidence="estimated", code="--max-batch",
-                               message=f"Fewer sequences per device than {batch} hold fewer activations: --max-batch "
-                                       "finds the largest batch that fits by compiling.",
-                               evidence=f"the step compiled at {batch} sequences per device; {why}"))
-    memory.suggestions = kept
-
-
 def _state_verdict(config, spec, chosen, unsharded, measured: dict | None = None) -> str:
     """Why no batch fits when the weights and AdamW state alone exceed HBM, with what would divide them (MEASURED:
     change -> what the compile of the step so changed says)."""
@@ -443,8 +418,7 @@ def _model_target(config, source, chosen, remat, options, report_progress):
     if compiled.memory is not None:  # tpuprof's own step: the options that build it, not edits of its code
         from tpuprof.advice.memory import for_builtin_step
 
-        for_builtin_step(compiled.memory, remat, options.dtype)
-        _drop_misread_batch(compiled.memory, compiled.batch_size)
+        for_builtin_step(compiled.memory, remat, options.dtype, compiled.batch_size)
     if max_batch:
         found = compiled.search.max_batch_size
         llm_fields["max_batch_per_chip"] = found * per_chip if found else None
