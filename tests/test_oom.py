@@ -604,6 +604,31 @@ def test_no_oom_is_exit_2_with_one_sentence(content, tmp_path, capsys):
     assert err.strip() == f"tpuprof: no TPU out-of-memory error found in {path}."
 
 
+@pytest.mark.parametrize("artefact, label", [
+    ("QWEN3_8B_TRAIN_STEP_V6E_8_HLO", "an HLO text file"),
+    ("TPU_PALLAS_MATMUL_HLO_PROTO", "an HloProto"),
+], ids=["hlo_text", "hlo_proto"])
+def test_an_xla_module_is_named_with_the_command_that_reads_it(artefact, label, tmp_path, capsys, monkeypatch):
+    """A compiled module (the public Qwen3-8B step text, a Pallas matmul's HloProto) holds no OOM message: the
+    answer says what it is and names `tpuprof memory FILE`, with --json too, not "no out-of-memory error found"."""
+    import shlex
+
+    import real_data
+
+    module = real_data.real_artefact(getattr(real_data, artefact), tmp_path)
+    expected = (f"tpuprof: {module} is {label} (an XLA module), not a log with an out-of-memory error: "
+                f"`tpuprof memory {shlex.quote(str(module))}` shows what it holds in memory.")
+    code, out, err = run_cli(["oom", str(module)], capsys)
+    assert code == 2 and out == "" and err.strip() == expected, err
+    code, out, err = run_cli(["oom", str(module), "--json"], capsys)
+    assert code == 2 and err.strip() == expected, err
+    assert json.loads(out)["error"] == {"kind": "input", "message": expected.removeprefix("tpuprof: ")}
+    if artefact.endswith("_HLO"):
+        code, out, err = run_cli(["oom", "-"], capsys, stdin=module.read_bytes(), monkeypatch=monkeypatch)
+        assert code == 2 and out == "" and "stdin holds an HLO text (an XLA module)" in err, err
+        assert "`tpuprof memory FILE`" in err
+
+
 @pytest.mark.parametrize("path", sorted((FIXTURES / "not_tpu").glob("*.txt")), ids=lambda p: p.name)
 def test_gpu_out_of_memory_is_not_a_tpu_one(path, capsys):
     assert path.read_text().startswith("# source: https://")

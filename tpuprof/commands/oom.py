@@ -83,6 +83,7 @@ def explain(path: str | None, dump: Path | None = None, batch: int | None = None
             stream.close()
     name = "stdin" if path in (None, "-") else path
     if report is None:
+        _refuse_another_input(path, name, kept.head, from_stream=path in (None, "-") or text is not None)
         raise UserError(f"no TPU out-of-memory error found in {name}.")
     if report.kind == NOT_TPU:
         raise UserError(f"{name} holds an out-of-memory error of a {report.device} (\"{report.headline[:100]}\"), "
@@ -120,6 +121,32 @@ def explain(path: str | None, dump: Path | None = None, batch: int | None = None
             suggestions = advice.suggest(report, estimate, hbm)
             suggestions = [s for s in suggestions if "--xla_dump_to" not in s["message"]]
     return report, estimate, suggestions, joined
+
+
+def _refuse_another_input(path: str | None, name: str, head: bytes, from_stream: bool) -> None:
+    """A compiled module or a profile given where a log was expected: one sentence naming the command that reads
+    it, instead of "no out-of-memory error found" (true, and no help)."""
+    import shlex
+
+    from tpuprof.sources import inputs
+
+    if from_stream:  # memory and analyze read files only
+        kind = inputs.text_kind(head)
+        if kind:
+            raise UserError(f"{name} holds {inputs.KINDS[kind].label.removesuffix(' file')} (an XLA module), not a "
+                            "log with an out-of-memory error: save it to a file and run `tpuprof memory FILE` to "
+                            "see what it holds in memory.")
+        return
+    try:
+        source = inputs.identify(path)
+    except UserError:  # a binary file of no known kind: no out-of-memory error in it is the answer
+        return
+    if source.family == inputs.MEMORY:
+        raise UserError(f"{name} is {source.kind.label} (an XLA module), not a log with an out-of-memory error: "
+                        f"`tpuprof memory {shlex.quote(str(path))}` shows what it holds in memory.")
+    if source.family == inputs.STEPS:
+        raise UserError(f"{name} is {source.kind.label}, not a log with an out-of-memory error: "
+                        f"`tpuprof analyze {shlex.quote(str(path))}` reads it.")
 
 
 def to_document(report, estimate, suggestions, joined) -> dict:

@@ -139,12 +139,17 @@ def _file_kind(path: Path) -> str:
         raise UserError(f"{path} is {what}, not an input of tpuprof: it reads XLA dumps (folders, HloProto, HLO or "
                         "buffer-assignment text), profiles (logdirs, *.xplane.pb), OOM logs and tpuprof --json "
                         "files.")
-    text = head.decode("utf-8", "replace").lstrip()
+    return text_kind(head) or "oom_log"
+
+
+def text_kind(head: bytes) -> str | None:
+    """"buffer_assignment" or "hlo_text" when the first bytes of a text are an XLA module's, else None."""
+    text = head[:HEAD_BYTES].decode("utf-8", "replace").lstrip()
     if text.startswith("BufferAssignment") or "\nallocation 0: size" in text:
         return "buffer_assignment"
     if text.startswith("HloModule"):
         return "hlo_text"
-    return "oom_log"
+    return None
 
 
 # Bytes no text holds (tab, newline, form feed, carriage return and ESC, which colours logs, are text). A protobuf's
