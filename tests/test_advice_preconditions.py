@@ -266,6 +266,30 @@ def test_one_buffer_gets_one_consistent_fix_and_no_size_that_grows_it():
         assert "use 128 channels" not in fix and " or 24" not in fix
 
 
+def test_padding_fixes_read_the_batch_where_the_batch_advice_does(qwen3_scan_v6e):
+    """The padding fixes read the per-chip batch from the inputs (advice.memory.step_batch), as the batch advice
+    does, and know a scan's layer count. keras_mlp (Dense 1000 -> Dense 10 classes, batch 256): the temporaries gave
+    no batch, the logits no class count, and the output layer's [1000, 10] weight was told 'a feature size of 10 ...
+    use 8' (the task's classes). The Qwen3 step's stacked norm scales [36, 1024] were 'the per-chip batch of 36'
+    (no batch read), or 'a feature size of 36 ... use 32' (the batch 4 read): 36 is its layer count."""
+    from tpuprof.commands import memory
+    from tpuprof.commands.report import memory_input
+
+    (keras,) = memory.module_memories(ROOT / "sample_profiles" / "dumps" / "keras_mlp_v5e", top=0)
+    rows = {row["instruction"]: row for row in memory_input("keras", [keras]).document["modules"][0]["buffers"]}
+    weights = [row for row in rows.values() if row["shape"].startswith("f32[1000,10]") and "fix" in row]
+    assert weights
+    for row in weights:
+        assert "a feature size of 1000 is padded to 1024: use 896" in row["fix"], row["fix"]
+        assert "size of 10 " not in row["fix"] and "use 8;" not in row["fix"]
+    qwen = memory_input("qwen3", [qwen3_scan_v6e]).document["modules"][0]["buffers"]
+    norms = [row for row in qwen if row["shape"].startswith("bf16[36,1024]") and "fix" in row]
+    assert norms
+    for row in norms:
+        assert "the 36 layers stacked for a scan are padded to 40" in row["fix"] and "no size to change" in row["fix"]
+        assert "batch of 36" not in row["fix"] and "use 32" not in row["fix"]
+
+
 # ------------------------------------------------------------------ 5. a PyTorch/XLA run-time OOM
 
 # The form of pytorch/xla#7827 ("xm.mark_step() RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED"): the step's

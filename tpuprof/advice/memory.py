@@ -124,17 +124,26 @@ def _one_hot(buffer: Buffer) -> bool:
 
 
 def padding_fixes(buffer: Buffer, batch: int | None = None, classes: frozenset[int] = frozenset(),
-                  convolutional: bool = False) -> list[padding_advice.Fix]:
+                  convolutional: bool = False, layers: frozenset[int] = frozenset()) -> list[padding_advice.Fix]:
     """The sizes the user can choose for BUFFER's padded dimensions, largest saving first (tpuprof.advice.padding)."""
     if not buffer.padded_dims or buffer.opcode == "constant":
         return []  # a constant's length is the program's, not a size the user picked
     found = padding_advice.roles(_dims(buffer) or tuple(range(len(buffer.minor_to_major))), buffer.padded_dims,
-                                 buffer.minor_to_major, buffer.op_name, batch, classes, convolutional)
+                                 buffer.minor_to_major, buffer.op_name, batch, classes, convolutional, layers)
     return padding_advice.fixes(found, lambda d: _tile_dim_for(buffer, d.index) or 8, buffer.size_bytes)
 
 
+def buffer_fixes(result: ModuleMemory) -> dict[str, str]:
+    """Each padded buffer's fix (padding_fix) by instruction, with the sizes read as memory's own padding advice
+    reads them: the page shows these beside the buffers."""
+    batch = step_batch(result)
+    classes, convolves, layers = class_counts(result, batch), convolutional(result), stacked_layers(result)
+    return {b.instruction: padding_fix(b, batch, classes, convolves, layers)
+            for b in result.buffers if b.padding_bytes > 0}
+
+
 def padding_fix(buffer: Buffer, batch: int | None = None, classes: frozenset[int] = frozenset(),
-                convolutional: bool = False) -> str:
+                convolutional: bool = False, layers: frozenset[int] = frozenset()) -> str:
     """Which tensor and dimension is padded from what to what, and what to choose, in the user's terms."""
     head = f"{buffer.instruction} {buffer.shape}: "
     if not buffer.padded_dims:
@@ -146,11 +155,11 @@ def padding_fix(buffer: Buffer, batch: int | None = None, classes: frozenset[int
                        f"({padded / classes:.1f}x), {fmt_bytes(buffer.padding_bytes)} of padding: pass integer labels with a sparse loss (sparse_categorical_crossentropy, "
                        "optax.softmax_cross_entropy_with_integer_labels) instead of materialising the one-hot"
                        + (f" ({'x'.join(map(str, dims))})" if dims else "") + ".")
-    found = padding_fixes(buffer, batch, classes, convolutional)
+    found = padding_fixes(buffer, batch, classes, convolutional, layers)
     if found:
         return head + "; or ".join(f.text for f in found) + "."
     dims = padding_advice.roles(_dims(buffer) or tuple(range(len(buffer.minor_to_major))), buffer.padded_dims,
-                                buffer.minor_to_major, buffer.op_name, batch, classes, convolutional)
+                                buffer.minor_to_major, buffer.op_name, batch, classes, convolutional, layers)
     return head + "; ".join(padding_advice.describe(d) for d in dims) + ": no size to change."
 
 
@@ -187,9 +196,8 @@ def _padding(result: ModuleMemory, peak: int) -> list[Suggestion]:
     floor = max(MIN_PADDING_BYTES, MIN_PADDING_SHARE * peak)
     candidates = sorted((b for b in result.buffers if b.padding_bytes >= floor),
                         key=lambda b: (not b.live_at_peak, -b.padding_bytes))
-    batch = batch_dimension(result)
-    classes = class_counts(result, batch)
-    convolves = convolutional(result)
+    batch = step_batch(result)
+    classes, convolves, layers = class_counts(result, batch), convolutional(result), stacked_layers(result)
     out: list[Suggestion] = []
     seen_ops: set[str] = set()
     for buffer in candidates:
@@ -206,11 +214,11 @@ def _padding(result: ModuleMemory, peak: int) -> list[Suggestion]:
         if _one_hot(buffer):
             out.append(Suggestion(
                 kind="one_hot", saving_bytes=buffer.padding_bytes if buffer.live_at_peak else None,
-                confidence="estimated", message=head + padding_fix(buffer, batch, classes, convolves),
+                confidence="estimated", message=head + padding_fix(buffer, batch, classes, convolves, layers),
                 evidence=data + "; integer labels need no one-hot buffer: at least its padding is freed" + not_at_peak,
                 source_line=buffer.source_line))
         else:
-            found = padding_fixes(buffer, batch, classes, convolves)
+            found = padding_fixes(buffer, batch, classes, convolves, layers)
             if not found:
                 continue  # padded in a dimension the user does not choose (batch, classes, image size, constant)
             out.append(Suggestion(
@@ -487,6 +495,13 @@ def input_batch(result: ModuleMemory) -> int | None:
     return max(leading, key=lambda size: (held[size], leading[size]))
 
 
+def step_batch(result: ModuleMemory) -> int | None:
+    """The per-chip batch the memory advice rests on, read in this one place: the inputs' (input_batch: data inputs,
+    integer ids first, stacked weights excluded), else the leading size of the temporaries at the peak
+    (batch_dimension), for a program whose inputs say none."""
+    return input_batch(result) or batch_dimension(result)
+
+
 def batch_inputs(result: ModuleMemory, batch: int) -> list[Buffer]:
     """The entry parameters of rank 2 or more that lead with BATCH and are data (input_batch's inputs): integer ids,
     or arrays that do not lead with a scan's layer count. A batch equal to the layer count leads the stacked weights
@@ -556,7 +571,7 @@ def _smaller_batch(result: ModuleMemory, framework: str | None, shortfall: int,
         beyond = ""
     search = " `tpuprof preflight --max-batch` finds the largest batch that fits by compiling."
     code = calls.call("batch_size", framework) or ""
-    batch = input_batch(result) or batch_dimension(result)
+    batch = step_batch(result)
     temps = sum(b.size_bytes for b in result.buffers if b.live_at_peak and b.allocation_type == "temp")
     added = max(0, max(compiled_bytes or 0, required) - peak)
     if not batch:

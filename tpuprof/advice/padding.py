@@ -22,7 +22,8 @@ _CLASSES = re.compile(r"logits|softmax_cross|cross_entropy|sparse_categorical|cl
 
 # The dimensions whose size the user picks for the model (a layer's width, its channels, heads, a padded sequence
 # length) and a size-1 dimension a reshape removes. Not: the batch (the batch suggestion's), the class count (the
-# task's), an image's height and width (the data's), a constant's length (the compiler's).
+# task's), a scan's layer count (the model's depth), an image's height and width (the data's), a constant's length
+# (the compiler's).
 USER_CHOSEN = ("features", "channels", "heads", "sequence", "size-1")
 
 
@@ -31,7 +32,7 @@ class PaddedDimension:
     index: int
     size: int
     padded: int
-    role: str  # batch, classes, channels, heads, sequence, features, spatial, size-1
+    role: str  # batch, classes, layers, channels, heads, sequence, features, spatial, size-1
     lanes: bool  # True: the minor-most dimension (128 lanes); False: second-minor (sublanes)
     one_hot: bool = False  # the buffer is a one-hot of the labels
 
@@ -48,20 +49,21 @@ class Fix:
 
 def roles(dims: tuple[int, ...], padded_dims, minor_to_major: tuple[int, ...], op_name: str = "",
           batch: int | None = None, classes: frozenset[int] = frozenset(),
-          convolutional: bool = False) -> list[PaddedDimension]:
+          convolutional: bool = False, layers: frozenset[int] = frozenset()) -> list[PaddedDimension]:
     """What each padded dimension is, from the shape, the framework op, the batch and the model's class
     count when known. CONVOLUTIONAL: the program convolves, so its rank-4 arrays are NHWC images and
-    activations or HWIO kernels."""
+    activations or HWIO kernels. LAYERS: the layer counts of scans over stacked weights, which lead their stacked
+    parameters (a [layers, hidden] norm scale)."""
     out = []
     minor = minor_to_major[0] if minor_to_major else len(dims) - 1
     for index, size, padded in padded_dims:
-        role = _role(dims, index, size, op_name, batch, classes, convolutional)
+        role = _role(dims, index, size, op_name, batch, classes, convolutional, layers)
         out.append(PaddedDimension(index, size, padded, role, index == minor, one_hot=bool(_ONE_HOT.search(op_name))))
     return out
 
 
 def _role(dims, index: int, size: int, op_name: str, batch: int | None, classes: frozenset[int],
-          convolutional: bool = False) -> str:
+          convolutional: bool = False, layers: frozenset[int] = frozenset()) -> str:
     if size == 1:
         return "size-1"
     if index == len(dims) - 1 and (_ONE_HOT.search(op_name) or size in classes):
@@ -80,6 +82,8 @@ def _role(dims, index: int, size: int, op_name: str, batch: int | None, classes:
             return "heads"
     if index == len(dims) - 1 and _CLASSES.search(op_name) and size < 1024:
         return "classes"
+    if index == 0 and len(dims) >= 2 and size in layers and size != batch:
+        return "layers"
     if index == 0 and len(dims) >= 2:
         return "batch" if batch is None or size == batch else "features"
     return "features"
@@ -130,5 +134,6 @@ def describe(dimension: PaddedDimension) -> str:
     size, padded = dimension.size, dimension.padded
     return {"batch": f"the per-chip batch of {size} is padded to {padded} (the batch is the batch suggestion's)",
             "classes": f"the {size} classes are padded to {padded} (the class count is the task's)",
+            "layers": f"the {size} layers stacked for a scan are padded to {padded} (the model's depth)",
             "spatial": f"an image dimension of {size} is padded to {padded} (the data's size, not the model's)",
             }.get(dimension.role, f"dimension {dimension.index} ({size}) is padded to {padded}")

@@ -91,7 +91,7 @@ def memory_input(path: str, results: list, meta: dict | None = None) -> Input:
     """The memory document of RESULTS (ModuleMemory, in memory's order: the module the answer is about first), with
     each module's curve over
     program order and each padded buffer's fix."""
-    from tpuprof.advice.memory import batch_dimension, class_counts, padding_fix
+    from tpuprof.advice.memory import buffer_fixes
     from tpuprof.analyses.memory import describe
     from tpuprof.documents_memory import document as to_json
 
@@ -100,9 +100,7 @@ def memory_input(path: str, results: list, meta: dict | None = None) -> Input:
     document = to_json(results, 0)  # every buffer: diff matches them, the page picks its top rows
     for module, entry in zip(results, document["modules"]):
         entry["timeline"] = _timeline(module)
-        batch = batch_dimension(module)
-        classes = class_counts(module, batch)
-        fixes = {b.instruction: padding_fix(b, batch, classes) for b in module.buffers if b.padding_bytes > 0}
+        fixes = buffer_fixes(module)
         for row in entry["buffers"]:
             if row["instruction"] in fixes:
                 row["fix"] = fixes[row["instruction"]]
