@@ -104,6 +104,31 @@ def test_tf1_detection_job_with_arguments_of_unknown_size(tmp_path):
                                                      "--json").stdout)
 
 
+def test_the_bf16_claim_rests_on_the_programs_own_buffers(tmp_path):
+    """oom's bf16 advice takes a 16-bit buffer as the program's choice only when it is an argument or a cast the
+    program wrote: it counted every listed bf16 buffer, the compiler's own copies included. The Qwen3 job lists 18
+    bf16 dot_general fusions (3.38G) and no bf16 argument or cast; its float32 is the logits it cast up itself and
+    their loss kernel, kept on purpose: no bf16 advice, on that ground. The TF1 detection job's bf16 buffers (Relu,
+    FusedBatchNorm fusions) are neither: the advice stands and no longer leans on them. tensor2tensor's bf16 XLA_Args
+    is an argument: a 16-bit program."""
+    from test_oom import FIXTURES
+
+    qwen = _report(OOM_QWEN3_JOB_LOG, tmp_path / "qwen")
+    sixteen = [a for a in qwen.allocations if a.shape.startswith("bf16")]
+    assert len(sixteen) == 18 and advice.program_16bit(qwen.allocations) == []
+    f32 = [a for a in qwen.allocations if a.shape.startswith("f32")]
+    assert len(f32) == 2 and all(advice._kept_f32(a) for a in f32)  # convert_element_type; the loss's backward
+    assert "bf16" not in [s["kind"] for s in advice.suggest(qwen, analysis.estimate_batch(qwen))]
+
+    detection = _report(OOM_TF1_DETECTION, tmp_path / "detection")
+    assert advice.program_16bit(detection.allocations) == []
+    (fix,) = [s for s in advice.suggest(detection, analysis.estimate_batch(detection)) if s["kind"] == "bf16"]
+    assert "the 768.00M of 16-bit listed buffers are no argument or cast of the program's" in fix["evidence"]
+
+    t2t = report_of(FIXTURES / "tensor2tensor_1382_tpu_estimator.txt")
+    assert [a.op_name for a in advice.program_16bit(t2t.allocations)] == ["XLA_Args"]
+
+
 def test_pallas_matmul_hlo_proto_memory_equals_xprof_memory_viewer(tmp_path):
     proto = real_artefact(TPU_PALLAS_MATMUL_HLO_PROTO, tmp_path / "in")
     xprof = memory_viewer(proto, tmp_path / "xprof")

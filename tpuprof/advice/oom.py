@@ -236,24 +236,58 @@ def _dtype(entry: OomAllocation) -> str:
     return entry.dtype or (entry.shape or "").split("[")[0]
 
 
+# An argument of the program by its allocation type, or TensorFlow's name for the arguments it hands XLA.
+_ARGUMENT = re.compile(r"^(?:parameter|argument|entry parameter|program argument)", re.I)
+# Float32 a mixed-precision program keeps on purpose: the loss and its softmax (logits cast up for them).
+_KEPT_F32 = re.compile(r"cross_entropy|softmax|logsumexp|(?:^|/)loss", re.I)
+
+
+def program_16bit(listed: list[OomAllocation]) -> list[OomAllocation]:
+    """The listed 16-bit buffers that show the program chose 16 bits: its arguments (weights, inputs: allocation type
+    parameter, TensorFlow's XLA_Args) and the outputs of a cast it wrote (preconditions.CAST_OP). Any other 16-bit
+    buffer may be the compiler's: XLA:TPU rounds float32 matmul and convolution operands to bfloat16 and keeps such
+    copies, so a 16-bit fusion or dot output says nothing of the program's choice."""
+    return [a for a in listed if _dtype(a) in preconditions.SIXTEEN_BIT
+            and (_ARGUMENT.search(a.allocation_type or "") or (a.op_name or "").split("/")[-1] == "XLA_Args"
+                 or preconditions.CAST_OP.search(a.op_name or ""))]
+
+
+def _kept_f32(entry: OomAllocation) -> bool:
+    """A float32 buffer the program made float32 itself: a cast it wrote (logits upcast for the loss) or its loss."""
+    return bool(preconditions.CAST_OP.search(entry.op_name or "") or _KEPT_F32.search(entry.op_name or ""))
+
+
 def _bf16(report: OomReport, listed: list[OomAllocation], estimate, capacity) -> Suggestion | None:
-    """Precondition: float32 is the program's choice: the listed buffers are not mostly 16-bit already (then the
-    float32 left is a loss cast, softmax or optimizer state kept on purpose)."""
-    f32 = [a for a in listed if _dtype(a) == "f32"]
+    """Precondition: float32 is the program's choice. The claim rests on the program's own buffers: a listed 16-bit
+    argument or cast (program_16bit) makes it a 16-bit program, whose float32 is kept on purpose when 16 bits hold a
+    quarter of the listed bytes; float32 it cast up itself or its loss is never offered for halving."""
+    f32 = [a for a in listed if _dtype(a) == "f32" and not _kept_f32(a)]
     total = sum(_size(a) for a in listed)
     f32_bytes = sum(_size(a) for a in f32)
     if not total or f32_bytes < 0.4 * total or (capacity and f32_bytes < 0.05 * capacity):
         return None
-    if preconditions.in_16_bits(sum(_size(a) for a in listed if _dtype(a) in preconditions.SIXTEEN_BIT), total):
+    chosen = program_16bit(listed)
+    sixteen = [a for a in listed if _dtype(a) in preconditions.SIXTEEN_BIT]
+    sixteen_bytes = sum(_size(a) for a in sixteen)
+    if chosen and preconditions.in_16_bits(sixteen_bytes, total):
         return None
     low = f32_bytes // 2
     # The listed buffers are the largest; the unlisted temporaries are f32 in the same share at most.
     high = max(low, int((report.hlo_temp_bytes or total) * f32_bytes / total) // 2)
+    if chosen:
+        whose = (f"; 16-bit listed {fmt(sixteen_bytes)} (the program's own: "
+                 + ", ".join(_op_label(a) for a in chosen[:2]) + ")")
+    elif sixteen:
+        whose = (f"; the {fmt(sixteen_bytes)} of 16-bit listed buffers are no argument or cast of the program's "
+                 f"(e.g. {_op_label(max(sixteen, key=_size))}): XLA:TPU makes such bfloat16 copies of float32 "
+                 "matmul and convolution operands itself, so they do not show a 16-bit program")
+    else:
+        whose = "; no 16-bit buffer listed"
     return Suggestion(
         kind="bf16", saving_bytes=low, saving_bytes_range=(low, high), confidence="estimated",
         message=f"{len(f32)} of the {len(listed)} listed buffers are float32: bfloat16 halves them.",
-        evidence=f"float32 is {fmt(f32_bytes)} of the {fmt(total)} listed; the saving is half of that, up to half "
-                 "of the temporaries in the same share",
+        evidence=f"float32 is {fmt(f32_bytes)} of the {fmt(total)} listed{whose}; the saving is half of the float32, "
+                 "up to half of the temporaries in the same share",
         code=_code("bf16", report.framework))
 
 
