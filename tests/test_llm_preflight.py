@@ -593,6 +593,24 @@ def test_a_step_that_does_not_fit_has_no_step_time_mfu_or_cost(llm_cache, tmp_pa
     assert [f.label for f in facts] == ["v5e-8 MFU 58%"]
 
 
+def test_the_batch_fix_counts_the_sequences_the_tensor_axis_repeats(llm_cache, tmp_path):
+    """The small GPT-3 above over fsdp 2 x tensor 2 at 16,384 sequences per device: each device's program holds
+    32,768 (the tensor axis' devices share theirs). The memory advice read 32,768 from the token ids, the step's own
+    batch said 16,384, and the fix was replaced by '--max-batch finds ...', its arithmetic dropped. It is kept, in
+    sequences per device."""
+    config = {"model_type": "gpt2", "vocab_size": 512, "n_embd": 256, "n_layer": 6, "n_head": 2, "n_positions": 256}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    target = preflight(llm_cache, "--model", str(tmp_path / "config.json"), "--tpu", "v5e-4", "--mesh",
+                       "fsdp=2,tensor=2", "--seq", "128", "--batch-per-chip", "16384")["targets"][0]
+    (fix,) = [f for f in target["memory"]["suggestions"] if f["kind"] == "batch_size"]
+    assert "read as a batch of 32768" not in fix["evidence"] and fix["severity"] == "blocking", fix
+    assert "the 32,768 sequences each device's program holds (16,384 per device, repeated over tensor=2)" \
+        in fix["message"], fix["message"]
+    per_device = int(re.search(r"about ([\d,]+) sequences per device fit", fix["message"]).group(1).replace(",", ""))
+    in_program = int(re.search(r"\(([\d,]+) in each device's program\)", fix["message"]).group(1).replace(",", ""))
+    assert per_device == in_program // 2 and 1 <= per_device < 16384
+
+
 def test_a_step_no_state_change_makes_fit_is_given_the_smallest_larger_slice_that_does():
     """A step whose weights and AdamW state fit, and whose shortfall no change of that state covers, had no fix at all.
     Its fix is the smallest larger slice of the generation whose devices divide the state enough, by the state

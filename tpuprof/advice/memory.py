@@ -629,11 +629,13 @@ BUILTIN_LEVERS = ("--remat, --dtype, --weight-dtype, --mu-dtype, --mesh, --vocab
                   "and the batch (--batch-per-chip / --global-batch)")
 
 
-def for_builtin_step(module: ModuleMemory, remat: str, dtype: str, batch: int | None) -> None:
+def for_builtin_step(module: ModuleMemory, remat: str, dtype: str, batch: int | None, replicas: int = 1) -> None:
     """Precondition of framework code: the user wrote the program. For tpuprof's own step the suggestions become its
     options: remat only when the step runs without it (--remat none), bf16 never (its matmuls already take bf16 or
     fp8; the weights and optimizer state are --weight-dtype's), the batch and the capacity as they are, but for a
-    batch fix the step's own BATCH contradicts (_drop_misread_batch)."""
+    batch fix the step's own BATCH contradicts (_drop_misread_batch). REPLICAS: how many times each device's program
+    holds the step's batch per device (its tensor axis repeats the batch: fsdp=2,tensor=2 at 16,384 sequences per
+    device compiles a program of 32,768)."""
     kept = []
     for item in module.suggestions:
         if item.kind == "remat" and remat == "none":
@@ -646,10 +648,10 @@ def for_builtin_step(module: ModuleMemory, remat: str, dtype: str, batch: int | 
             f"tpuprof's built-in step (remat={remat}, dtype={dtype}): the levers are {BUILTIN_LEVERS}"
         kept.append(item)
     module.suggestions = kept
-    _drop_misread_batch(module, batch)
+    _drop_misread_batch(module, batch, replicas)
 
 
-def _drop_misread_batch(memory: ModuleMemory, batch: int | None) -> None:
+def _drop_misread_batch(memory: ModuleMemory, batch: int | None, replicas: int = 1) -> None:
     """The memory advice reads the batch from the shapes of the program's inputs; tpuprof's step knows its own. A
     batch fix about another size is dropped (a scan's per-layer norm scales, [layers, hidden], lead with the layer
     count: at one sequence per device that was read as the batch, and "a batch of about 1,584 fits" offered for a
@@ -659,7 +661,11 @@ def _drop_misread_batch(memory: ModuleMemory, batch: int | None) -> None:
     if not any(s.kind == "batch_size" for s in memory.suggestions):
         return
     read = input_batch(memory)
-    if batch and batch > 1 and read == batch:
+    if batch and batch > 1 and read == batch * replicas:
+        if replicas > 1:
+            for item in memory.suggestions:
+                if item.kind == "batch_size":
+                    _in_step_terms(item, read, batch, replicas)
         return
     kept = [s for s in memory.suggestions if s.kind != "batch_size"]
     if batch and batch > 1:
@@ -669,6 +675,23 @@ def _drop_misread_batch(memory: ModuleMemory, batch: int | None) -> None:
                                        "finds the largest batch that fits by compiling.",
                                evidence=f"the step compiled at {batch} sequences per device; {why}"))
     memory.suggestions = kept
+
+
+def _in_step_terms(item: Suggestion, read: int, batch: int, replicas: int) -> None:
+    """A batch fix read from a program whose inputs hold REPLICAS x the step's BATCH per device, in the step's terms:
+    sequences per device, the option's unit."""
+    held = f"the {read:,} sequences each device's program holds ({batch:,} per device, repeated over tensor={replicas})"
+    item.message = item.message.replace(f"the per-chip batch of {read}", held)
+    item.message = item.message.replace(f"(now {read})", f"(now {batch:,} per device)")
+    item.evidence = item.evidence.replace(f"per-chip batch {read} ", f"{read:,} sequences in each device's program "
+                                          f"({batch:,} per device x tensor={replicas}) ", 1)
+    fitting = item.extra.get("batch")
+    if fitting:
+        per_device = max(1, fitting // replicas)
+        item.message = item.message.replace(f"a batch of about {fitting} fits",
+                                            f"about {per_device:,} sequences per device fit ({fitting:,} in each "
+                                            "device's program)")
+        item.extra["batch"] = per_device
 
 
 def batch_to_measure(module: ModuleMemory) -> int | None:

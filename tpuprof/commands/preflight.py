@@ -418,7 +418,9 @@ def _model_target(config, source, chosen, remat, options, report_progress):
     if compiled.memory is not None:  # tpuprof's own step: the options that build it, not edits of its code
         from tpuprof.advice.memory import for_builtin_step
 
-        for_builtin_step(compiled.memory, remat, options.dtype, compiled.batch_size)
+        # The batch is split over the data, fsdp and expert axes and repeated over tensor: each device's program
+        # holds tensor x the batch per device.
+        for_builtin_step(compiled.memory, remat, options.dtype, compiled.batch_size, sizes.get("tensor", 1))
     if max_batch:
         found = compiled.search.max_batch_size
         llm_fields["max_batch_per_chip"] = found * per_chip if found else None
