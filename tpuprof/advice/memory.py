@@ -701,9 +701,11 @@ def batch_to_measure(module: ModuleMemory) -> int | None:
 
 
 def measure_batch(module: ModuleMemory, batch: int, needed: int | None, smaller: int, smaller_needed: int | None,
-                  smaller_fits: bool) -> None:
+                  smaller_fits: bool, needed_is_bound: bool = False, smaller_is_bound: bool = False) -> None:
     """preflight compiled the same step at the batch the fix names (SMALLER): the fix's saving is then the two
-    compiles' totals' difference, measured, and 'enough to fit' only when the compile at SMALLER fits."""
+    compiles' totals' difference, measured, and 'enough to fit' only when the compile at SMALLER fits. *_IS_BOUND: a
+    compile stopped at its memory layout (preflight --model's layout-only compiles), whose total is a lower bound:
+    the saving is then 'at least' (the larger batch's layout against a whole compile) or the layouts' difference."""
     for item in module.suggestions:
         if item.kind != "batch_size" or item.extra.get("batch") != smaller:
             continue
@@ -712,13 +714,21 @@ def measure_batch(module: ModuleMemory, batch: int, needed: int | None, smaller:
             item.message += f" Compiled at batch {smaller}, the step did not compile: the estimate is not borne out."
             item.evidence += f"; measured: the compile at batch {smaller} failed"
             continue
-        item.saving_bytes, item.saving_bytes_range, item.confidence = needed - smaller_needed, None, "measured"
+        saving = needed - smaller_needed
+        at_least = needed_is_bound and not smaller_is_bound
+        item.saving_bytes = saving if saving > 0 and (at_least or needed_is_bound == smaller_is_bound) else None
+        item.saving_bytes_range, item.confidence = None, "measured"
         item.severity = "blocking" if smaller_fits else "improve"
-        item.message += (f" Compiled at batch {smaller}, the step needs {fmt_bytes(smaller_needed)}: "
+        bound = " at least" if smaller_is_bound else ""
+        item.message += (f" Compiled at batch {smaller}, the step needs{bound} {fmt_bytes(smaller_needed)}: "
                          + ("it fits." if smaller_fits
                             else "it still does not fit; `--max-batch` finds one that does."))
-        item.evidence = (f"measured: compiled at batch {batch} the step needs {fmt_bytes(needed)}, at batch {smaller} "
-                         f"{fmt_bytes(smaller_needed)}; the estimate: " + item.evidence)
+        layout = " (its memory layout: a lower bound)"
+        item.evidence = (f"measured: compiled at batch {batch} the step needs {fmt_bytes(needed)}"
+                         f"{layout if needed_is_bound else ''}, at batch {smaller} {fmt_bytes(smaller_needed)}"
+                         f"{layout if smaller_is_bound else ''}"
+                         + (f", so it frees at least {fmt_bytes(saving)}" if at_least and saving > 0 else "")
+                         + "; the estimate: " + item.evidence)
     module.suggestions = rank(module.suggestions, shortfall_bytes=_shortfall(module, needed or 0))
 
 

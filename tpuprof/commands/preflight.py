@@ -202,7 +202,8 @@ def model_result(options, on_compile=None):
     checked = []
     for index, chosen in enumerate(options.slices):
         rows = answers[index * len(options.remat_policies):(index + 1) * len(options.remat_policies)]
-        best = _measure_state_change(config, source, preflight_step.best(rows), options, report_progress)
+        best = _measure_batch_fix(config, source, preflight_step.best(rows), options, report_progress)
+        best = _measure_state_change(config, source, best, options, report_progress)
         checked.append(replace(best, remat_table=tuple(rows)) if len(rows) > 1 else best)
     return PreflightResult(f"--model {config.name}", checked, options.top)
 
@@ -296,6 +297,31 @@ def _state_verdict(config, spec, chosen, unsharded, measured: dict | None = None
     alternatives = preflight_step.smaller_state(config, spec.step.mesh_sizes, spec.step.state, chosen)
     return state_too_large(spec.state_bytes_per_device, config.parameter_count(), spec.step.state,
                            spec.step.mesh_sizes, unsharded, chosen.target, alternatives, measured)
+
+
+def _measure_batch_fix(config, source, target, options, report_progress):
+    """A step that does not fit, compiled again at the smaller batch its memory advice names ('about N sequences per
+    device fit', arithmetic on the layout's buffers), as the user's step is: the fix then says what that compile
+    needs. A layout-only compile (it stops once its layout alone cannot fit, and compiles to the end where it may),
+    for the answer reported (a remat sweep's best row), not with --max-batch (the search has the answer)."""
+    from tpuprof.advice.memory import batch_to_measure, measure_batch
+
+    compiled = target.compiled
+    if options.max_batch or compiled.fits or compiled.memory is None or not compiled.batch_size \
+            or compiled.required_bytes is None or target.model is None:
+        return target
+    smaller = batch_to_measure(compiled.memory)
+    if not smaller or smaller >= compiled.batch_size:
+        return target
+    remat = target.model["remat"]
+    spec = llm_spec(config, source, target.slice, remat, options)
+    label = f"{target.slice.name} {config.name} remat={remat}"
+    at = _compile(spec, target.slice, None, smaller, options, lambda b: report_progress(label, b),
+                  layout_only=not options.full)
+    measure_batch(compiled.memory, compiled.batch_size, compiled.required_bytes, smaller, at.required_bytes, at.runs,
+                  needed_is_bound=compiled.stage == "buffer_assignment",
+                  smaller_is_bound=at.stage == "buffer_assignment")
+    return target
 
 
 def _measure_state_change(config, source, target, options, report_progress):
