@@ -644,9 +644,31 @@ def test_a_step_no_state_change_makes_fit_is_given_the_smallest_larger_slice_tha
     assert fix.saving_bytes == here - found[1]
     assert (f"so the step at batch 1 per device needs {fmt_bytes(here - found[1])} less: "
             f"{fmt_bytes(needed - here + found[1])} of the 15.75 GiB of HBM by the state arithmetic") in fix.message
+    assert fix.message.endswith("(not compiled: `tpuprof preflight --tpu v5litepod-4` checks it).")
+    # The arithmetic keeps the gradients (bf16, one per parameter) whole, and fsdp divides them: the fix says by how
+    # much it errs high (9.75 GiB said, 5.74 compiled): 3.50 GiB of gradients less, about 6.24 GiB.
+    gradients = config.parameter_count() * 2
+    fix = llm_step.larger_slice(chosen, 1, needed, True, here, found, largest, chosen.target.compiler_hbm_bytes,
+                                gradients_here=gradients,
+                                divided=preflight_step.larger_slices(config, sizes, state, chosen, needed, True)[0])
+    overcounted = gradients - gradients * found[1] // here
+    assert fmt_bytes(overcounted) == "3.50 GiB" and fmt_bytes(needed - here + found[1] - overcounted) == "6.24 GiB"
+    assert fix.message.endswith(f"The arithmetic errs high: it keeps the gradients whole ({fmt_bytes(gradients)} per "
+                                "device here), which fsdp divides as it does the weights, 3.50 GiB less on "
+                                "v5litepod-4: about 6.24 GiB with them divided, less where temporaries shrink too.")
     # Twice the need: not even the largest slice makes room, and the fix says so.
     found, largest = preflight_step.larger_slices(config, sizes, state, chosen, 2 * needed)
     assert found is None and largest[0].name == "v5litepod-256"
+    # Just beyond what any slice makes room for by the arithmetic: with the gradients divided too, one does.
+    over = here + chosen.target.compiler_hbm_bytes + (2 << 30)
+    found, largest = preflight_step.larger_slices(config, sizes, state, chosen, over)
+    divided, _ = preflight_step.larger_slices(config, sizes, state, chosen, over, gradients=True)
+    assert found is None and divided[0].name == "v5litepod-8"
+    fix = llm_step.larger_slice(chosen, 1, over, True, here, found, largest, chosen.target.compiler_hbm_bytes,
+                                gradients_here=gradients, divided=divided)
+    assert fix.message.startswith("No larger v5e slice makes room") and fix.message.endswith(
+        f"With the gradients ({fmt_bytes(gradients)} per device here) divided too, as fsdp divides them, v5litepod-8 "
+        "(8 devices) would: `tpuprof preflight --tpu v5litepod-8` checks it.")
 
 
 # What an earlier tpuprof wrote for Llama 3.1 8B on v5litepod-8 at one 8k sequence per chip, which does not fit.

@@ -74,11 +74,14 @@ def add(module: ModuleMemory, fix: Suggestion, needed: int | None) -> None:
 
 
 def larger_slice(chosen, batch: int, needed: int, needed_is_bound: bool, state_here: int, found, largest,
-                 capacity: int) -> Suggestion:
+                 capacity: int, gradients_here: int = 0, divided=None) -> Suggestion:
     """The fix of a step that no change of its training state makes fit: a larger slice of the same generation, by
     the state arithmetic (analyses.preflight_step.larger_slices: FOUND and LARGEST, each (Slice, state bytes per
     device) or None), not compiled; or that none is large enough. NEEDED: the step's required bytes per device on
-    CHOSEN (NEEDED_IS_BOUND: its layout's, a lower bound), STATE_HERE of them its weights and AdamW state."""
+    CHOSEN (NEEDED_IS_BOUND: its layout's, a lower bound), STATE_HERE of them its weights and AdamW state.
+    The arithmetic keeps the gradients whole, and fsdp divides them as it does the weights: it errs high by up to
+    what the slice divides of GRADIENTS_HERE (the gradients per device on CHOSEN). DIVIDED: the slice found with
+    them divided too (larger_slices(gradients=True)), the other bound."""
     layout = " (its memory layout: a lower bound)" if needed_is_bound else ""
     rest = needed - state_here
     evidence = (f"the state arithmetic, not compiled: on {chosen.name} at batch {batch} per device the step needs "
@@ -86,16 +89,32 @@ def larger_slice(chosen, batch: int, needed: int, needed_is_bound: bool, state_h
                 f"divide the state, and the arithmetic keeps the rest ({fmt_bytes(rest)}: activations, which follow "
                 "the batch per device, gradients and temporaries) as it is")
     generation = chosen.target.name
+    lower = divided[0] if divided is not None else None
     if found is None:
         where = (f"even on the largest, {largest[0].name} ({largest[0].devices} devices), the state is "
                  f"{fmt_bytes(largest[1])} per device, and with the rest of the step {fmt_bytes(rest + largest[1])}"
                  if largest else f"{chosen.name} is the largest")
-        return Suggestion(kind="sharding", severity="info", confidence="estimated",
-                          message=f"No larger {generation} slice makes room for this step at batch {batch} per device "
-                                  f"by the state arithmetic: {where}, more than the {fmt_bytes(capacity)} of HBM.",
+        message = (f"No larger {generation} slice makes room for this step at batch {batch} per device by the state "
+                   f"arithmetic: {where}, more than the {fmt_bytes(capacity)} of HBM.")
+        if lower is not None:
+            message += (f" With the gradients ({fmt_bytes(gradients_here)} per device here) divided too, as fsdp "
+                        f"divides them, {lower.name} ({lower.devices} devices) would: `tpuprof preflight --tpu "
+                        f"{lower.name}` checks it.")
+        return Suggestion(kind="sharding", severity="info", confidence="estimated", message=message,
                           evidence=evidence)
     offered, state = found
     saved = state_here - state
+    # The gradients shrink with the state on the larger slice (one per parameter, in the weights' dtype).
+    overcounted = gradients_here - gradients_here * state // state_here if state_here else 0
+    error = (f" The arithmetic errs high: it keeps the gradients whole ({fmt_bytes(gradients_here)} per device "
+             f"here), which fsdp divides as it does the weights, {fmt_bytes(overcounted)} less on {offered.name}: "
+             f"about {fmt_bytes(needed - saved - overcounted)} with them divided, less where temporaries shrink too"
+             if overcounted else "")
+    if lower is not None and lower.devices < offered.devices:
+        error += f", and with them divided {lower.name} ({lower.devices} devices) would make room too"
+    error += "." if error else ""
+    checks = f"{offered.name}" + (f" or --tpu {lower.name}" if lower is not None and lower.devices < offered.devices
+                                  else "")
     return Suggestion(kind="sharding", severity="blocking", confidence="estimated", saving_bytes=saved,
                       code=f"--tpu {offered.name}",
                       message=f"Use a larger slice: on {offered.name} ({offered.devices} devices), fsdp over them, the "
@@ -103,5 +122,5 @@ def larger_slice(chosen, batch: int, needed: int, needed_is_bound: bool, state_h
                               f"{fmt_bytes(state_here)}, so the step at batch {batch} per device needs {fmt_bytes(saved)} "
                               f"less: {fmt_bytes(needed - saved)} of the {fmt_bytes(capacity)} of HBM by the state "
                               f"arithmetic, the smallest {generation} slice that makes room (not compiled: "
-                              f"`tpuprof preflight --tpu {offered.name}` checks it).",
+                              f"`tpuprof preflight --tpu {checks}` checks it).{error}",
                       evidence=evidence)

@@ -198,24 +198,33 @@ def smaller_state(config, sizes: dict, state, chosen) -> tuple:
     return tuple(found)
 
 
-def larger_slices(config, sizes: dict, state, chosen, needed: int) -> tuple:
+def larger_slices(config, sizes: dict, state, chosen, needed: int, gradients: bool = False) -> tuple:
     """Where the step, at the same batch per device, fits by the state arithmetic: on the smallest slice Cloud TPU
     offers of the generation whose devices divide the weights and AdamW state (fsdp over them, the tensor and expert
     axes kept) so much further that what the step NEEDED here less the state freed fits the HBM (its activations per
     device do not change with the slice). (found, largest): each (Slice, state bytes per device) or None; the
-    largest slice offered, to say that none is large enough."""
+    largest slice offered, to say that none is large enough. GRADIENTS: the gradients (one per parameter, in the
+    weights' dtype) divided with the state, as fsdp divides them: the other bound of the arithmetic, which keeps them
+    whole."""
     from tpuprof import slices
+    from tpuprof.models.preflight import WEIGHT_DTYPES
     from tpuprof.sources import llm
 
     capacity = chosen.target.compiler_hbm_bytes
-    here = llm.state_bytes_per_device(config, sizes, state)
+    per_parameter = state.bytes_per_parameter()
+    with_gradients = per_parameter + (WEIGHT_DTYPES[state.weights] if gradients else 0)
+
+    def state_bytes_per_device(config_, sizes_, state_) -> int:
+        return llm.state_bytes_per_device(config_, sizes_, state_) // per_parameter * with_gradients
+
+    here = state_bytes_per_device(config, sizes, state)
     devices, split = math.prod(sizes.values()), sizes["tensor"] * sizes["expert"]
     found = largest = None
     for offered in sorted((s for s in slices.table() if s.generation == chosen.generation), key=lambda s: s.devices):
         if offered.devices <= devices or offered.devices % split:
             continue
         wider = {**sizes, "fsdp": offered.devices // split, "data": 1}
-        largest = (offered, llm.state_bytes_per_device(config, wider, state))
+        largest = (offered, state_bytes_per_device(config, wider, state))
         if found is None and needed - (here - largest[1]) <= capacity:
             found = largest
     return found, largest

@@ -392,11 +392,16 @@ def _larger_slice(config, spec, target):
     from tpuprof.analyses import preflight_step
 
     compiled, chosen = target.compiled, target.slice
-    found, largest = preflight_step.larger_slices(config, spec.step.mesh_sizes, spec.step.state, chosen,
-                                                  compiled.required_bytes)
+    from tpuprof.models.preflight import WEIGHT_DTYPES
+
+    sizes, state = spec.step.mesh_sizes, spec.step.state
+    found, largest = preflight_step.larger_slices(config, sizes, state, chosen, compiled.required_bytes)
+    divided, _ = preflight_step.larger_slices(config, sizes, state, chosen, compiled.required_bytes, gradients=True)
+    gradients = spec.state_bytes_per_device // state.bytes_per_parameter() * WEIGHT_DTYPES[state.weights]
     fix = llm_step.larger_slice(chosen, compiled.batch_size, compiled.required_bytes,
                                 compiled.stage == "buffer_assignment", spec.state_bytes_per_device, found, largest,
-                                chosen.target.compiler_hbm_bytes)
+                                chosen.target.compiler_hbm_bytes, gradients_here=gradients,
+                                divided=divided)
     llm_step.add(compiled.memory, fix, compiled.required_bytes)
     if compiled.verdict:  # none fits (--max-batch): the verdict names the slice too
         compiled = replace(compiled, verdict=f"{compiled.verdict} {fix.message}")
