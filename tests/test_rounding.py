@@ -22,6 +22,11 @@ def test_halves_round_up_as_the_figure_they_round():
     assert fmt_fixed(2.925, 2) == "2.93" and analyze_section._num(2.925, 2) == "2.93"
 
 
+def test_what_is_not_a_finite_figure_prints_as_python_prints_it():
+    # Decimal raised InvalidOperation quantizing an infinity (a ratio over a zero).
+    assert [fmt_fixed(v, 2) for v in (float("inf"), float("-inf"), float("nan"))] == ["inf", "-inf", "nan"]
+
+
 def test_the_pages_saving_badge_is_the_breakdown_tables_figure():
     # tf_slow_map: a real capture's document (a tf.data map sleeping 2 ms per example): the input-pipeline fix
     # can win the step's whole input time.

@@ -38,6 +38,8 @@ def fmt_fixed(value: float, digits: int) -> str:
     figure to fewer decimals rounds it here."""
     from decimal import ROUND_HALF_UP, Decimal
 
+    if not math.isfinite(value):  # Decimal cannot quantize an infinity: as f"{:.2f}" prints it
+        return f"{value:.{digits}f}"
     return str(Decimal(repr(value)).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
 
 
