@@ -235,3 +235,26 @@ def test_what_the_schema_allows_the_readers_read(saved, tmp_path):
     assert page["inputs"] == [{"path": str(path), "kind": "memory"}]
     compared = cli_json(["diff", str(path), str(saved["diff_b64"])])
     assert compared["kind"] == "memory" and compared["a"]["from_json"] is True
+
+
+def test_the_schema_cache_keeps_only_the_current_schemas_checks(tmp_path, monkeypatch):
+    """Each compiled check is keyed by its schema: one written for an older schema was never deleted, and the cache
+    grew by one file a command per schema change."""
+    from tpuprof import documents
+
+    folder = tmp_path / "tpuprof" / "schemas"
+    folder.mkdir(parents=True)
+    stale = folder / "memory-0123456789abcdef.marshal"
+    others = [folder / "oom-0123456789abcdef.marshal", folder / "memory-notes.txt"]
+    for path in (stale, *others):
+        path.write_bytes(b"old")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    documents._compiled.cache_clear()
+    try:
+        documents._compiled("memory")
+    finally:
+        documents._compiled.cache_clear()
+    kept = sorted(p.name for p in folder.iterdir())
+    assert not stale.exists() and all(p.exists() for p in others)  # another command's, and no check at all
+    (current,) = [name for name in kept if name.startswith("memory-") and name.endswith(".marshal")]
+    assert current != stale.name

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from pathlib import Path
 
 from tpuprof.errors import UserError
@@ -117,9 +118,22 @@ def _compiled(command: str):
             os.replace(staging, path)  # processes may compile at once: each sees the file whole or not at all
         except OSError:
             pass  # no cache to be had: the next run compiles again
+        _prune(path.parent, command, keep=path.name)
     namespace = {}
     exec(code, namespace)
     return namespace["validate"]
+
+
+def _prune(folder: Path, command: str, keep: str) -> None:
+    """Delete COMMAND's compiled checks other than KEEP: each is keyed by a schema (and fastjsonschema's and Python's
+    versions) that a newer one replaced, and nothing else ever deletes them."""
+    stale = re.compile(rf"{re.escape(command)}-[0-9a-f]{{16}}\.marshal")
+    try:
+        for entry in folder.iterdir():
+            if entry.name != keep and stale.fullmatch(entry.name):
+                entry.unlink(missing_ok=True)
+    except OSError:
+        pass  # a cache that cannot be tidied still works
 
 
 def _cache_folder() -> Path:
