@@ -57,7 +57,7 @@ def expected_figures(doc: dict) -> list[str]:
         out += [doc["headline"], fmt_bytes(doc["capacity_bytes"])]
         out += [s["message"] for s in doc["suggestions"][:markdown.MAX_FIXES]] + doc["batch_estimate"]["caveats"]
         if doc["batch_estimate"].get("fitting_batch") is not None:
-            out.append(f"batch that fits**: {doc['batch_estimate']['fitting_batch']} (now")
+            out.append(f"batch that fits**: {doc['batch_estimate']['fitting_batch'] or 'none, not even 1'} (now")
     elif command == "preflight":
         for target in doc["targets"]:
             out += [target["target"], "fits" if target["fits"] else "does not fit"]

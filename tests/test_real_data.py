@@ -148,3 +148,14 @@ def test_gpu_demo_capture_is_refused_in_one_sentence(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "GPU" in out.stderr and "TPU" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_job_at_one_example_per_chip_is_told_none_fits_not_zero(tmp_path):
+    """The Qwen3 job runs one sequence per chip and needs 45.12G of 31.25G: the estimate's batch that fits is 0, which
+    the answer printed as 'batch that fits: 0' beside 'the batch cannot shrink further'."""
+    log = real_artefact(OOM_QWEN3_JOB_LOG, tmp_path)
+    document = json.loads(run_cli("oom", str(log), "--json").stdout)
+    assert document["batch_estimate"]["fitting_batch"] == 0 and document["batch_estimate"]["current_batch"] == 1
+    text = run_cli("oom", str(log), env={"COLUMNS": "200"}).stdout
+    assert "batch that fits: none, not even 1 (now 1; confidence medium)" in text
+    assert "batch that fits: 0" not in text

@@ -81,7 +81,9 @@ def section(document: dict, top: int = MAX_ALLOCATION_ROWS, source: str | None =
     if said:
         out.blocks.append(Note(said))
     if estimate.get("fitting_batch") is not None:
-        out.blocks.append(Fact("batch that fits", f"{estimate['fitting_batch']} (now {estimate.get('current_batch')}; "
+        # 0: not even one example fits (the estimate's arithmetic), which "batch that fits: 0" did not say.
+        fitting = estimate["fitting_batch"] or "none, not even 1"
+        out.blocks.append(Fact("batch that fits", f"{fitting} (now {estimate.get('current_batch')}; "
                                                   f"confidence {estimate.get('confidence')})"))
     if d.get("suggestions"):
         out.blocks.append(Fixes("Causes and fixes: first what can make it fit alone, then by memory freed",
