@@ -159,3 +159,13 @@ def test_a_job_at_one_example_per_chip_is_told_none_fits_not_zero(tmp_path):
     text = run_cli("oom", str(log), env={"COLUMNS": "200"}).stdout
     assert "batch that fits: none, not even 1 (now 1; confidence medium)" in text
     assert "batch that fits: 0" not in text
+
+
+def test_a_tf1_jobs_remat_evidence_does_not_look_for_jax_checkpoint(tmp_path):
+    """The TF1 detection job's remat evidence said 'no op name or label shows jax.checkpoint': a TF job never shows
+    it, and tf.recompute_grad leaves the op names as they are, so the log cannot tell whether it recomputes."""
+    report = _report(OOM_TF1_DETECTION, tmp_path)
+    remat = next(s for s in advice.suggest(report, analysis.estimate_batch(report)) if s["kind"] == "remat")
+    assert report.framework == "tf1" and "jax.checkpoint" not in remat["evidence"]
+    assert "tf.recompute_grad leaves no mark in the op names, so whether the step rematerialises already is not in " \
+           "the log: check before adding it" in remat["evidence"]

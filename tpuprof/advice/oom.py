@@ -291,6 +291,15 @@ def _bf16(report: OomReport, listed: list[OomAllocation], estimate, capacity) ->
         code=_code("bf16", report.framework))
 
 
+# What the remat precondition looks for in op names (preconditions.rematerialised): JAX's checkpoint marks them.
+REMAT_SIGNS = {"jax": "jax.checkpoint (checkpoint, rematted_computation)",
+               None: "activation checkpointing (jax.checkpoint's checkpoint, rematted_computation)"}
+REMAT_CALLS = {"jax": "jax.checkpoint / nn.remat", None: "jax.checkpoint / nn.remat (or your framework's)"}
+# Frameworks whose recomputation leaves the op names as they are (a TF2 step under tf.recompute_grad names its ops
+# MatMul, Tanh, gradient_tape/... under TF 2.21): the log cannot tell, and the evidence says so.
+REMAT_UNMARKED = {"tf1": "tf.recompute_grad", "tf2": "tf.recompute_grad"}
+
+
 def _layers(report: OomReport) -> int | None:
     found = {int(m.group(1)) for a in report.allocations for m in _LAYER.finditer((a.op_name or "") + "/")}
     return max(found) + 1 if found else None
@@ -326,14 +335,17 @@ def _remat(report: OomReport, listed, estimate, capacity) -> Suggestion | None:
     message = (f"Temporaries are {fmt(temp)} of {fmt(used)}: recompute activations in the backward pass instead "
                "of keeping them for every layer.")
     by_compiler = preconditions.compiler_rematerialised(a.xla_label for a in report.allocations)
-    if any(a.op_name or a.xla_label for a in report.allocations):
-        how += "; no op name or label shows jax.checkpoint (checkpoint, rematted_computation)"
-        if by_compiler:
-            how += (f"; labels like {by_compiler} are XLA's own rematerialisation pass, which recomputes single "
-                    "instructions of any program over its memory limit: not the step keeping only each layer's input")
+    if report.framework in REMAT_UNMARKED:  # names that cannot show it: the step may recompute already
+        how += (f"; {REMAT_UNMARKED[report.framework]} leaves no mark in the op names, so whether the step "
+                "rematerialises already is not in the log: check before adding it")
+    elif any(a.op_name or a.xla_label for a in report.allocations):
+        how += f"; no op name or label shows {REMAT_SIGNS.get(report.framework, REMAT_SIGNS[None])}"
     else:  # nothing to check: the step may recompute already
         how += ("; the log lists no allocation with an op name or label, so whether the step rematerialises already "
-                "is not in it: check for jax.checkpoint / nn.remat (or your framework's) before adding it")
+                f"is not in it: check for {REMAT_CALLS.get(report.framework, REMAT_CALLS[None])} before adding it")
+    if by_compiler:
+        how += (f"; labels like {by_compiler} are XLA's own rematerialisation pass, which recomputes single "
+                "instructions of any program over its memory limit: not the step keeping only each layer's input")
     return Suggestion(kind="remat", saving_bytes=point, saving_bytes_range=(low, high), confidence="rough",
                       message=message, evidence=how, code=code)
 
