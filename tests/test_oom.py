@@ -624,6 +624,12 @@ def test_an_xla_module_is_named_with_the_command_that_reads_it(artefact, label, 
     assert code == 2 and err.strip() == expected, err
     assert json.loads(out)["error"] == {"kind": "input", "message": expected.removeprefix("tpuprof: ")}
     if artefact.endswith("_HLO"):
+        import gzip
+
+        packed = tmp_path / (module.name + ".gz")  # shared gzipped, as sample_profiles/estimate keeps its texts
+        packed.write_bytes(gzip.compress(module.read_bytes()))
+        code, out, err = run_cli(["oom", str(packed)], capsys)
+        assert code == 2 and err.startswith(f"tpuprof: {packed} is an XLA dump file, gzip-compressed: `gunzip"), err
         code, out, err = run_cli(["oom", "-"], capsys, stdin=module.read_bytes(), monkeypatch=monkeypatch)
         assert code == 2 and out == "" and "stdin holds an HLO text (an XLA module)" in err, err
         assert "`tpuprof memory FILE`" in err

@@ -138,6 +138,13 @@ def _refuse_another_input(path: str | None, name: str, head: bytes, from_stream:
                             "see what it holds in memory.")
         return
     try:
+        with open(path, "rb") as handle:
+            gzipped = handle.read(2) == b"\x1f\x8b"
+    except OSError:
+        return
+    if gzipped:  # the log reader unpacked it: a gzipped module or capture is told how to read it
+        inputs.refuse_compressed(Path(path))
+    try:
         source = inputs.identify(path)
     except UserError:  # a binary file of no known kind: no out-of-memory error in it is the answer
         return

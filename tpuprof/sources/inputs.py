@@ -127,7 +127,7 @@ def _file_kind(path: Path) -> str:
     except OSError as error:
         raise UserError(f"cannot read {path}: {error.strerror or error}.") from None
     if head[:2] == b"\x1f\x8b":  # gzip: a saved job log (`tpuprof oom` reads them), or a dump or capture packed
-        _refuse_compressed(path)
+        refuse_compressed(path)
         return "oom_log"
     if head.lstrip().startswith(b"{") and b'"schema": "tpuprof.' in head:  # a --json document saved as *.txt...
         return "document"
@@ -161,7 +161,7 @@ def _binary(head: bytes) -> bool:
     return any(byte in _NOT_TEXT for byte in head)
 
 
-def _refuse_compressed(path: Path) -> None:
+def refuse_compressed(path: Path) -> None:
     """A gzipped XLA dump file or capture (packed to be shared) is a UserError saying how to read it; a gzipped log
     is left to the OOM triage, which reads it as it is."""
     import gzip
