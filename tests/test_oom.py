@@ -901,3 +901,13 @@ def test_remat_evidence_on_a_list_with_op_names_does_not_say_it_has_none():
     remat = next(s for s in advice.suggest(report, analysis.estimate_batch(report)) if s["kind"] == "remat")
     assert "no op name or label shows jax.checkpoint" in remat["evidence"]
     assert "lists no allocation with an op name" not in remat["evidence"]
+
+
+def test_a_share_of_the_batch_under_one_percent_is_not_said_to_be_zero():
+    """XLA's error 0101 example reserves 29.49G with 147.64M free: about 0.5% of the batch fits by the arithmetic,
+    which the fix printed as 'At most about 0% of the current per-chip batch fits'."""
+    report = report_of(FIXTURES / "openxla_error_0101_reserve.txt")
+    estimate = analysis.estimate_batch(report)
+    assert 0.001 <= estimate.scale < 0.01
+    fix = next(s for s in advice.suggest(report, estimate) if s["kind"] == "batch_size")
+    assert fix["message"].startswith(f"At most about {estimate.scale:.1%} of the current per-chip batch fits"), fix

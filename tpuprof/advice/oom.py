@@ -441,7 +441,10 @@ def _batch(report: OomReport, estimate: BatchEstimate, missing: int | None) -> S
         extra = {"batch": fitting}
     else:
         saving = missing or int(scaling * (1 - estimate.scale))
-        what = f"about {estimate.scale:.0%} of the current per-chip batch fits (pass --batch N for a number)"
+        # Under 1%, a whole percent reads "0%": a share that fits is never said to be none.
+        share = (f"{estimate.scale:.0%}" if estimate.scale >= 0.01 else f"{estimate.scale:.1%}"
+                 if estimate.scale >= 0.001 else "less than 0.1%")
+        what = f"about {share} of the current per-chip batch fits (pass --batch N for a number)"
         extra = {}
         if estimate.batch_dim and 1 < estimate.batch_dim <= MAX_GUESSED_BATCH:
             from tpuprof.analyses.oom import fitting_batch
