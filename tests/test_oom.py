@@ -911,3 +911,12 @@ def test_a_share_of_the_batch_under_one_percent_is_not_said_to_be_zero():
     assert 0.001 <= estimate.scale < 0.01
     fix = next(s for s in advice.suggest(report, estimate) if s["kind"] == "batch_size")
     assert fix["message"].startswith(f"At most about {estimate.scale:.1%} of the current per-chip batch fits"), fix
+
+
+def test_tensorflows_arguments_are_not_called_a_framework_op():
+    """tensor2tensor #1382 lists a bf16[256,2048,4096] buffer of op XLA_Args: TensorFlow's name for the arguments it
+    hands the program. The largest-ops line named it as a framework op ('XLA_Args: 4.00G')."""
+    report = report_of(FIXTURES / "tensor2tensor_1382_tpu_estimator.txt")
+    ops = next(s for s in advice.suggest(report, analysis.estimate_batch(report)) if s["kind"] == "largest_ops")
+    assert ops["message"] == "Largest framework ops in the list: XLA_Args (the program's arguments: weights, inputs): " \
+                             "4.00G.", ops

@@ -115,6 +115,8 @@ def _size(entry: OomAllocation) -> int:
 
 
 def _op_label(entry: OomAllocation) -> str:
+    if (entry.op_name or "").split("/")[-1] == "XLA_Args":  # TensorFlow's name for what it passes the program
+        return f"{entry.op_name} (the program's arguments: weights, inputs)"
     if entry.op_name:
         name = entry.op_name if len(entry.op_name) <= 80 else entry.op_name[:77] + "..."
         return f"{name}" + (f" ({entry.op_type})" if entry.op_type else "")
