@@ -918,5 +918,5 @@ def test_tensorflows_arguments_are_not_called_a_framework_op():
     hands the program. The largest-ops line named it as a framework op ('XLA_Args: 4.00G')."""
     report = report_of(FIXTURES / "tensor2tensor_1382_tpu_estimator.txt")
     ops = next(s for s in advice.suggest(report, analysis.estimate_batch(report)) if s["kind"] == "largest_ops")
-    assert ops["message"] == "Largest framework ops in the list: XLA_Args (the program's arguments: weights, inputs): " \
-                             "4.00G.", ops
+    assert ops["message"] == ("Largest framework ops in the list: XLA_Args (the program's arguments: weights, "
+                              "inputs): 4.00G."), ops
