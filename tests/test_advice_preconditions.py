@@ -290,6 +290,25 @@ def test_padding_fixes_read_the_batch_where_the_batch_advice_does(qwen3_scan_v6e
         assert "batch of 36" not in row["fix"] and "use 32" not in row["fix"]
 
 
+def test_a_matmuls_sizes_are_not_a_class_count():
+    """int8_matmul (s8[1000, 300] x s8[300, 77] -> s32[1000, 77]) has no classes: with its batch read from its input
+    (1000), its argument and its integer product were taken for [batch, classes] logits, and 300 and 77 were
+    'the class count is the task's'. Logits are computed floating point; the one-hot sample's 10 classes stay."""
+    from tpuprof.advice.memory import buffer_fixes, class_counts, step_batch
+    from tpuprof.analyses.memory import describe
+    from tpuprof.commands import memory
+
+    (matmul,) = memory.module_memories(ROOT / "sample_profiles" / "dumps" / "int8_matmul_v5e", top=0)
+    describe(matmul, matmul.buffers)
+    assert step_batch(matmul) == 1000 and class_counts(matmul, 1000) == frozenset()
+    fixes = buffer_fixes(matmul)
+    assert not any("classes" in fix for fix in fixes.values()), fixes
+    assert "a feature size of 300 is padded to 304: use 296" in fixes["a.1"]
+    (onehot,) = memory.module_memories(ROOT / "sample_profiles" / "dumps" / "onehot10_v5e", top=0)
+    describe(onehot, onehot.buffers)
+    assert class_counts(onehot, step_batch(onehot)) == frozenset({10})
+
+
 # ------------------------------------------------------------------ 5. a PyTorch/XLA run-time OOM
 
 # The form of pytorch/xla#7827 ("xm.mark_step() RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED"): the step's

@@ -93,19 +93,33 @@ _SUBSHAPE = re.compile(r"\b[a-z]\w*\[([\d,]*)\]")
 
 def class_counts(result: ModuleMemory, batch: int | None) -> frozenset[int]:
     """Sizes that are the model's class count: the minor dimension of a [batch, n] activation (the logits) that
-    is also a parameter's minor dimension (the output layer), not a multiple of 8 (hidden sizes are)."""
+    is also a parameter's minor dimension (the output layer), not a multiple of 8 (hidden sizes are). Logits are
+    floating point and computed: an input (or its copy) and an integer matmul's product are not (int8_matmul's
+    s8[1000, 300] argument and its s32[1000, 77] product were read as 300 and 77 classes)."""
     if not batch:
         return frozenset()
     logits, parameters = set(), set()
     for buffer in result.buffers:
         if not buffer.shape:  # not described: shapes are filled only for the buffers shown or advised on
             continue
-        for dims in _subshape_dims(buffer.shape):
-            if len(dims) == 2 and dims[0] == batch and dims[1] % 8:
+        for dtype, dims in _typed_subshape_dims(buffer.shape):
+            if len(dims) == 2 and dims[0] == batch and dims[1] % 8 and dtype in FLOATS \
+                    and buffer.allocation_type != "parameter" and buffer.opcode not in ("copy", "copy-start"):
                 logits.add(dims[1])
             if buffer.allocation_type == "parameter" and len(dims) >= 2:
                 parameters.add(dims[-1])
     return frozenset(logits & parameters)
+
+
+FLOATS = frozenset({"f32", "bf16", "f16", "f64"})
+_TYPED_SUBSHAPE = re.compile(r"\b([a-z]\w*)\[([\d,]*)\]")
+
+
+@lru_cache(maxsize=4096)
+def _typed_subshape_dims(text: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(dtype, dims) of each array in a shape text, a tuple's elements too."""
+    return tuple((match.group(1), tuple(int(d) for d in match.group(2).split(",") if d))
+                 for match in _TYPED_SUBSHAPE.finditer(text))
 
 
 @lru_cache(maxsize=4096)
