@@ -632,6 +632,9 @@ def model_flops_basis(model: dict | None, seq_len: int | None, batch_per_chip: i
         counts[kind.split("+")[0]] = counts.get(kind.split("+")[0], 0) + count
     windowed = "".join(f"; {counts[kind]} of them {kind} over {span:,} keys" for kind, span in windows.items()
                        if counts.get(kind))
+    widths = model.get("attention_widths") or {}
+    if widths:
+        windowed += "".join(f"; {kind} layers {value:,} wide" for kind, value in widths.items())
     attention = (f" + causal attention, 12 x tokens x {seq_len:,} keys x {width:,} (heads x head_dim) / 2 in each "
                  f"of {model.get('layers') or 0:,} layers{windowed}" if width
                  else " (attention's own matmuls left out: no head size known)")
@@ -656,6 +659,8 @@ def model_flops_per_device(model: dict | None, seq_len: int | None, batch_per_ch
     width = model.get("attention_width") or (model.get("heads") or 0) * (model.get("head_dim") or 0)
     # Sliding-window and chunked layers attend their window's (chunk's) keys, not the whole sequence.
     windows, kinds = model.get("attention_windows") or {}, model.get("layer_kinds") or {}
+    widths = model.get("attention_widths")
     spans = ([(kind.split("+")[0], windows.get(kind.split("+")[0], 0)) for kind, count in kinds.items()
-              for _ in range(count)] if windows and kinds else None)
-    return step_estimate.model_flops(active, tokens, model.get("layers") or 0, seq_len, width, spans=spans)
+              for _ in range(count)] if (windows or widths) and kinds else None)
+    return step_estimate.model_flops(active, tokens, model.get("layers") or 0, seq_len, width, spans=spans,
+                                     widths=widths)

@@ -260,15 +260,18 @@ def short_source(line: str) -> str:
 # --- what preflight reports ---------------------------------------------------------------------------
 
 def model_flops(parameters: float, tokens: float, layers: int = 0, seq_len: int = 0, attention_width: int = 0,
-                causal: bool = True, spans: list[tuple[str, int]] | None = None) -> float:
+                causal: bool = True, spans: list[tuple[str, int]] | None = None,
+                widths: dict[str, int] | None = None) -> float:
     """Model FLOPs of a training step as MaxText counts them (calculate_tflops_training_per_device):
     6 x parameters x tokens for the matmuls (forward 2, backward 4), plus attention's two batched
     matmuls, 12 x tokens x (heads x head_dim) x the keys a query attends, per layer, halved when causal:
     seq_len in each of `layers`, or per layer the `spans` given as (kind, length): a "sliding" window of W keys
     counts the S x W - W^2 / 2 (query, key) pairs of its causal band, a "chunked" layer its causal chunks of C
     (MaxText's calculate_mixed_attention_model_tflops_training_per_device and calculate_llama4_attention_tflops;
-    a length of 0: the whole sequence). MaxText counts the matmul parameters only (no embedding lookup: `--model`
-    passes its active_parameters); passing all parameters overcounts by the embedding table."""
+    a length of 0: the whole sequence). WIDTHS: heads x head_dim of the spans' layers of each kind where they differ
+    (Gemma 4's full layers, heads of 512: MaxText's calculate_gemma4_tflops_training_per_device). MaxText counts
+    the matmul parameters only (no embedding lookup: `--model` passes its active_parameters); passing all parameters
+    overcounts by the embedding table."""
     def keys(kind: str, span: int) -> float:  # per query, before the causal half
         if not span or span >= seq_len:
             return seq_len
@@ -277,6 +280,9 @@ def model_flops(parameters: float, tokens: float, layers: int = 0, seq_len: int 
         whole, rest = divmod(seq_len, span)  # causal chunks of `span`, and a shorter last one
         return (whole * span * span + rest * rest) / seq_len
 
-    total = sum(keys(kind, span) for kind, span in spans) if spans is not None else layers * seq_len
-    attention = 12 * tokens * total * attention_width * (0.5 if causal else 1.0)
+    if spans is not None:
+        total = sum(keys(kind, span) * (widths or {}).get(kind, attention_width) for kind, span in spans)
+    else:
+        total = layers * seq_len * attention_width
+    attention = 12 * tokens * total * (0.5 if causal else 1.0)
     return 6 * parameters * tokens + attention

@@ -162,6 +162,21 @@ class ModelConfig:
     expert_bias: bool = False  # biases in each expert's projections (GPT-OSS)
     learned_positions: int = 0  # rows of a learned position table (GPT-3); 0: RoPE
     mtp_layers: int = 0  # DeepSeek-V3's multi-token-prediction modules: counted apart, not in the step
+    # Gemma 4: the full-attention layers' own head size and key/value heads (0: as the others), their keys also
+    # their values (attention_k_eq_v: no value projection), their RoPE's base and the fraction of each head it
+    # turns ("proportional" RoPE: the rest of the frequencies are 0); values RMS-normed without a scale; a learned
+    # scalar on each layer's output.
+    global_head_dim: int = 0
+    global_kv_heads: int = 0
+    global_k_eq_v: bool = False
+    global_rope_theta: float = 0.0  # 0: rope_theta
+    global_rope_fraction: float = 1.0
+    v_norm: bool = False
+    layer_scalar: bool = False
+    # Gemma 4's MoE layers: the dense MLP (intermediate_size) beside the routed experts, each normed before and
+    # after on its own; the router reads the unscaled RMS norm of the layer's input times a learned scale [d], and
+    # its top-k weights are renormalised and multiplied by a learned per-expert scale.
+    moe_dense_mlp: bool = False
 
     @property
     def moe(self) -> bool:
@@ -177,6 +192,12 @@ class ModelConfig:
 
     def layer_kinds(self) -> list[str]:
         return [kind for block, repeats in self.plan for _ in range(repeats) for kind in block]
+
+    def attention_shape(self, attention: str) -> tuple[int, int]:
+        """(key/value heads, head size) of a layer of ATTENTION kind (Gemma 4's full layers have their own)."""
+        if attention == "full":
+            return self.global_kv_heads or self.num_key_value_heads, self.global_head_dim or self.head_dim
+        return self.num_key_value_heads, self.head_dim
 
     def parameter_count(self) -> int:
         """Every parameter of the language model, from the same layout the step is built and sharded with
@@ -253,7 +274,7 @@ def load_config(text: str) -> tuple[ModelConfig, str]:
 # The Hugging Face model types whose modelling code the step follows (docs/preflight-families.md). Another family's
 # config names the same fields, but its layers are not these: built as a Llama, its figures would be another model's.
 MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
-               "gemma3_text", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss", "gpt2", "gpt3",
+               "gemma3_text", "gemma4", "gemma4_text", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss", "gpt2", "gpt3",
                "openai-gpt")
 # What transformers' config class gives a field the config.json leaves out. A multimodal config writes its
 # text_config as a diff against that class's defaults: google/gemma-3-12b-it's names no vocab_size, head_dim or
@@ -265,7 +286,19 @@ CONFIG_DEFAULTS = {
                "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6,
                "tie_word_embeddings": True, "rope_theta": 1_000_000.0, "attention_bias": False,
                "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6},
+    # Gemma4TextConfig (huggingface/transformers src/transformers/models/gemma4/configuration_gemma4.py): its
+    # __post_init__ also gives full-attention layers global_head_dim 512, and num_global_key_value_heads where
+    # attention_k_eq_v is set; rope_parameters default to 10,000 (sliding) and proportional 1,000,000 x 0.25 (full).
+    "gemma4": {"vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30,
+               "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+               "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6,
+               "tie_word_embeddings": True, "attention_bias": False, "sliding_window": 512,
+               "vocab_size_per_layer_input": 262_144, "hidden_size_per_layer_input": 256, "attention_k_eq_v": False,
+               "num_kv_shared_layers": 0, "enable_moe_block": False, "use_double_wide_mlp": False,
+               "global_head_dim": 512},
 }
+GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+               "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}}
 
 
 def parse_config(data: Any, name: str, where: str) -> ModelConfig:
@@ -280,6 +313,13 @@ def parse_config(data: Any, name: str, where: str) -> ModelConfig:
                         "would be built as another model's.")
     family = model_type.removesuffix("_text")
     data = {**CONFIG_DEFAULTS.get(family, {}), **data}
+    gemma4 = family == "gemma4"
+    if gemma4 and (data.get("hidden_size_per_layer_input") or data.get("num_kv_shared_layers")):
+        raise UserError(f"{where}: a Gemma 4 with per-layer input embeddings (hidden_size_per_layer_input) or "
+                        "KV-shared layers (num_kv_shared_layers), as E2B and E4B have, is not built by tpuprof's "
+                        "step; the 31B and 26B-A4B are.")
+    if gemma4 and not data.get("enable_moe_block"):  # the 31B names num_experts: null; only the block builds experts
+        data = {k: v for k, v in data.items() if k not in ("num_experts", "top_k_experts")}
 
     def number(key, *alternatives, default=None, kind=int):
         for k in (key, *alternatives):
@@ -306,6 +346,8 @@ def parse_config(data: Any, name: str, where: str) -> ModelConfig:
     shared = 0
     if experts and family == "llama4":  # one shared expert as wide as a routed one
         shared = expert_width
+    elif gemma4:  # its dense MLP runs beside the experts (moe_dense_mlp), not a shared expert
+        shared = 0
     elif experts and data.get("n_shared_experts"):  # DeepSeek: n_shared_experts x the routed width, ungated
         shared = number("n_shared_experts") * expert_width
     elif experts:
@@ -326,26 +368,28 @@ def parse_config(data: Any, name: str, where: str) -> ModelConfig:
         rope_theta=number("rope_theta", default=10000.0, kind=float),
         rms_norm_eps=number("rms_norm_eps", "layer_norm_epsilon", default=1e-6, kind=float),
         num_experts=experts,
-        num_experts_per_tok=number("num_experts_per_tok", "experts_per_token", default=2) if experts else 0,
+        num_experts_per_tok=number("num_experts_per_tok", "experts_per_token", "top_k_experts", default=2)
+        if experts else 0,
         moe_intermediate_size=expert_width,
         shared_expert_intermediate_size=shared,
         shared_expert_gate=bool(shared) and family in ("qwen2_moe",),
         max_position_embeddings=number("max_position_embeddings", "n_positions", "n_ctx", default=0),
         output_bias=(attention_bias and family == "gpt_oss") or gpt,
-        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3"),
+        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3", "gemma4"),
         attention_sinks=family == "gpt_oss",
         sliding_window=number("sliding_window", default=0) if data.get("sliding_window") else 0,
         attention_chunk_size=number("attention_chunk_size", default=0) if family == "llama4" else 0,
         attn_logit_softcapping=number("attn_logit_softcapping", default=0.0, kind=float),
         final_logit_softcapping=number("final_logit_softcapping", default=0.0, kind=float),
-        query_pre_attn_scalar=number("query_pre_attn_scalar", default=0.0, kind=float),
+        # Gemma 4 does not scale its queries (Gemma4TextAttention.scaling = 1.0): its QK-norm sets their size.
+        query_pre_attn_scalar=1.0 if gemma4 else number("query_pre_attn_scalar", default=0.0, kind=float),
         q_lora_rank=number("q_lora_rank", default=0) if mla else 0,
         kv_lora_rank=number("kv_lora_rank") if mla else 0,
         qk_nope_head_dim=number("qk_nope_head_dim") if mla else 0,
         qk_rope_head_dim=number("qk_rope_head_dim") if mla else 0,
         v_head_dim=number("v_head_dim") if mla else 0,
         norm_type="layer" if gpt else "rms",
-        sandwich_norm=family in ("gemma2", "gemma3"),
+        sandwich_norm=family in ("gemma2", "gemma3", "gemma4"),
         mlp_gated=not gpt,
         mlp_bias=gpt,
         router_bias=family == "gpt_oss",
@@ -354,6 +398,8 @@ def parse_config(data: Any, name: str, where: str) -> ModelConfig:
         learned_positions=number("n_positions", "max_position_embeddings") if gpt else 0,
         mtp_layers=number("num_nextn_predict_layers", default=0) if family == "deepseek_v3" else 0,
     )
+    if gemma4:
+        fields.update(_gemma4_fields(data, number, where))
     kinds = _layer_kinds(data, family, layers, experts, where)
     fields["layer_plan"] = _plan(kinds, number("first_k_dense_replace", default=0) if experts else 0)
     config = ModelConfig(**fields)
@@ -365,6 +411,32 @@ def parse_config(data: Any, name: str, where: str) -> ModelConfig:
     return config
 
 
+def _gemma4_fields(data: dict, number, where: str) -> dict:
+    """Gemma 4's attention and MoE fields, as Gemma4TextAttention, Gemma4TextRotaryEmbedding and
+    Gemma4TextDecoderLayer read the config (transformers src/transformers/models/gemma4/modeling_gemma4.py)."""
+    rope = data.get("rope_parameters") if isinstance(data.get("rope_parameters"), dict) else GEMMA4_ROPE
+    local, full = rope.get("sliding_attention") or {}, rope.get("full_attention") or {}
+    fraction = full.get("partial_rotary_factor", 1.0) if full.get("rope_type") == "proportional" else 1.0
+    if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+        raise UserError(f"{where}: rope_parameters.full_attention.partial_rotary_factor must be in (0, 1], not "
+                        f"{fraction!r}.")
+    k_eq_v = bool(data.get("attention_k_eq_v"))
+    return dict(
+        rope_theta=float(local.get("rope_theta") or 10_000.0),
+        global_rope_theta=float(full.get("rope_theta") or 1e6),
+        global_rope_fraction=float(fraction),
+        global_head_dim=number("global_head_dim"),
+        # The full layers' own key/value heads only where their keys are their values (Gemma4TextAttention:
+        # use_alternative_attention), as the config class's per-layer override does.
+        global_kv_heads=number("num_global_key_value_heads") if k_eq_v and data.get("num_global_key_value_heads")
+        else 0,
+        global_k_eq_v=k_eq_v,
+        v_norm=True,
+        layer_scalar=True,
+        moe_dense_mlp=bool(data.get("enable_moe_block")),
+    )
+
+
 def _layer_kinds(data: dict, family: str, layers: int, experts: int, where: str) -> list[str]:
     """Each layer's kind, "<attention>+<mlp>", as the family's modelling code decides it from the config."""
     types = data.get("layer_types")
@@ -372,7 +444,7 @@ def _layer_kinds(data: dict, family: str, layers: int, experts: int, where: str)
         attention = ["sliding" if "sliding" in str(t) else "chunked" if "chunk" in str(t) else "full" for t in types]
     elif family == "gemma2":  # even layers slide (Gemma2DecoderLayer: not layer_idx % 2)
         attention = ["sliding" if i % 2 == 0 else "full" for i in range(layers)]
-    elif family == "gemma3":  # every sliding_window_pattern-th layer is global
+    elif family in ("gemma3", "gemma4"):  # every sliding_window_pattern-th layer is global
         pattern = data.get("sliding_window_pattern") or 6
         attention = ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(layers)]
     elif family == "gpt_oss":
@@ -387,6 +459,8 @@ def _layer_kinds(data: dict, family: str, layers: int, experts: int, where: str)
         attention = ["sliding" if i >= start else "full" for i in range(layers)]
     else:
         attention = ["full"] * layers
+    if family == "gemma4" and attention:  # Gemma4TextConfig.__post_init__ makes the last layer global
+        attention[-1] = "full"
     if not data.get("sliding_window"):
         attention = ["full" if a == "sliding" else a for a in attention]
     if not experts:
@@ -529,7 +603,9 @@ def layer_slots(config: ModelConfig) -> list[tuple[str, str, int]]:
 
 def _layer_layout(c: ModelConfig, kind: str) -> dict[str, tuple[tuple, tuple]]:
     """One layer's parameters of KIND: name -> (shape, per-dimension axes meant), MaxText's sharding rules."""
-    d, h, kv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    attention = kind.split("+")[0]
+    d, h = c.hidden_size, c.num_attention_heads
+    kv, hd = c.attention_shape(attention)
     fsdp, tensor, expert = ("fsdp",), ("tensor",), ("expert",)
     out: dict[str, tuple[tuple, tuple]] = {"attn_norm": ((d,), (None,)), "mlp_norm": ((d,), (None,))}
     if c.norm_type == "layer":
@@ -552,15 +628,25 @@ def _layer_layout(c: ModelConfig, kind: str) -> dict[str, tuple[tuple, tuple]]:
                     "wv": ((d, kv * hd), (fsdp, tensor)), "wo": ((h * hd, d), (tensor, fsdp))})
         if c.attention_bias:
             out.update({"bq": ((h * hd,), (tensor,)), "bk": ((kv * hd,), (tensor,)), "bv": ((kv * hd,), (tensor,))})
+        if attention == "full" and c.global_k_eq_v:  # the keys are the values: no value projection
+            out.pop("wv")
+            out.pop("bv", None)
         if c.qk_norm:
             out.update({"q_norm": ((hd,), (None,)), "k_norm": ((hd,), (None,))})
     if c.output_bias:
         out["bo"] = ((d,), (None,))
     if c.attention_sinks:
         out["sinks"] = ((h,), (tensor,))
+    if c.layer_scalar:
+        out["layer_scalar"] = ((1,), (None,))
     if kind.endswith("+moe"):
         e, f = c.num_experts, c.moe_intermediate_size
         out["router"] = ((d, e), (fsdp, None))
+        if c.moe_dense_mlp:
+            out.update({"router_scale": ((d,), (None,)), "expert_scale": ((e,), (None,)),
+                        "pre_mlp_norm_2": ((d,), (None,)), "post_mlp_norm_1": ((d,), (None,)),
+                        "post_mlp_norm_2": ((d,), (None,))})
+            out.update(_dense_mlp_layout(c))
         if c.router_bias:
             out["router_bias"] = ((e,), (None,))
         if c.router_score_bias:
@@ -577,14 +663,21 @@ def _layer_layout(c: ModelConfig, kind: str) -> dict[str, tuple[tuple, tuple]]:
             if c.shared_expert_gate:
                 out["ws_router"] = ((d, 1), (fsdp, None))
     else:
-        f = c.intermediate_size
+        out.update(_dense_mlp_layout(c))
+    return out
+
+
+def _dense_mlp_layout(c: ModelConfig) -> dict[str, tuple[tuple, tuple]]:
+    d, f = c.hidden_size, c.intermediate_size
+    fsdp, tensor = ("fsdp",), ("tensor",)
+    out: dict[str, tuple[tuple, tuple]] = {}
+    if c.mlp_gated:
+        out["w_gate"] = ((d, f), (fsdp, tensor))
+    out.update({"w_up": ((d, f), (fsdp, tensor)), "w_down": ((f, d), (tensor, fsdp))})
+    if c.mlp_bias:
+        out.update({"b_up": ((f,), (tensor,)), "b_down": ((d,), (None,))})
         if c.mlp_gated:
-            out["w_gate"] = ((d, f), (fsdp, tensor))
-        out.update({"w_up": ((d, f), (fsdp, tensor)), "w_down": ((f, d), (tensor, fsdp))})
-        if c.mlp_bias:
-            out.update({"b_up": ((f,), (tensor,)), "b_down": ((d,), (None,))})
-            if c.mlp_gated:
-                out["b_gate"] = ((f,), (tensor,))
+            out["b_gate"] = ((f,), (tensor,))
     return out
 
 
@@ -633,9 +726,10 @@ def build(step: Step, devices, batch_per_device: int):
     config, sizes = step.config, step.mesh_sizes
     mesh = make_mesh(devices, sizes)
     tensor = sizes["tensor"]
-    if config.num_attention_heads % tensor or (not config.mla and config.num_key_value_heads % tensor):
+    kv_heads = sorted({config.attention_shape(kind.split("+")[0])[0] for kind in config.layer_kinds()})
+    if config.num_attention_heads % tensor or (not config.mla and any(n % tensor for n in kv_heads)):
         raise UserError(f"--mesh tensor={tensor} must divide the attention heads ({config.num_attention_heads}) and "
-                        f"key/value heads ({config.num_key_value_heads}) of {config.name}.")
+                        f"key/value heads ({' and '.join(map(str, kv_heads))}) of {config.name}.")
     if step.seq_len % 128:
         raise UserError(f"--seq must be a multiple of 128 (the attention kernel's tile), not {step.seq_len}.")
     if config.learned_positions and step.seq_len > config.learned_positions:
@@ -728,10 +822,27 @@ def _train_step(config: ModelConfig, step: Step, mesh, batch_axes):
             o = norm(o, w, "post_attn_norm")
         x = jax.lax.with_sharding_constraint(x + o, activations)
         y = norm(x, w, "mlp_norm")
-        out = moe(y, w, matmul, glu, dense_mlp) if mlp_kind == "moe" else dense_mlp(y, w)
+        if mlp_kind == "moe" and config.moe_dense_mlp:
+            out = dense_and_experts(x, y, w)
+        else:
+            out = moe(y, w, matmul, glu, dense_mlp) if mlp_kind == "moe" else dense_mlp(y, w)
         if config.sandwich_norm:
             out = norm(out, w, "post_mlp_norm")
-        return jax.lax.with_sharding_constraint(x + out, activations)
+        x = x + out
+        if config.layer_scalar:
+            x = x * w["layer_scalar"].astype(compute)
+        return jax.lax.with_sharding_constraint(x, activations)
+
+    def dense_and_experts(x, y, w):
+        """Gemma 4's MoE layer (Gemma4TextDecoderLayer): the dense MLP on the layer's normed input and the routed
+        experts on the input normed on its own, each normed after, summed; the router reads the input's RMS norm
+        without a scale, times its own learned scale and 1 / sqrt(d)."""
+        dense = norm(dense_mlp(y, w), w, "post_mlp_norm_1")
+        x32 = x.astype(jnp.float32)
+        unscaled = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + config.rms_norm_eps)
+        router_input = unscaled * w["router_scale"].astype(jnp.float32) * config.hidden_size ** -0.5
+        routed = moe(norm(x, w, "pre_mlp_norm_2"), w, matmul, glu, dense_mlp, router_input)
+        return dense + norm(routed, w, "post_mlp_norm_2")
 
     custom = custom_remat(step.remat)
     if custom is not None:  # MaxText's `remat_policy: custom`; its fused qkv_proj is q, k and v here
@@ -861,11 +972,15 @@ def _adamw(params, grads, opt, lr=1e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=
     return new, {"mu": mu, "nu": nu, "count": count}
 
 
-def _rope(x, theta: float):
+def _rope(x, theta: float, fraction: float = 1.0):
+    """Rotary positions; FRACTION < 1: Gemma 4's "proportional" RoPE, whose frequencies past that fraction of the
+    head's pairs are 0 (those dimensions are not turned)."""
     import jax.numpy as jnp
 
     _, s, _, hd = x.shape
     frequencies = 1.0 / (theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
+    if fraction < 1:
+        frequencies = jnp.where(jnp.arange(hd // 2) < int(fraction * hd // 2), frequencies, 0.0)
     angles = jnp.arange(s, dtype=jnp.float32)[:, None] * frequencies[None, :]
     sin, cos = jnp.sin(angles)[None, :, None, :], jnp.cos(angles)[None, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
@@ -968,16 +1083,26 @@ def _attention(config: ModelConfig, seq_len: int, mesh, batch_axes):
             v = kv_up[..., c.qk_nope_head_dim:]
             value_dim = c.v_head_dim
         else:
-            q, k, v = (checkpoint(matmul(y, w[n], "bsd,df->bsf"), name)
-                       for n, name in (("wq", "query_proj"), ("wk", "key_proj"), ("wv", "value_proj")))
+            kv_heads, head = c.attention_shape(window)
+            shared = window == "full" and c.global_k_eq_v  # Gemma 4's full layers: the keys are the values
+            q, k = (checkpoint(matmul(y, w[n], "bsd,df->bsf"), name)
+                    for n, name in (("wq", "query_proj"), ("wk", "key_proj")))
+            v = k if shared else checkpoint(matmul(y, w["wv"], "bsd,df->bsf"), "value_proj")
             if c.attention_bias:
-                q, k, v = q + w["bq"].astype(q.dtype), k + w["bk"].astype(q.dtype), v + w["bv"].astype(q.dtype)
-            q, k, v = q.reshape(b, s, h, hd), k.reshape(b, s, kv, hd), v.reshape(b, s, kv, hd)
+                q, k = q + w["bq"].astype(q.dtype), k + w["bk"].astype(q.dtype)
+                v = k if shared else v + w["bv"].astype(q.dtype)
+            q, k, v = q.reshape(b, s, h, head), k.reshape(b, s, kv_heads, head), v.reshape(b, s, kv_heads, head)
             if c.qk_norm:
                 q, k = norm(q, w["q_norm"], "q_norm"), norm(k, w["k_norm"], "k_norm")
+            if c.v_norm:  # an RMS norm without a scale
+                v32 = v.astype(jnp.float32)
+                v = (v32 * jax.lax.rsqrt(jnp.mean(v32 * v32, axis=-1, keepdims=True) + c.rms_norm_eps)).astype(v.dtype)
             if not c.learned_positions:
-                q, k = _rope(q, theta), _rope(k, theta)
-            value_dim = hd
+                full = window == "full" and c.global_rope_theta
+                layer_theta = c.global_rope_theta if full else theta
+                fraction = c.global_rope_fraction if full else 1.0
+                q, k = _rope(q, layer_theta, fraction), _rope(k, layer_theta, fraction)
+            value_dim = head
         q = q * jnp.asarray(scale, q.dtype)
         args = [heads_first(q), heads_first(k), heads_first(v)]
         if c.attention_sinks:
@@ -1054,18 +1179,20 @@ def _moe(config: ModelConfig, mesh, batch_axes):
     # bf16[16384,512,7168], 112 GiB per device).
     local = NamedSharding(mesh, P(None, batch_axes, None, None)) if expert_axis else None
 
-    def moe(y, w, matmul, glu, dense_mlp):
+    def moe(y, w, matmul, glu, dense_mlp, router_input=None):
         b, s, d = y.shape
         group = min(MOE_GROUP, s)
         capacity = max(1, int(-(-k * group * CAPACITY_FACTOR // e)))
         tokens = jax.lax.with_sharding_constraint(y.reshape(b * s // group, group, d), grouped)
-        logits = jnp.einsum("gtd,de->gte", tokens.astype(jnp.float32), w["router"].astype(jnp.float32))
+        routed_by = tokens if router_input is None else jax.lax.with_sharding_constraint(
+            router_input.reshape(b * s // group, group, d), grouped)
+        logits = jnp.einsum("gtd,de->gte", routed_by.astype(jnp.float32), w["router"].astype(jnp.float32))
         if c.router_bias:
             logits = logits + w["router_bias"].astype(jnp.float32)
         scores = jax.nn.softmax(logits, axis=-1)
         selection = scores + w["router_score_bias"].astype(jnp.float32) if c.router_score_bias else scores
         _, chosen = jax.lax.top_k(selection, k)  # [g, t, k]
-        weights = jnp.take_along_axis(scores, chosen, axis=-1)
+        weights = _expert_weights(c, scores, chosen, w)
         onehot = jax.nn.one_hot(chosen, e, dtype=jnp.int32)  # [g, t, k, e]
         position = jnp.cumsum(onehot.reshape(onehot.shape[0], group * k, e), axis=1).reshape(onehot.shape) - 1
         keep = (position < capacity) & (onehot > 0)
@@ -1120,7 +1247,8 @@ def _dropless_moe(config: ModelConfig, mesh, batch_axes, interpret: bool = False
     c = config
     e, k = c.num_experts, c.num_experts_per_tok
     width = _fits(c.moe_intermediate_size, ("tensor",), mesh.shape)
-    specs = {"router": P(), "router_bias": P(), "router_score_bias": P(), "we_gate": P(None, None, width),
+    specs = {"router": P(), "router_bias": P(), "router_score_bias": P(), "expert_scale": P(),
+             "we_gate": P(None, None, width),
              "we_up": P(None, None, width), "we_down": P(None, width, None), "be_gate": P(None, width),
              "be_up": P(None, width), "be_down": P()}
     tokens_spec = P(batch_axes, None, None)
@@ -1134,7 +1262,7 @@ def _dropless_moe(config: ModelConfig, mesh, batch_axes, interpret: bool = False
                         f"{c.name} has {c.hidden_size} and {local_width}.")
     tile = min(1024, min(c.hidden_size, local_width) // 128 * 128)
 
-    def moe(y, w, matmul, glu, dense_mlp):
+    def moe(y, w, matmul, glu, dense_mlp, router_input=None):
         compute = y.dtype
         # The experts' weights enter the shard_map in the compute dtype, as MaxText's generate_kernels casts them
         # (jnp.asarray(kernel, dtype)) before its sparse_matmul's shard_map: the fsdp gather of each layer's
@@ -1143,18 +1271,18 @@ def _dropless_moe(config: ModelConfig, mesh, batch_axes, interpret: bool = False
         experts = {name: w[name].astype(compute) if name.startswith("we_") else w[name]
                    for name in specs if name in w}
 
-        @jax.shard_map(mesh=mesh, in_specs=(tokens_spec, {name: specs[name] for name in experts}),
+        @jax.shard_map(mesh=mesh, in_specs=(tokens_spec, tokens_spec, {name: specs[name] for name in experts}),
                        out_specs=tokens_spec, check_vma=False)
-        def local(y, w):
+        def local(y, routed_by, w):
             b, s, d = y.shape
             x = y.reshape(b * s, d)
-            logits = x.astype(jnp.float32) @ w["router"].astype(jnp.float32)
+            logits = routed_by.reshape(b * s, d).astype(jnp.float32) @ w["router"].astype(jnp.float32)
             if c.router_bias:
                 logits = logits + w["router_bias"].astype(jnp.float32)
             scores = jax.nn.softmax(logits, axis=-1)
             selection = scores + w["router_score_bias"].astype(jnp.float32) if c.router_score_bias else scores
             _, chosen = jax.lax.top_k(selection, k)  # [tokens, k]
-            weights = jnp.take_along_axis(scores, chosen, axis=-1)
+            weights = _expert_weights(c, scores, chosen, w)
             expert_of = chosen.reshape(-1)
             order = jnp.argsort(expert_of, stable=True)  # the token-choices, grouped by expert
             sorted_expert = expert_of[order]
@@ -1182,12 +1310,23 @@ def _dropless_moe(config: ModelConfig, mesh, batch_axes, interpret: bool = False
             out = out[jnp.argsort(order)].reshape(b * s, k, d)
             return jnp.einsum("tkd,tk->td", out, weights.astype(compute)).reshape(b, s, d)
 
-        out = local(y, experts)
+        out = local(y, y if router_input is None else router_input, experts)
         if c.shared_expert_intermediate_size:
             out = out + _shared_expert(c, y, w, matmul, glu)
         return out
 
     return moe
+
+
+def _expert_weights(config: ModelConfig, scores, chosen, w):
+    """The chosen experts' weights: their router probabilities; Gemma 4 (Gemma4TextRouter) renormalises them over
+    the top k and multiplies each by its expert's learned scale."""
+    import jax.numpy as jnp
+
+    weights = jnp.take_along_axis(scores, chosen, axis=-1)
+    if config.moe_dense_mlp:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True) * w["expert_scale"].astype(jnp.float32)[chosen]
+    return weights
 
 
 def _shared_expert(config: ModelConfig, y, w, matmul, glu):
@@ -1265,6 +1404,10 @@ class Spec:
         if config.mla:
             info["attention_width"] = config.num_attention_heads * (config.head_dim + config.v_head_dim) // 2
         kinds = config.layer_kinds()
+        widths = {kind.split("+")[0]: config.num_attention_heads * config.attention_shape(kind.split("+")[0])[1]
+                  for kind in kinds}
+        if len(set(widths.values())) > 1:  # Gemma 4's full layers have heads of their own size
+            info["attention_widths"] = dict(sorted(widths.items()))
         if len(set(kinds)) > 1 or config.layer_plan:
             info["layer_kinds"] = {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)}
         windows = {"sliding": config.sliding_window, "chunked": config.attention_chunk_size}
