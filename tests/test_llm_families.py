@@ -1,6 +1,6 @@
 """`preflight --model` for the families of 2025-26: DeepSeek (MLA, shared + routed experts, dense first layers),
 Llama 4 (interleaved MoE, chunked attention), Qwen3 MoE (QK-norm), Gemma 2/3 (sliding windows, soft-capping),
-GPT-OSS (sinks, alternating windows, expert biases), GPT-3 (LayerNorm, GELU, learned positions, biases).
+Gemma 4 (full layers with their own heads, keys as values, a dense MLP beside the experts), GPT-OSS (sinks, alternating windows, expert biases), GPT-3 (LayerNorm, GELU, learned positions, biases).
 
 Parameter counts of the built-in configs against the published figures (no compile); one small config of each
 family compiled for real on v5e:2x2 (four chips, the step's arguments whole on each: --mesh data=4), whose
@@ -12,6 +12,7 @@ Compiles run in this process (the first answer's in a child it stops), cached.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +35,12 @@ PUBLISHED = {
     "gpt-oss-20b": (20.91e9, 3.61e9, "matmul", 0.01e9, "gpt-oss model card, arXiv:2508.10925 Table 1 (20.91B, 3.61B)"),
     "gpt-oss-120b": (116.83e9, 5.13e9, "matmul", 0.01e9,
                      "gpt-oss model card, arXiv:2508.10925 Table 1 (116.83B, 5.13B active)"),
+    # The language model alone: 30.70B and 25.23B / 3.82B here (the vision encoder, about 0.55B, is not in the
+    # card's figures either: with it the 31B would be 31.2B). The exact counts are test_gemma4_counts_its_modules.
+    "gemma4-31b": (30.7e9, 30.7e9, "all", 0.1e9, "Gemma 4 model card, parameter table (31B: 30.7B), as reproduced at "
+                   "https://andysmith.ai/wiki/gemma-4-model-card/"),
+    "gemma4-26b-a4b": (25.2e9, 3.8e9, "all", 0.1e9, "Gemma 4 model card, parameter table (26B A4B: 25.2B total, "
+                       "3.8B active), as reproduced at https://andysmith.ai/wiki/gemma-4-model-card/"),
 }
 
 
@@ -82,6 +89,74 @@ def test_the_layer_plans_follow_the_modelling_code():
     v3 = llm.load_config("deepseek-v3")[0]
     assert (v3.q_lora_rank, v3.kv_lora_rank, v3.qk_rope_head_dim, v3.shared_expert_intermediate_size,
             v3.mtp_layers) == (1536, 512, 64, 2048, 1)
+
+
+def _gemma4_modules(text: dict) -> int:
+    """Gemma 4's language-model parameters counted from transformers' modules (modeling_gemma4.py:
+    Gemma4TextModel, Gemma4TextDecoderLayer, Gemma4TextAttention, Gemma4TextMLP, Gemma4TextRouter,
+    Gemma4TextExperts; the layer_scalar buffer included, as the checkpoint holds it), for a config without
+    per-layer embeddings: an independent count of what ModelConfig.parameter_count() sums from the step's layout."""
+    d, h, layers = text["hidden_size"], text["num_attention_heads"], text["num_hidden_layers"]
+    total = text["vocab_size"] * d + d  # embed_tokens (tied to the LM head), norm
+    for kind in text["layer_types"]:
+        full = kind == "full_attention"
+        head = text["global_head_dim"] if full else text["head_dim"]
+        k_eq_v = full and text["attention_k_eq_v"]
+        kv = text["num_global_key_value_heads"] if k_eq_v else text["num_key_value_heads"]
+        attention = d * h * head * 2 + head  # q_proj, o_proj, q_norm
+        attention += d * kv * head * (1 if k_eq_v else 2) + head  # k_proj (v_proj), k_norm; v_norm has no weight
+        layer = attention + 4 * d + 1 + 3 * d * text["intermediate_size"]  # four norms, layer_scalar, mlp
+        if text["enable_moe_block"]:
+            e, f = text["num_experts"], text["moe_intermediate_size"]
+            layer += d * e + d + e  # router: proj, scale, per_expert_scale
+            layer += e * 2 * f * d + e * d * f + 3 * d  # experts' gate_up_proj and down_proj, three more norms
+        total += layer
+    assert len(text["layer_types"]) == layers
+    return total
+
+
+def test_gemma4_counts_its_modules():
+    """The built-in Gemma 4 configs count, to the parameter, what transformers' Gemma 4 modules hold for them
+    (30,697,345,340 and 25,233,141,790: no published figure has more digits than the card's above); the 31B's
+    full layers have 512-wide heads, 4 key/value heads and no value projection, the 26B's every layer a dense MLP
+    of 2,112 beside its 128 experts of 704."""
+    for name, expected in (("gemma4-31b", 30_697_345_340), ("gemma4-26b-a4b", 25_233_141_790)):
+        config, _ = llm.load_config(name)
+        text = json.loads((Path(llm.__file__).parent.parent / "llm_configs" / f"{name}.json").read_text())
+        assert config.parameter_count() == _gemma4_modules(text) == expected, name
+    dense, moe = llm.load_config("gemma4-31b")[0], llm.load_config("gemma4-26b-a4b")[0]
+    assert dense.plan == ((("sliding+dense",) * 5 + ("full+dense",), 10),)
+    assert moe.plan == ((("sliding+moe",) * 5 + ("full+moe",), 5),)
+    layout = llm._parameter_layout(dense, dict.fromkeys(llm.MESH_AXES, 1))
+    assert layout["segment0.layer5.wk"][0] == (10, 5376, 4 * 512) and "segment0.layer5.wv" not in layout
+    assert layout["segment0.layer0.wv"][0] == (10, 5376, 16 * 256)
+    assert (dense.sliding_window, dense.final_logit_softcapping, dense.query_pre_attn_scalar) == (1024, 30.0, 1.0)
+    assert (dense.rope_theta, dense.global_rope_theta, dense.global_rope_fraction) == (10_000.0, 1e6, 0.25)
+    layout = llm._parameter_layout(moe, dict.fromkeys(llm.MESH_AXES, 1))
+    assert layout["segment0.layer0.we_gate"][0] == (5, 128, 2816, 704)
+    assert layout["segment0.layer0.w_gate"][0] == (5, 2816, 2112) and moe.shared_expert_intermediate_size == 0
+    assert (moe.num_experts, moe.num_experts_per_tok) == (128, 8)
+
+
+def test_gemma4_with_per_layer_embeddings_is_refused():
+    """E2B and E4B feed each layer its own token embedding and reuse the keys and values of earlier layers in their
+    last layers, which the step does not build: their configs and names are refused in one sentence (google/
+    gemma-4-E4B's text_config fields, as published)."""
+    e4b = {"model_type": "gemma4", "text_config": {
+        "model_type": "gemma4_text", "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 42,
+        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256, "global_head_dim": 512,
+        "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262144, "num_kv_shared_layers": 18,
+        "attention_k_eq_v": False, "sliding_window": 512, "vocab_size": 262144}}
+    with pytest.raises(llm.UserError, match="per-layer input embeddings"):
+        llm.parse_config(e4b, "gemma-4-E4B", "config.json")
+    # A text_config that names no hidden_size_per_layer_input gets transformers' default, 256: refused too.
+    without = {**e4b["text_config"]}
+    del without["hidden_size_per_layer_input"]
+    with pytest.raises(llm.UserError, match="per-layer input embeddings"):
+        llm.parse_config({"text_config": without}, "e4b", "config.json")
+    for name in ("gemma4-e2b", "gemma4-e4b"):
+        with pytest.raises(llm.UserError, match=f"{name} is not built: Gemma 4's per-layer input embeddings"):
+            llm.load_config(name)
 
 
 # Gemma 3's config.json on the hub is multimodal, and its text_config is written as a diff against transformers'
@@ -151,6 +226,14 @@ SMALL = {
     "gpt_oss": {"model_type": "gpt_oss", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 256,
                 "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
                 "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 128, "attention_bias": True},
+    # Both Gemma 4 kinds of layer (sliding 128-wide heads, full 256-wide with one key/value head that is also the
+    # value), each with the 26B's dense MLP beside 4 experts.
+    "gemma4": {"model_type": "gemma4_text", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,
+               "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+               "num_global_key_value_heads": 1, "head_dim": 128, "global_head_dim": 256, "attention_k_eq_v": True,
+               "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"],
+               "final_logit_softcapping": 30.0, "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+               "moe_intermediate_size": 128, "hidden_size_per_layer_input": 0},
     # The three the first answer is checked against the whole compile on.
     "gpt3": {"model_type": "gpt2", "vocab_size": 512, "n_embd": 256, "n_layer": 6, "n_head": 2, "n_positions": 256},
     "gemma2": {"model_type": "gemma2", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,

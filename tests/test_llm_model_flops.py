@@ -77,3 +77,32 @@ def test_chunked_layers_count_their_causal_chunks_as_maxtext_does():
     attention = 3 * (36 * 4 * (c * c + (s - c) ** 2) + 12 * 4 * s * s) * width / 2
     assert preflight.model_flops_per_device(model, s, 1, devices_per_chip=1) == pytest.approx(
         6 * model["active_parameters"] * s + attention, rel=1e-12)
+
+
+# (model, sequences per device, seq, step seconds, TFLOP/s per chip): the tpu-recipes Ironwood summary table,
+# https://github.com/AI-Hypercomputer/tpu-recipes/blob/0797d9cebfdde7ef9c54666369be5864ca081613/training/ironwood/README.md
+# (TPU7x: two devices a chip). Their product is MaxText's model FLOPs per chip and step, to the table's digits.
+IRONWOOD_GEMMA4 = [("gemma4-31b", 4, 8192, 12.2, 1057.76), ("gemma4-26b-a4b", 16, 4096, 5.53, 593.59)]
+
+
+@pytest.mark.parametrize("name,batch,seq,seconds,tflops", IRONWOOD_GEMMA4)
+def test_gemma4_full_layers_count_their_own_head_width_as_maxtext_does(name, batch, seq, seconds, tflops):
+    """MaxText's calculate_gemma4_tflops_training_per_device counts a full layer's attention with its
+    global_head_dim (512) and a sliding layer's with head_dim (256) over its window; projections from the layout
+    (k = v on full layers: one key/value projection); the 26B's dense MLP, router and 8 of 128 experts. Counted at
+    one width (256) the total is 2% short of the published runs' FLOPs (0.980): the published step x TFLOP/s
+    agree with tpuprof's count within the step's 3 printed digits."""
+    pytest.importorskip("libtpu")
+    config, source = llm.load_config(name)
+    spec = llm.Spec(llm.Step(config, source, seq, mesh_sizes=llm.parse_mesh(None, 8)), slices.parse("tpu7x-8"))
+    model = spec.model_info()
+    heads = config.num_attention_heads
+    assert model["attention_widths"] == {"full": heads * 512, "sliding": heads * 256}
+    per_chip = 2 * preflight.model_flops_per_device(model, seq, 2 * batch, devices_per_chip=2)
+    assert per_chip == pytest.approx(seconds * tflops * 1e12, rel=0.05 / seconds)
+    # By MaxText's formula, term by term (per device: batch sequences of seq tokens; 10 or 5 full layers).
+    s, w, tokens = seq, config.sliding_window, batch * seq
+    full = sum(kind.startswith("full") for kind in config.layer_kinds())
+    sliding = config.num_hidden_layers - full
+    attention = 3 * (full * 2 * batch * s * s * heads * 512 + sliding * 4 * batch * (s * w - w * w / 2) * heads * 256)
+    assert per_chip / 2 == pytest.approx(6 * model["active_parameters"] * tokens + attention, rel=1e-12)

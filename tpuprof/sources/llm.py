@@ -239,6 +239,11 @@ class ModelConfig:
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
+# Names a user may expect and the step does not build, with why.
+NOT_BUILT = {name: "Gemma 4's per-layer input embeddings and KV-shared layers (E2B, E4B) are not in tpuprof's step; "
+             "gemma4-31b and gemma4-26b-a4b are built-in." for name in ("gemma4-e2b", "gemma4-e4b")}
+
+
 def builtin_names() -> list[str]:
     folder = resources.files("tpuprof") / "llm_configs"
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
@@ -265,6 +270,8 @@ def load_config(text: str) -> tuple[ModelConfig, str]:
                             str(path)), str(path)
     key = text.strip().lower()
     names = builtin_names()
+    if key in NOT_BUILT:
+        raise UserError(f"{key} is not built: {NOT_BUILT[key]}")
     if key not in names:
         raise UserError(f"unknown model {text!r}: give a Hugging Face config.json or one of {', '.join(names)}.")
     data = json.loads((resources.files("tpuprof") / "llm_configs" / f"{key}.json").read_text())
