@@ -9,7 +9,8 @@ splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention) with 
 window, chunked), the model's logit soft-cap and sinks; projections GQA (biases, per-head QK-norm) or DeepSeek's
 multi-head latent attention (low-rank q, compressed kv, a shared RoPE key) -> norm -> gated MLP (SwiGLU, GeGLU,
 GPT-OSS's clamped SwiGLU), GPT-3's GELU MLP with biases, or a top-k routed mixture of experts (router/expert
-biases, shared experts); Gemma's norms after attention and MLP; final norm, LM head (Gemma 2's final soft-cap),
+biases, shared experts, Gemma 4's dense MLP beside them); Gemma's norms after attention and MLP; Gemma 4's full
+layers with their own head size and key/value heads, keys as values, proportional RoPE; final norm, LM head (Gemma 2's final soft-cap),
 causal-LM cross-entropy computed over pieces of the sequence so the fp32 [batch, seq, vocab] logits are never whole
 in memory (MaxText's vocabulary tiling), the backward pass, and an AdamW update (weights and moments in fp32, or in
 bf16 with --weight-dtype bfloat16, as MaxText's weight_dtype, the first moment in --mu-dtype; a few lines here
