@@ -403,3 +403,20 @@ def test_gpt_oss_model_flops_count_the_k_experts_matmuls_and_no_bias():
             if key == "lm_head" or (len(shape) >= 3 and not leaf.startswith("be_")):
                 matmuls += math.prod(shape) * (share if leaf.startswith("we_") else 1)
         assert config.matmul_parameter_count() == round(matmuls), name
+
+
+def test_gemma4_full_layers_turn_a_quarter_of_each_head():
+    """Proportional RoPE (transformers' _compute_proportional_rope_parameters for Gemma 4's full layers): the first
+    partial_rotary_factor x head_dim / 2 frequency pairs are 1 / theta^(2i / head_dim), the rest 0, so 3/4 of a
+    512-wide head is left as it is and the rest turns as RoPE over the whole head would."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    head, seq = 512, 8
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(1, seq, 1, head)), jnp.float32)
+    turned, whole = np.asarray(llm._rope(x, 1e6, 0.25)), np.asarray(llm._rope(x, 1e6))
+    pairs = np.r_[0:64, 256:320]  # split-half layout: pair i is (i, i + 256)
+    kept = np.setdiff1d(np.arange(head), pairs)
+    np.testing.assert_array_equal(turned[..., kept], np.asarray(x)[..., kept])
+    np.testing.assert_allclose(turned[..., pairs], whole[..., pairs], rtol=1e-6)
+    assert not np.allclose(turned[0, 1:, 0, pairs], np.asarray(x)[0, 1:, 0, pairs])
