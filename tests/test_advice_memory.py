@@ -448,3 +448,40 @@ def test_the_fit_verdict_is_what_the_program_reserves_not_its_live_peak(scanned_
     fix = _batch_fix(module)
     assert fix.message.startswith("The program's HBM allocations need")
     assert "of the temporaries' block not live at the peak" in fix.evidence
+
+
+# libtpu 0.0.42.1's refusal of tpuprof's own step (a 6-layer GPT-3 style model of width 256, seq 128, --remat full,
+# 134,320 sequences a chip on tpu7x-8: 67,160 a device), compiled on this machine on 7 Dec 2026.
+BUILTIN_REFUSAL = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+                   "(94.75G) exceeds available HBM (94.75G).")
+
+
+@pytest.mark.parametrize("remat", ["full", "none"])
+def test_the_builtin_steps_refusal_is_advised_through_its_options(remat):
+    """The compiler's refusal of `preflight --model`'s step went through the OOM triage of a log, which cannot tell
+    whether a program rematerialises: a step compiled with --remat full was told to add 'activation checkpointing
+    around the repeated blocks', and its batch fix called one device's 67,160 sequences 'per-chip'. The step's own
+    options now carry the fixes: remat only at --remat none, the batch through --max-batch, per device."""
+    from tpuprof.advice import oom as advice
+    from tpuprof.advice.memory import for_builtin_oom
+    from tpuprof.analyses.preflight_step import oom_at_batch
+
+    refused = oom_at_batch(BUILTIN_REFUSAL, 67160, 101737037824, 7618560)
+    triaged = advice.suggest(refused.report, refused.batch_estimate)
+    assert {s["kind"] for s in triaged} >= {"remat", "batch_size"}  # what a log's reader is told
+    fixes = {s["kind"]: s for s in for_builtin_oom(tuple(triaged), remat, devices_per_chip=2)}
+    assert set(fixes) == ({"remat", "batch_size"} if remat == "none" else {"batch_size"})
+    assert fixes["batch_size"]["code"] == "--max-batch"
+    assert "per-device batch of 67152 (now 67160)" in fixes["batch_size"]["message"]
+    if remat == "none":
+        assert fixes["remat"]["code"].startswith("--remat full") and "jax.checkpoint" not in fixes["remat"]["evidence"]
+
+
+def test_the_builtin_steps_batch_fix_names_the_option_in_sequences_a_chip():
+    """--batch-per-chip counts a chip's sequences, the fix a device's: on TPU7x (two devices a chip) a fix of 67,160
+    per device was offered as '--batch-per-chip N' beside 'about 67160 fits', half of what the option needs."""
+    from tpuprof.advice.memory import _batch_option
+
+    assert _batch_option(67160, 2).startswith("--batch-per-chip 134320 (67160 per device x 2 devices a chip; ")
+    assert _batch_option(9840, 1).startswith("--batch-per-chip 9840 (")
+    assert _batch_option(None, 2).startswith("--batch-per-chip N (")

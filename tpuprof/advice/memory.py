@@ -643,19 +643,21 @@ BUILTIN_LEVERS = ("--remat, --dtype, --weight-dtype, --mu-dtype, --mesh, --vocab
                   "and the batch (--batch-per-chip / --global-batch)")
 
 
-def for_builtin_step(module: ModuleMemory, remat: str, dtype: str, batch: int | None, replicas: int = 1) -> None:
+def for_builtin_step(module: ModuleMemory, remat: str, dtype: str, batch: int | None, replicas: int = 1,
+                     devices_per_chip: int = 1) -> None:
     """Precondition of framework code: the user wrote the program. For tpuprof's own step the suggestions become its
     options: remat only when the step runs without it (--remat none), bf16 never (its matmuls already take bf16 or
     fp8; the weights and optimizer state are --weight-dtype's), the batch and the capacity as they are, but for a
     batch fix the step's own BATCH contradicts (_drop_misread_batch). REPLICAS: how many times each device's program
     holds the step's batch per device (its tensor axis repeats the batch: fsdp=2,tensor=2 at 16,384 sequences per
-    device compiles a program of 32,768)."""
+    device compiles a program of 32,768). DEVICES_PER_CHIP: the option counts sequences per chip, the fix per device
+    (TPU7x, v2 and v3 have two devices a chip)."""
     kept = []
     for item in module.suggestions:
         if item.kind == "remat" and remat == "none":
             item.code, item.framework = "--remat full (or --remat dots: keeps the matmul outputs)", None
         elif item.kind == "batch_size":
-            item.code, item.framework = "--batch-per-chip N (--max-batch finds the largest that fits)", None
+            item.framework = None
         else:
             continue
         item.evidence = (item.evidence + "; " if item.evidence else "") + \
@@ -663,6 +665,45 @@ def for_builtin_step(module: ModuleMemory, remat: str, dtype: str, batch: int | 
         kept.append(item)
     module.suggestions = kept
     _drop_misread_batch(module, batch, replicas)
+    for item in module.suggestions:
+        if item.kind == "batch_size" and item.code != "--max-batch":
+            item.code = _batch_option(item.extra.get("batch"), devices_per_chip)
+        if item.kind == "batch_size" and devices_per_chip > 1:  # a program is one device's
+            item.message = item.message.replace("per-chip batch", "per-device batch")
+            item.evidence = item.evidence.replace("per-chip batch", "per-device batch")
+
+
+def for_builtin_oom(suggestions: tuple[dict, ...], remat: str, devices_per_chip: int = 1) -> tuple[dict, ...]:
+    """The compiler's refusal of tpuprof's own step, triaged as a log (advice.oom), in the step's options: a log
+    cannot tell whether the program rematerialises, the step can (remat is offered only at --remat none); its
+    batch estimate is read from the message's figures, so --max-batch, which compiles, names the batch; fixes that
+    edit the program's code (padding, attention, donation, bf16, sharding annotations) are not the user's to make.
+    DEVICES_PER_CHIP: the log's program is one device's, and TPU7x, v2 and v3 have two a chip."""
+    kept = []
+    for item in suggestions:
+        item = dict(item)
+        if item["kind"] == "remat" and remat == "none":
+            item["code"], item["framework"] = "--remat full (or --remat dots: keeps the matmul outputs)", None
+            item["evidence"] = "the step runs with --remat none: it keeps every layer's activations for the backward"
+        elif item["kind"] == "batch_size":
+            item["code"], item["framework"] = "--max-batch", None
+            if devices_per_chip > 1:
+                item["message"] = item["message"].replace("per-chip batch", "per-device batch")
+        elif item.get("severity") != "info" or item["kind"] == "more_detail":
+            continue
+        kept.append(item)
+    return tuple(kept)
+
+
+def _batch_option(per_device: int | None, devices_per_chip: int) -> str:
+    """The option that sets the batch a fix names per device: --batch-per-chip counts the sequences of a chip."""
+    search = "--max-batch finds the largest that fits"
+    if not per_device:
+        return f"--batch-per-chip N ({search})"
+    if devices_per_chip > 1:
+        return (f"--batch-per-chip {per_device * devices_per_chip} ({per_device} per device x {devices_per_chip} "
+                f"devices a chip; {search})")
+    return f"--batch-per-chip {per_device} ({search})"
 
 
 def _drop_misread_batch(memory: ModuleMemory, batch: int | None, replicas: int = 1) -> None:
@@ -715,24 +756,32 @@ def batch_to_measure(module: ModuleMemory) -> int | None:
 
 
 def measure_batch(module: ModuleMemory, batch: int, needed: int | None, smaller: int, smaller_needed: int | None,
-                  smaller_fits: bool, needed_is_bound: bool = False, smaller_is_bound: bool = False) -> None:
+                  smaller_fits: bool, needed_is_bound: bool = False, smaller_is_bound: bool = False,
+                  smaller_refused: bool = False) -> None:
     """preflight compiled the same step at the batch the fix names (SMALLER): the fix's saving is then the two
     compiles' totals' difference, measured, and 'enough to fit' only when the compile at SMALLER fits. *_IS_BOUND: a
     compile stopped at its memory layout (preflight --model's layout-only compiles), whose total is a lower bound:
-    the saving is then 'at least' (the larger batch's layout against a whole compile) or the layouts' difference."""
+    the saving is then 'at least' (the larger batch's layout against a whole compile) or the layouts' difference.
+    SMALLER_REFUSED: the compile at SMALLER ran out of memory (libtpu's RESOURCE_EXHAUSTED): it does not fit."""
     for item in module.suggestions:
         if item.kind != "batch_size" or item.extra.get("batch") != smaller:
             continue
         if smaller_needed is None or needed is None:
             item.severity, item.saving_bytes = "improve", None
-            item.message += f" Compiled at batch {smaller}, the step did not compile: the estimate is not borne out."
-            item.evidence += f"; measured: the compile at batch {smaller} failed"
+            refused = "the compiler refused it for memory" if smaller_refused else "the step did not compile"
+            item.message += f" Compiled at batch {smaller}, {refused}: the estimate is not borne out."
+            item.evidence += f"; measured: the compile at batch {smaller} " + \
+                ("ran out of memory" if smaller_refused else "failed")
+            if item.code and item.code.startswith("--batch-per-chip"):  # the number did not fit
+                item.code = "--max-batch"
             continue
         saving = needed - smaller_needed
         at_least = needed_is_bound and not smaller_is_bound
         item.saving_bytes = saving if saving > 0 and (at_least or needed_is_bound == smaller_is_bound) else None
         item.saving_bytes_range, item.confidence = None, "measured"
         item.severity = "blocking" if smaller_fits else "improve"
+        if not smaller_fits and item.code and item.code.startswith("--batch-per-chip"):  # the number did not fit
+            item.code = "--max-batch"
         bound = " at least" if smaller_is_bound else ""
         item.message += (f" Compiled at batch {smaller}, the step needs{bound} {fmt_bytes(smaller_needed)}: "
                          + ("it fits." if smaller_fits

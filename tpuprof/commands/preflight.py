@@ -320,7 +320,7 @@ def _measure_batch_fix(config, source, target, options, report_progress):
                   layout_only=not options.full)
     measure_batch(compiled.memory, compiled.batch_size, compiled.required_bytes, smaller, at.required_bytes, at.runs,
                   needed_is_bound=compiled.stage == "buffer_assignment",
-                  smaller_is_bound=at.stage == "buffer_assignment")
+                  smaller_is_bound=at.stage == "buffer_assignment", smaller_refused=at.oom is not None)
     return target
 
 
@@ -421,6 +421,8 @@ def _compiled_words(compiled, batch: int, capacity: int, remat: str) -> str:
 
 
 def _model_target(config, source, chosen, remat, options, report_progress):
+    from dataclasses import replace
+
     from tpuprof.analyses import preflight, preflight_step
     from tpuprof.models.preflight import Compiled, FastAnswer, PreflightTarget
     from tpuprof.sources import llm
@@ -451,7 +453,12 @@ def _model_target(config, source, chosen, remat, options, report_progress):
 
         # The batch is split over the data, fsdp and expert axes and repeated over tensor: each device's program
         # holds tensor x the batch per device.
-        for_builtin_step(compiled.memory, remat, options.dtype, compiled.batch_size, sizes.get("tensor", 1))
+        for_builtin_step(compiled.memory, remat, options.dtype, compiled.batch_size, sizes.get("tensor", 1), per_chip)
+    if compiled.oom is not None and compiled.oom.suggestions:
+        from tpuprof.advice.memory import for_builtin_oom
+
+        compiled = replace(compiled, oom=replace(compiled.oom, suggestions=for_builtin_oom(compiled.oom.suggestions,
+                                                                                             remat, per_chip)))
     if max_batch:
         found = compiled.search.max_batch_size
         llm_fields["max_batch_per_chip"] = found * per_chip if found else None
