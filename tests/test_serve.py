@@ -645,21 +645,10 @@ def test_every_built_in_model_launches_by_a_name_the_engine_can_load():
     from tpuprof.sources.llm import builtin_names
 
     for name in builtin_names():
-        if name.startswith("gemma4"):  # refused: serve has one KV layout for every layer (below)
-            continue
         (target,) = tpuprof.serve(name, "v6e-8", max_model_len=2048, compile=False).to_dict()["targets"]
         assert "built-in:" not in target["command"], target["command"]
     (scout,) = tpuprof.serve("llama4-scout", "tpu7x-8", max_model_len=4096, compile=False).to_dict()["targets"]
     assert scout["command"].startswith("vllm serve meta-llama/Llama-4-Scout-17B-16E-Instruct ")
-
-
-def test_a_model_whose_layers_differ_in_head_size_is_refused():
-    """Gemma 4's full layers have heads of 512 and their own key/value heads where its sliding layers have 256:
-    sized with one layout for every layer, its KV cache would be another model's. serve says so in one sentence."""
-    result = run_cli("serve", "--model", "gemma4-31b", "--tpu", "v6e-8", "--no-compile")
-    assert result.returncode == 2 and not result.stdout
-    assert "gemma4-31b: its full-attention layers have their own head size" in result.stderr
-    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_launch_commands_carry_every_setting_the_figures_rest_on_in_the_engines_own_flags():
@@ -684,7 +673,8 @@ def test_launch_commands_carry_every_setting_the_figures_rest_on_in_the_engines_
     assert "quantize_kvcache=True kv_quant_dtype=fp8" in jetstream["command"]
 
 
-@pytest.mark.parametrize("name", ["llama4-maverick", "llama4-scout", "qwen3-30b-a3b", "llama3.1-70b"])
+@pytest.mark.parametrize("name", ["llama4-maverick", "llama4-scout", "qwen3-30b-a3b", "llama3.1-70b", "gemma4-31b",
+                                  "gemma4-26b-a4b"])
 def test_weights_from_the_shapes_are_the_models_parameters_in_bf16(name):
     """Llama 4 Maverick routes experts in every other layer (interleave_moe_layer_step 2): serve gave every layer
     its 128 experts, 182.65 GiB per device on v6e-8 for a 400.7B-parameter model (1,569 GB in all, twice its

@@ -70,7 +70,12 @@ def target(t: ServeTarget) -> dict:
                "compiled_page_bytes_per_layer": programs.kv_page_bytes_per_layer if programs else None,
                "latent_dim": kv.latent_dim or None, "page_shards": kv.page_shards,
                "bytes_per_token_on_its_device": kv.kv_bytes_per_token_on_its_device,
-               "layout_rule": kv.layout_rule or None, "window": _window(kv.window, cap)},
+               "layout_rule": kv.layout_rule or None, "window": _window(kv.window, cap),
+               "layer_kinds": [{"attention": k.attention, "layers": k.layers, "head_dim": k.head_dim,
+                                "padded_head_dim": k.padded_head_dim, "kv_heads": k.kv_heads,
+                                "kv_heads_per_device": k.kv_heads_per_device, "replicated": k.replicated,
+                                "cache_slots": k.cache_slots, "page_bytes_per_layer": k.page_bytes_per_layer}
+                               for k in kv.kinds] or None},
         "kv_budget_bytes_per_device": cap.kv_budget_bytes_per_device,
         "kv_cache_pages": cap.pages,
         "kv_cache_tokens": cap.tokens,

@@ -36,6 +36,8 @@ ALL_REDUCE_LATENCY_US = (0.0, 10.0, 25.0)  # per all-reduce, on top of its bytes
 def active_parameters(config) -> int:
     """Parameters one token's matmuls use: attention projections, the MLP (an MoE: router, top-k experts, shared
     expert) and the LM head."""
+    if config.global_head_dim or config.global_kv_heads:  # Gemma 4: layers of two widths, its MoE's dense MLP
+        return config.matmul_parameter_count()  # the LM head is the tied embedding, counted there
     d, h, kv, hd = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
     dense = 3 * d * config.intermediate_size
     routed = config.moe_layer_count() if config.moe else 0
@@ -52,6 +54,10 @@ def attention_dim(config) -> int:
     and the latent alone for the values."""
     if config.mla:
         return (2 * config.kv_lora_rank + config.qk_rope_head_dim) // 2
+    if config.global_head_dim:  # Gemma 4: its full layers' heads are wider; the mean over the layers
+        widths = [config.attention_shape("full" if kind.startswith("full") else "sliding")[1]
+                  for kind in config.layer_kinds()]
+        return sum(widths) // len(widths)
     return config.head_dim
 
 

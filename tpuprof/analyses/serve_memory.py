@@ -13,6 +13,8 @@ vLLM TPU = vllm-project/tpu-inference 0.32.0 (see ../shared/reference/serving-fa
   half of the 1 MiB SMEM (`get_min_page_size`, `get_max_num_seqs`).
 - budget, `tpu_worker.determine_available_memory`: bytes_limit x gpu_memory_utilization - bytes in use (the weights)
   after the weights load, before any compile; no profiling run. `num_blocks = avail // (layers x page bytes)`.
+- layers of different head sizes or KV heads (Gemma 4's full-attention layers): each layer its own pages of its own
+  layout, one block count for all (KINDS_SOURCE below).
 - buckets: token paddings double from 16 to max_num_batched_tokens (`runner/utils.get_token_paddings`), request
   paddings from 8 (`MIN_NUM_SEQS`) to max_num_seqs.
 vLLM TPU with multi-head latent attention (DeepSeek; read at tpu-inference commit b8692ff0 of 2026-08-22, the
@@ -182,22 +184,86 @@ def kv_layout(config, engine: str, tp: int, kv_cache_dtype: str, max_model_len: 
     dtype = kv_dtype(kv_cache_dtype)
     if config.mla:
         return _mla_layout(config, engine, tp, dtype, block_size)
-    hd = padded_head_dim(config.head_dim, engine)
-    per_device, replicated = kv_heads_per_device(config.num_key_value_heads, tp)
     packing = 32 // (8 * DTYPE_BYTES[dtype]) if engine == "vllm" else 1
-    if engine == "vllm" and hd == 64:  # K|V of a head in 128 lanes, heads padded to the packing (kernel_hd64)
-        slots = 2 * (-(-per_device // packing) * packing)
-    else:
-        slots = -(-2 * per_device // packing) * packing
+    hd, per_device, replicated, slots = _heads_layout(config.num_key_value_heads, config.head_dim, engine, tp, packing)
     page, rule = page_size(max_model_len, block_size, engine, max_num_seqs)
     page_bytes = page * slots * hd * DTYPE_BYTES[dtype]
     layers = config.num_hidden_layers
+    if engine == "vllm" and (config.global_head_dim or config.global_kv_heads):
+        return _vllm_kinds_layout(config, tp, dtype, packing, page, rule)
     window = kv_window(config, engine, architecture)
     # With the window layers' pages bounded per request, a token adds a page's share of the layers that keep every
     # token: vLLM's full-attention groups (padding layers included). SGLang-JAX sizes its cell over every layer.
     kept = window.full_groups * window.group_size if window and window.kept and engine == "vllm" else layers
     return KvLayout(config.head_dim, hd, config.num_key_value_heads, per_device, replicated, packing, slots, dtype,
                     DTYPE_BYTES[dtype], page, rule, page_bytes, layers, page_bytes * kept // page, window=window)
+
+
+def _heads_layout(kv_heads: int, head_dim: int, engine: str, tp: int, packing: int) -> tuple[int, int, bool, int]:
+    """(head_dim as stored, KV heads per device, replicated, cache slots per device) of layers of KV_HEADS heads of
+    HEAD_DIM."""
+    hd = padded_head_dim(head_dim, engine)
+    per_device, replicated = kv_heads_per_device(kv_heads, tp)
+    if engine == "vllm" and hd == 64:  # K|V of a head in 128 lanes, heads padded to the packing (kernel_hd64)
+        slots = 2 * (-(-per_device // packing) * packing)
+    else:
+        slots = -(-2 * per_device // packing) * packing
+    return hd, per_device, replicated, slots
+
+
+# tpu-inference b8692ff0 runner/kv_cache_manager.py get_kv_cache_spec (the JAX-model path: Gemma 4 runs its JAX model,
+# models/jax/gemma4.py) gives each layer a FullAttentionSpec of its own head size and key/value heads
+# (utils.get_layer_kv_params: global_head_dim and, with attention_k_eq_v, num_global_key_value_heads on the
+# full-attention layers), each padded as any layer's (get_padded_num_heads, get_padded_head_dim), page_size_padded
+# its RPA v3 page (runner/kv_cache.py get_attention_page_size_bytes). Every spec being a FullAttentionSpec of one
+# block size, vLLM 001cabc1 (v1/kv_cache_interface.py UniformTypeKVCacheSpecs.is_uniform_type) puts all layers in
+# one KV cache group whose page is the sum of the layers' pages; get_kv_cache_config_from_groups gives num_blocks =
+# available // that sum and each layer a tensor of num_blocks of its own pages, which initialize_kv_cache allocates
+# as one array per layer of its own shape. Keys equal to values (attention_k_eq_v) are still stored twice: the model
+# writes k and v (v = the unnormed projection, RMS-normed without a scale; k normed and roped) into 2 x heads slots.
+KINDS_SOURCE = ("tpu-inference b8692ff0 runner/kv_cache_manager.py get_kv_cache_spec (a FullAttentionSpec per layer, "
+                "its heads and head size from utils.get_layer_kv_params) and initialize_kv_cache (one array per "
+                "layer), models/jax/gemma4.py (K and V both written when the keys are the values); vllm-project/vllm "
+                "001cabc1 v1/kv_cache_interface.py UniformTypeKVCacheSpecs (one group, its page the sum of the "
+                "layers'), v1/core/kv_cache_utils.py get_kv_cache_config_from_groups (num_blocks = available // that "
+                "sum, every layer num_blocks pages of its own)")
+
+
+def layer_kinds_count(config) -> dict[str, int]:
+    """Layers by attention kind ("sliding" | "full"; a chunked layer counts as sliding), in the order they come."""
+    counts: dict[str, int] = {}
+    for kind in config.layer_kinds():
+        attention = "full" if kind.split("+")[0] == "full" else "sliding"
+        counts[attention] = counts.get(attention, 0) + 1
+    return counts
+
+
+def _vllm_kinds_layout(config, tp: int, dtype: str, packing: int, page: int, rule: str) -> KvLayout:
+    """Layers whose kinds differ in head size or key/value heads (Gemma 4), as vLLM TPU caches them: each layer its
+    own pages of its own layout, one block count for all (KINDS_SOURCE). Every layer keeps every token: tpu-inference
+    runs Gemma 4 as its JAX model, whose sliding layers are cached in full."""
+    from tpuprof.models.serve import KvLayerKind
+
+    width = DTYPE_BYTES[dtype]
+    kinds = []
+    for attention, layers in layer_kinds_count(config).items():
+        heads, head_dim = config.attention_shape(attention)
+        hd, per_device, replicated, slots = _heads_layout(heads, head_dim, "vllm", tp, packing)
+        kinds.append(KvLayerKind(attention, layers, head_dim, hd, heads, per_device, replicated, slots,
+                                 page * slots * hd * width))
+    first = kinds[0]
+    per_token = sum(k.page_bytes_per_layer * k.layers for k in kinds) // page
+    how = (f"each layer its own pages of its own layout, one block count for all: num_blocks = budget // the sum of "
+           f"every layer's page ({per_token * page:,} B): {KINDS_SOURCE}")
+    sliding, span, kind = window_layers(config)
+    window = KvWindow(sliding, span, kind, False,
+                      f"{sliding} {kind} layers (window of {span} tokens) cached in full, as full attention: "
+                      "tpu-inference gives every layer of its JAX model a FullAttentionSpec, and on vLLM's model code "
+                      "drops the window where the layers' padded head sizes differ (tpu-inference b8692ff0 "
+                      "runner/kv_cache_manager.py get_kv_cache_spec, disable_sliding_window)") if sliding else None
+    return KvLayout(first.head_dim, first.padded_head_dim, first.kv_heads, first.kv_heads_per_device, first.replicated,
+                    packing, first.cache_slots, dtype, width, page, rule, first.page_bytes_per_layer,
+                    config.num_hidden_layers, per_token, layout_rule=how, window=window, kinds=tuple(kinds))
 
 
 def _mla_layout(config, engine: str, tp: int, dtype: str, block_size: int | None) -> KvLayout:
@@ -627,6 +693,21 @@ def mla_attention_parameters(config) -> tuple[int, int]:
     return whole, heads
 
 
+def gemma4_attention_bytes(config, kind: str, tp: int, quantization: str) -> int:
+    """One Gemma 4 layer's attention weights of KIND ("sliding" | "full") on one device, as tpu-inference's JAX model
+    holds them (models/jax/gemma4.py Gemma4Attention): q [d, heads, head] and o split by heads over TP, k (and v,
+    none where the keys are the values) split by key/value heads or, where TP exceeds them, by the head's width (its
+    `_shard_kv_on_k`): never copied; q and k norms of one head's width."""
+    d, h = config.hidden_size, config.num_attention_heads
+    kv, head = config.attention_shape(kind)
+    w = {"bf16": 2, "fp8": 1, "int8": 1, "mxfp4": 2}[quantization]
+    projections = 2 if kind == "full" and config.global_k_eq_v else 3  # k and v, or k alone, beside q
+    weights = (2 * d * h * head + (projections - 1) * d * kv * head) * w // tp + 2 * head * 2
+    if quantization not in ("bf16", "mxfp4"):  # per-output-channel scales of q, k(, v), o
+        weights += (h * head + (projections - 1) * kv * head) * 2 // tp + d * 2
+    return weights
+
+
 def shape_weights_how(config, quantization: str, engine: str) -> str:
     """How shape_weights_bytes_per_device counted, in words."""
     how = "estimated from the shapes and the engine's sharding (not compiled; unpadded"
@@ -648,9 +729,13 @@ def shape_weights_bytes_per_device(config, tp: int, quantization: str, expert_pa
     d, h, hd, kv = config.hidden_size, config.num_attention_heads, config.head_dim, config.num_key_value_heads
     w = {"bf16": 2, "fp8": 1, "int8": 1, "mxfp4": 2}[quantization]  # MXFP4: only the experts are fp4
     whole_mlp = config.mla and engine == "vllm"  # ATTN_HEAD sharding under attention data parallelism
+    kinds = layer_kinds_count(config) if config.global_head_dim or config.global_kv_heads else {}
     if config.mla:
         whole, heads = mla_attention_parameters(config)
         attention = (whole + heads // (1 if whole_mlp else tp)) * w
+    elif kinds:  # Gemma 4: each kind of layer its own attention (gemma4_attention_bytes), averaged over the layers
+        attention = sum(n * gemma4_attention_bytes(config, kind, tp, quantization) for kind, n in kinds.items()) \
+            // config.num_hidden_layers
     else:
         per_kv, _ = kv_heads_per_device(kv, tp)
         attention = (2 * d * h * hd // tp + 2 * d * per_kv * hd) * w
@@ -667,7 +752,12 @@ def shape_weights_bytes_per_device(config, tp: int, quantization: str, expert_pa
             moe += 3 * d * config.shared_expert_intermediate_size * w // mlp_tp \
                 + (2 * d if config.shared_expert_gate else 0)  # Qwen-MoE's sigmoid gate, [d, 1] in bf16
     routed = config.moe_layer_count()
-    layers = (config.num_hidden_layers * (attention + 2 * d * 2) + routed * moe
+    norms = 2 * d * 2
+    if config.moe_dense_mlp:  # Gemma 4's MoE layers run the dense MLP beside the experts, each normed on its own
+        moe += dense + (3 * d + d + config.num_experts) * 2  # 3 more norms, the router's scale, per-expert scales
+    if kinds:
+        norms = 4 * d * 2 + 2  # Gemma 4: norms before and after attention and MLP, a learned scalar on the output
+    layers = (config.num_hidden_layers * (attention + norms) + routed * moe
               + (config.num_hidden_layers - routed) * dense)
     vocab = config.vocab_size * d * 2 * (1 if config.tie_word_embeddings else 2) // tp
     return layers + vocab + d * 2

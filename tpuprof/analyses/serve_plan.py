@@ -30,6 +30,7 @@ HF_IDS = {
     "llama4-scout": "meta-llama/Llama-4-Scout-17B-16E-Instruct",
     "llama4-maverick": "meta-llama/Llama-4-Maverick-17B-128E-Instruct", "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
     "deepseek-v3": "deepseek-ai/DeepSeek-V3", "deepseek-v2-lite": "deepseek-ai/DeepSeek-V2-Lite-Chat",
+    "gemma4-31b": "google/gemma-4-31B-it", "gemma4-26b-a4b": "google/gemma-4-26B-A4B-it",
 }
 
 
@@ -52,8 +53,8 @@ def tensor_parallel_size(options: ServeOptions, slice_) -> int:
     given = options.tensor_parallel_size
     candidates = [given] if given else [tp for tp in range(slice_.devices, 0, -1) if slice_.devices % tp == 0]
     for tp in candidates:
-        kv = config.num_key_value_heads
-        if config.num_attention_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0):
+        heads = {config.num_key_value_heads, config.global_kv_heads or config.num_key_value_heads}
+        if config.num_attention_heads % tp == 0 and all(kv % tp == 0 or tp % kv == 0 for kv in heads):
             return tp
     raise OptionError("tensor_parallel_size", f"{{option}} {given} does not divide {config.name}'s "
                                               f"{config.num_attention_heads} attention heads (or its "

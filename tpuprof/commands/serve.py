@@ -28,11 +28,6 @@ def options(model: str, tpu, **settings):
             raise OptionError("model", f"{{option}} {model}: tpuprof reads no model hub: give the model's config.json "
                                        f"({config_url}) or its folder.") from None
         raise OptionError("model", "{option}: " + template(str(error))) from None
-    config = loaded[0]
-    if config.global_head_dim or config.global_kv_heads:
-        raise OptionError("model", f"{{option}} {model}: its full-attention layers have their own head size and "
-                                   "key/value heads (Gemma 4), and serve sizes one KV cache layout for every layer; "
-                                   "`tpuprof preflight --model` builds its train step.")
     architecture = checkpoint_architecture(loaded[1])
     why = _not_a_decoder(architecture)
     if why:

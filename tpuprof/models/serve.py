@@ -19,6 +19,12 @@ CHECKPOINT_FORMATS = QUANTIZATIONS + ("mxfp4",)
 DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = 1024, 256
 # Families with sliding-window or chunked layers that SGLang-JAX has no model of (python/sgl_jax/srt/models @
 # cddbf6f1: Gemma 2 and Gemma 4 are there, these are not).
+# How the other engines run Gemma 4, whose cache tpuprof has not modelled for them.
+GEMMA4_ELSEWHERE = {
+    "sglang-jax": "which SGLang-JAX serves with a pool of its own for the sliding layers (python/sgl_jax/srt/models/"
+                  "gemma4.py, configs/gemma4.py, model_executor/model_runner_kv_cache_mixin.py SWAKVPool @ cddbf6f1)",
+    "jetstream": "which MaxText builds (src/maxtext/models/gemma4.py @ e591f30c)",
+}
 SGLANG_JAX_WITHOUT_MODEL = {"gemma3": "Gemma 3", "llama4": "Llama 4", "gpt_oss": "GPT-OSS"}
 
 # The Python keyword of each option and the command-line flag that sets it: errors name the one the caller used.
@@ -137,6 +143,10 @@ def serve_options(model: tuple, tpu: str | list | tuple, *, engine: str = "vllm"
         raise OptionError("engine", f"{{option}} jetstream: tpuprof does not model how MaxText's JetStream engine "
                                     f"caches {config.name}'s multi-head latent attention (MLA); use --engine vllm or "
                                     "sglang-jax, whose MLA caches it sizes.")
+    if (config.global_head_dim or config.global_kv_heads) and engine != "vllm":
+        raise OptionError("engine", f"{{option}} {engine}: {config.name}'s full-attention layers have their own head "
+                                    f"size and key/value heads (Gemma 4), {GEMMA4_ELSEWHERE[engine]}, whose cache "
+                                    "tpuprof has not modelled; use --engine vllm, whose cache of it tpuprof sizes.")
     if checkpoint is not None and checkpoint not in CHECKPOINT_FORMATS:
         raise OptionError("model", f"{{option}}: {config.name}'s checkpoint stores its weights as {checkpoint} (the "
                                    "quantization_config of its config), which tpuprof does not model (bf16, fp8 or "
@@ -207,8 +217,25 @@ class KvWindow:
 
 
 @dataclass(frozen=True)
+class KvLayerKind:
+    """The cache of one kind of layer where the kinds differ in head size or key/value heads (Gemma 4's full-attention
+    layers: heads of 512 and their own, fewer, key/value heads), each kind laid out by the engine's rule."""
+
+    attention: str  # "sliding" | "full"
+    layers: int
+    head_dim: int  # the model's
+    padded_head_dim: int  # as the engine stores it
+    kv_heads: int  # the model's
+    kv_heads_per_device: int
+    replicated: bool
+    cache_slots: int  # K and V heads per device as stored (the keys stored apart from the values even where equal)
+    page_bytes_per_layer: int  # one page of one layer of this kind on one device
+
+
+@dataclass(frozen=True)
 class KvLayout:
-    """How one token's K and V sit in one device's cache, by the engine's rules."""
+    """How one token's K and V sit in one device's cache, by the engine's rules. Where the layers differ in head
+    size or key/value heads (`kinds`), the top-level head, slot and page fields are the first kind's."""
 
     head_dim: int  # the model's
     padded_head_dim: int  # as the engine stores it
@@ -235,10 +262,13 @@ class KvLayout:
     page_shards: int = 1
     layout_rule: str = ""  # how the engine lays out one token's cache, and where in its code
     window: KvWindow | None = None  # sliding-window or chunked layers (None: every layer attends to every token)
+    kinds: tuple[KvLayerKind, ...] = ()  # the layers' own layouts where they differ (empty: one layout for all)
 
     @property
     def page_bytes(self) -> int:
         """One page of every layer on one device."""
+        if self.kinds:
+            return sum(kind.page_bytes_per_layer * kind.layers for kind in self.kinds)
         return self.page_bytes_per_layer * self.layers
 
     @property

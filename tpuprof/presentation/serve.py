@@ -78,6 +78,13 @@ def _target(t: dict, positions: int | None) -> Section:
                   if kv["page_shards"] > 1 else f"{t['kv_bytes_per_token_per_device']:,} B per device")
         per_token = Fact("KV per token", f"{spread} ({kv['dtype']}, page {kv['page_size']} tokens: "
                                          f"{kv['page_size_rule']}; {kv['layout_rule']})")
+    elif kv.get("layer_kinds"):
+        kinds = "; ".join(f"{k['layers']} {k['attention']} layers: {k['kv_heads_per_device']} KV head(s) per device"
+                          f"{', replicated' if k['replicated'] else ''}, head_dim {k['head_dim']} stored as "
+                          f"{k['padded_head_dim']}, {k['cache_slots']} {kv['dtype']} slots, "
+                          f"{k['page_bytes_per_layer']:,} B a page" for k in kv["layer_kinds"])
+        per_token = Fact("KV per token", f"{t['kv_bytes_per_token_per_device']:,} B per device ({kinds}; page "
+                                         f"{kv['page_size']} tokens: {kv['page_size_rule']}; {kv['layout_rule']})")
     else:
         kept = (f" in the {window['full_groups'] * window['group_size']} layers that keep every token"
                 if window and window["kept"] and window["group_size"] else "")

@@ -1,0 +1,111 @@
+"""`tpuprof serve` for Gemma 4 on vLLM TPU: its full-attention layers (heads of 512, their own key/value heads) and
+its sliding layers (heads of 256) each get their own cache, one block count for all (tpu-inference b8692ff0
+runner/kv_cache_manager.py get_kv_cache_spec, vLLM 001cabc1 UniformTypeKVCacheSpecs), checked against the public
+vLLM TPU start-up logs of gemma-4-E2B (tests/fixtures/serving) and the published minimum of tpu-recipes' Trillium
+recipe (inference/trillium/vLLM/Gemma4/README.md @ c8cfe2f6: 4 v6e chips for the 31B and the 26B-A4B, served at
+--max-model-len 16384, TP 8 on v6e-8)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+import tpuprof
+from tpuprof.analyses import serve_memory
+from tpuprof.sources import llm
+
+SERVING = Path(__file__).parent / "fixtures" / "serving"
+GiB = 1 << 30
+RECIPE_MAX_MODEL_LEN = 16384
+
+# gemma-4-E2B-it's 15 layers that own a KV cache (its last 20 share theirs, and tpuprof builds no per-layer input
+# embeddings, so these stand for E2B's cache alone): one KV head of 256 on the sliding layers, one of 512 on the full
+# ones (layers 4, 9, 14), attention_k_eq_v off (google/gemma-4-E2B-it config.json's text_config).
+E2B_CACHE_LAYERS = {
+    "model_type": "gemma4_text", "vocab_size": 262144, "hidden_size": 1536, "intermediate_size": 6144,
+    "num_hidden_layers": 15, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
+    "global_head_dim": 512, "attention_k_eq_v": False, "sliding_window": 512,
+    "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 3, "hidden_size_per_layer_input": 0,
+    "num_kv_shared_layers": 0, "max_position_embeddings": 131072}
+
+
+def _e2b_log(name: str) -> dict:
+    text = (SERVING / name).read_text()
+    return {"available": float(re.search(r"total_hbm_avail_gb=([\d.]+)GiB", text).group(1)),
+            "blocks": int(re.search(r"num_blocks=\[(\d+),", text).group(1)),
+            "block": int(re.search(r"regular_attn_shape=\(num_blocks, \((\d+), ", text).group(1)),
+            "tokens": int(re.search(r"GPU KV cache size: ([\d,]+) tokens", text).group(1).replace(",", "")),
+            "layers": len(re.search(r"num_blocks=\[([\d, ]+)\]", text).group(1).split(","))}
+
+
+@pytest.mark.parametrize("log", ["xbill9_gemma4_e2b_v6e1_tp1.txt", "xbill9_gemma4_e2b_v5e1_util095.txt"])
+def test_each_kind_of_layer_has_its_own_cache_as_the_vllm_tpu_log_of_gemma4_shows(log):
+    """vLLM TPU gave each of gemma-4-E2B's 15 cache layers the same block count (17,996 on v6e-1, 10,903 on v5e-1),
+    each its own page: 12 sliding layers of 1 KiB a token and 3 full ones of 2 KiB, 18 KiB a token in all. The
+    log's available HBM (printed to 0.01 GiB) over that, in blocks, is the log's block count and its KV tokens; one
+    layout for every layer (the sliding one: 15 KiB a token) gives 20% more blocks than the engine allocated."""
+    figures = _e2b_log(log)
+    config = llm.parse_config(E2B_CACHE_LAYERS, "gemma-4-E2B cache layers", "test")
+    kv = serve_memory.kv_layout(config, "vllm", 1, "auto", 16384, figures["block"], 8)
+    assert [(k.attention, k.layers, k.cache_slots, k.padded_head_dim) for k in kv.kinds] == [
+        ("sliding", 12, 2, 256), ("full", 3, 2, 512)]
+    assert figures["layers"] == 15 and kv.kv_bytes_per_token_per_device == 18 * 1024
+    low, high = ((figures["available"] + half) * GiB // kv.page_bytes for half in (-0.005, 0.005))
+    assert low <= figures["blocks"] <= high
+    assert figures["tokens"] == figures["blocks"] * figures["block"]
+    one_layout = 15 * 2 * 256 * 2 * figures["block"]  # every layer as a sliding one
+    assert (figures["available"] - 0.005) * GiB // one_layout > 1.15 * figures["blocks"]
+
+
+@pytest.mark.parametrize("name", ["gemma4-31b", "gemma4-26b-a4b"])
+def test_the_smallest_v6e_slice_that_serves_gemma4_is_the_recipes_four_chips(name):
+    """tpu-recipes' Trillium Gemma 4 recipe: "Min TPUs (Chips) 4x" for both, at --max-model-len 16384 (served there
+    at TP 8 on v6e-8). v6e slices have 1, 4 or 8 chips: on one chip the bf16 weights alone exceed what vLLM may use
+    (31.25 GiB x 0.92), on four a request of 16,384 tokens fits, and on the recipe's eight more do."""
+    answer = tpuprof.serve(name, "v6e-1,v6e-4,v6e-8", max_model_len=RECIPE_MAX_MODEL_LEN, compile=False)
+    targets = {t.slice.name: t for t in answer.targets}
+    one, four, eight = targets["v6e-1"], targets["v6e-4"], targets["v6e-8"]
+    assert one.capacity.kv_budget_bytes_per_device <= 0 and one.problems
+    assert four.tensor_parallel_size == 4 and four.capacity.max_concurrency >= 1 and not four.problems
+    assert eight.tensor_parallel_size == 8 and eight.capacity.max_concurrency > four.capacity.max_concurrency
+    from test_schemas import validate
+
+    from tpuprof.renderers.markdown import render
+
+    document = answer.to_dict()
+    assert validate(document) == "serve"
+    (launch,) = [t for t in document["targets"] if t["slice"]["name"] == "v6e-8"]
+    hub = {"gemma4-31b": "google/gemma-4-31B-it", "gemma4-26b-a4b": "google/gemma-4-26B-A4B-it"}[name]
+    assert launch["command"].startswith(f"vllm serve {hub} --tensor-parallel-size 8 --max-model-len 16384 ")
+    assert [k["attention"] for k in launch["kv"]["layer_kinds"]] == ["sliding", "full"]
+    assert "full layers: 1 KV head(s) per device, replicated, head_dim 512 stored as 512" in render(document)
+
+
+def test_the_31b_caches_its_full_layers_wider_with_fewer_heads_copied_past_them():
+    """gemma4-31b at TP 8: 50 sliding layers of 16 KV heads (2 a device: 4 slots x 256) and 10 full layers of 4 KV
+    heads of 512, which TP 8 exceeds (one copied to each device: 2 slots x 512), each at 2 B: 122,880 B a token on a
+    device, where one layout for every layer (the sliding one) said 102,400 B. fp8 packs the sliding layers' 4 slots
+    a word (half the bytes) and fills 2 of the full layers' 4: no saving there."""
+    config = llm.load_config("gemma4-31b")[0]
+    kv = serve_memory.kv_layout(config, "vllm", 8, "auto", RECIPE_MAX_MODEL_LEN, None, 256)
+    sliding, full = kv.kinds
+    assert (sliding.layers, sliding.kv_heads_per_device, sliding.cache_slots, sliding.padded_head_dim) == \
+        (50, 2, 4, 256)
+    assert (full.layers, full.kv_heads, full.replicated, full.cache_slots, full.padded_head_dim) == \
+        (10, 4, True, 2, 512)
+    assert kv.kv_bytes_per_token_per_device == 50 * 4 * 256 * 2 + 10 * 2 * 512 * 2 == 122_880
+    assert kv.page_bytes == kv.page_size * 122_880 and not kv.window.kept
+    fp8 = serve_memory.kv_layout(config, "vllm", 8, "fp8", RECIPE_MAX_MODEL_LEN, None, 256)
+    assert fp8.kv_bytes_per_token_per_device == 50 * 4 * 256 + 10 * 4 * 512 == 71_680
+
+
+@pytest.mark.parametrize("engine, where", [("sglang-jax", "SWAKVPool"), ("jetstream", "models/gemma4.py")])
+def test_gemma4_on_the_other_engines_is_one_sentence(engine, where):
+    result = run_cli("serve", "--model", "gemma4-31b", "--tpu", "v6e-8", "--engine", engine, "--no-compile")
+    assert result.returncode == 2 and not result.stdout and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and where in result.stderr
+    assert "tpuprof has not modelled" in result.stderr
