@@ -71,7 +71,8 @@ def programs(config, kv: KvLayout, *, tp: int, max_num_seqs: int, max_model_len:
         kv_merged=merged, kv_dtype=kv.dtype, weight_dtype=quantization, tensor_parallel_size=tp,
         expert_parallel=expert_parallel,
         num_kv_pages_per_block=max(1, min(pages_per_request, KV_TOKENS_PER_BLOCK // page_size)),
-        num_queries_per_block=QUERIES_PER_BLOCK, vmem_limit_bytes=vmem_limit_bytes(generation))
+        num_queries_per_block=QUERIES_PER_BLOCK, vmem_limit_bytes=vmem_limit_bytes(generation),
+        kind_caches=tuple((k.attention, k.cache_slots, max(k.padded_head_dim, 128)) for k in kv.kinds))
     backbones = [replace(base, tokens=t, num_queries_per_block=min(QUERIES_PER_BLOCK, t)) for t in tokens]
     # The logits programs hold no experts: one compile serves with and without expert parallelism.
     logits = [replace(base, kind="logits", tokens=0, requests=r, layers=0, expert_parallel=False) for r in requests]
@@ -166,7 +167,7 @@ def compile_all(config, kv: KvLayout, slice_, *, tp: int, max_num_seqs: int, max
         if config.tie_word_embeddings:
             head_bytes -= config.vocab_size * config.hidden_size * 2 // tp  # the LM head is the embedding
         weights = body["argument_bytes"] - body["alias_bytes"] - metadata_bytes(program) + head_bytes
-        page_bytes = body["alias_bytes"] // (KV_PAGES_COMPILED * layers)
+        page_bytes = body["alias_bytes"] // (KV_PAGES_COMPILED * layers)  # the mean where the layers' pages differ
         how = ("compiled argument bytes of the backbone (all layers) and of the logits program (LM head), the KV "
                "pages (aliased arguments) and the step's inputs taken out")
     tokens = tuple(p.tokens for p in backbones)

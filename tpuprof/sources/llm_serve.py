@@ -56,6 +56,9 @@ class ServeProgram:
     num_kv_pages_per_block: int
     num_queries_per_block: int
     vmem_limit_bytes: int
+    # Where the layers' caches differ (Gemma 4's full-attention layers): (attention kind, combined heads per device,
+    # head_dim as stored) of each kind; empty: combined_kv_heads and head_dim serve every layer.
+    kind_caches: tuple = ()
 
     def key(self, config: ModelConfig, topology: str) -> str:
         source = Path(__file__).read_bytes()
@@ -123,13 +126,27 @@ def _weight(shape, spec, dtype_name, mesh):
     return jax.ShapeDtypeStruct(shape, jnp.dtype(DTYPES[dtype_name]), sharding=NamedSharding(mesh, P(*spec)))
 
 
-def _layer_shapes(config: ModelConfig, program: ServeProgram, moe: bool) -> dict[str, tuple[tuple, tuple, str]]:
+def attention_kind(config: ModelConfig, layer_kind: str) -> str:
+    """"full" or "sliding": the attention of a layer of LAYER_KIND ("sliding+dense", "full+moe", ...) where the kinds
+    differ in head size or key/value heads (Gemma 4); "" where one shape serves every layer."""
+    if not (config.global_head_dim or config.global_kv_heads):
+        return ""
+    return "full" if layer_kind.split("+")[0] == "full" else "sliding"
+
+
+def _layer_shapes(config: ModelConfig, program: ServeProgram, moe: bool,
+                  attention: str = "") -> dict[str, tuple[tuple, tuple, str]]:
     """name -> (global shape, partition spec, dtype) of one decoder layer's weights, with routed experts when MOE
     (an MoE's dense layers, Llama 4 Maverick's every other one, have the dense MLP). KV projections carry
-    `kv_per_device x TP` heads: the replicated heads each device holds when TP exceeds the model's KV heads."""
+    `kv_per_device x TP` heads: the replicated heads each device holds when TP exceeds the model's KV heads.
+    ATTENTION ("full" | "sliding", Gemma 4): that kind's heads, as tpu-inference's JAX Gemma 4 holds them: k (and v,
+    none where the keys are the values) split over TP by heads or, with fewer heads than TP, by the head's width:
+    never copied."""
     d, h, hd = config.hidden_size, config.num_attention_heads, config.head_dim
     tp = program.tensor_parallel_size
     kv_global = max(config.num_key_value_heads, tp)
+    if attention:
+        kv_global, hd = config.attention_shape(attention)
     w = program.weight_dtype
     shapes = {
         "attn_norm": ((d,), (None,), "bf16"),
@@ -139,6 +156,8 @@ def _layer_shapes(config: ModelConfig, program: ServeProgram, moe: bool) -> dict
         "wv": ((d, kv_global * hd), (None, "tensor"), w),
         "wo": ((h * hd, d), ("tensor", None), w),
     }
+    if attention == "full" and config.global_k_eq_v:
+        del shapes["wv"]
     if moe:
         e, f = config.num_experts, config.moe_intermediate_size
         expert_axis = ("tensor", None, None) if program.expert_parallel else (None, None, "tensor")
@@ -153,7 +172,7 @@ def _layer_shapes(config: ModelConfig, program: ServeProgram, moe: bool) -> dict
             s = config.shared_expert_intermediate_size
             shapes.update({"ws_gate": ((d, s), (None, "tensor"), w), "ws_up": ((d, s), (None, "tensor"), w),
                            "ws_down": ((s, d), ("tensor", None), w), "ws_router": ((d, 1), (None, None), "bf16")})
-    else:
+    if not moe or config.moe_dense_mlp:  # Gemma 4's MoE layers run the dense MLP beside the experts
         i = config.intermediate_size
         shapes.update({"w_gate": ((d, i), (None, "tensor"), w), "w_up": ((d, i), (None, "tensor"), w),
                        "w_down": ((i, d), ("tensor", None), w)})
@@ -174,19 +193,25 @@ def _backbone(config: ModelConfig, program: ServeProgram, devices):
 
     tp = program.tensor_parallel_size
     mesh = _mesh(devices, tp)
-    d, h, hd = config.hidden_size, config.num_attention_heads, config.head_dim
-    hd_pad, combined = program.head_dim, program.combined_kv_heads
-    kv_per_device = max(config.num_key_value_heads // tp, 1)
+    d, h = config.hidden_size, config.num_attention_heads
     q_per_device = h // tp
     kv_dtype = jnp.dtype(DTYPES[program.kv_dtype])
     tokens, requests = program.tokens, program.requests
-    shapes = {moe: _layer_shapes(config, program, moe) for moe in ((False, True) if config.moe else (False,))}
-    layers = [{name: _weight(shape, spec, dtype, mesh) for name, (shape, spec, dtype) in shapes[moe].items()}
-              for moe in [kind.endswith("+moe") for kind in config.layer_kinds()][:program.layers]]
+    kinds = [(attention_kind(config, kind), kind.endswith("+moe")) for kind in config.layer_kinds()][:program.layers]
+    shapes = {key: _layer_shapes(config, program, key[1], key[0]) for key in dict.fromkeys(kinds)}
+    layers = [{name: _weight(shape, spec, dtype, mesh) for name, (shape, spec, dtype) in shapes[key].items()}
+              for key in kinds]
     embed = _weight((config.vocab_size, d), ("tensor", None), "bf16", mesh)
-    cache = jax.ShapeDtypeStruct((program.kv_pages, program.page_size, combined * tp, hd_pad), kv_dtype,
-                                 sharding=NamedSharding(mesh, P(None, None, "tensor", None)))
-    caches = [cache] * program.layers
+    # (model's KV heads, head_dim, heads per device, combined heads per device, head_dim as stored) of each layer.
+    stored = {attention: (combined, head_dim) for attention, combined, head_dim in program.kind_caches}
+    geometry = []
+    for attention, _ in kinds:
+        kv, hd = config.attention_shape(attention) if attention else (config.num_key_value_heads, config.head_dim)
+        combined, hd_pad = stored.get(attention, (program.combined_kv_heads, program.head_dim))
+        geometry.append((kv, hd, max(kv // tp, 1), combined, hd_pad))
+    caches = [jax.ShapeDtypeStruct((program.kv_pages, program.page_size, combined * tp, hd_pad), kv_dtype,
+                                   sharding=NamedSharding(mesh, P(None, None, "tensor", None)))
+              for _, _, _, combined, hd_pad in geometry]
 
     def replicated(shape, dtype=jnp.int32):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P()))
@@ -219,8 +244,16 @@ def _backbone(config: ModelConfig, program: ServeProgram, devices):
         x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
         return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(jnp.bfloat16)
 
-    def pad_head(x):
-        return x if hd_pad == hd else jnp.pad(x, ((0, 0), (0, 0), (0, hd_pad - hd)))
+    def pad_head(x, hd_pad):
+        return x if hd_pad == x.shape[-1] else jnp.pad(x, ((0, 0), (0, 0), (0, hd_pad - x.shape[-1])))
+
+    def own_heads(x, kv, hd, kv_per_device):
+        """This device's KV heads [tokens, heads, hd] of a projection split over TP: by heads, or, where TP exceeds
+        the heads (Gemma 4's full layers), by the head's width, gathered back and the device's head taken."""
+        if kv % tp == 0 or not kinds[0][0]:
+            return x.reshape(tokens, kv_per_device, hd)
+        whole = jax.lax.all_gather(x, "tensor", axis=1, tiled=True).reshape(tokens, kv, hd)
+        return jax.lax.dynamic_slice_in_dim(whole, jax.lax.axis_index("tensor") * kv // tp, 1, axis=1)
 
     def experts(y, w):
         # Routed as tpu-inference runs MoE on TPU (layers/common/fused_moe_gmm.py): top-k routing, the (token,
@@ -266,19 +299,21 @@ def _backbone(config: ModelConfig, program: ServeProgram, devices):
         x = jnp.where(inside[:, None], jnp.take(embed, jnp.clip(ids - first, 0, vocab_per_device - 1), axis=0), 0)
         x = jax.lax.psum(x, "tensor")
         new_caches = []
-        for w, kv_cache in zip(layers, caches):
+        for w, kv_cache, (kv, hd, kv_per_device, combined, hd_pad) in zip(layers, caches, geometry):
             y = norm(x, w["attn_norm"])
-            q, k, v = matmul(y, w, "wq"), matmul(y, w, "wk"), matmul(y, w, "wv")
+            q, k = matmul(y, w, "wq"), matmul(y, w, "wk")
+            v = matmul(y, w, "wv") if "wv" in w else k  # Gemma 4's full layers: the keys are the values
             if config.attention_bias:
                 q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
             q = rope(q.reshape(tokens, q_per_device, hd), meta["positions"]) * (hd ** -0.5)
-            k = rope(k.reshape(tokens, kv_per_device, hd), meta["positions"])
-            v = v.reshape(tokens, kv_per_device, hd)
+            k = rope(own_heads(k, kv, hd, kv_per_device), meta["positions"])
+            v = own_heads(v, kv, hd, kv_per_device)
             if program.kv_merged:  # [K | V] of each head in the 128 lanes, heads padded to the packing
                 new = jnp.concatenate([k, v], axis=-1)
                 used = kv_per_device
-            else:
-                new = jnp.stack([pad_head(k), pad_head(v)], axis=2).reshape(tokens, 2 * kv_per_device, hd_pad)
+            else:  # K and V both stored, also where they are one projection (tpu-inference writes both)
+                new = jnp.stack([pad_head(k, hd_pad), pad_head(v, hd_pad)], axis=2).reshape(
+                    tokens, 2 * kv_per_device, hd_pad)
                 used = 2 * kv_per_device
             if combined > used:  # slots the dtype's packing adds (fp8 with one KV head: 2 of 4 used)
                 new = jnp.pad(new, ((0, 0), (0, combined - used), (0, 0)))
@@ -291,8 +326,8 @@ def _backbone(config: ModelConfig, program: ServeProgram, devices):
                 q_heads = q_per_device
             else:
                 q_heads = combined // 2 * max(q_per_device // kv_per_device, 1)
-            q_in = pad_head(q) if q_heads == q_per_device else jnp.pad(
-                pad_head(q), ((0, 0), (0, q_heads - q_per_device), (0, 0)))
+            q_in = pad_head(q, hd_pad) if q_heads == q_per_device else jnp.pad(
+                pad_head(q, hd_pad), ((0, 0), (0, q_heads - q_per_device), (0, 0)))
             scales = {} if program.kv_dtype == "bf16" else {"k_scale": 1.0, "v_scale": 1.0}
             o = ragged_paged_attention(q_in, kv_cache, meta["kv_lens"], meta["page_indices"], meta["cu_q_lens"],
                                        meta["num_seqs"], sm_scale=1.0,
@@ -302,10 +337,9 @@ def _backbone(config: ModelConfig, program: ServeProgram, devices):
             o = o[:, :q_per_device, :hd].reshape(tokens, q_per_device * hd)
             x = x + jax.lax.psum(matmul(o, w, "wo"), "tensor")
             y = norm(x, w["mlp_norm"])
-            if "we_gate" in w:
-                out = experts(y, w)
-            else:
-                out = matmul(act(matmul(y, w, "w_gate")) * matmul(y, w, "w_up"), w, "w_down")
+            out = experts(y, w) if "we_gate" in w else 0
+            if "w_gate" in w:  # the dense MLP (beside the experts in Gemma 4's MoE layers)
+                out = out + matmul(act(matmul(y, w, "w_gate")) * matmul(y, w, "w_up"), w, "w_down")
             x = x + jax.lax.psum(out, "tensor")
         return x, new_caches
 
