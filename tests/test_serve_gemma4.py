@@ -86,6 +86,28 @@ def test_the_smallest_v6e_slice_that_serves_gemma4_is_the_recipes_four_chips(nam
     assert "full layers: 1 KV head(s) per device, replicated, head_dim 512 stored as 512" in render(document)
 
 
+@pytest.mark.parametrize("tpu, settings", [
+    # tpu-inference issue 2333 (lk-chen, 2026-04-30): "verified following works" on v6e after the bf16 benchmark ran
+    # out of HBM: TP 4, qwix fp8 weights, fp8 KV, 0.98, block 256, 4,096 batched tokens, 16,384 tokens a request.
+    ("v6e-4", {"tensor_parallel_size": 4, "quantization": "fp8", "kv_cache_dtype": "fp8",
+               "gpu_memory_utilization": 0.98, "block_size": 256, "max_num_batched_tokens": 4096,
+               "max_model_len": 16384}),
+    # tpu-recipes c8cfe2f6 inference/ironwood/vLLM/Gemma4/gemma4-server.yaml: a 2x2x1 node (8 devices), TP 2 x DP 4,
+    # qwix fp8 weights, fp8 KV, 0.9, block 256, 256 requests, 16,384 batched tokens, 1,524 tokens a request.
+    ("tpu7x-8", {"tensor_parallel_size": 2, "quantization": "fp8", "kv_cache_dtype": "fp8",
+                 "gpu_memory_utilization": 0.9, "block_size": 256, "max_num_batched_tokens": 16384,
+                 "max_num_seqs": 256, "max_model_len": 1524})])
+def test_the_published_gemma4_31b_launches_serve(tpu, settings):
+    """Both published launches of the 31B with fp8 weights and cache start by the engine's rule (a request of
+    --max-model-len fits); the Ironwood one's 256 requests of 1,524 tokens do not all fit an engine's cache at once
+    (219.8 do). The fp8 cache packs the sliding layers' slots 4 a word (half their bytes) and the full layers' to 4."""
+    (target,) = tpuprof.serve("gemma4-31b", tpu, compile=False, **settings).targets
+    assert not target.problems and target.replicas * target.tensor_parallel_size == target.slice.devices
+    assert target.capacity.max_concurrency >= 1
+    sliding, full = target.kv.kinds
+    assert sliding.cache_slots == 2 * sliding.kv_heads_per_device and full.cache_slots == 4
+
+
 def test_the_31b_caches_its_full_layers_wider_with_fewer_heads_copied_past_them():
     """gemma4-31b at TP 8: 50 sliding layers of 16 KV heads (2 a device: 4 slots x 256) and 10 full layers of 4 KV
     heads of 512, which TP 8 exceeds (one copied to each device: 2 slots x 512), each at 2 B: 122,880 B a token on a
