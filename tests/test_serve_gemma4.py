@@ -164,3 +164,15 @@ def test_a_small_gemma4_compiles_each_layers_own_cache(tmp_path):
     shapes = serve_memory.shape_weights_bytes_per_device(result.answer.options.model, 4, "bf16", False)
     assert target.programs.weights_bytes_per_device == pytest.approx(shapes, rel=0.005)
     assert target.programs.largest.temp_bytes > 0
+
+
+def test_a_decode_step_reads_a_sliding_layers_window_alone():
+    """The 31B's sliding layers are cached in full but the kernel reads only their 1,024-token window (the JAX model
+    passes it as sliding_window; RPA v3 starts its KV blocks there): at 16,384 tokens of context a decode step reads
+    the full layers' 20,480 B a token and the sliding layers' 102,400 B over 1,024 of them, 26,880 B a token of
+    context on a device at TP 8, where every layer over the context is 122,880 B."""
+    config = llm.load_config("gemma4-31b")[0]
+    kv = serve_memory.kv_layout(config, "vllm", 8, "auto", RECIPE_MAX_MODEL_LEN, None, 256)
+    assert serve_memory.kv_read_bytes_per_token(kv, 16384) == 20_480 + 102_400 / 16 == 26_880
+    assert serve_memory.kv_read_bytes_per_token(kv, 1024) == kv.kv_bytes_per_token_per_device == 122_880
+

@@ -449,7 +449,15 @@ def requests_held(kv: KvLayout, cap: Capacity, tokens: int, engine: str) -> int:
 
 def kv_read_bytes_per_token(kv: KvLayout, context: float) -> float:
     """KV bytes per token of context one decode step reads for a request of CONTEXT tokens: every layer, or with the
-    window kept the full-attention layers over the context and the window layers over the window alone."""
+    window kept the full-attention layers over the context and the window layers over the window alone. Gemma 4 on
+    vLLM TPU caches its sliding layers in full but reads only their window: its JAX model passes the window to the
+    kernel (models/jax/gemma4.py attention_chunk_size -> layers/common/attention_interface.py sliding_window), whose
+    loop over the KV blocks starts at (kv_q_gap - sliding_window) // bkv_sz (kernels/ragged_paged_attention/v3/
+    kernel.py; tpu-inference b8692ff0)."""
+    if kv.kinds and kv.window and context > 0:
+        per_token = {k.attention: k.page_bytes_per_layer * k.layers / kv.page_size for k in kv.kinds}
+        return (per_token.get("full", 0) * context
+                + per_token.get("sliding", 0) * min(context, kv.window.window)) / context
     if not (kv.window and kv.window.kept) or context <= 0:
         return kv.kv_bytes_per_token_per_device
     per_layer = kv.page_bytes_per_layer / kv.page_size
