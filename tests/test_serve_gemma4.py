@@ -134,12 +134,12 @@ def test_gemma4_on_the_other_engines_is_one_sentence(engine, where):
     assert "tpuprof has not modelled" in result.stderr
 
 
-# Both kinds of Gemma 4 layer, narrow: a sliding layer of 4 KV heads of 256 and a full one of 1 head of 512 that is
-# also the values, over TP 4 (the full layer's head split by its width, copied into each device's cache), each with
+# Both kinds of Gemma 4 layer, narrow: a sliding layer of 8 KV heads of 256 (2 a device at TP 4) and a full one of
+# 1 head of 512 that is also the values (split over TP 4 by its width, copied into each device's cache), each with
 # the 26B-A4B's dense MLP beside 4 experts.
 SMALL_GEMMA4 = {
     "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "vocab_size": 512, "hidden_size": 256,
-    "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8,
     "num_global_key_value_heads": 1, "head_dim": 256, "global_head_dim": 512, "attention_k_eq_v": True,
     "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"], "final_logit_softcapping": 30.0,
     "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 128,
@@ -150,17 +150,19 @@ SMALL_GEMMA4 = {
 @pytest.mark.compile
 @pytest.mark.skipif(not tpu_compile.jax_available(), reason="needs jax[tpu] (libtpu)")
 def test_a_small_gemma4_compiles_each_layers_own_cache(tmp_path):
-    """The backbone compiled for v5e-4 (JAX's ragged paged attention at heads of 512 too): the KV pages the compiler
-    allocates are the engine's, each layer's own (131,072 B a page of the sliding layer, 262,144 B of the full one:
-    their mean 196,608 B; one layout for both compiled 131,072), and the compiled weights are the shapes' to 0.5%
-    (the norms of q, k and the router's scales are not in the compiled step)."""
+    """The backbone compiled for v5e-4 (JAX's ragged paged attention at heads of 512, and at 2 heads of 256 a device,
+    which Mosaic refuses as such and tpuprof hands it in 128-lane slices): the KV pages the compiler allocates are
+    the engine's (262,144 B a page of each layer: 4 slots of 256 and 2 of 512), and the compiled weights are the
+    shapes' to 0.5% (the norms of q, k and the router's scales are not in the compiled step; one layout for both
+    layers compiled the full layer's q and o at 256 and a value projection: 24% less)."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(SMALL_GEMMA4))
     result = tpuprof.serve(str(path), "v5e-4", max_model_len=2048, max_num_seqs=8, max_num_batched_tokens=16)
     (target,) = result.targets
     assert target.tensor_parallel_size == 4 and not target.programs.failures
-    assert [k.page_bytes_per_layer for k in target.kv.kinds] == [131_072, 262_144]
-    assert target.programs.kv_page_bytes_per_layer * 2 == target.kv.page_bytes == 393_216
+    assert [(k.cache_slots, k.padded_head_dim, k.page_bytes_per_layer) for k in target.kv.kinds] == [
+        (4, 256, 262_144), (2, 512, 262_144)]
+    assert target.programs.kv_page_bytes_per_layer * 2 == target.kv.page_bytes == 524_288
     shapes = serve_memory.shape_weights_bytes_per_device(result.answer.options.model, 4, "bf16", False)
     assert target.programs.weights_bytes_per_device == pytest.approx(shapes, rel=0.005)
     assert target.programs.largest.temp_bytes > 0

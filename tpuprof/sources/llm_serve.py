@@ -185,6 +185,15 @@ def _layer_shapes(config: ModelConfig, program: ServeProgram, moe: bool,
     return shapes
 
 
+def lanes(combined: int, head_dim: int) -> int:
+    """How many 128-lane slices each head is handed to JAX's ragged paged attention kernel as: 1, or, for heads wider
+    than 128 with more than one KV head per device, their width over 128. Mosaic refuses the kernel there ("The last
+    dim size is not 128 in original base memref", libtpu 0.0.42.1: 256-wide heads compile with one KV head per
+    device, not with two, whatever the TP), where vLLM's own RPA v3 kernel takes them. The cache's bytes, the
+    queries' and the ratio of query to KV heads are unchanged; the kernel's work is that of the narrower heads."""
+    return head_dim // 128 if head_dim > 128 and combined > 2 else 1
+
+
 def _backbone(config: ModelConfig, program: ServeProgram, devices):
     import jax
     import jax.numpy as jnp
@@ -209,7 +218,8 @@ def _backbone(config: ModelConfig, program: ServeProgram, devices):
         kv, hd = config.attention_shape(attention) if attention else (config.num_key_value_heads, config.head_dim)
         combined, hd_pad = stored.get(attention, (program.combined_kv_heads, program.head_dim))
         geometry.append((kv, hd, max(kv // tp, 1), combined, hd_pad))
-    caches = [jax.ShapeDtypeStruct((program.kv_pages, program.page_size, combined * tp, hd_pad), kv_dtype,
+    caches = [jax.ShapeDtypeStruct((program.kv_pages, program.page_size, combined * tp * lanes(combined, hd_pad),
+                                    hd_pad // lanes(combined, hd_pad)), kv_dtype,
                                    sharding=NamedSharding(mesh, P(None, None, "tensor", None)))
               for _, _, _, combined, hd_pad in geometry]
 
@@ -328,13 +338,15 @@ def _backbone(config: ModelConfig, program: ServeProgram, devices):
                 q_heads = combined // 2 * max(q_per_device // kv_per_device, 1)
             q_in = pad_head(q, hd_pad) if q_heads == q_per_device else jnp.pad(
                 pad_head(q, hd_pad), ((0, 0), (0, q_heads - q_per_device), (0, 0)))
+            split = lanes(combined, hd_pad)
+            q_in = q_in.reshape(tokens, q_heads * split, hd_pad // split)
             scales = {} if program.kv_dtype == "bf16" else {"k_scale": 1.0, "v_scale": 1.0}
             o = ragged_paged_attention(q_in, kv_cache, meta["kv_lens"], meta["page_indices"], meta["cu_q_lens"],
                                        meta["num_seqs"], sm_scale=1.0,
                                        num_kv_pages_per_block=program.num_kv_pages_per_block,
                                        num_queries_per_block=program.num_queries_per_block,
                                        vmem_limit_bytes=program.vmem_limit_bytes, **scales)
-            o = o[:, :q_per_device, :hd].reshape(tokens, q_per_device * hd)
+            o = o.reshape(tokens, q_heads, hd_pad)[:, :q_per_device, :hd].reshape(tokens, q_per_device * hd)
             x = x + jax.lax.psum(matmul(o, w, "wo"), "tensor")
             y = norm(x, w["mlp_norm"])
             out = experts(y, w) if "we_gate" in w else 0
