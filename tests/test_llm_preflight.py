@@ -535,7 +535,7 @@ def test_the_layer_inputs_remat_keeps_are_divided_over_the_tensor_axis(llm_cache
     buffer, is [layers, sequences per device, seq, hidden / 2]."""
     config = {"model_type": "gpt2", "vocab_size": 512, "n_embd": 256, "n_layer": 6, "n_head": 2, "n_positions": 256}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    target = preflight(llm_cache, "--model", str(tmp_path / "config.json"), "--tpu", "v5e-4", "--mesh",
+    target = preflight(tmp_path / "cache", "--model", str(tmp_path / "config.json"), "--tpu", "v5e-4", "--mesh",
                        "fsdp=2,tensor=2", "--seq", "128", "--batch-per-chip", "16384")["targets"][0]
     assert target["mesh"] == {"data": 1, "fsdp": 2, "tensor": 2, "expert": 1}
     assert not target["fits"] and target["fast"]["stage"] == "buffer_assignment"
@@ -593,7 +593,8 @@ def test_a_step_that_does_not_fit_has_no_step_time_mfu_or_cost(llm_cache, tmp_pa
     assert [f.label for f in facts] == ["v5e-8 MFU 58%"]
 
 
-def test_the_batch_fix_counts_the_sequences_the_tensor_axis_repeats(llm_cache, tmp_path):
+@pytest.mark.compile
+def test_the_batch_fix_counts_the_sequences_the_tensor_axis_repeats(tmp_path):
     """The small GPT-3 above over fsdp 2 x tensor 2 at 16,384 sequences per device: each device's program holds
     32,768 (the tensor axis' devices share theirs). The memory advice read 32,768 from the token ids, the step's own
     batch said 16,384, and the fix was replaced by '--max-batch finds ...', its arithmetic dropped. It is kept, in
@@ -616,6 +617,7 @@ def test_the_batch_fix_counts_the_sequences_the_tensor_axis_repeats(llm_cache, t
     assert fix["message"].endswith("it still does not fit; `--max-batch` finds one that does.")
     assert fix["evidence"].startswith("measured: compiled at batch 16384 the step needs ")
     assert fix["evidence"].count("(its memory layout: a lower bound)") == 2
+    assert target["compiles"] == 2  # the step's and the fix's check (a cache of its own: both compiled here)
 
 
 def test_a_step_no_state_change_makes_fit_is_given_the_smallest_larger_slice_that_does():

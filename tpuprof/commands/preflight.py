@@ -304,6 +304,8 @@ def _measure_batch_fix(config, source, target, options, report_progress):
     device fit', arithmetic on the layout's buffers), as the user's step is: the fix then says what that compile
     needs. A layout-only compile (it stops once its layout alone cannot fit, and compiles to the end where it may),
     for the answer reported (a remat sweep's best row), not with --max-batch (the search has the answer)."""
+    from dataclasses import replace
+
     from tpuprof.advice.memory import batch_to_measure, measure_batch
 
     compiled = target.compiled
@@ -321,7 +323,7 @@ def _measure_batch_fix(config, source, target, options, report_progress):
     measure_batch(compiled.memory, compiled.batch_size, compiled.required_bytes, smaller, at.required_bytes, at.runs,
                   needed_is_bound=compiled.stage == "buffer_assignment",
                   smaller_is_bound=at.stage == "buffer_assignment", smaller_refused=at.oom is not None)
-    return target
+    return replace(target, batch_check=at)
 
 
 def _measure_state_change(config, source, target, options, report_progress):

@@ -337,6 +337,8 @@ class PreflightTarget:
     # --model, a step that does not fit: compiled again at its batch with a smaller training state (--mu-dtype or
     # --weight-dtype bfloat16: the fix, measured)
     state_change: Compiled | None = None
+    # --model, a step that does not fit: compiled again at the smaller batch its memory advice names (the fix, measured)
+    batch_check: Compiled | None = None
 
     @property
     def generation(self):
@@ -349,4 +351,4 @@ class PreflightTarget:
 
     @property
     def compiles(self) -> int:
-        return sum(c.compiles for c in (self.compiled, self.bf16, self.state_change) if c is not None)
+        return sum(c.compiles for c in (self.compiled, self.bf16, self.state_change, self.batch_check) if c is not None)
