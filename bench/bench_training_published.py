@@ -209,7 +209,9 @@ def plan(run: dict) -> dict:
     settings = run.get("other_settings") or {}
     if settings.get("num_vocab_tiling"):
         command += ["--vocab-tiling", str(settings["num_vocab_tiling"])]
-    other = {k: v for k, v in settings.items() if k not in NEUTRAL_SETTINGS | {"num_vocab_tiling"}}
+    if settings.get("grad_dtype") not in (None, "float32"):
+        command += ["--grad-dtype", settings["grad_dtype"]]
+    other = {k: v for k, v in settings.items() if k not in NEUTRAL_SETTINGS | {"num_vocab_tiling", "grad_dtype"}}
     if other:
         cannot.append("other settings: " + ", ".join(f"{k}={v}" for k, v in other.items()))
     out["command"] = command

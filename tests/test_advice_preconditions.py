@@ -379,8 +379,8 @@ def test_builtin_model_is_advised_through_its_options(tmp_path, compile_cache):
     from tpuprof.models.preflight import FLAGS
 
     named = set(re.findall(r"--[a-z-]+", suggestions[0]["evidence"].split("the levers are", 1)[1]))
-    builds_the_step = {FLAGS[k] for k in ("remat", "dtype", "weight_dtype", "mu_dtype", "mesh", "vocab_tiling",
-                                         "moe")}
+    builds_the_step = {FLAGS[k] for k in ("remat", "dtype", "weight_dtype", "mu_dtype", "grad_dtype", "mesh",
+                                         "vocab_tiling", "moe")}
     assert builds_the_step <= named <= set(FLAGS.values()) | {"--batch-per-chip", "--global-batch"}, named
     # `report` on the document reads the compile's dump again: the advice stays the document's (no donation for
     # the step that donates, no framework code).

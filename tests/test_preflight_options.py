@@ -34,6 +34,8 @@ CASES = [
      [STEP, "--tpu", "v5e", "--batch", "8", "--weight-dtype", "bfloat16"]),
     ("mu_dtype", dict(fn_or_model=STEP, tpu="v5e", batch=8, mu_dtype="bfloat16"),
      [STEP, "--tpu", "v5e", "--batch", "8", "--mu-dtype", "bfloat16"]),
+    ("grad_dtype", dict(fn_or_model=STEP, tpu="v5e", batch=8, grad_dtype="bfloat16"),
+     [STEP, "--tpu", "v5e", "--batch", "8", "--grad-dtype", "bfloat16"]),
     ("full", dict(fn_or_model=STEP, tpu="v5e", batch=8, full=True), [STEP, "--tpu", "v5e", "--batch", "8", "--full"]),
     ("ray", dict(fn_or_model=STEP, tpu="v5e", batch=8, ray="auto"), [STEP, "--tpu", "v5e", "--batch", "8", "--ray", "auto"]),
     ("vocab_tiling", dict(fn_or_model=STEP, tpu="v5e", batch=8, vocab_tiling=4),
@@ -67,6 +69,8 @@ CASES = [
      ["--model", "llama3.1-8b", "--tpu", "v6e-16", "--weight-dtype", "int8", "--batch-per-chip", "1"]),
     ("mu_dtype", dict(mu_dtype="float16", batch_per_chip=1, **LLM),
      ["--model", "llama3.1-8b", "--tpu", "v6e-16", "--mu-dtype", "float16", "--batch-per-chip", "1"]),
+    ("grad_dtype", dict(grad_dtype="float16", batch_per_chip=1, **LLM),
+     ["--model", "llama3.1-8b", "--tpu", "v6e-16", "--grad-dtype", "float16", "--batch-per-chip", "1"]),
     ("vocab_tiling", dict(vocab_tiling=0, batch_per_chip=1, **LLM),
      ["--model", "llama3.1-8b", "--tpu", "v6e-16", "--vocab-tiling", "0", "--batch-per-chip", "1"]),
     ("vocab_tiling", dict(vocab_tiling=3, batch_per_chip=1, **LLM),  # pieces of each sequence: 3 does not divide 2,048
@@ -94,7 +98,7 @@ def test_the_command_line_names_the_flag_at_fault(option, _, arguments, tmp_path
     assert result.returncode == 2 and result.stdout == "", result.stderr
     assert FLAGS[option] in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert f"{option}=" not in result.stderr, result.stderr
-    own = ("weight_dtype", "mu_dtype", "full", "ray", "vocab_tiling")
+    own = ("weight_dtype", "mu_dtype", "grad_dtype", "full", "ray", "vocab_tiling")
     if option in own:  # --model's own options: only the one given is named
         others = {FLAGS[name] for name in own} - {FLAGS[option]}
         assert not any(flag in result.stderr for flag in others), result.stderr

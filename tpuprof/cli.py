@@ -273,6 +273,7 @@ def preflight(
     mesh: Optional[str] = Option(None, "--mesh", metavar="AXIS=N,...", help="--model or a factory with a `mesh` parameter: mesh axes data, fsdp, tensor, expert (-1: the rest of the devices). Default fsdp=-1."),
     weight_dtype: str = Option("float32", "--weight-dtype", metavar="float32|bfloat16", help="--model: the weights' and AdamW moments' dtype (MaxText's weight_dtype): 12 or 6 bytes per parameter."),
     mu_dtype: Optional[str] = Option(None, "--mu-dtype", metavar="float32|bfloat16", help="--model: AdamW's first moment's dtype (MaxText's mu_dtype; default: the weights'): bfloat16 with fp32 weights is 10 bytes per parameter, as the TPU7x recipes train."),
+    grad_dtype: str = Option("float32", "--grad-dtype", metavar="float32|bfloat16", help="--model: the gradients' dtype before the optimizer (MaxText's grad_dtype): bfloat16 casts the fp32 gradients right after the backward pass, as the DeepSeek-V3 TPU7x recipes train."),
     vocab_tiling: Optional[int] = Option(None, "--vocab-tiling", metavar="N", help="--model: the loss in N pieces of each sequence (MaxText's num_vocab_tiling; default: the fewest whose fp32 logits stay within 512 MiB per device)."),
     moe: str = Option("capacity", "--moe", metavar="capacity|dropless", help="--model, a mixture of experts: capacity (tokens beyond a capacity factor of 1.25 dropped) or dropless (MaxText's sparse_matmul with megablox grouped matmuls; no expert parallelism)."),
     full: bool = Option(False, "--full", help="--model: always compile to the end (default: stop early, and say so, when the compiler's memory layout alone cannot fit)."),
@@ -290,7 +291,8 @@ def preflight(
                 max_batch=max_batch, compare_bf16=compare_bf16, top=top, cache=not no_cache,
                 tokens_per_example=tokens_per_example, price=price, model=model, seq=seq,
                 batch_per_chip=batch_per_chip, global_batch=global_batch, remat=remat, dtype=dtype, mesh=mesh,
-                weight_dtype=weight_dtype, mu_dtype=mu_dtype, full=full, ray=ray, vocab_tiling=vocab_tiling, moe=moe)
+                weight_dtype=weight_dtype, mu_dtype=mu_dtype, full=full, ray=ray, vocab_tiling=vocab_tiling, moe=moe,
+                grad_dtype=grad_dtype)
 
 
 # serve's closed sets, from the one place that knows them (tpuprof.models.serve).

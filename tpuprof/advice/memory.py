@@ -639,8 +639,8 @@ def _smaller_batch(result: ModuleMemory, framework: str | None, shortfall: int,
 
 # tpuprof's built-in LLM step (preflight --model): its code is tpuprof's, so a fix is one of the options that build
 # it. Padding, attention and one-hot fixes would edit that code; donation is done (the step donates its state).
-BUILTIN_LEVERS = ("--remat, --dtype, --weight-dtype, --mu-dtype, --mesh, --vocab-tiling, --moe (a mixture of experts) "
-                  "and the batch (--batch-per-chip / --global-batch)")
+BUILTIN_LEVERS = ("--remat, --dtype, --weight-dtype, --mu-dtype, --grad-dtype, --mesh, --vocab-tiling, --moe (a mixture "
+                  "of experts) and the batch (--batch-per-chip / --global-batch)")
 
 
 def for_builtin_step(module: ModuleMemory, remat: str, dtype: str, batch: int | None, replicas: int = 1,

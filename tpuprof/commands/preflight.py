@@ -267,7 +267,7 @@ def llm_spec(config, source, chosen, remat: str, options):
 
     sizes = model_mesh(config, chosen, options)
     step = llm.Step(config, source, options.seq, remat, options.dtype, sizes, options.weight_dtype,
-                    options.mu_dtype, options.vocab_tiling, options.moe)
+                    options.mu_dtype, options.vocab_tiling, options.moe, options.grad_dtype)
     return llm.Spec(step, chosen)
 
 

@@ -37,7 +37,7 @@ def custom_remat(policy: str) -> dict[str, str] | None:
 DTYPES = ("bf16", "fp8")
 # --moe: capacity-dropped one-hot routing, or MaxText's dropless sparse_matmul with megablox grouped matmuls.
 MOE_ROUTINGS = ("capacity", "dropless")
-WEIGHT_DTYPES = {"float32": 4, "bfloat16": 2}  # MaxText's weight_dtype and mu_dtype -> bytes per element
+WEIGHT_DTYPES = {"float32": 4, "bfloat16": 2}  # MaxText's weight_dtype, mu_dtype and grad_dtype -> bytes per element
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,8 @@ FLAGS = {
     "compare_bf16": "--compare-bf16", "top": "--top", "cache": "--no-cache",
     "tokens_per_example": "--tokens-per-example", "price": "--price", "model": "--model", "seq": "--seq",
     "batch_per_chip": "--batch-per-chip", "global_batch": "--global-batch", "remat": "--remat", "dtype": "--dtype",
-    "mesh": "--mesh", "weight_dtype": "--weight-dtype", "mu_dtype": "--mu-dtype", "vocab_tiling": "--vocab-tiling",
-    "moe": "--moe", "full": "--full", "ray": "--ray",
+    "mesh": "--mesh", "weight_dtype": "--weight-dtype", "mu_dtype": "--mu-dtype", "grad_dtype": "--grad-dtype",
+    "vocab_tiling": "--vocab-tiling", "moe": "--moe", "full": "--full", "ray": "--ray",
 }
 
 
@@ -104,6 +104,7 @@ class PreflightOptions:
     ray: str | None = None  # --model: a sweep's compiles as tasks on this Ray cluster
     vocab_tiling: int | None = None  # --model: the loss in this many pieces (None: tpuprof's fewest within budget)
     moe: str = "capacity"  # --model: how a mixture of experts routes (MOE_ROUTINGS)
+    grad_dtype: str = "float32"  # --model: MaxText's grad_dtype, the fp32 gradients' dtype before the optimizer
 
     @property
     def remat_policies(self) -> tuple:
@@ -122,7 +123,7 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
                       remat: str = "full", dtype: str = "bf16", mesh: str | None = None,
                       weight_dtype: str = "float32", mu_dtype: str | None = None, full: bool = False,
                       ray: str | None = None, vocab_tiling: int | None = None,
-                      moe: str = "capacity") -> PreflightOptions:
+                      moe: str = "capacity", grad_dtype: str = "float32") -> PreflightOptions:
     """The one validation of a preflight question (what needs the step or the model loaded is checked where they
     are); raises PreflightOptionError naming the keyword at fault."""
     error = PreflightOptionError
@@ -160,6 +161,8 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
             raise error("weight_dtype", f"{{option}} must be one of {', '.join(WEIGHT_DTYPES)}, not {weight_dtype!r}.")
         if mu_dtype is not None and mu_dtype not in WEIGHT_DTYPES:
             raise error("mu_dtype", f"{{option}} must be one of {', '.join(WEIGHT_DTYPES)}, not {mu_dtype!r}.")
+        if grad_dtype not in WEIGHT_DTYPES:
+            raise error("grad_dtype", f"{{option}} must be one of {', '.join(WEIGHT_DTYPES)}, not {grad_dtype!r}.")
         if moe not in MOE_ROUTINGS:
             raise error("moe", f"{{option}} must be one of {', '.join(MOE_ROUTINGS)}, not {moe!r}.")
         if vocab_tiling is not None and seq % vocab_tiling:
@@ -167,7 +170,8 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
                                         "over pieces of each sequence.")
     else:
         given = {"weight_dtype": weight_dtype != "float32", "mu_dtype": mu_dtype is not None, "full": full,
-                 "ray": ray, "vocab_tiling": vocab_tiling is not None, "moe": moe != "capacity"}
+                 "ray": ray, "vocab_tiling": vocab_tiling is not None, "moe": moe != "capacity",
+                 "grad_dtype": grad_dtype != "float32"}
         wrong = next((keyword for keyword, set_ in given.items() if set_), None)
         if wrong:
             raise error(wrong, f"{{{wrong}}} goes with {{model}} (tpuprof's LLM train step).")
@@ -183,7 +187,7 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
     return PreflightOptions(slices, fn_or_model, tuple(example_args), model, batch, bool(max_batch),
                             bool(compare_bf16), top, bool(cache), tokens_per_example, prices, seq, batch_per_chip,
                             global_batch, remat, dtype, mesh, weight_dtype, mu_dtype, bool(full), ray or None,
-                            vocab_tiling, moe)
+                            vocab_tiling, moe, grad_dtype)
 
 
 # --- results -----------------------------------------------------------------------------------------------

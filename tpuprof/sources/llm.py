@@ -706,6 +706,7 @@ class Step:
     vocab_tiling: int | None = None  # MaxText's num_vocab_tiling: the loss in this many pieces (None: loss_chunks)
     moe: str = "capacity"  # MoE_KINDS: capacity-dropped one-hot einsums, or dropless grouped matmuls (MaxText's
     # sparse_matmul with megablox)
+    grad_dtype: str = "float32"  # MaxText's grad_dtype: the fp32 gradients cast to it before the optimizer
 
     @property
     def state(self) -> TrainingState:
@@ -722,6 +723,8 @@ class Step:
             parts.append(["moe", self.moe])
         if self.mu_dtype is not None:
             parts.append(["mu_dtype", self.mu_dtype])
+        if self.grad_dtype != "float32":
+            parts.append(["grad_dtype", self.grad_dtype])
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
@@ -919,6 +922,10 @@ def _train_step(config: ModelConfig, step: Step, mesh, batch_axes):
 
     def train_step(params, opt, tokens):
         loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+        # MaxText's grad_dtype (train.py's train_step): the fp32 gradients cast right after value_and_grad, before
+        # the optimizer; gradients of bf16 weights are left as they are.
+        grad_dtype = jnp.dtype(step.grad_dtype)
+        grads = jax.tree_util.tree_map(lambda g: g.astype(grad_dtype) if g.dtype == jnp.float32 else g, grads)
         params, opt = _adamw(params, grads, opt)
         return params, opt, loss
 
@@ -1409,6 +1416,8 @@ class Spec:
             info["vocab_tiling"] = self.step.vocab_tiling
         if self.step.mu_dtype is not None:
             info["mu_dtype"] = self.step.mu_dtype
+        if self.step.grad_dtype != "float32":
+            info["grad_dtype"] = self.step.grad_dtype
         if config.mla:
             info["attention_width"] = config.num_attention_heads * (config.head_dim + config.v_head_dim) // 2
         kinds = config.layer_kinds()
