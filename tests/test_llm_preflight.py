@@ -776,3 +776,29 @@ def test_bf16_gradients_are_cast_before_the_optimizer_as_maxtexts_grad_dtype(llm
     assert "F32" not in carried["bf16"] and carried["bf16"].count("BF16") >= carried["fp32"].count("BF16") + 3, carried
     scanned = layers * (3 * d * f + 2 * d * d + 2 * d * d // 2)  # the MLP; wq and wo; wk and wv (2 of 4 heads)
     assert fp32["temp_bytes"] - bf16["temp_bytes"] >= 2 * scanned, (fp32["temp_bytes"], bf16["temp_bytes"])
+
+
+@pytest.mark.slow
+def test_bf16_gradients_are_offered_where_the_first_moment_is_bf16_already_and_the_compile_fits(llm_cache, tmp_path):
+    """1,850 of the tiny layers (1.09B parameters) at one 256-token sequence on v5litepod-1 with AdamW's first
+    moment in bf16 already (--mu-dtype bfloat16): the state (10.18 GiB) fits the 15.75 GiB, the step does not (its
+    layout, 16.51 GiB). The next smaller change is MaxText's grad_dtype: the gradients are not state, so the state
+    arithmetic is unchanged, and their own arithmetic (2 bytes a parameter less) covers the shortfall. preflight
+    compiles the step so changed, and it fits (14.70 GiB): the fix says what the two compiles measure. Two compiles:
+    the layout that stops early and the changed step; the run with --grad-dtype bfloat16 finds the second cached."""
+    (tmp_path / "config.json").write_text(json.dumps(dict(TINY, num_hidden_layers=1850)))
+    args = ("--model", str(tmp_path / "config.json"), "--tpu", "v5litepod-1", "--seq", "256", "--batch-per-chip", "1",
+            "--mu-dtype", "bfloat16")
+    target = preflight(llm_cache, *args)["targets"][0]
+    assert target["fits"] is False and target["state_bytes_per_chip"] < target["hbm_capacity_bytes"]
+    changed = preflight(llm_cache, *args, "--grad-dtype", "bfloat16")["targets"][0]
+    assert changed["fits"] is True and changed["compiles"] == 0  # the fix's compile, from the cache
+    assert changed["state_bytes_per_chip"] == target["state_bytes_per_chip"]
+    fix = target["memory"]["suggestions"][0]
+    assert fix["code"] == "--grad-dtype bfloat16" and fix["severity"] == "blocking" and fix["confidence"] == "measured"
+    assert fix["saving_bytes"] == target["required_bytes"] - changed["required_bytes"]
+    assert f"the step needs {fmt_bytes(changed['required_bytes'])} of the 15.75 GiB of HBM: it fits." in fix["message"]
+    gradients = target["model"]["parameters"] * 2  # one chip: every parameter's gradient, 4 bytes -> 2
+    assert f"{fmt_bytes(target['required_bytes'])} (its layout, a lower bound) as it is, " \
+        f"{fmt_bytes(changed['required_bytes'])} with --grad-dtype bfloat16; the gradients' arithmetic (2 bytes a " \
+        f"parameter instead of 4): {fmt_bytes(gradients)} less per device" in fix["evidence"]

@@ -21,12 +21,21 @@ class StateChange:
     label: str  # as the "does not fit" verdict lists it (analyses.preflight_step.smaller_state)
     option: str  # PreflightOptions' field
     what: str  # the sentence that says what it changes
+    arithmetic: str = "the state arithmetic"  # what the bytes it frees are computed from, for the evidence
 
 
-# Smallest change first: the first moment alone (every TPU7x recipe's setting), then the weights and both moments.
+# Smallest change first: the first moment alone (every TPU7x recipe's setting), the gradients (as much, but not
+# kept from one step to the next: only a compile says what the temporaries then hold), then the weights and both
+# moments.
 MU_BF16 = StateChange("--mu-dtype bfloat16", preflight_step.MU_BF16, "mu_dtype",
                       "Keep AdamW's first moment in bf16 (MaxText's mu_dtype, as every TPU7x recipe trains: 10 bytes "
                       "a parameter with fp32 weights instead of 12).")
+GRAD_BF16 = StateChange("--grad-dtype bfloat16", "--grad-dtype bfloat16 (MaxText's grad_dtype)", "grad_dtype",
+                        "Cast the fp32 gradients to bf16 right after the backward pass, before the optimizer (MaxText's "
+                        "grad_dtype, as the DeepSeek-V3 TPU7x recipes train): the gradients take 2 bytes a parameter "
+                        "instead of 4 until the update, which reads them in bf16 (a change of the training's "
+                        "numerics).",
+                        "the gradients' arithmetic (2 bytes a parameter instead of 4)")
 WEIGHTS_BF16 = StateChange("--weight-dtype bfloat16", preflight_step.WEIGHTS_BF16, "weight_dtype",
                            "Keep the weights and AdamW's moments in bf16 (MaxText's weight_dtype: 6 bytes a parameter "
                            "instead of 12; the update is computed in fp32 and stored back in bf16, which changes the "
@@ -38,9 +47,9 @@ def measured(change: StateChange, batch: int, needed: int | None, needed_is_boun
              state_saved: int) -> Suggestion:
     """CHANGE for a step that does not fit, from the compile of the step so changed at the same BATCH per device:
     NEEDED and CHANGED_NEEDED are the two compiles' required bytes (None: the compiler refused the program),
-    *_IS_BOUND when a compile stopped at its memory layout (a lower bound). STATE_SAVED: the state arithmetic's bytes
-    per device, for the evidence."""
-    arithmetic = f"the state arithmetic: {fmt_bytes(state_saved)} less per device"
+    *_IS_BOUND when a compile stopped at its memory layout (a lower bound). STATE_SAVED: the bytes per device CHANGE
+    frees by its arithmetic (change.arithmetic), for the evidence."""
+    arithmetic = f"{change.arithmetic}: {fmt_bytes(state_saved)} less per device"
     if changed_needed is None:
         return Suggestion(kind="optimizer_state", severity="improve", confidence="measured", code=change.code,
                           message=change.what + f" Compiled so at batch {batch} per device, the compiler refused the "

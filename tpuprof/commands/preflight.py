@@ -328,8 +328,9 @@ def _measure_batch_fix(config, source, target, options, report_progress):
 
 def _measure_state_change(config, source, target, options, report_progress):
     """A step that does not fit HBM, compiled again at its batch with the smallest change of its training state that
-    can make it fit: AdamW's first moment in bf16 (MaxText's mu_dtype, the TPU7x recipes' setting), else the weights
-    and both moments (weight_dtype). Where the state fits, the change is the first whose state arithmetic covers the
+    can make it fit: AdamW's first moment in bf16 (MaxText's mu_dtype, the TPU7x recipes' setting), else the
+    gradients (grad_dtype: not state, so only where the state fits), else the weights and both moments
+    (weight_dtype). Where the state fits, the change is the first whose arithmetic covers the
     compiled shortfall, and becomes a fix with what the two compiles measure; where the state alone cannot fit, the
     first whose state does, and the verdict says what its compile needs. The arithmetic alone cannot say whether the
     step then fits. One compile, for the answer reported (a remat sweep's best row)."""
@@ -343,9 +344,12 @@ def _measure_state_change(config, source, target, options, report_progress):
     remat, capacity = target.model["remat"], target.slice.target.compiler_hbm_bytes
     spec = llm_spec(config, source, target.slice, remat, options)
     state = spec.step.state
-    changes = [change for change, applies in ((llm_step.MU_BF16, state.first_moment == "float32"),
-                                               (llm_step.WEIGHTS_BF16, state.weights == "float32")) if applies]
     whole_state = spec.state_bytes_per_device > capacity  # the state alone cannot fit: nothing was compiled
+    # Gradients of fp32 weights are fp32 unless cast (bf16 weights have bf16 gradients); they are not state.
+    fp32_gradients = state.weights == "float32" and options.grad_dtype == "float32" and not whole_state
+    changes = [change for change, applies in ((llm_step.MU_BF16, state.first_moment == "float32"),
+                                               (llm_step.GRAD_BF16, fp32_gradients),
+                                               (llm_step.WEIGHTS_BF16, state.weights == "float32")) if applies]
     if whole_state and target.unsharded:
         return target  # the verdict's answer is the mesh that divides the state
     if whole_state and "full" in options.remat_policies:
@@ -356,6 +360,8 @@ def _measure_state_change(config, source, target, options, report_progress):
         changed_options = replace(options, max_batch=False, **{change.option: "bfloat16"})
         changed_spec = llm_spec(config, source, target.slice, remat, changed_options)
         state_saved = spec.state_bytes_per_device - changed_spec.state_bytes_per_device
+        if change is llm_step.GRAD_BF16:  # the parameters per device, each gradient 4 bytes -> 2
+            state_saved = spec.state_bytes_per_device // state.bytes_per_parameter() * 2
         # The compiles measured free less than the state arithmetic (the 975M-parameter step of the tests: 1.61 GiB
         # of the first moment's 1.82): a change whose arithmetic cannot cover the shortfall is not compiled.
         if (changed_spec.state_bytes_per_device <= capacity if whole_state
