@@ -211,7 +211,16 @@ def plan(run: dict) -> dict:
         command += ["--vocab-tiling", str(settings["num_vocab_tiling"])]
     if settings.get("grad_dtype") not in (None, "float32"):
         command += ["--grad-dtype", settings["grad_dtype"]]
-    other = {k: v for k, v in settings.items() if k not in NEUTRAL_SETTINGS | {"num_vocab_tiling", "grad_dtype"}}
+    # MaxText's shard_exp_on_fsdp, named fsdp_shard_on_exp in the earlier MaxText some recipes run; false is the default
+    experts_on_fsdp = ("shard_exp_on_fsdp", "fsdp_shard_on_exp")
+    if any(settings.get(key) is True for key in experts_on_fsdp):
+        transpose = (run.get("parallelism") or {}).get("ici_fsdp_transpose_parallelism")
+        if transpose in (None, 1):
+            command += ["--shard-exp-on-fsdp"]
+        else:  # tpuprof's fsdp spans fsdp_transpose too: the experts would not divide it as they do MaxText's fsdp
+            cannot.append("shard_exp_on_fsdp=True with fsdp_transpose (run with the embedding over fsdp)")
+    other = {k: v for k, v in settings.items()
+             if k not in NEUTRAL_SETTINGS | {"num_vocab_tiling", "grad_dtype", *experts_on_fsdp}}
     if other:
         cannot.append("other settings: " + ", ".join(f"{k}={v}" for k, v in other.items()))
     out["command"] = command
@@ -245,7 +254,10 @@ def run_layout(command: list[str], workdir: Path) -> tuple[dict | None, str, flo
     from tpuprof.results import PreflightResult
     from tpuprof.sources import llm, tpu_compile
 
-    keywords = {key[2:].replace("-", "_"): value for key, value in zip(command[0::2], command[1::2])}
+    keywords, words = {}, list(command)
+    while words:  # --option value, or a flag alone (True)
+        key = words.pop(0)[2:].replace("-", "_")
+        keywords[key] = words.pop(0) if words and not words[0].startswith("--") else True
     if keywords["model"].startswith("@maxtext-default-"):
         path = workdir / f"{keywords['model'][1:]}.json"
         path.write_text(json.dumps(maxtext_default_config(int(keywords["model"].rsplit("-", 1)[1]))))

@@ -184,3 +184,43 @@ def test_the_dropless_experts_weights_cross_into_the_shard_map_in_the_compute_dt
     # gate, up and down in the forward, and in the backward again with their three gradients coming out
     assert len(crossing) >= 9, crossing
     assert {a.dtype for a in crossing} == {jnp.dtype(jnp.bfloat16)}, crossing
+
+
+def test_shard_exp_on_fsdp_stores_the_experts_by_expert_over_fsdp(tmp_path):
+    """--shard-exp-on-fsdp (MaxText's shard_exp_on_fsdp, moe.py: wi ("embed_no_exp", None, "mlp"), wo
+    ("embed_no_exp", "mlp", None)): the experts' weights the step takes, and so their AdamW state and gradients, are
+    divided over fsdp by expert, each device holding whole experts, where by default the embedding is divided (on
+    DeepSeek-V3 over 256 devices, 28 of 7,168: a minor dimension TPU tiles pad to 128). The same bytes per device,
+    so the state arithmetic is unchanged. A model whose experts fsdp does not divide is refused, naming the option,
+    as MaxText refuses it. Built, not compiled."""
+    import tpuprof
+    from tpuprof.sources import tpu_compile
+
+    if not tpu_compile.jax_available():
+        pytest.skip("libtpu is not installed")
+    config = llm.parse_config(DEEPSEEK, "small-deepseek", "test")
+    devices = tpu_compile.topology_devices("v5e-4")
+    experts, d, width = DEEPSEEK["n_routed_experts"], DEEPSEEK["hidden_size"], DEEPSEEK["moe_intermediate_size"]
+    shards = {}
+    for on_fsdp in (False, True):
+        step = llm.Step(config, "test", 256, "full", "bf16", llm.parse_mesh(None, len(devices)), moe="dropless",
+                        shard_exp_on_fsdp=on_fsdp)
+        _, (params, _, _) = llm.build(step, devices, 1)
+        shards[on_fsdp] = {name.rsplit(".", 1)[-1]: value.sharding.shard_shape(value.shape)
+                           for name, value in params.items() if name.rsplit(".", 1)[-1].startswith("we_")}
+        shards[on_fsdp, "state"] = llm.state_bytes_per_device(config, step.mesh_sizes, step.state)
+    layers = 1  # the MoE layers after DeepSeek's first dense one
+    assert shards[False] == {"we_gate": (layers, experts, d // 4, width), "we_up": (layers, experts, d // 4, width),
+                             "we_down": (layers, experts, width, d // 4)}
+    assert shards[True] == {"we_gate": (layers, experts // 4, d, width), "we_up": (layers, experts // 4, d, width),
+                            "we_down": (layers, experts // 4, width, d)}
+    assert shards[False, "state"] == shards[True, "state"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(DEEPSEEK))  # 4 experts: fsdp over v5e-8's 8 devices cannot divide them
+    with pytest.raises(tpuprof.UserError) as refused:
+        tpuprof.preflight(model=str(path), tpu="v5e-8", seq=256, batch_per_chip=1, moe="dropless",
+                          shard_exp_on_fsdp=True)
+    assert str(refused.value).startswith("shard_exp_on_fsdp=") and "4 experts" in str(refused.value), refused.value
+    result = run_cli("preflight", "--model", str(path), "--tpu", "v5e-8", "--seq", "256", "--batch-per-chip", "1",
+                     "--shard-exp-on-fsdp", env={"XDG_CACHE_HOME": str(tmp_path)})
+    assert result.returncode == 2 and "--shard-exp-on-fsdp needs a mixture of experts" in result.stderr, result.stderr

@@ -36,6 +36,8 @@ CASES = [
      [STEP, "--tpu", "v5e", "--batch", "8", "--mu-dtype", "bfloat16"]),
     ("grad_dtype", dict(fn_or_model=STEP, tpu="v5e", batch=8, grad_dtype="bfloat16"),
      [STEP, "--tpu", "v5e", "--batch", "8", "--grad-dtype", "bfloat16"]),
+    ("shard_exp_on_fsdp", dict(fn_or_model=STEP, tpu="v5e", batch=8, shard_exp_on_fsdp=True),
+     [STEP, "--tpu", "v5e", "--batch", "8", "--shard-exp-on-fsdp"]),
     ("full", dict(fn_or_model=STEP, tpu="v5e", batch=8, full=True), [STEP, "--tpu", "v5e", "--batch", "8", "--full"]),
     ("ray", dict(fn_or_model=STEP, tpu="v5e", batch=8, ray="auto"), [STEP, "--tpu", "v5e", "--batch", "8", "--ray", "auto"]),
     ("vocab_tiling", dict(fn_or_model=STEP, tpu="v5e", batch=8, vocab_tiling=4),
@@ -98,7 +100,7 @@ def test_the_command_line_names_the_flag_at_fault(option, _, arguments, tmp_path
     assert result.returncode == 2 and result.stdout == "", result.stderr
     assert FLAGS[option] in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert f"{option}=" not in result.stderr, result.stderr
-    own = ("weight_dtype", "mu_dtype", "grad_dtype", "full", "ray", "vocab_tiling")
+    own = ("weight_dtype", "mu_dtype", "grad_dtype", "shard_exp_on_fsdp", "full", "ray", "vocab_tiling")
     if option in own:  # --model's own options: only the one given is named
         others = {FLAGS[name] for name in own} - {FLAGS[option]}
         assert not any(flag in result.stderr for flag in others), result.stderr

@@ -126,7 +126,8 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
               global_batch: Optional[int] = None, remat: str = "full", dtype: str = "bf16",
               mesh: Optional[str] = None, weight_dtype: str = "float32", mu_dtype: Optional[str] = None,
               full: bool = False, ray: Optional[str] = None, vocab_tiling: Optional[int] = None,
-              moe: str = "capacity", grad_dtype: str = "float32", verbose: bool = False) -> PreflightResult:
+              moe: str = "capacity", grad_dtype: str = "float32", shard_exp_on_fsdp: bool = False,
+              verbose: bool = False) -> PreflightResult:
     """Will a training step fit in one TPU device's HBM, and the largest batch that does: compiled by libtpu
     for the target on this machine, no TPU needed (`pip install 'jax[tpu]'`).
 
@@ -158,6 +159,8 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
         weights'): fp32 weights with a bf16 first moment are 10 bytes a parameter.
     grad_dtype: with model: the gradients' dtype before the optimizer, "float32" or "bfloat16" (MaxText's grad_dtype:
         the fp32 gradients cast right after the backward pass).
+    shard_exp_on_fsdp: with a mixture-of-experts model: store the experts' weights with their expert dimension over
+        fsdp instead of the embedding (MaxText's shard_exp_on_fsdp); the experts must divide over fsdp.
     full: with model: always compile to the end (default: stop early when the compiler's memory layout alone cannot
         fit; `fast` in the result says so).
     ray: with model: run a sweep's compiles (several slices, remat="all") as tasks on this Ray cluster ("auto",
@@ -181,7 +184,8 @@ def preflight(fn_or_model: Any = None, *example_args: Any, tpu: Union[str, Itera
                           compare_bf16=compare_bf16, top=top, cache=cache, tokens_per_example=tokens_per_example,
                           price=price, model=model, seq=seq, batch_per_chip=batch_per_chip, global_batch=global_batch,
                           remat=remat, dtype=dtype, mesh=mesh, weight_dtype=weight_dtype, mu_dtype=mu_dtype,
-                          full=full, ray=ray, vocab_tiling=vocab_tiling, moe=moe, grad_dtype=grad_dtype)
+                          full=full, ray=ray, vocab_tiling=vocab_tiling, moe=moe, grad_dtype=grad_dtype,
+                          shard_exp_on_fsdp=shard_exp_on_fsdp)
 
 
 def _preflight(fn_or_model, example_args, on_compile, **keywords):

@@ -274,6 +274,7 @@ def preflight(
     weight_dtype: str = Option("float32", "--weight-dtype", metavar="float32|bfloat16", help="--model: the weights' and AdamW moments' dtype (MaxText's weight_dtype): 12 or 6 bytes per parameter."),
     mu_dtype: Optional[str] = Option(None, "--mu-dtype", metavar="float32|bfloat16", help="--model: AdamW's first moment's dtype (MaxText's mu_dtype; default: the weights'): bfloat16 with fp32 weights is 10 bytes per parameter, as the TPU7x recipes train."),
     grad_dtype: str = Option("float32", "--grad-dtype", metavar="float32|bfloat16", help="--model: the gradients' dtype before the optimizer (MaxText's grad_dtype): bfloat16 casts the fp32 gradients right after the backward pass, as the DeepSeek-V3 TPU7x recipes train."),
+    shard_exp_on_fsdp: bool = Option(False, "--shard-exp-on-fsdp", help="--model, a mixture of experts: store the experts' weights with their expert dimension over fsdp instead of the embedding (MaxText's shard_exp_on_fsdp, fsdp_shard_on_exp before); the experts must divide over fsdp."),
     vocab_tiling: Optional[int] = Option(None, "--vocab-tiling", metavar="N", help="--model: the loss in N pieces of each sequence (MaxText's num_vocab_tiling; default: the fewest whose fp32 logits stay within 512 MiB per device)."),
     moe: str = Option("capacity", "--moe", metavar="capacity|dropless", help="--model, a mixture of experts: capacity (tokens beyond a capacity factor of 1.25 dropped) or dropless (MaxText's sparse_matmul with megablox grouped matmuls; no expert parallelism)."),
     full: bool = Option(False, "--full", help="--model: always compile to the end (default: stop early, and say so, when the compiler's memory layout alone cannot fit)."),
@@ -292,7 +293,7 @@ def preflight(
                 tokens_per_example=tokens_per_example, price=price, model=model, seq=seq,
                 batch_per_chip=batch_per_chip, global_batch=global_batch, remat=remat, dtype=dtype, mesh=mesh,
                 weight_dtype=weight_dtype, mu_dtype=mu_dtype, full=full, ray=ray, vocab_tiling=vocab_tiling, moe=moe,
-                grad_dtype=grad_dtype)
+                grad_dtype=grad_dtype, shard_exp_on_fsdp=shard_exp_on_fsdp)
 
 
 # serve's closed sets, from the one place that knows them (tpuprof.models.serve).

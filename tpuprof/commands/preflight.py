@@ -267,7 +267,8 @@ def llm_spec(config, source, chosen, remat: str, options):
 
     sizes = model_mesh(config, chosen, options)
     step = llm.Step(config, source, options.seq, remat, options.dtype, sizes, options.weight_dtype,
-                    options.mu_dtype, options.vocab_tiling, options.moe, options.grad_dtype)
+                    options.mu_dtype, options.vocab_tiling, options.moe, options.grad_dtype,
+                    options.shard_exp_on_fsdp)
     return llm.Spec(step, chosen)
 
 
@@ -280,6 +281,15 @@ def model_mesh(config, chosen, options) -> dict:
         raise PreflightOptionError("moe", "{option} dropless with an expert axis ({mesh} expert="
                                           f"{sizes['expert']}) is not modelled: tpuprof's dropless MoE holds every "
                                           "expert on each device, as MaxText's does without expert parallelism.")
+    if options.shard_exp_on_fsdp and not (config.moe and config.num_experts % sizes["fsdp"] == 0
+                                          and sizes["tensor"] == sizes["expert"] == 1):
+        # MaxText's own condition (pyconfig: num_experts divisible by ici_fsdp_parallelism, no tensor or expert
+        # parallelism)
+        raise PreflightOptionError("shard_exp_on_fsdp", f"{{option}} needs a mixture of experts whose experts the fsdp "
+                                                        f"axis divides, without tensor or expert axes: {config.name} has "
+                                                        f"{config.num_experts or 'no'} experts, the mesh "
+                                                        + ", ".join(f"{a}={n}" for a, n in sizes.items() if n > 1)
+                                                        + ".")
     tensor = sizes["tensor"]
     if config.num_attention_heads % tensor or (not config.mla and config.num_key_value_heads % tensor):
         raise PreflightOptionError("mesh", f"{{option}} tensor={tensor} must divide the attention heads "

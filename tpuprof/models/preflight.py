@@ -48,6 +48,9 @@ class TrainingState:
 
     weights: str = "float32"
     mu: str | None = None
+    # MaxText's shard_exp_on_fsdp (fsdp_shard_on_exp before): the experts' weights stored with the expert
+    # dimension over fsdp rather than the embedding
+    experts_on_fsdp: bool = False
 
     @property
     def first_moment(self) -> str:
@@ -64,7 +67,7 @@ FLAGS = {
     "tokens_per_example": "--tokens-per-example", "price": "--price", "model": "--model", "seq": "--seq",
     "batch_per_chip": "--batch-per-chip", "global_batch": "--global-batch", "remat": "--remat", "dtype": "--dtype",
     "mesh": "--mesh", "weight_dtype": "--weight-dtype", "mu_dtype": "--mu-dtype", "grad_dtype": "--grad-dtype",
-    "vocab_tiling": "--vocab-tiling", "moe": "--moe", "full": "--full", "ray": "--ray",
+    "shard_exp_on_fsdp": "--shard-exp-on-fsdp", "vocab_tiling": "--vocab-tiling", "moe": "--moe", "full": "--full", "ray": "--ray",
 }
 
 
@@ -105,6 +108,7 @@ class PreflightOptions:
     vocab_tiling: int | None = None  # --model: the loss in this many pieces (None: tpuprof's fewest within budget)
     moe: str = "capacity"  # --model: how a mixture of experts routes (MOE_ROUTINGS)
     grad_dtype: str = "float32"  # --model: MaxText's grad_dtype, the fp32 gradients' dtype before the optimizer
+    shard_exp_on_fsdp: bool = False  # --model, an MoE: the experts' weights stored with their expert dimension over fsdp
 
     @property
     def remat_policies(self) -> tuple:
@@ -123,7 +127,8 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
                       remat: str = "full", dtype: str = "bf16", mesh: str | None = None,
                       weight_dtype: str = "float32", mu_dtype: str | None = None, full: bool = False,
                       ray: str | None = None, vocab_tiling: int | None = None,
-                      moe: str = "capacity", grad_dtype: str = "float32") -> PreflightOptions:
+                      moe: str = "capacity", grad_dtype: str = "float32",
+                      shard_exp_on_fsdp: bool = False) -> PreflightOptions:
     """The one validation of a preflight question (what needs the step or the model loaded is checked where they
     are); raises PreflightOptionError naming the keyword at fault."""
     error = PreflightOptionError
@@ -171,7 +176,7 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
     else:
         given = {"weight_dtype": weight_dtype != "float32", "mu_dtype": mu_dtype is not None, "full": full,
                  "ray": ray, "vocab_tiling": vocab_tiling is not None, "moe": moe != "capacity",
-                 "grad_dtype": grad_dtype != "float32"}
+                 "grad_dtype": grad_dtype != "float32", "shard_exp_on_fsdp": shard_exp_on_fsdp}
         wrong = next((keyword for keyword, set_ in given.items() if set_), None)
         if wrong:
             raise error(wrong, f"{{{wrong}}} goes with {{model}} (tpuprof's LLM train step).")
@@ -187,7 +192,7 @@ def preflight_options(fn_or_model: Any = None, example_args: tuple = (), *, tpu:
     return PreflightOptions(slices, fn_or_model, tuple(example_args), model, batch, bool(max_batch),
                             bool(compare_bf16), top, bool(cache), tokens_per_example, prices, seq, batch_per_chip,
                             global_batch, remat, dtype, mesh, weight_dtype, mu_dtype, bool(full), ray or None,
-                            vocab_tiling, moe, grad_dtype)
+                            vocab_tiling, moe, grad_dtype, bool(shard_exp_on_fsdp))
 
 
 # --- results -----------------------------------------------------------------------------------------------

@@ -245,6 +245,7 @@ def _model(t: dict) -> str:
             f"{m['dtype']}" + (f", {weights} weights" if weights != "float32" else "")
             + (f", {m['mu_dtype']} first moment" if m.get("mu_dtype", weights) != weights else "")
             + (f", {m['grad_dtype']} gradients" if m.get("grad_dtype", "float32") != "float32" else "")
+            + (", experts over fsdp" if m.get("shard_exp_on_fsdp") else "")
             + (f", loss in {m['vocab_tiling']} pieces" if m.get("vocab_tiling") else "")
             + (", dropless MoE" if m.get("moe", "").startswith("dropless") else "")
             + (", XLA attention (no Pallas kernels here)" if m.get("attention", "").startswith("XLA") else ""))

@@ -509,7 +509,8 @@ def state_bytes_per_device(config: ModelConfig, sizes: dict[str, int],
     weights and a bf16 first moment), from the sharding rules (no compile): every parameter is divided over fsdp x
     tensor (x expert for the experts' weights) when those divide it; gradients, activations and temporaries come
     on top."""
-    return sum(_per_device(shape, axes, sizes) for shape, axes in _parameter_layout(config, sizes).values()) \
+    layout = _parameter_layout(config, sizes, experts_on_fsdp=state.experts_on_fsdp)
+    return sum(_per_device(shape, axes, sizes) for shape, axes in layout.values()) \
         * state.bytes_per_parameter()
 
 
@@ -543,7 +544,8 @@ class Unsharded:
 def unsharded(config: ModelConfig, sizes: dict[str, int], state: TrainingState = TrainingState()) -> Unsharded | None:
     """What the mesh SIZES leaves whole of CONFIG's parameters (None: every parameter is divided as meant), and
     the largest fsdp/expert axes that would divide it all, the rest of the devices moved to the data axis."""
-    meant, placed = _parameter_layout(config, sizes, even_only=False), _parameter_layout(config, sizes)
+    meant = _parameter_layout(config, sizes, even_only=False, experts_on_fsdp=state.experts_on_fsdp)
+    placed = _parameter_layout(config, sizes, experts_on_fsdp=state.experts_on_fsdp)
     names, extra, dimensions = [], 0, {}
     for name, (shape, wanted) in meant.items():
         got = placed[name][1]
@@ -571,11 +573,17 @@ def unsharded(config: ModelConfig, sizes: dict[str, int], state: TrainingState =
     return Unsharded(names, extra * state.bytes_per_parameter(), dimensions, mesh)
 
 
-def _parameter_layout(config: ModelConfig, sizes: dict[str, int],
-                      even_only: bool = True) -> dict[str, tuple[tuple, tuple]]:
+# MaxText's shard_exp_on_fsdp (moe.py: wi ("embed_no_exp", None, "mlp"), wo ("embed_no_exp", "mlp", None)): the
+# experts' weights stored with the expert dimension over fsdp, the embedding whole, the width over tensor.
+EXPERTS_ON_FSDP = {"we_gate": (("fsdp",), None, ("tensor",)), "we_up": (("fsdp",), None, ("tensor",)),
+                   "we_down": (("fsdp",), ("tensor",), None)}
+
+
+def _parameter_layout(config: ModelConfig, sizes: dict[str, int], even_only: bool = True,
+                      experts_on_fsdp: bool = False) -> dict[str, tuple[tuple, tuple]]:
     """name -> (shape, per-dimension mesh axes) for every parameter (each segment's layers stacked on a leading
     axis). An axis that does not divide its dimension is dropped (even_only, as JAX shards); without even_only,
-    the axes meant."""
+    the axes meant. EXPERTS_ON_FSDP: the experts' weights as MaxText's shard_exp_on_fsdp stores them."""
     c = config
 
     def spec(shape, *axes):
@@ -593,6 +601,7 @@ def _parameter_layout(config: ModelConfig, sizes: dict[str, int],
         layout["final_norm_bias"] = spec((d,), None)
     for prefix, kind, repeats in layer_slots(c):
         for name, (shape, axes) in _layer_layout(c, kind).items():
+            axes = EXPERTS_ON_FSDP[name] if experts_on_fsdp and name in EXPERTS_ON_FSDP else axes
             layout[prefix + name] = spec((repeats, *shape), None, *axes)
     if not c.tie_word_embeddings:
         layout["lm_head"] = spec((d, c.vocab_size), fsdp, tensor)
@@ -707,10 +716,11 @@ class Step:
     moe: str = "capacity"  # MoE_KINDS: capacity-dropped one-hot einsums, or dropless grouped matmuls (MaxText's
     # sparse_matmul with megablox)
     grad_dtype: str = "float32"  # MaxText's grad_dtype: the fp32 gradients cast to it before the optimizer
+    shard_exp_on_fsdp: bool = False  # MaxText's shard_exp_on_fsdp: the experts' weights stored over fsdp by expert
 
     @property
     def state(self) -> TrainingState:
-        return TrainingState(self.weight_dtype, self.mu_dtype)
+        return TrainingState(self.weight_dtype, self.mu_dtype, self.shard_exp_on_fsdp)
 
     def key(self) -> str:
         own = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
@@ -725,6 +735,8 @@ class Step:
             parts.append(["mu_dtype", self.mu_dtype])
         if self.grad_dtype != "float32":
             parts.append(["grad_dtype", self.grad_dtype])
+        if self.shard_exp_on_fsdp:
+            parts.append("shard_exp_on_fsdp")
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
@@ -746,7 +758,7 @@ def build(step: Step, devices, batch_per_device: int):
     if config.learned_positions and step.seq_len > config.learned_positions:
         raise UserError(f"--seq {step.seq_len} is longer than the {config.learned_positions} learned positions of "
                         f"{config.name}.")
-    layout = _parameter_layout(config, sizes)
+    layout = _parameter_layout(config, sizes, experts_on_fsdp=step.shard_exp_on_fsdp)
     batch_axes = tuple(axis for axis in ("data", "fsdp", "expert") if sizes[axis] > 1) or None
 
     def sharded(shape, spec, dtype):
@@ -1418,6 +1430,8 @@ class Spec:
             info["mu_dtype"] = self.step.mu_dtype
         if self.step.grad_dtype != "float32":
             info["grad_dtype"] = self.step.grad_dtype
+        if self.step.shard_exp_on_fsdp:
+            info["shard_exp_on_fsdp"] = True
         if config.mla:
             info["attention_width"] = config.num_attention_heads * (config.head_dim + config.v_head_dim) // 2
         kinds = config.layer_kinds()
