@@ -215,6 +215,15 @@ def test_shard_exp_on_fsdp_stores_the_experts_by_expert_over_fsdp(tmp_path):
     assert shards[True] == {"we_gate": (layers, experts // 4, d, width), "we_up": (layers, experts // 4, d, width),
                             "we_down": (layers, experts // 4, width, d)}
     assert shards[False, "state"] == shards[True, "state"]
+    # DeepSeek-V3's state cannot fit v5e-8 whatever the batch: answered without a compile, the option in the document
+    documents = [tpuprof.preflight(model="deepseek-v3", tpu="v5e-8", seq=256, batch_per_chip=1, moe="dropless",
+                                   shard_exp_on_fsdp=on_fsdp).to_dict() for on_fsdp in (False, True)]
+    from test_schemas import validate
+
+    validate(documents[1])
+    plain, on_fsdp = (document["targets"][0] for document in documents)
+    assert on_fsdp["model"]["shard_exp_on_fsdp"] is True and "shard_exp_on_fsdp" not in plain["model"]
+    assert on_fsdp["compiles"] == 0 and on_fsdp["state_bytes_per_chip"] == plain["state_bytes_per_chip"]
     path = tmp_path / "config.json"
     path.write_text(json.dumps(DEEPSEEK))  # 4 experts: fsdp over v5e-8's 8 devices cannot divide them
     with pytest.raises(tpuprof.UserError) as refused:
