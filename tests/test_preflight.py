@@ -229,6 +229,20 @@ def test_flags_libtpu_refuses_are_one_sentence(tmp_path):
     assert "Traceback" not in result.stderr and result.stdout == "" and not list(temp.iterdir())
 
 
+@pytest.mark.compile
+def test_a_compile_with_other_libtpu_flags_is_not_taken_from_the_cache(tmp_path):
+    """libtpu compiles with the job's LIBTPU_INIT_ARGS: the same program compiled with other flags is another
+    compile. The cache's key left them out, so a run with the flag a recipe sets (here the DeepSeek-V3 TPU7x
+    recipes' all-gather flag) was answered from the compile without it, silently."""
+    args = ("preflight", f"{MODELS / 'narrow_mlp.py'}:factory", "--tpu", "v5e", "--batch", "8", "--json")
+    cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    first = run_cli(*args, env=cache)
+    again = run_cli(*args, env=cache)
+    flagged = run_cli(*args, env={**cache, "LIBTPU_INIT_ARGS": "--xla_tpu_prefer_async_allgather_to_allreduce=true"})
+    counts = [json.loads(r.stdout)["targets"][0]["compiles"] for r in (first, again, flagged)]
+    assert counts == [1, 0, 1], counts
+
+
 def test_without_libtpu_preflight_explains_the_install_and_the_rest_works(tmp_path):
     """A Python where `import jax` / `import libtpu` fail, as without `pip install jax[tpu]`."""
     blocker = tmp_path / "sitecustomize.py"

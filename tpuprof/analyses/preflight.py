@@ -301,6 +301,9 @@ class Compiler:
                  self.dtype or "default", self._libtpu]
         if getattr(self.spec, "mesh_text", None):  # --mesh: the factory's Mesh (the LLM step's digest has it)
             parts.append(self.spec.mesh_text)
+        flags = " ".join(os.environ.get("LIBTPU_INIT_ARGS", "").split())
+        if flags:  # libtpu compiles with the job's flags (tpu_compile._check_libtpu_flags): another program
+            parts.append(flags)
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
     def measure(self, batch: int, dump: bool = False, need_dump: bool | None = None) -> Measurement:
