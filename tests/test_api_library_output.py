@@ -4,6 +4,7 @@ notebook's stream; verbose=True shows the lines."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -12,8 +13,10 @@ import pytest
 
 from conftest import ROOT, SAMPLES
 
-pytest.importorskip("jax")
-pytest.importorskip("tensorflow")
+# Found, not imported: the tests run in processes of their own, and importing TensorFlow here cost each xdist worker
+# about 4 CPU-s while it collected the suite.
+pytestmark = pytest.mark.skipif(not all(importlib.util.find_spec(name) for name in ("jax", "tensorflow")),
+                                reason="needs jax and tensorflow")
 
 SCRIPT = """
 import io, sys
