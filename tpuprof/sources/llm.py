@@ -790,11 +790,13 @@ def _train_step(config: ModelConfig, step: Step, mesh, batch_axes):
     for axis in batch_axes or ():
         batch_shards *= mesh.shape[axis]
     # The loss: the LM head gathered once in bf16 (over fsdp; vocabulary kept over tensor, as the weight is),
-    # hidden states cut into [chunk, batch, token, embed] pieces (see cross_entropy).
+    # hidden states cut into [chunk, batch, token, embed] pieces (see cross_entropy), or in one piece MaxText's
+    # untiled loss (see whole_cross_entropy).
     vocab_axis = _fits(config.vocab_size, ("tensor",), step.mesh_sizes)
     vocab_shards = mesh.shape["tensor"] if vocab_axis else 1
     gathered_head = NamedSharding(mesh, P(None, vocab_axis))
     chunk_sharding = NamedSharding(mesh, P(None, batch_axes, None, None))
+    whole_logits = NamedSharding(mesh, P(batch_axes, None, vocab_axis))  # MaxText's logits: batch, length, vocab
     attention = _attention(config, step.seq_len, mesh, batch_axes)
     moe = (_dropless_moe if step.moe == "dropless" else _moe)(config, mesh, batch_axes) if config.moe else None
 
@@ -926,6 +928,12 @@ def _train_step(config: ModelConfig, step: Step, mesh, batch_axes):
                                                   config.vocab_size // vocab_shards)
         cap = config.final_logit_softcapping
 
+        if chunks == 1:  # MaxText's num_vocab_tiling=1: its output head and cross-entropy as they are
+            logits = jax.lax.with_sharding_constraint(matmul(x, head, "bsd,dv->bsv"), whole_logits)
+            if cap:  # decoders.py apply_output_head: the soft cap in the logits' dtype, then cast_logits_to_fp32
+                logits = jnp.tanh(logits / cap) * cap
+            return whole_cross_entropy(logits.astype(jnp.float32), targets)
+
         def logits_of(chunk):
             logits = matmul(chunk, head, "bsd,dv->bsv").astype(jnp.float32)
             return cap * jnp.tanh(logits / cap) if cap else logits
@@ -977,6 +985,46 @@ def cross_entropy(logits_of, x, targets, chunks: int, sharding=None):
 
     total, _ = jax.lax.scan(piece_loss, jnp.zeros((), jnp.float32), (pieces, labels))
     return total / (batch * seq)
+
+
+def whole_cross_entropy(logits, targets):
+    """Mean causal-LM cross-entropy of fp32 [batch, seq, vocab] logits as MaxText computes it without vocabulary
+    tiling (train.py `loss_fn`): one-hot targets into max_utils `cross_entropy_with_logits`, whose custom VJP
+    keeps exp(logits - max) and its sum for the backward and returns softmax - one_hot as the logits' gradient.
+    No rematerialisation: the forward's logits are kept for the backward, not recomputed from the hidden states.
+    Compiled, libtpu keeps one [batch, seq, vocab] array in the logits' matmul dtype (bf16) between the two and
+    recomputes the fp32 exponentials from it, where a gradient of `take_along_axis` (a scatter into fp32
+    [batch, seq, vocab] zeros) and a rematerialised forward would hold fp32 [batch, seq, vocab] too."""
+    import jax
+    import jax.numpy as jnp
+
+    batch, seq, vocab = logits.shape
+    loss = _maxtext_cross_entropy(logits, jax.nn.one_hot(targets, vocab, dtype=logits.dtype))
+    return jnp.sum(loss) / (batch * seq)
+
+
+def _maxtext_cross_entropy(logits, one_hot):
+    """MaxText max_utils.cross_entropy_with_logits (T5X's) without the z-loss (base.yml z_loss_multiplier: 0):
+    per-token -sum(one_hot * log_softmax(logits)), with its custom VJP."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.custom_vjp
+    def xent(logits, one_hot):
+        return -jnp.sum(one_hot * jax.nn.log_softmax(logits, axis=-1), axis=-1)
+
+    def forward(logits, one_hot):
+        shifted = logits - logits.max(axis=-1, keepdims=True)
+        exp_shifted = jnp.exp(shifted)
+        sum_exp = jnp.sum(exp_shifted, axis=-1, keepdims=True)
+        return -jnp.sum(one_hot * (shifted - jnp.log(sum_exp)), axis=-1), (one_hot, exp_shifted, sum_exp)
+
+    def backward(residuals, g):
+        one_hot, exp_shifted, sum_exp = residuals
+        return g[..., None] * (exp_shifted / sum_exp - one_hot), None
+
+    xent.defvjp(forward, backward)
+    return xent(logits, one_hot)
 
 
 def _adamw(params, grads, opt, lr=1e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1):
