@@ -1,6 +1,7 @@
 """The LLM step's loss (tpuprof/sources/llm.py `cross_entropy`): computed over pieces of the sequence, it is the
-same function as the whole-sequence cross-entropy (value and gradients, real JAX on the CPU), and the compiled
-step never holds the whole [batch, seq, vocab] fp32 logits (a real libtpu compile of a tiny model)."""
+same function as the whole-sequence cross-entropy (value and gradients, real JAX on the CPU), as is MaxText's
+untiled loss (`whole_cross_entropy`), and the compiled step never holds the whole [batch, seq, vocab] fp32 logits
+(a real libtpu compile of a tiny model)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ def reference_loss(x, head, targets):
     """The textbook formula on whole logits: -mean(log_softmax(x @ head)[target])."""
     log_probabilities = jax.nn.log_softmax(jnp.einsum("bsd,dv->bsv", x, head), axis=-1)
     return -jnp.mean(jnp.take_along_axis(log_probabilities, targets[..., None], axis=-1))
+
+
+def maxtext_untiled_loss(x, head, targets):
+    return llm.whole_cross_entropy(jnp.einsum("bsd,dv->bsv", x, head), targets)
 
 
 def chunked_loss(chunks):
@@ -38,6 +43,10 @@ def test_the_chunked_loss_is_the_whole_sequence_loss_and_so_are_its_gradients():
         assert value == pytest.approx(float(expected), rel=1e-5)
         for got, want in zip(grads, expected_grads):
             assert jnp.allclose(got, want, rtol=1e-4, atol=1e-6)
+    value, grads = jax.jit(jax.value_and_grad(maxtext_untiled_loss, argnums=(0, 1)))(x, head, targets)
+    assert value == pytest.approx(float(expected), rel=1e-5)
+    for got, want in zip(grads, expected_grads):
+        assert jnp.allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
 def test_the_loss_is_cut_so_that_one_piece_of_fp32_logits_stays_within_the_budget():
@@ -54,31 +63,39 @@ def test_the_loss_is_cut_so_that_one_piece_of_fp32_logits_stays_within_the_budge
 
 
 @pytest.mark.slow
-def test_the_compiled_step_never_holds_the_whole_logits():
-    """A 2-layer model with a large vocabulary on v5e-4 (libtpu, compile-only): the fp32 logits of the whole
-    sequence would be 256 MiB per chip. In one piece (within the 512 MiB budget: tpuprof's own choice, and
-    MaxText's num_vocab_tiling=1) the compiler's temporaries exceed that; with --vocab-tiling 16, pieces of
-    16 MiB, they stay far below it. (Short sequences and narrow layers: libtpu's compile time grows with
-    the tokens and the matmuls' width.)"""
+def test_the_compiled_step_never_holds_the_whole_logits_in_fp32(tmp_path):
+    """A 2-layer model with a large vocabulary and Gemma's logit soft cap on v5e-4 (libtpu, compile-only): the
+    fp32 logits of the whole sequence would be 256 MiB per chip, bf16 ones 128 MiB. In one piece (MaxText's
+    num_vocab_tiling=1, and tpuprof's own choice within the 512 MiB budget) the step is MaxText's untiled loss,
+    which libtpu lays out with the bf16 logits kept for the backward and no fp32 [batch, seq, vocab] buffer at
+    all (a rematerialised piece with a `take_along_axis` gradient held f32[2,512,65536]: 264.5 MiB of
+    temporaries, 392.9 without the soft cap); with --vocab-tiling 16, pieces of 16 MiB, far below either.
+    (Short sequences and narrow layers: libtpu's compile time grows with the tokens and the matmuls' width.)"""
+    from tpuprof.commands.memory import module_memories
     from tpuprof.sources import tpu_compile
 
     if not tpu_compile.jax_available():
         pytest.skip("libtpu is not installed")
     config = llm.parse_config({"model_type": "llama", "vocab_size": 65536, "hidden_size": 128,
                                "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-                               "num_key_value_heads": 2}, "wide-vocab", "test")
+                               "num_key_value_heads": 2, "final_logit_softcapping": 30.0}, "wide-vocab", "test")
     devices = tpu_compile.topology_devices("v5e-4")
-    whole_logits = 2 * 512 * 65536 * 4  # 2 sequences per chip
+    whole_logits = 2 * 512 * 65536 * 4  # fp32, 2 sequences per chip
 
-    def temporaries(vocab_tiling):
+    def compiled(vocab_tiling, dump=None):
         step = llm.Step(config, "test", 512, "full", "bf16", llm.parse_mesh(None, len(devices)),
                         vocab_tiling=vocab_tiling)
         fn, args = llm.build(step, devices, 2)
-        return tpu_compile.compile_jax(fn, args, "v5e-4").temp_bytes
+        return tpu_compile.compile_jax(fn, args, "v5e-4", dump_dir=dump)
 
     assert llm.loss_chunks(512, 2, 65536) == 1
-    assert temporaries(None) > whole_logits
-    assert temporaries(16) < whole_logits / 2
+    untiled = compiled(1, tmp_path / "untiled")
+    shapes = {(b.dtype, b.shape.split("{")[0]) for b in module_memories(tmp_path / "untiled", target="v5e",
+                                                                        compile_=False)[0].buffers}
+    assert ("bf16", "bf16[2,512,65536]") in shapes  # the logits, kept for the backward as MaxText keeps them
+    assert not any(shape.startswith("f32[2,512,65536]") for _, shape in shapes)
+    assert whole_logits / 2 <= untiled.temp_bytes < whole_logits * 0.6
+    assert compiled(16).temp_bytes < whole_logits / 2
 
 
 def test_vocab_tiling_reaches_the_step_and_its_document(tmp_path, monkeypatch):
