@@ -993,8 +993,8 @@ def whole_cross_entropy(logits, targets):
     keeps exp(logits - max) and its sum for the backward and returns softmax - one_hot as the logits' gradient.
     No rematerialisation: the forward's logits are kept for the backward, not recomputed from the hidden states.
     Compiled, libtpu keeps one [batch, seq, vocab] array in the logits' matmul dtype (bf16) between the two and
-    recomputes the fp32 exponentials from it, where a gradient of `take_along_axis` (a scatter into fp32
-    [batch, seq, vocab] zeros) and a rematerialised forward would hold fp32 [batch, seq, vocab] too."""
+    recomputes the fp32 exponentials from it; `cross_entropy` in one rematerialised piece, picking the target with
+    `take_along_axis`, held an fp32 [batch, seq, vocab] besides (tests/test_llm_loss.py)."""
     import jax
     import jax.numpy as jnp
 
