@@ -763,7 +763,7 @@ def test_bf16_gradients_are_cast_before_the_optimizer_as_maxtexts_grad_dtype(llm
     and it carries them in bf16, and the compiler's temporaries shrink by at least those 2 bytes a parameter
     (measured 8 Dec with the loss in two rematerialised pieces: 148.2 -> 66.7 MiB). The weights and AdamW state,
     the arguments, stay as they were. The loss is pinned to two pieces: in one (MaxText's untiled loss, which
-    tpuprof builds for one piece since 8 Dec) libtpu packs both tighter, 103.0 -> 58.0 MiB, 45 MiB apart where
+    tpuprof builds for one piece since 7 Dec) libtpu packs both tighter, 103.0 -> 58.0 MiB, 45 MiB apart where
     the gradients' 2 bytes a parameter are 60 MiB, though the loop carries them in bf16 all the same."""
     config = dict(TINY, hidden_size=512, intermediate_size=2048, num_hidden_layers=8)
     (tmp_path / "config.json").write_text(json.dumps(config))
