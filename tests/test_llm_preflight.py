@@ -601,7 +601,7 @@ def test_the_batch_fix_counts_the_sequences_the_tensor_axis_repeats(tmp_path):
     sequences per device."""
     config = {"model_type": "gpt2", "vocab_size": 512, "n_embd": 256, "n_layer": 6, "n_head": 2, "n_positions": 256}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    target = preflight(llm_cache, "--model", str(tmp_path / "config.json"), "--tpu", "v5e-4", "--mesh",
+    target = preflight(tmp_path / "cache", "--model", str(tmp_path / "config.json"), "--tpu", "v5e-4", "--mesh",
                        "fsdp=2,tensor=2", "--seq", "128", "--batch-per-chip", "16384")["targets"][0]
     (fix,) = [f for f in target["memory"]["suggestions"] if f["kind"] == "batch_size"]
     assert "read as a batch of 32768" not in fix["evidence"], fix
