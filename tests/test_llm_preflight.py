@@ -806,3 +806,16 @@ def test_bf16_gradients_are_offered_where_the_first_moment_is_bf16_already_and_t
     assert f"{fmt_bytes(target['required_bytes'])} (its layout, a lower bound) as it is, " \
         f"{fmt_bytes(changed['required_bytes'])} with --grad-dtype bfloat16; the gradients' arithmetic (2 bytes a " \
         f"parameter instead of 4): {fmt_bytes(gradients)} less per device" in fix["evidence"]
+
+
+def test_the_jobs_libtpu_flags_win_over_tpuprofs_defaults(monkeypatch):
+    """A compile's own options override LIBTPU_INIT_ARGS, so the TPU7x recipes' scheduler memory limit of 150% gave
+    way to tpuprof's default of 100%: a flag the job's variable names is left to it. (The Gemma 4 26B-A4B tpu7x-128
+    recipe's step lays out in 120.6 GiB with tpuprof's flags alone, in 89.06 GiB with the recipe's three scheduler
+    flags in LIBTPU_INIT_ARGS, 7 Dec 2026.)"""
+    monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
+    assert llm.compiler_options("v6e")["xla_tpu_scheduler_percent_shared_memory_limit"] == 100
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", " --xla_tpu_scheduler_percent_shared_memory_limit=150  --xla_foo=1")
+    options = llm.compiler_options("v6e")
+    assert "xla_tpu_scheduler_percent_shared_memory_limit" not in options
+    assert options["xla_tpu_scoped_vmem_limit_kib"] == 98304 and options["xla_enable_async_all_gather"] is True

@@ -1078,8 +1078,15 @@ def generation_of(devices) -> str:
 
 
 def compiler_options(generation: str) -> dict:
-    """The flags a --model step is compiled with on GENERATION (see COMPILER_OPTIONS, RECIPE_VMEM_LIMIT)."""
-    return {**COMPILER_OPTIONS, **RECIPE_VMEM_LIMIT.get(generation, {})}
+    """The flags a --model step is compiled with on GENERATION (see COMPILER_OPTIONS, RECIPE_VMEM_LIMIT), but for
+    those the job's LIBTPU_INIT_ARGS set: libtpu reads that variable as it loads, and a compile's own options
+    override it, so a flag of the user's recipe (the TPU7x recipes' scheduler memory limit of 150%) would give way
+    to tpuprof's default for it."""
+    import os
+
+    named = {word.lstrip("-").split("=", 1)[0] for word in os.environ.get("LIBTPU_INIT_ARGS", "").split()}
+    chosen = {**COMPILER_OPTIONS, **RECIPE_VMEM_LIMIT.get(generation, {})}
+    return {flag: value for flag, value in chosen.items() if flag not in named}
 
 
 def _attention(config: ModelConfig, seq_len: int, mesh, batch_axes):
