@@ -1103,7 +1103,7 @@ def _attention(config: ModelConfig, seq_len: int, mesh, batch_axes):
     from jax.sharding import PartitionSpec as P
 
     c = config
-    h, kv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    h, hd = c.num_attention_heads, c.head_dim
     local_heads = h // mesh.shape["tensor"]
     generation = generation_of(mesh.devices.flat)
     # A tile divides the sequence (a multiple of 128).
