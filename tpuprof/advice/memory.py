@@ -757,12 +757,13 @@ def batch_to_measure(module: ModuleMemory) -> int | None:
 
 def measure_batch(module: ModuleMemory, batch: int, needed: int | None, smaller: int, smaller_needed: int | None,
                   smaller_fits: bool, needed_is_bound: bool = False, smaller_is_bound: bool = False,
-                  smaller_refused: bool = False) -> None:
+                  smaller_refused: bool = False, smaller_layout_fits: bool = False) -> None:
     """preflight compiled the same step at the batch the fix names (SMALLER): the fix's saving is then the two
     compiles' totals' difference, measured, and 'enough to fit' only when the compile at SMALLER fits. *_IS_BOUND: a
     compile stopped at its memory layout (preflight --model's layout-only compiles), whose total is a lower bound:
     the saving is then 'at least' (the larger batch's layout against a whole compile) or the layouts' difference.
-    SMALLER_REFUSED: the compile at SMALLER ran out of memory (libtpu's RESOURCE_EXHAUSTED): it does not fit."""
+    SMALLER_REFUSED: the compile at SMALLER ran out of memory (libtpu's RESOURCE_EXHAUSTED): it does not fit.
+    SMALLER_LAYOUT_FITS: the compile at SMALLER was stopped at a layout within HBM, which code generation adds to."""
     for item in module.suggestions:
         if item.kind != "batch_size" or item.extra.get("batch") != smaller:
             continue
@@ -780,12 +781,17 @@ def measure_batch(module: ModuleMemory, batch: int, needed: int | None, smaller:
         item.saving_bytes = saving if saving > 0 and (at_least or needed_is_bound == smaller_is_bound) else None
         item.saving_bytes_range, item.confidence = None, "measured"
         item.severity = "blocking" if smaller_fits else "improve"
-        if not smaller_fits and item.code and item.code.startswith("--batch-per-chip"):  # the number did not fit
+        if not (smaller_fits or smaller_layout_fits) and item.code and item.code.startswith("--batch-per-chip"):
             item.code = "--max-batch"
         bound = " at least" if smaller_is_bound else ""
-        item.message += (f" Compiled at batch {smaller}, the step needs{bound} {fmt_bytes(smaller_needed)}: "
-                         + ("it fits." if smaller_fits
-                            else "it still does not fit; `--max-batch` finds one that does."))
+        if smaller_layout_fits:
+            item.message += (f" Compiled up to its memory layout at batch {smaller}, the step needs at least "
+                             f"{fmt_bytes(smaller_needed)}: the layout fits, and code generation adds to it; "
+                             "`--full` compiles it to the end.")
+        else:
+            item.message += (f" Compiled at batch {smaller}, the step needs{bound} {fmt_bytes(smaller_needed)}: "
+                             + ("it fits." if smaller_fits
+                                else "it still does not fit; `--max-batch` finds one that does."))
         layout = " (its memory layout: a lower bound)"
         item.evidence = (f"measured: compiled at batch {batch} the step needs {fmt_bytes(needed)}"
                          f"{layout if needed_is_bound else ''}, at batch {smaller} {fmt_bytes(smaller_needed)}"

@@ -273,16 +273,19 @@ class Compiler:
 
     def __init__(self, spec, slice_: slices.Slice, dtype: str | None, use_cache: bool = True,
                  on_compile: Callable[[int], None] | None = None, layout_only: bool = False,
-                 on_layout: Callable[[int, int], None] | None = None):
+                 on_layout: Callable[[int, int], None] | None = None, stop_at_layout: bool = False):
         from tpuprof.sources import tpu_compile
 
         self.spec = spec
         # Stop a compile once its memory layout alone does not fit (tpu_compile.compile_until_layout): a spec that
         # pickles.
-        self.layout_only = layout_only
+        self.layout_only = layout_only or stop_at_layout
+        # Every compile stops at its layout, one that may fit too (a fix's check: seconds, where code generation
+        # takes minutes): its figures are a lower bound whatever they say.
+        self.stop_at_layout = stop_at_layout
         # A spec that pickles compiles in a child process, to the end unless layout_only: libtpu aborting on a failed
         # check ends the child, not tpuprof, and the layout can be shown while code is generated.
-        self.in_child = layout_only or getattr(spec, "compiles_in_a_child", False)
+        self.in_child = self.layout_only or getattr(spec, "compiles_in_a_child", False)
         self.target = slice_
         self.dtype = dtype
         self.use_cache = use_cache
@@ -336,6 +339,8 @@ class Compiler:
         """A whole compile answers a layout-only question; a layout does not answer a whole compile's."""
         if measurement.stage != "code" and not self.layout_only:
             return False
+        if measurement.stage != "code" and measurement.fits and not self.stop_at_layout:
+            return False  # a layout that fits, stopped there: only the whole compile says whether the step fits
         return not need_dump or bool(measurement.dump_dir or measurement.oom_message)
 
     def drop_dumps(self, keep: set[int]) -> None:
@@ -362,7 +367,8 @@ class Compiler:
                 self.compiles += 1
                 if self.in_child:
                     on_layout = (lambda laid_out: self.on_layout(batch, laid_out)) if self.on_layout else None
-                    stop_above = self.capacity + CODEGEN_MARGIN_BYTES if self.layout_only else None
+                    stop_above = (0 if self.stop_at_layout else self.capacity + CODEGEN_MARGIN_BYTES) \
+                        if self.layout_only else None
                     result = self._tpu_compile.compile_until_layout(self.spec, batch, self.dtype, self.target,
                                                                     staging, stop_above, on_layout=on_layout)
                 else:

@@ -18,7 +18,8 @@ from tpuprof.models.preflight import (BatchSearch, Compiled, CompilerFigures, Cu
 
 def compile_step(spec, slice_, dtype: str | None, batch: int | None, max_batch: bool, use_cache: bool,
                  on_compile: Callable[[int], None], breakdown: Callable[[str, dict | None], Any],
-                 layout_only: bool = False, on_layout: Callable[[int, int], None] | None = None) -> Compiled:
+                 layout_only: bool = False, on_layout: Callable[[int, int], None] | None = None,
+                 stop_at_layout: bool = False) -> Compiled:
     """The step compiled for the slice in DTYPE (None: its own) at BATCH, or at the largest batch that fits
     (MAX_BATCH). ON_COMPILE(batch) is called before each compile. BREAKDOWN(dump_dir, compiler_stats): where the
     memory goes in the reported compile (a tpuprof.models.memory.ModuleMemory, None when the dump has none); the
@@ -26,7 +27,7 @@ def compile_step(spec, slice_, dtype: str | None, batch: int | None, max_batch: 
     (analyses.preflight.Compiler); ON_LAYOUT(batch, bytes) when one that may fit goes on. The OOM triage's
     suggestions are advice's to add."""
     compiler = preflight.Compiler(spec, slice_, dtype, use_cache, on_compile=on_compile, layout_only=layout_only,
-                                  on_layout=on_layout)
+                                  on_layout=on_layout, stop_at_layout=stop_at_layout)
     step = getattr(spec, "batch_step", preflight.STEP)
     host_capacity = compiler.host_capacity
     search = None

@@ -127,7 +127,8 @@ def _target(spec, chosen, batch, options, report_progress):
                            **preflight_step.slice_batches(chosen, main.batch_size))
 
 
-def _compile(spec, chosen, dtype, batch, options, on_compile, layout_only=False, on_layout=None):
+def _compile(spec, chosen, dtype, batch, options, on_compile, layout_only=False, on_layout=None,
+             stop_at_layout=False):
     """The step compiled for the slice (analyses.preflight_step.compile_step), its memory broken down by the memory
     command's analysis and both advised."""
     from dataclasses import replace
@@ -144,7 +145,8 @@ def _compile(spec, chosen, dtype, batch, options, on_compile, layout_only=False,
         return memory
 
     compiled = preflight_step.compile_step(spec, chosen, dtype, batch, options.max_batch, options.use_cache,
-                                           on_compile, breakdown, layout_only=layout_only, on_layout=on_layout)
+                                           on_compile, breakdown, layout_only=layout_only, on_layout=on_layout,
+                                           stop_at_layout=stop_at_layout)
     if compiled.oom is None or compiled.oom.report is None:
         return compiled
     try:
@@ -328,11 +330,15 @@ def _measure_batch_fix(config, source, target, options, report_progress):
     remat = target.model["remat"]
     spec = llm_spec(config, source, target.slice, remat, options)
     label = f"{target.slice.name} {config.name} remat={remat}"
+    # Stopped at its layout (unless --full): a whole compile of a layout that may fit takes minutes on a large
+    # step, and the answer before it came in seconds.
     at = _compile(spec, target.slice, None, smaller, options, lambda b: report_progress(label, b),
-                  layout_only=not options.full)
-    measure_batch(compiled.memory, compiled.batch_size, compiled.required_bytes, smaller, at.required_bytes, at.runs,
-                  needed_is_bound=compiled.stage == "buffer_assignment",
-                  smaller_is_bound=at.stage == "buffer_assignment", smaller_refused=at.oom is not None)
+                  layout_only=not options.full, stop_at_layout=not options.full)
+    bound = at.stage == "buffer_assignment"
+    measure_batch(compiled.memory, compiled.batch_size, compiled.required_bytes, smaller, at.required_bytes,
+                  at.runs and not bound, needed_is_bound=compiled.stage == "buffer_assignment",
+                  smaller_is_bound=bound, smaller_refused=at.oom is not None,
+                  smaller_layout_fits=bound and at.fits)
     return replace(target, batch_check=at)
 
 
