@@ -44,11 +44,12 @@ WEIGHTS_BF16 = StateChange("--weight-dtype bfloat16", preflight_step.WEIGHTS_BF1
 
 def measured(change: StateChange, batch: int, needed: int | None, needed_is_bound: bool,
              changed_needed: int | None, changed_is_bound: bool, changed_fits: bool, capacity: int,
-             state_saved: int) -> Suggestion:
+             state_saved: int, changed_layout_fits: bool = False) -> Suggestion:
     """CHANGE for a step that does not fit, from the compile of the step so changed at the same BATCH per device:
     NEEDED and CHANGED_NEEDED are the two compiles' required bytes (None: the compiler refused the program),
     *_IS_BOUND when a compile stopped at its memory layout (a lower bound). STATE_SAVED: the bytes per device CHANGE
-    frees by its arithmetic (change.arithmetic), for the evidence."""
+    frees by its arithmetic (change.arithmetic), for the evidence. CHANGED_LAYOUT_FITS: the changed step's compile
+    was stopped at a layout within HBM, which code generation adds to: neither fits nor does not."""
     arithmetic = f"{change.arithmetic}: {fmt_bytes(state_saved)} less per device"
     if changed_needed is None:
         return Suggestion(kind="optimizer_state", severity="improve", confidence="measured", code=change.code,
@@ -57,10 +58,17 @@ def measured(change: StateChange, batch: int, needed: int | None, needed_is_boun
                           evidence=f"measured: the compile with {change.code} at batch {batch} ran out of memory; "
                                    + arithmetic)
     how = " (its memory layout: a lower bound)" if changed_is_bound else ""
-    message = (change.what + f" Compiled so at batch {batch} per device, the step needs {fmt_bytes(changed_needed)}"
-               f"{how} of the {fmt_bytes(capacity)} of HBM: {'it fits.' if changed_fits else 'it still does not fit.'}")
+    if changed_layout_fits:
+        message = (change.what + f" Compiled so up to its memory layout at batch {batch} per device, the step needs "
+                   f"at least {fmt_bytes(changed_needed)} of the {fmt_bytes(capacity)} of HBM: the layout fits, and "
+                   "code generation adds to it; `--full` compiles it to the end.")
+    else:
+        message = (change.what + f" Compiled so at batch {batch} per device, the step needs "
+                   f"{fmt_bytes(changed_needed)}{how} of the {fmt_bytes(capacity)} of HBM: "
+                   f"{'it fits.' if changed_fits else 'it still does not fit.'}")
     saving = None
-    if needed is not None and needed > changed_needed:
+    # A whole compile less a layout (a lower bound) is no saving: it may overstate it.
+    if needed is not None and needed > changed_needed and not (changed_is_bound and not needed_is_bound):
         saving = needed - changed_needed
         # A layout is a lower bound of the whole compile: the unchanged step's stands for at least what it needs.
         if needed_is_bound and not changed_is_bound:

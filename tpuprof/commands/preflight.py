@@ -387,23 +387,36 @@ def _measure_state_change(config, source, target, options, report_progress):
         return target if whole_state else _larger_slice(config, spec, target)
     batch = compiled.batch_size or changed_spec.batch_step
     label = f"{target.slice.name} {config.name} remat={remat} {change.code}"
+    # Stopped at its layout (unless --full), as the batch fix's compile is: minutes of code generation on a large
+    # step for a change whose layout already says whether it can fit.
     changed = _compile(changed_spec, target.slice, None, batch, changed_options,
-                       lambda b: report_progress(label, b), layout_only=not options.full)
+                       lambda b: report_progress(label, b), layout_only=not options.full,
+                       stop_at_layout=not options.full)
     if whole_state:
         verdict = _state_verdict(config, spec, target.slice, target.unsharded,
                                  {change.label: _compiled_words(changed, batch, capacity, remat)})
         return replace(target, compiled=replace(compiled, verdict=verdict), state_change=changed)
-    fits = changed.runs
+    changed_is_bound = changed.stage == "buffer_assignment"
+    fits, layout_fits = changed.runs and not changed_is_bound, changed.runs and changed_is_bound
     fix = llm_step.measured(change, batch, compiled.required_bytes, compiled.stage == "buffer_assignment",
-                            changed.required_bytes, changed.stage == "buffer_assignment", fits, capacity, state_saved)
+                            changed.required_bytes, changed_is_bound, fits, capacity, state_saved,
+                            changed_layout_fits=layout_fits)
     llm_step.add(compiled.memory, fix, compiled.required_bytes)
-    if compiled.verdict and fits:  # none fits (--max-batch): the verdict names the change that makes one fit
+    # None fits (--max-batch): the verdict names the change that makes one fit, or whose layout does.
+    if compiled.verdict and (fits or layout_fits):
         from tpuprof.units import fmt_bytes
 
-        compiled = replace(compiled, verdict=f"{compiled.verdict} With {change.code} it fits: compiled so at batch "
-                                             f"{batch}, the step needs {fmt_bytes(changed.required_bytes)}.")
+        if fits:
+            said = f"it fits: compiled so at batch {batch}, the step needs {fmt_bytes(changed.required_bytes)}."
+        else:
+            said = (f"its layout fits: compiled so up to its memory layout at batch {batch}, the step needs at least "
+                    f"{fmt_bytes(changed.required_bytes)}, and code generation adds to it (`--full` compiles it to "
+                    "the end).")
+        compiled = replace(compiled, verdict=f"{compiled.verdict} With {change.code} {said}")
     target = replace(target, compiled=compiled, state_change=changed)
-    return target if fits else _larger_slice(config, spec, target)  # the change, compiled, is not enough
+    if fits or layout_fits:
+        return target
+    return _larger_slice(config, spec, target)  # the change, compiled, is not enough
 
 
 def _larger_slice(config, spec, target):
@@ -439,9 +452,13 @@ def _compiled_words(compiled, batch: int, capacity: int, remat: str) -> str:
     so = f"compiled so with remat {remat} at batch {batch} per device"
     if compiled.required_bytes is None:
         return f"{so}, the compiler refused the step: it does not fit"
-    bound = "at least " if compiled.stage == "buffer_assignment" else ""
-    return (f"{so}, the step needs {bound}{fmt_bytes(compiled.required_bytes)} of {fmt_bytes(capacity)}: "
-            f"{'it fits' if compiled.runs else 'it does not fit'}")
+    bound = compiled.stage == "buffer_assignment"
+    if bound and compiled.runs:
+        return (f"{so} up to its memory layout, the step needs at least {fmt_bytes(compiled.required_bytes)} of "
+                f"{fmt_bytes(capacity)}: the layout fits, and code generation adds to it (`--full` compiles it to the "
+                "end)")
+    return (f"{so}, the step needs {'at least ' if bound else ''}{fmt_bytes(compiled.required_bytes)} of "
+            f"{fmt_bytes(capacity)}: {'it fits' if compiled.runs and not bound else 'it does not fit'}")
 
 
 def _model_target(config, source, chosen, remat, options, report_progress):
