@@ -4,6 +4,7 @@ committed sample dumps it produced."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -154,20 +155,50 @@ def test_compiler_options_reach_libtpu(tpu_compile):
     assert tpu_compile.compile_jax(step, [q, kv, kv], "v6e", options=llm.compiler_options("v6e")).required_bytes > 0
 
 
-def _children() -> list[int]:
-    """Processes whose parent is this one (from /proc: no process library is installed)."""
-    import os
+def _compiles() -> set[int]:
+    """Compile processes of this one (from /proc: no process library is installed): the processes the compile
+    server it started forked (tpuprof.sources.compile_child), not the server itself."""
     from pathlib import Path
 
-    mine, found = os.getpid(), []
+    parents, servers = {}, set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError):
             continue
-        if int(fields[1]) == mine:
-            found.append(int(stat.parent.name))
-    return found
+        if parents[int(stat.parent.name)] == os.getpid() and b"tpuprof.sources.compile_child" in command:
+            servers.add(int(stat.parent.name))
+    return {pid for pid, parent in parents.items() if parent in servers}
+
+
+def test_each_compile_is_forked_from_one_server_with_the_parents_environment_of_the_moment(tpu_compile, tmp_path,
+                                                                                             monkeypatch):
+    """The compile server (imported JAX once) forks every compile of this process: each in a process of its own, with
+    the environment the parent has when it asks (libtpu reads LIBTPU_INIT_ARGS as the compile starts); a JAX setting
+    JAX reads on import, changed, starts a new server."""
+    import re
+
+    from tests.helpers.layout_specs import SaysItsSettings
+
+    def said(folder: str) -> tuple[str, str, int, int]:
+        with pytest.raises(tpu_compile.UserError) as refused:
+            tpu_compile.compile_until_layout(SaysItsSettings(), 1, None, "v5e", tmp_path / folder, stop_above=0)
+        mark, precision, pid, server = re.match(r"mark (\S+), precision (\S+), compiled in (\d+) of (\d+)",
+                                                str(refused.value)).groups()
+        return mark, precision, int(pid), int(server)
+
+    monkeypatch.setenv("TPUPROF_TEST_MARK", "first")
+    monkeypatch.delenv("JAX_DEFAULT_MATMUL_PRECISION", raising=False)
+    first = said("a")
+    monkeypatch.setenv("TPUPROF_TEST_MARK", "second")
+    second = said("b")
+    assert first[:2] == ("first", "None") and second[:2] == ("second", "None")
+    assert second[3] == first[3] != os.getpid() and second[2] != first[2]  # one server, a process per compile
+    monkeypatch.setenv("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+    third = said("c")
+    assert third[:2] == ("second", "highest") and third[3] != first[3]
+    assert not _compiles()
 
 
 def test_the_layout_counts_what_the_whole_compile_counts(tpu_compile, tmp_path):
@@ -188,9 +219,8 @@ def test_a_compile_is_stopped_at_its_memory_layout(tpu_compile, tmp_path):
     the layout's, no code is counted, and the child is gone."""
     from tests.helpers.layout_specs import SortedProducts
 
-    before = set(_children())
     layout = tpu_compile.compile_until_layout(SortedProducts(), 1024, None, "v5e", tmp_path / "layout", stop_above=0)
-    assert set(_children()) <= before
+    assert not _compiles()
     assert layout.stage == "buffer_assignment" and layout.generated_code_bytes == 0
     assert layout.memory_analysis()["argument_size_in_bytes"] == 1024 * 128 * 4
     assert tpu_compile.layout_figures(layout.hlo_proto)["temp_bytes"] == layout.temp_bytes >= 1024 * 1024 * 4

@@ -47,3 +47,20 @@ class Refuses:
         from tpuprof.errors import UserError
 
         raise UserError(f"the factory takes no batch of {batch}.")
+
+
+class SaysItsSettings:
+    """A factory that refuses with what its compile process was started with: an environment variable of the
+    parent's (TPUPROF_TEST_MARK) and a setting JAX reads from the environment when it is imported."""
+
+    text = "tests.helpers.layout_specs:SaysItsSettings"
+
+    def program(self, batch: int, dtype=None, target=None):
+        import os
+
+        import jax
+
+        from tpuprof.errors import UserError
+
+        raise UserError(f"mark {os.environ.get('TPUPROF_TEST_MARK')}, precision "
+                        f"{jax.config.jax_default_matmul_precision}, compiled in {os.getpid()} of {os.getppid()}")

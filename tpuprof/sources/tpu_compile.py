@@ -391,8 +391,6 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Sli
     import json
     import pickle
     import signal
-    import subprocess
-    import sys
     import tempfile
 
     chosen = slices.resolve(target)
@@ -402,41 +400,28 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Sli
         outcome_path = Path(scratch) / "outcome.json"
         log_path = Path(scratch) / "stderr.txt"
         request = pickle.dumps((spec, batch, dtype, chosen, str(folder), str(outcome_path)))
-        package_root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
-                                                            if p)}
-        with open(log_path, "wb") as log:
-            child = subprocess.Popen([sys.executable, "-m", "tpuprof.sources.compile_child"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, stderr=log, env=env)
-            try:
-                child.stdin.write(request)
-                child.stdin.close()
-                sizes, to_the_end = None, False
-                while child.poll() is None:
-                    ready = None if to_the_end else _layout_files(folder)
-                    if ready is not None:
-                        now = tuple(path.stat().st_size for path in ready)
-                        if now == sizes:  # written and no longer growing: freeze the child, then check
-                            child.send_signal(signal.SIGSTOP)
-                            figures = _readable_layout(ready[0])
-                            if figures is not None and stop_above is not None and \
-                                    layout_hbm_bytes(figures) > stop_above:
-                                child.kill()
-                                child.wait()
-                                return _layout_result(chosen, figures, folder)
-                            to_the_end = figures is not None  # it may fit: only the whole compile can say
-                            child.send_signal(signal.SIGCONT)
-                            if to_the_end and on_layout is not None:
-                                on_layout(layout_hbm_bytes(figures))
-                        sizes = now
-                    try:
-                        child.wait(timeout=poll_s)  # ends at once when the child does
-                    except subprocess.TimeoutExpired:
-                        pass
-            finally:
-                if child.poll() is None:
-                    child.kill()
-                    child.wait()
+        child = _COMPILE_SERVER.start(request, log_path, Path(scratch) / "returncode")
+        try:
+            sizes, to_the_end = None, False
+            while child.poll() is None:
+                ready = None if to_the_end else _layout_files(folder)
+                if ready is not None:
+                    now = tuple(path.stat().st_size for path in ready)
+                    if now == sizes:  # written and no longer growing: freeze the child, then check
+                        child.send_signal(signal.SIGSTOP)
+                        figures = _readable_layout(ready[0])
+                        if figures is not None and stop_above is not None and \
+                                layout_hbm_bytes(figures) > stop_above:
+                            child.kill()
+                            return _layout_result(chosen, figures, folder)
+                        to_the_end = figures is not None  # it may fit: only the whole compile can say
+                        child.send_signal(signal.SIGCONT)
+                        if to_the_end and on_layout is not None:
+                            on_layout(layout_hbm_bytes(figures))
+                    sizes = now
+                child.wait(poll_s)  # ends at once when the child does
+        finally:
+            child.kill()
         if not outcome_path.is_file():
             raise CompileFailed(_why_the_child_ended(child.returncode, log_path.read_text(errors="replace")))
         outcome = json.loads(outcome_path.read_text())
@@ -455,6 +440,104 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Sli
     data = outcome["result"]
     data.pop("required_bytes", None)
     return CompileResult(**data)
+
+
+class _CompileProcess:
+    """A compile forked by the compile server: not this process's child, so its end is the return code the server
+    writes (RETURNCODE_PATH)."""
+
+    def __init__(self, pid: int, returncode_path: Path):
+        self.pid = pid
+        self.returncode_path = returncode_path
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                self.returncode = int(self.returncode_path.read_text())
+            except (OSError, ValueError):
+                return None
+        return self.returncode
+
+    def wait(self, timeout: float) -> None:
+        """Until the process ends or TIMEOUT seconds pass, whichever is first."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        """Ended, and reaped by the server (seconds at most: a frozen compile is killed too)."""
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+        self.wait(10)
+
+
+class _CompileServer:
+    """The compile server of this process (tpuprof.sources.compile_child): started at the first compile, again when
+    it has ended or when the JAX settings JAX reads on import (JAX_* variables) have changed since."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._process = None
+        self._settings = None
+
+    def start(self, request: bytes, log_path: Path, returncode_path: Path) -> _CompileProcess:
+        import pickle
+        import subprocess
+        import sys
+
+        from tpuprof.sources import compile_child
+
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
+                                                            if p)}
+        settings = (sys.executable, sorted((k, v) for k, v in env.items() if k.startswith("JAX_")))
+        message = pickle.dumps((env, request, str(log_path), str(returncode_path)))
+        with self._lock:
+            if self._process is not None and (self._process.poll() is not None or self._settings != settings):
+                self._stop()
+            if self._process is None:
+                self._process = subprocess.Popen([sys.executable, "-m", "tpuprof.sources.compile_child"],
+                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                 stderr=subprocess.DEVNULL, env=env)
+                self._settings = settings
+            try:
+                self._process.stdin.write(compile_child.LENGTH.pack(len(message)) + message)
+                self._process.stdin.flush()
+                line = self._process.stdout.readline()
+            except OSError:
+                line = b""
+            if not line.strip().isdigit():
+                self._stop()
+                raise CompileFailed("the compile server ended before the compile started (is jax[tpu] installed "
+                                    "in this Python?)")
+        return _CompileProcess(int(line), returncode_path)
+
+    def _stop(self) -> None:
+        process, self._process = self._process, None
+        for stream in (process.stdin, process.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        try:
+            process.wait(timeout=5)  # its stdin closed: it ends, and its compiles with it
+        except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
+            process.kill()
+            process.wait()
+
+
+_COMPILE_SERVER = _CompileServer()
 
 
 def _why_the_child_ended(code: int, log: str) -> str:
