@@ -199,7 +199,9 @@ def plan(run: dict) -> dict:
         cannot.append(f"XLA flag sets {', '.join(extra)}")
     if flag_sets and "DISABLE_COLLECTIVE_MATMUL" not in flag_sets:
         cannot.append("collective matmuls kept (tpuprof turns them off)")
-    if raw_flags:
+    if run.get("libtpu_init_args"):  # passed as the recipe passes them: tpuprof's own give way to them
+        out["libtpu_init_args"] = run["libtpu_init_args"]
+    elif raw_flags:
         cannot.append(f"the recipe's own LIBTPU flags ({raw_flags}); tpuprof compiles with its fixed flag sets")
     blocks = run.get("splash_blocks") or {}
     ours_block = 2048 if run["generation"] == "v6e" else 512
@@ -228,7 +230,14 @@ def plan(run: dict) -> dict:
     return out
 
 
-def run_preflight(command: list[str], workdir: Path, full: bool = False) -> tuple[dict | None, str, float]:
+def with_flags(flags: str | None) -> dict:
+    """The environment a run compiles in: the recipe's LIBTPU_INIT_ARGS where it has its own, else none."""
+    env = {k: v for k, v in os.environ.items() if k != "LIBTPU_INIT_ARGS"}
+    return {**env, "LIBTPU_INIT_ARGS": flags} if flags else env
+
+
+def run_preflight(command: list[str], workdir: Path, full: bool = False,
+                  flags: str | None = None) -> tuple[dict | None, str, float]:
     model = command[1]
     if model.startswith("@maxtext-default-"):
         path = workdir / f"{model[1:]}.json"
@@ -236,7 +245,8 @@ def run_preflight(command: list[str], workdir: Path, full: bool = False) -> tupl
         command = [command[0], str(path), *command[2:]]
     line = [sys.executable, "-m", "tpuprof", "preflight", *command, "--json", *(["--full"] if full else [])]
     started = time.perf_counter()
-    result = subprocess.run(line, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(line, capture_output=True, text=True, cwd=ROOT,
+                            env={**with_flags(flags), "PYTHONPATH": str(ROOT)})
     seconds = time.perf_counter() - started
     if result.returncode not in (0, 1):  # 1: does not fit
         last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.returncode}"
@@ -244,9 +254,12 @@ def run_preflight(command: list[str], workdir: Path, full: bool = False) -> tupl
     return json.loads(result.stdout)["targets"][0], "", seconds
 
 
-def run_layout(command: list[str], workdir: Path) -> tuple[dict | None, str, float]:
+def run_layout(command: list[str], workdir: Path, flags: str | None = None) -> tuple[dict | None, str, float]:
     """The run's step compiled up to its memory layout only, as `tpuprof preflight` builds it
-    (tpuprof.commands.preflight): its slice's entry of the preflight document, "how" saying so."""
+    (tpuprof.commands.preflight), with the recipe's LIBTPU flags (FLAGS) in this process's environment as a run of
+    tpuprof would have them: its slice's entry of the preflight document, "how" saying so."""
+    os.environ.clear()
+    os.environ.update(with_flags(flags))
     sys.path.insert(0, str(ROOT))
     from tpuprof.analyses import preflight_step
     from tpuprof.commands.preflight import llm_spec
@@ -405,7 +418,8 @@ def main(arguments: list[str]) -> int:
     if options.list:
         for run in chosen:
             p = plan(run)
-            print(f"{run['name']}: {p.get('skip') or 'tpuprof preflight ' + ' '.join(p['command'])}")
+            flags = f"LIBTPU_INIT_ARGS='{p['libtpu_init_args']}' " if p.get("libtpu_init_args") else ""
+            print(f"{run['name']}: {p.get('skip') or flags + 'tpuprof preflight ' + ' '.join(p['command'])}")
             for note in p["cannot_express"]:
                 print(f"    cannot express: {note}")
         return 0
@@ -418,9 +432,10 @@ def main(arguments: list[str]) -> int:
                 print(f"{run['name']:34} {p.get('skip') or 'done before (' + str(options.results) + ')'}")
                 continue
             if options.layout:
-                target, error, seconds = run_layout(p["command"], Path(workdir))
+                target, error, seconds = run_layout(p["command"], Path(workdir), p.get("libtpu_init_args"))
             else:
-                target, error, seconds = run_preflight(p["command"], Path(workdir), options.full)
+                target, error, seconds = run_preflight(p["command"], Path(workdir), options.full,
+                                                       p.get("libtpu_init_args"))
             r = compare(run, target, error, seconds)
             if options.results:
                 with options.results.open("a") as f:
