@@ -21,15 +21,15 @@ import json
 import os
 import pickle
 import signal
-import struct
 import sys
+
+from tpuprof.sources.tpu_compile import REQUEST_LENGTH
 
 # Imported once by the server, before any fork: what a compile of the LLM step imports (no backend starts).
 PRELOADED = ("jax", "jax.numpy", "jax.experimental.topologies", "jax.experimental.shard_map", "jax.ad_checkpoint",
              "jax.experimental.pallas", "jax.experimental.pallas.tpu",
              "jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel",
              "tpuprof.sources.tpu_compile", "tpuprof.sources.llm")
-LENGTH = struct.Struct("<Q")
 
 
 def _die_with_parent() -> None:
@@ -114,10 +114,10 @@ def serve() -> int:
     signal.signal(signal.SIGCHLD, reap)
     requests, replies = sys.stdin.buffer, sys.stdout
     while True:
-        header = requests.read(LENGTH.size)
-        if len(header) < LENGTH.size:
+        header = requests.read(REQUEST_LENGTH.size)
+        if len(header) < REQUEST_LENGTH.size:
             return 0  # the parent ended
-        environ, request, log_path, returncode_path = pickle.loads(requests.read(LENGTH.unpack(header)[0]))
+        environ, request, log_path, returncode_path = pickle.loads(requests.read(REQUEST_LENGTH.unpack(header)[0]))
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # the child is recorded before it is reaped
         pid = os.fork()
         if pid == 0:

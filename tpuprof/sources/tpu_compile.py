@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import threading
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -442,6 +443,9 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Sli
     return CompileResult(**data)
 
 
+REQUEST_LENGTH = struct.Struct("<Q")  # the compile server's requests: a pickle after its length
+
+
 class _CompileProcess:
     """A compile forked by the compile server: not this process's child, so its end is the return code the server
     writes (RETURNCODE_PATH)."""
@@ -496,8 +500,6 @@ class _CompileServer:
         import subprocess
         import sys
 
-        from tpuprof.sources import compile_child
-
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
                                                             if p)}
@@ -512,7 +514,7 @@ class _CompileServer:
                                                  stderr=subprocess.DEVNULL, env=env)
                 self._settings = settings
             try:
-                self._process.stdin.write(compile_child.LENGTH.pack(len(message)) + message)
+                self._process.stdin.write(REQUEST_LENGTH.pack(len(message)) + message)
                 self._process.stdin.flush()
                 line = self._process.stdout.readline()
             except OSError:
