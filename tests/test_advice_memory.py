@@ -485,3 +485,18 @@ def test_the_builtin_steps_batch_fix_names_the_option_in_sequences_a_chip():
     assert _batch_option(67160, 2).startswith("--batch-per-chip 134320 (67160 per device x 2 devices a chip; ")
     assert _batch_option(9840, 1).startswith("--batch-per-chip 9840 (")
     assert _batch_option(None, 2).startswith("--batch-per-chip N (")
+
+
+@pytest.mark.parametrize("generation, unit", [("v5e", "per-chip"), ("tpu7x", "per-device"), ("v3", "per-device")])
+def test_the_batch_is_the_devices_where_a_chip_holds_two(generation, unit):
+    """A program is one device's: on TPU7x, v2 and v3 a chip holds two (a TensorCore each), so the batch the memory
+    advice reads is the device's, not the chip's. conv18 (batch 256) needs 0.1% of a TPU7x device's HBM: said so,
+    not "0%"."""
+    from tpuprof.commands import memory
+
+    (module,) = memory.module_memories(DUMPS / "conv18_f32_v5e", target=generation, compile_=False)
+    fix = _batch_fix(module)
+    assert f"room for a larger {unit} batch" in fix.message and fix.evidence.startswith(f"{unit} batch 256: ")
+    assert "needs 0% of HBM" not in fix.message
+    if generation == "tpu7x":
+        assert module.required_bytes / module.hbm_capacity_bytes < 0.01 and "The program needs 0.1% of HBM" in fix.message

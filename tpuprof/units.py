@@ -59,6 +59,13 @@ def fmt_ms(value: float | None, *band: float) -> str:
     return f"{number(value)} {unit}"
 
 
+def fmt_share(share: float) -> str:
+    """A share as a percentage: under 1% with a tenth, under 0.1% said so (a whole percent would read "0%", none)."""
+    if share >= 0.01:
+        return f"{share:.0%}"
+    return f"{share:.1%}" if share >= 0.001 else "less than 0.1%"
+
+
 def fmt_count(value: float) -> str:
     """A rate or count for people: thousands separated, 3 significant digits below 100, no exponent."""
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"

@@ -17,7 +17,7 @@ from tpuprof.advice import calls, padding as padding_advice, preconditions
 from tpuprof.analyses import framework as frameworks
 from tpuprof.models.memory import Buffer, ModuleMemory
 from tpuprof.models.suggestion import Suggestion, rank
-from tpuprof.units import fmt_bytes
+from tpuprof.units import fmt_bytes, fmt_share
 
 MiB = 1 << 20
 # Wastes smaller than this (or than MIN_PADDING_SHARE of the peak) are not worth a user's time.
@@ -200,7 +200,31 @@ def suggest(result: ModuleMemory, compiled_bytes: int | None = None) -> list[Sug
         counted = item.saving_bytes_range[0] if item.saving_bytes_range else item.saving_bytes
         if shortfall and counted is not None and counted >= shortfall:
             item.severity = "blocking"
+    _say_per_device(found, _devices_per_chip(result.target))
     return rank(found, shortfall_bytes=shortfall)
+
+
+def _devices_per_chip(generation: str | None) -> int:
+    from tpuprof import targets
+    from tpuprof.errors import UserError
+
+    try:
+        return targets.get(generation).devices_per_chip if generation else 1
+    except UserError:
+        return 1
+
+
+def _say_per_device(items: list[Suggestion], devices_per_chip: int) -> None:
+    """A program is one device's: where a chip holds two (TPU7x, v2, v3: a TensorCore each), its batch is the
+    device's, half the chip's."""
+    if devices_per_chip == 1:
+        return
+    for item in items:
+        if item.kind == "batch_size":
+            item.message = item.message.replace("per-chip batch", "per-device batch")
+            item.evidence = item.evidence.replace("per-chip batch", "per-device batch")
+            if item.code:
+                item.code = item.code.replace("per-chip batch", "per-device batch")
 
 
 def _padding(result: ModuleMemory, peak: int) -> list[Suggestion]:
@@ -553,7 +577,7 @@ def _capacity(result: ModuleMemory, framework: str | None, shortfall: int | None
     if use < 0.5 and not result.estimated and batch:
         inputs = batch_inputs(result, batch)
         return [Suggestion(kind="batch_size", severity="info", confidence="exact", message=(
-            f"The program needs {use:.0%} of HBM: there is room for a larger per-chip batch (better MXU utilisation); "
+            f"The program needs {fmt_share(use)} of HBM: there is room for a larger per-chip batch (better MXU utilisation); "
             "`tpuprof preflight --max-batch` finds the largest that fits."),
             evidence=f"per-chip batch {batch}: the leading size of "
                      + ", ".join(f"{b.op_name or b.instruction} {b.shape.split('{')[0]}" for b in inputs[:3])
@@ -668,9 +692,7 @@ def for_builtin_step(module: ModuleMemory, remat: str, dtype: str, batch: int | 
     for item in module.suggestions:
         if item.kind == "batch_size" and item.code != "--max-batch":
             item.code = _batch_option(item.extra.get("batch"), devices_per_chip)
-        if item.kind == "batch_size" and devices_per_chip > 1:  # a program is one device's
-            item.message = item.message.replace("per-chip batch", "per-device batch")
-            item.evidence = item.evidence.replace("per-chip batch", "per-device batch")
+    _say_per_device(module.suggestions, devices_per_chip)
 
 
 def for_builtin_oom(suggestions: tuple[dict, ...], remat: str, devices_per_chip: int = 1) -> tuple[dict, ...]:
@@ -736,10 +758,11 @@ def _in_step_terms(item: Suggestion, read: int, batch: int, replicas: int) -> No
     """A batch fix read from a program whose inputs hold REPLICAS x the step's BATCH per device, in the step's terms:
     sequences per device, the option's unit."""
     held = f"the {read:,} sequences each device's program holds ({batch:,} per device, repeated over tensor={replicas})"
-    item.message = item.message.replace(f"the per-chip batch of {read}", held)
+    for unit in ("per-chip", "per-device"):  # per-device where a chip holds two devices (_say_per_device)
+        item.message = item.message.replace(f"the {unit} batch of {read}", held)
+        item.evidence = item.evidence.replace(f"{unit} batch {read} ", f"{read:,} sequences in each device's "
+                                              f"program ({batch:,} per device x tensor={replicas}) ", 1)
     item.message = item.message.replace(f"(now {read})", f"(now {batch:,} per device)")
-    item.evidence = item.evidence.replace(f"per-chip batch {read} ", f"{read:,} sequences in each device's program "
-                                          f"({batch:,} per device x tensor={replicas}) ", 1)
     fitting = item.extra.get("batch")
     if fitting:
         per_device = max(1, fitting // replicas)

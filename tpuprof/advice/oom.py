@@ -18,6 +18,7 @@ from tpuprof.models.oom import (
     COMPILE, EARLY_ABORT, RESERVATION, RUNTIME_ALLOCATION, BatchEstimate, OomAllocation, OomReport,
 )
 from tpuprof.models.suggestion import Suggestion, rank
+from tpuprof.units import fmt_share
 
 DUMP_FLAGS = "XLA_FLAGS='--xla_dump_to=/tmp/xla_dump --xla_dump_hlo_as_proto --xla_dump_hlo_as_text'"
 FAST_EXIT_FLAG = "--xla_tpu_impure_oom_fast_exit_threshold=-1"
@@ -443,10 +444,7 @@ def _batch(report: OomReport, estimate: BatchEstimate, missing: int | None) -> S
         extra = {"batch": fitting}
     else:
         saving = missing or int(scaling * (1 - estimate.scale))
-        # Under 1%, a whole percent reads "0%": a share that fits is never said to be none.
-        share = (f"{estimate.scale:.0%}" if estimate.scale >= 0.01 else f"{estimate.scale:.1%}"
-                 if estimate.scale >= 0.001 else "less than 0.1%")
-        what = f"about {share} of the current per-chip batch fits (pass --batch N for a number)"
+        what = f"about {fmt_share(estimate.scale)} of the current per-chip batch fits (pass --batch N for a number)"
         extra = {}
         if estimate.batch_dim and 1 < estimate.batch_dim <= MAX_GUESSED_BATCH:
             from tpuprof.analyses.oom import fitting_batch
