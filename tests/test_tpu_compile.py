@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -199,6 +200,32 @@ def test_each_compile_is_forked_from_one_server_with_the_parents_environment_of_
     third = said("c")
     assert third[:2] == ("second", "highest") and third[3] != first[3]
     assert not _compiles()
+
+
+def test_a_compile_whose_server_is_killed_ends_in_one_sentence(tpu_compile, tmp_path):
+    """The compile server killed outright (the kernel's OOM killer, a user's kill -9) takes its compile with it: the
+    wait ends with the compile, in one sentence, and the next compile starts a new server."""
+    import signal
+    import threading
+
+    from tests.helpers.layout_specs import Doubled, SortedProducts
+
+    def kill_the_server_once_compiling():
+        deadline = time.monotonic() + 60
+        while not _compiles() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (compile_pid,) = _compiles()
+        os.kill(int(Path(f"/proc/{compile_pid}/stat").read_text().rsplit(")", 1)[1].split()[1]), signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_server_once_compiling)
+    killer.start()
+    started = time.monotonic()
+    with pytest.raises(tpu_compile.CompileFailed, match="signal 9|ended with code"):
+        tpu_compile.compile_until_layout(SortedProducts(), 1024, None, "v5e", tmp_path / "killed", stop_above=None)
+    killer.join()
+    assert time.monotonic() - started < 60 and not _compiles()
+    again = tpu_compile.compile_until_layout(Doubled(), 256, None, "v5e", tmp_path / "again", stop_above=None)
+    assert again.stage == "code"
 
 
 def test_the_layout_counts_what_the_whole_compile_counts(tpu_compile, tmp_path):

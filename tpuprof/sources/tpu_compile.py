@@ -457,11 +457,30 @@ class _CompileProcess:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            try:
-                self.returncode = int(self.returncode_path.read_text())
-            except (OSError, ValueError):
-                return None
+            self.returncode = self._written_code()
+        if self.returncode is None and not self._exists():
+            # Gone without a word from the server: the server itself ended (killed), and its compile with it.
+            self.returncode = self._written_code()
+            if self.returncode is None:
+                import signal
+
+                self.returncode = -signal.SIGKILL
         return self.returncode
+
+    def _written_code(self) -> int | None:
+        try:
+            return int(self.returncode_path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _exists(self) -> bool:  # an ended process the server has not reaped yet exists still
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
 
     def wait(self, timeout: float) -> None:
         """Until the process ends or TIMEOUT seconds pass, whichever is first."""
