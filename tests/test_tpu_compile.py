@@ -202,6 +202,25 @@ def test_each_compile_is_forked_from_one_server_with_the_parents_environment_of_
     assert not _compiles()
 
 
+def test_a_flag_libtpu_refuses_set_between_two_compiles_is_one_sentence(tpu_compile, tmp_path, monkeypatch):
+    """In one process (a notebook, the bench), the slice's devices are known from an earlier step; LIBTPU_INIT_ARGS
+    then names a flag this libtpu does not know (the Llama 3.1 70B fp8 TPU7x recipe's xla_tpu_fp8_emission_mode
+    with libtpu 0.0.42): the next compile says so in one sentence, as the first compile of a process does, not
+    "the compile process ended with code 1" and a traceback's last line."""
+    from tpuprof import slices
+    from tpuprof.sources import llm
+
+    monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
+    config = llm.parse_config({"model_type": "llama", "vocab_size": 1024, "hidden_size": 256, "intermediate_size": 512,
+                               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}, "tiny", "t")
+    chosen = slices.resolve("v5e-4")
+    spec = llm.Spec(llm.Step(config, "t", 128, "full", "bf16", llm.parse_mesh(None, 4)), chosen)  # devices known
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_no_such_flag=1")
+    with pytest.raises(tpu_compile.UserError, match=r"^libtpu refuses LIBTPU_INIT_ARGS \(Unknown command line flag "
+                                                    r"'xla_tpu_no_such_flag'"):
+        tpu_compile.compile_until_layout(spec, 1, None, chosen, tmp_path / "layout", stop_above=0)
+
+
 def test_a_compile_whose_server_is_killed_ends_in_one_sentence(tpu_compile, tmp_path):
     """The compile server killed outright (the kernel's OOM killer, a user's kill -9) takes its compile with it: the
     wait ends with the compile, in one sentence, and the next compile starts a new server."""

@@ -395,6 +395,9 @@ def compile_until_layout(spec, batch: int, dtype: str | None, target: slices.Sli
     import tempfile
 
     chosen = slices.resolve(target)
+    # The compile loads libtpu with this process's LIBTPU_INIT_ARGS of the moment: a flag libtpu refuses is said here,
+    # in one sentence, not as the compile process's end.
+    _check_libtpu_flags()
     folder = Path(dump_dir)
     _fresh_dir(folder)
     with tempfile.TemporaryDirectory(prefix="tpuprof-compile-") as scratch:
