@@ -920,3 +920,15 @@ def test_tensorflows_arguments_are_not_called_a_framework_op():
     ops = next(s for s in advice.suggest(report, analysis.estimate_batch(report)) if s["kind"] == "largest_ops")
     assert ops["message"] == ("Largest framework ops in the list: XLA_Args (the program's arguments: weights, "
                               "inputs): 4.00G."), ops
+
+
+@pytest.mark.parametrize("generation, unit", [("v5e", "per-chip"), ("tpu7x", "per-device"), ("v3", "per-device")])
+def test_the_batch_of_a_log_is_the_devices_where_a_chip_holds_two(generation, unit):
+    """The failed program is one device's: with --target TPU7x, v2 or v3 (a TensorCore a device, two a chip) the
+    batch the fix names is the device's."""
+    from tpuprof.commands import oom
+
+    log = Path(__file__).resolve().parents[1] / "sample_profiles" / "oom" / "libtpu_keras_mlp_v5e.txt"
+    _, _, suggestions, _ = oom.explain(str(log), batch=64, target=generation)
+    (fix,) = [s for s in suggestions if s["kind"] == "batch_size"]
+    assert fix["message"].startswith(f"At most a {unit} batch of 8 (now 64) fits")

@@ -16,7 +16,7 @@ from functools import lru_cache
 from tpuprof.advice import calls, padding as padding_advice, preconditions
 from tpuprof.analyses import framework as frameworks
 from tpuprof.models.memory import Buffer, ModuleMemory
-from tpuprof.models.suggestion import Suggestion, rank
+from tpuprof.models.suggestion import Suggestion, rank, say_per_device
 from tpuprof.units import fmt_bytes, fmt_share
 
 MiB = 1 << 20
@@ -200,31 +200,10 @@ def suggest(result: ModuleMemory, compiled_bytes: int | None = None) -> list[Sug
         counted = item.saving_bytes_range[0] if item.saving_bytes_range else item.saving_bytes
         if shortfall and counted is not None and counted >= shortfall:
             item.severity = "blocking"
-    _say_per_device(found, _devices_per_chip(result.target))
-    return rank(found, shortfall_bytes=shortfall)
-
-
-def _devices_per_chip(generation: str | None) -> int:
     from tpuprof import targets
-    from tpuprof.errors import UserError
 
-    try:
-        return targets.get(generation).devices_per_chip if generation else 1
-    except UserError:
-        return 1
-
-
-def _say_per_device(items: list[Suggestion], devices_per_chip: int) -> None:
-    """A program is one device's: where a chip holds two (TPU7x, v2, v3: a TensorCore each), its batch is the
-    device's, half the chip's."""
-    if devices_per_chip == 1:
-        return
-    for item in items:
-        if item.kind == "batch_size":
-            item.message = item.message.replace("per-chip batch", "per-device batch")
-            item.evidence = item.evidence.replace("per-chip batch", "per-device batch")
-            if item.code:
-                item.code = item.code.replace("per-chip batch", "per-device batch")
+    say_per_device(found, targets.get(result.target).devices_per_chip if result.target else 1)
+    return rank(found, shortfall_bytes=shortfall)
 
 
 def _padding(result: ModuleMemory, peak: int) -> list[Suggestion]:
@@ -692,7 +671,7 @@ def for_builtin_step(module: ModuleMemory, remat: str, dtype: str, batch: int | 
     for item in module.suggestions:
         if item.kind == "batch_size" and item.code != "--max-batch":
             item.code = _batch_option(item.extra.get("batch"), devices_per_chip)
-    _say_per_device(module.suggestions, devices_per_chip)
+    say_per_device(module.suggestions, devices_per_chip)
 
 
 def for_builtin_oom(suggestions: tuple[dict, ...], remat: str, devices_per_chip: int = 1) -> tuple[dict, ...]:
@@ -758,7 +737,7 @@ def _in_step_terms(item: Suggestion, read: int, batch: int, replicas: int) -> No
     """A batch fix read from a program whose inputs hold REPLICAS x the step's BATCH per device, in the step's terms:
     sequences per device, the option's unit."""
     held = f"the {read:,} sequences each device's program holds ({batch:,} per device, repeated over tensor={replicas})"
-    for unit in ("per-chip", "per-device"):  # per-device where a chip holds two devices (_say_per_device)
+    for unit in ("per-chip", "per-device"):  # per-device where a chip holds two devices (say_per_device)
         item.message = item.message.replace(f"the {unit} batch of {read}", held)
         item.evidence = item.evidence.replace(f"{unit} batch {read} ", f"{read:,} sequences in each device's "
                                               f"program ({batch:,} per device x tensor={replicas}) ", 1)

@@ -17,7 +17,7 @@ from tpuprof.models import shape as shapes
 from tpuprof.models.oom import (
     COMPILE, EARLY_ABORT, RESERVATION, RUNTIME_ALLOCATION, BatchEstimate, OomAllocation, OomReport,
 )
-from tpuprof.models.suggestion import Suggestion, rank
+from tpuprof.models.suggestion import Suggestion, rank, say_per_device
 from tpuprof.units import fmt_share
 
 DUMP_FLAGS = "XLA_FLAGS='--xla_dump_to=/tmp/xla_dump --xla_dump_hlo_as_proto --xla_dump_hlo_as_text'"
@@ -49,13 +49,16 @@ def shortfall(report: OomReport, capacity: int | None = None) -> int | None:
     return None
 
 
-def suggest(report: OomReport, estimate: BatchEstimate, capacity: int | None = None) -> list[dict]:
+def suggest(report: OomReport, estimate: BatchEstimate, capacity: int | None = None,
+            devices_per_chip: int = 1) -> list[dict]:
     """The ranked suggestions as the --json documents carry them (Suggestion.to_dict)."""
-    return [s.to_dict() for s in suggestions(report, estimate, capacity)]
+    return [s.to_dict() for s in suggestions(report, estimate, capacity, devices_per_chip)]
 
 
-def suggestions(report: OomReport, estimate: BatchEstimate, capacity: int | None = None) -> list[Suggestion]:
-    """The ranked suggestions for REPORT; CAPACITY (`--target`'s HBM) when the message gives none."""
+def suggestions(report: OomReport, estimate: BatchEstimate, capacity: int | None = None,
+                devices_per_chip: int = 1) -> list[Suggestion]:
+    """The ranked suggestions for REPORT; CAPACITY (`--target`'s HBM) when the message gives none. DEVICES_PER_CHIP:
+    the generation's (`--target`), two on TPU7x, v2 and v3: the failed program is one device's."""
     if report.serving is not None:  # a serving engine's start-up: its own options are the fixes
         from tpuprof.advice import oom_serving
 
@@ -103,6 +106,7 @@ def suggestions(report: OomReport, estimate: BatchEstimate, capacity: int | None
         counted = item.saving_bytes_range[0] if item.saving_bytes_range else item.saving_bytes
         if missing and counted is not None and counted >= missing and item.severity != "info":
             item.severity = "blocking"
+    say_per_device(found, devices_per_chip)
     return rank(found, shortfall_bytes=missing)
 
 

@@ -71,6 +71,7 @@ def explain(path: str | None, dump: Path | None = None, batch: int | None = None
     if batch is not None and batch < 1:
         raise UserError("--batch must be a positive number of examples.")
     capacity = targets.get(target).compiler_hbm_bytes if target else None
+    devices_per_chip = targets.get(target).devices_per_chip if target else 1
     if text is not None:
         stream, opened = io.BytesIO(text.encode() if isinstance(text, str) else text), True
     else:
@@ -107,7 +108,7 @@ def explain(path: str | None, dump: Path | None = None, batch: int | None = None
         raise UserError(f"--batch is not used for this error: {estimate.reason}.")
     # --target's HBM is the capacity of an HBM message that names none: what a fix must free follows from it.
     hbm = capacity if report.memory_space in ("hbm", None) else None
-    suggestions = advice.suggest(report, estimate, hbm)
+    suggestions = advice.suggest(report, estimate, hbm, devices_per_chip)
     if joined:  # the dump is the detail the advice would otherwise ask for
         suggestions = [s for s in suggestions if "--xla_dump_to" not in s["message"]]
     if joined and report.framework is None:  # the dump's module and op names say what the log did not
@@ -118,7 +119,7 @@ def explain(path: str | None, dump: Path | None = None, batch: int | None = None
         if job.framework:
             report.framework = job.framework
             report.training = job.training if report.training is None else report.training
-            suggestions = advice.suggest(report, estimate, hbm)
+            suggestions = advice.suggest(report, estimate, hbm, devices_per_chip)
             suggestions = [s for s in suggestions if "--xla_dump_to" not in s["message"]]
     return report, estimate, suggestions, joined
 

@@ -80,6 +80,19 @@ class Suggestion:
         return out
 
 
+def say_per_device(items: list[Suggestion], devices_per_chip: int) -> None:
+    """A program is one device's: where a chip holds two (TPU7x, v2, v3: a TensorCore each), the batch a fix names
+    is the device's, half the chip's."""
+    if devices_per_chip == 1:
+        return
+    for item in items:
+        if item.kind == "batch_size":
+            item.message = item.message.replace("per-chip batch", "per-device batch")
+            item.evidence = item.evidence.replace("per-chip batch", "per-device batch")
+            if item.code:
+                item.code = item.code.replace("per-chip batch", "per-device batch")
+
+
 def rank(suggestions: list[Suggestion], *, shortfall_bytes: int | None = None) -> list[Suggestion]:
     """Order suggestions the same way in every command.
 
