@@ -453,16 +453,19 @@ class _CompileProcess:
     """A compile forked by the compile server: not this process's child, so its end is the return code the server
     writes (RETURNCODE_PATH)."""
 
-    def __init__(self, pid: int, returncode_path: Path):
+    def __init__(self, pid: int, returncode_path: Path, server):
         self.pid = pid
         self.returncode_path = returncode_path
+        self.server = server  # its subprocess.Popen
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
             self.returncode = self._written_code()
-        if self.returncode is None and not self._exists():
-            # Gone without a word from the server: the server itself ended (killed), and its compile with it.
+        # Reaped and gone, its code not written: the server writes it next, unless the server itself ended (killed),
+        # taking its compile with it. (Not waiting for the code here would let the server write it into a folder
+        # being removed.)
+        if self.returncode is None and not self._exists() and self.server.poll() is not None:
             self.returncode = self._written_code()
             if self.returncode is None:
                 import signal
@@ -545,7 +548,8 @@ class _CompileServer:
                 self._stop()
                 raise CompileFailed("the compile server ended before the compile started (is jax[tpu] installed "
                                     "in this Python?)")
-        return _CompileProcess(int(line), returncode_path)
+            server = self._process
+        return _CompileProcess(int(line), returncode_path, server)
 
     def _stop(self) -> None:
         process, self._process = self._process, None
