@@ -499,4 +499,5 @@ def test_the_batch_is_the_devices_where_a_chip_holds_two(generation, unit):
     assert f"room for a larger {unit} batch" in fix.message and fix.evidence.startswith(f"{unit} batch 256: ")
     assert "needs 0% of HBM" not in fix.message
     if generation == "tpu7x":
-        assert module.required_bytes / module.hbm_capacity_bytes < 0.01 and "The program needs 0.1% of HBM" in fix.message
+        assert module.required_bytes / module.hbm_capacity_bytes < 0.01
+        assert "The program needs 0.1% of HBM" in fix.message

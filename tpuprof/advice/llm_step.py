@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpuprof.analyses import preflight_step
-from tpuprof.models.memory import ModuleMemory
+from tpuprof.models.memory import LAYOUT_FITS, ModuleMemory
 from tpuprof.models.suggestion import Suggestion, rank
 from tpuprof.units import fmt_bytes
 
@@ -60,8 +60,8 @@ def measured(change: StateChange, batch: int, needed: int | None, needed_is_boun
     how = " (its memory layout: a lower bound)" if changed_is_bound else ""
     if changed_layout_fits:
         message = (change.what + f" Compiled so up to its memory layout at batch {batch} per device, the step needs "
-                   f"at least {fmt_bytes(changed_needed)} of the {fmt_bytes(capacity)} of HBM: the layout fits, and "
-                   "code generation adds to it; `--full` compiles it to the end.")
+                   f"at least {fmt_bytes(changed_needed)} of the {fmt_bytes(capacity)} of HBM: {LAYOUT_FITS}; "
+                   "`--full` compiles it to the end.")
     else:
         message = (change.what + f" Compiled so at batch {batch} per device, the step needs "
                    f"{fmt_bytes(changed_needed)}{how} of the {fmt_bytes(capacity)} of HBM: "

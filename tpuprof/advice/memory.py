@@ -15,7 +15,8 @@ from functools import lru_cache
 
 from tpuprof.advice import calls, padding as padding_advice, preconditions
 from tpuprof.analyses import framework as frameworks
-from tpuprof.models.memory import Buffer, ModuleMemory
+from tpuprof import targets
+from tpuprof.models.memory import LAYOUT_FITS, Buffer, ModuleMemory
 from tpuprof.models.suggestion import Suggestion, rank, say_per_device
 from tpuprof.units import fmt_bytes, fmt_share
 
@@ -200,8 +201,6 @@ def suggest(result: ModuleMemory, compiled_bytes: int | None = None) -> list[Sug
         counted = item.saving_bytes_range[0] if item.saving_bytes_range else item.saving_bytes
         if shortfall and counted is not None and counted >= shortfall:
             item.severity = "blocking"
-    from tpuprof import targets
-
     say_per_device(found, targets.get(result.target).devices_per_chip if result.target else 1)
     return rank(found, shortfall_bytes=shortfall)
 
@@ -556,8 +555,8 @@ def _capacity(result: ModuleMemory, framework: str | None, shortfall: int | None
     if use < 0.5 and not result.estimated and batch:
         inputs = batch_inputs(result, batch)
         return [Suggestion(kind="batch_size", severity="info", confidence="exact", message=(
-            f"The program needs {fmt_share(use)} of HBM: there is room for a larger per-chip batch (better MXU utilisation); "
-            "`tpuprof preflight --max-batch` finds the largest that fits."),
+            f"The program needs {fmt_share(use)} of HBM: there is room for a larger per-chip batch (better MXU "
+            "utilisation); `tpuprof preflight --max-batch` finds the largest that fits."),
             evidence=f"per-chip batch {batch}: the leading size of "
                      + ", ".join(f"{b.op_name or b.instruction} {b.shape.split('{')[0]}" for b in inputs[:3])
                      + ", which no weight's size is")]
@@ -788,8 +787,7 @@ def measure_batch(module: ModuleMemory, batch: int, needed: int | None, smaller:
         bound = " at least" if smaller_is_bound else ""
         if smaller_layout_fits:
             item.message += (f" Compiled up to its memory layout at batch {smaller}, the step needs at least "
-                             f"{fmt_bytes(smaller_needed)}: the layout fits, and code generation adds to it; "
-                             "`--full` compiles it to the end.")
+                             f"{fmt_bytes(smaller_needed)}: {LAYOUT_FITS}; `--full` compiles it to the end.")
         else:
             item.message += (f" Compiled at batch {smaller}, the step needs{bound} {fmt_bytes(smaller_needed)}: "
                              + ("it fits." if smaller_fits

@@ -70,8 +70,9 @@ def explain(path: str | None, dump: Path | None = None, batch: int | None = None
 
     if batch is not None and batch < 1:
         raise UserError("--batch must be a positive number of examples.")
-    capacity = targets.get(target).compiler_hbm_bytes if target else None
-    devices_per_chip = targets.get(target).devices_per_chip if target else 1
+    generation = targets.get(target) if target else None
+    capacity = generation.compiler_hbm_bytes if generation else None
+    devices_per_chip = generation.devices_per_chip if generation else 1
     if text is not None:
         stream, opened = io.BytesIO(text.encode() if isinstance(text, str) else text), True
     else:

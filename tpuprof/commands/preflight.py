@@ -333,7 +333,7 @@ def _measure_batch_fix(config, source, target, options, report_progress):
     # Stopped at its layout (unless --full): a whole compile of a layout that may fit takes minutes on a large
     # step, and the answer before it came in seconds.
     at = _compile(spec, target.slice, None, smaller, options, lambda b: report_progress(label, b),
-                  layout_only=not options.full, stop_at_layout=not options.full)
+                  stop_at_layout=not options.full)
     bound = at.stage == "buffer_assignment"
     measure_batch(compiled.memory, compiled.batch_size, compiled.required_bytes, smaller, at.required_bytes,
                   at.runs and not bound, needed_is_bound=compiled.stage == "buffer_assignment",
@@ -390,8 +390,7 @@ def _measure_state_change(config, source, target, options, report_progress):
     # Stopped at its layout (unless --full), as the batch fix's compile is: minutes of code generation on a large
     # step for a change whose layout already says whether it can fit.
     changed = _compile(changed_spec, target.slice, None, batch, changed_options,
-                       lambda b: report_progress(label, b), layout_only=not options.full,
-                       stop_at_layout=not options.full)
+                       lambda b: report_progress(label, b), stop_at_layout=not options.full)
     if whole_state:
         verdict = _state_verdict(config, spec, target.slice, target.unsharded,
                                  {change.label: _compiled_words(changed, batch, capacity, remat)})
@@ -447,6 +446,7 @@ def _larger_slice(config, spec, target):
 
 def _compiled_words(compiled, batch: int, capacity: int, remat: str) -> str:
     """What one compile of a changed step says, for the verdict's list of changes."""
+    from tpuprof.models.memory import LAYOUT_FITS
     from tpuprof.units import fmt_bytes
 
     so = f"compiled so with remat {remat} at batch {batch} per device"
@@ -455,8 +455,7 @@ def _compiled_words(compiled, batch: int, capacity: int, remat: str) -> str:
     bound = compiled.stage == "buffer_assignment"
     if bound and compiled.runs:
         return (f"{so} up to its memory layout, the step needs at least {fmt_bytes(compiled.required_bytes)} of "
-                f"{fmt_bytes(capacity)}: the layout fits, and code generation adds to it (`--full` compiles it to the "
-                "end)")
+                f"{fmt_bytes(capacity)}: {LAYOUT_FITS} (`--full` compiles it to the end)")
     return (f"{so}, the step needs {'at least ' if bound else ''}{fmt_bytes(compiled.required_bytes)} of "
             f"{fmt_bytes(capacity)}: {'it fits' if compiled.runs and not bound else 'it does not fit'}")
 

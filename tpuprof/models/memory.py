@@ -65,6 +65,9 @@ class OpTotal:
 
 from tpuprof.models.suggestion import Suggestion  # noqa: E402,F401  (one model for every command)
 
+# A compile stopped at a memory layout within HBM (a fix's check): not a fit, as code generation adds to it.
+LAYOUT_FITS = "the layout fits, and code generation adds to it"
+
 
 @dataclass
 class ModuleMemory:

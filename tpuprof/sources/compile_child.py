@@ -29,7 +29,7 @@ from tpuprof.sources.tpu_compile import REQUEST_LENGTH
 PRELOADED = ("jax", "jax.numpy", "jax.experimental.topologies", "jax.experimental.shard_map", "jax.ad_checkpoint",
              "jax.experimental.pallas", "jax.experimental.pallas.tpu",
              "jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel",
-             "tpuprof.sources.tpu_compile", "tpuprof.sources.llm")
+             "tpuprof.sources.llm")  # tpu_compile: imported by this module
 
 
 def _die_with_parent() -> None:

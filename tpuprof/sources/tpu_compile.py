@@ -552,6 +552,8 @@ class _CompileServer:
         return _CompileProcess(int(line), returncode_path, server)
 
     def _stop(self) -> None:
+        import subprocess
+
         process, self._process = self._process, None
         for stream in (process.stdin, process.stdout):
             try:
@@ -560,7 +562,7 @@ class _CompileServer:
                 pass
         try:
             process.wait(timeout=5)  # its stdin closed: it ends, and its compiles with it
-        except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
+        except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
 
